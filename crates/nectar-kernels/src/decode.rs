@@ -1,0 +1,91 @@
+//! Row dequantisation: stored bytes → f32, exactly as the format defines it.
+use crate::dot::{isa_detect, Isa};
+use crate::format::{MatRef, WeightFormat};
+
+/// Decodes row `r` of `m` into `dst` (length `m.cols`): `code · scale` in f32 for quantised
+/// formats, a widening conversion for float formats.
+pub fn decode_row(m: &MatRef<'_>, r: usize, dst: &mut [f32]) {
+    assert_eq!(dst.len(), m.cols, "decode_row: destination length");
+    let src = m.row_data(r);
+    let scales = m.row_scales(r);
+    match m.format {
+        WeightFormat::F32 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+            }
+        }
+        WeightFormat::Bf16 => match isa_detect() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 was detected at run time; lengths match by MatRef's invariant.
+            Isa::Avx2 => unsafe { crate::x86::decode_bf16_avx2(src, dst) },
+            Isa::Scalar => {
+                for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+                }
+            }
+        },
+        WeightFormat::F16 => {
+            for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32();
+            }
+        }
+        WeightFormat::Int8Row => {
+            let s = scales[0];
+            for (d, &q) in dst.iter_mut().zip(src) {
+                *d = (q as i8) as f32 * s;
+            }
+        }
+        WeightFormat::Int4Row => decode_int4(src, dst, |_| scales[0]),
+        WeightFormat::Int4Group { group } => decode_int4(src, dst, |c| scales[c / group]),
+    }
+}
+
+#[inline]
+fn decode_int4(src: &[u8], dst: &mut [f32], scale: impl Fn(usize) -> f32) {
+    let n = dst.len();
+    for c in 0..n {
+        let b = src[c / 2];
+        let nib = if c % 2 == 0 { b & 0x0f } else { b >> 4 };
+        dst[c] = (nib as i32 - 8) as f32 * scale(c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int4_nibble_order_and_offset() {
+        // codes [-8, 7, 0, -1, 3] → bytes: (0 | 15<<4), (8 | 7<<4), (11 | 0)
+        let data = [0xF0u8, 0x78, 0x0B];
+        let m = MatRef::new(WeightFormat::Int4Row, 1, 5, &data, &[0.5]).unwrap();
+        let mut out = [0.0; 5];
+        decode_row(&m, 0, &mut out);
+        assert_eq!(out, [-4.0, 3.5, 0.0, -0.5, 1.5]);
+    }
+
+    #[test]
+    fn int4_group_scales_and_short_last_group() {
+        let data = [0x99u8, 0x99, 0x09]; // five codes of +1
+        let m = MatRef::new(WeightFormat::Int4Group { group: 2 }, 1, 5, &data, &[1.0, 2.0, 3.0]).unwrap();
+        let mut out = [0.0; 5];
+        decode_row(&m, 0, &mut out);
+        assert_eq!(out, [1.0, 1.0, 2.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn bf16_and_f16_widen_exactly() {
+        let v = [1.5f32, -2.25, 3.0e-3, 65504.0, 0.0, -0.0, 7.0, 1e-5, 100.0];
+        let bf: Vec<u8> = v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+        let hf: Vec<u8> = v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+        let mut out = vec![0.0; v.len()];
+        decode_row(&MatRef::new(WeightFormat::Bf16, 1, v.len(), &bf, &[]).unwrap(), 0, &mut out);
+        for (o, x) in out.iter().zip(&v) {
+            assert_eq!(o.to_bits(), half::bf16::from_f32(*x).to_f32().to_bits());
+        }
+        decode_row(&MatRef::new(WeightFormat::F16, 1, v.len(), &hf, &[]).unwrap(), 0, &mut out);
+        for (o, x) in out.iter().zip(&v) {
+            assert_eq!(o.to_bits(), half::f16::from_f32(*x).to_f32().to_bits());
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The canonical f32 dot product.
+//!
+//! Order (the contract every implementation reproduces bit for bit):
+//! 1. 16 accumulator lanes start at +0. Element `c` goes to lane `c % 16`; each step is one
+//!    fused multiply-add `acc = fma(a[c], b[c], acc)`, walking `c` upward. A ragged tail is
+//!    treated as if padded with zeros (so the padded lanes see `fma(0, 0, acc)`).
+//! 2. The lanes are folded by halves: `l[j] += l[j + 8]` (j < 8), then `l[j] += l[j + 4]`
+//!    (j < 4), `l[j] += l[j + 2]` (j < 2), and finally `l[0] + l[1]`.
+//!
+//! This is the natural order of a 16-wide (AVX-512) or 2×8-wide (AVX2) register loop, so the
+//! SIMD paths pay nothing for it, and the scalar path below is a readable specification.
+use std::sync::OnceLock;
+
+/// Accumulator lanes of the canonical order.
+pub const LANES: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+pub(crate) fn isa_detect() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    })
+}
+
+pub(crate) fn isa_name() -> &'static str {
+    match isa_detect() {
+        Isa::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => "avx2+fma",
+    }
+}
+
+/// Folds 16 lanes in the canonical order.
+#[inline]
+pub(crate) fn fold16(mut l: [f32; LANES]) -> f32 {
+    for w in [8, 4, 2] {
+        for j in 0..w {
+            l[j] += l[j + w];
+        }
+    }
+    l[0] + l[1]
+}
+
+/// The scalar reference of the canonical dot product (see the module docs for the order).
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    let mut acc = [0.0f32; LANES];
+    let full = a.len() / LANES * LANES;
+    for (ca, cb) in a[..full].chunks_exact(LANES).zip(b[..full].chunks_exact(LANES)) {
+        for j in 0..LANES {
+            acc[j] = ca[j].mul_add(cb[j], acc[j]);
+        }
+    }
+    let tail = a.len() - full;
+    if tail > 0 {
+        for j in 0..LANES {
+            let (x, y) = if j < tail { (a[full + j], b[full + j]) } else { (0.0, 0.0) };
+            acc[j] = x.mul_add(y, acc[j]);
+        }
+    }
+    fold16(acc)
+}
+
+/// The canonical dot product of two equal-length f32 slices, on the fastest available path.
+///
+/// # Panics
+/// If the lengths differ (a caller bug, never a data error).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: length mismatch");
+    match isa_detect() {
+        Isa::Scalar => dot_scalar(a, b),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only chosen after runtime detection of AVX2 and FMA.
+        Isa::Avx2 => unsafe { crate::x86::dot_avx2(a, b) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn small_known_values() {
+        assert_eq!(dot_scalar(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
+        assert_eq!(dot(&[], &[]), 0.0);
+    }
+
+    proptest! {
+        #[test]
+        fn simd_matches_scalar_bitwise(v in prop::collection::vec((-1e3f32..1e3, -1e3f32..1e3), 0..300)) {
+            let (a, b): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
+            prop_assert_eq!(dot(&a, &b).to_bits(), dot_scalar(&a, &b).to_bits());
+        }
+    }
+}
