@@ -1,0 +1,153 @@
+//! Typed errors for the text side of the engine.
+//!
+//! Every variant names what failed (the file, the field, the token id) so a
+//! message shown to an operator is actionable without a backtrace.
+
+use std::path::PathBuf;
+
+/// Result alias used throughout `nectar-engine`.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong turning text into ids and back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file that could not be read.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A file is not valid JSON.
+    #[error("{} is not valid JSON: {source}", path.display())]
+    Json {
+        /// The file that failed to parse.
+        path: PathBuf,
+        /// The parser's error (carries line and column).
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A JSON file parsed, but a field has a shape we cannot use.
+    #[error("{}: field `{field}` {reason}", path.display())]
+    InvalidField {
+        /// The file holding the field.
+        path: PathBuf,
+        /// Dotted path of the offending field, e.g. `bos_token.content`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// `tokenizer.json` could not be turned into a tokenizer.
+    #[error("cannot load tokenizer from {}: {source}", path.display())]
+    TokenizerLoad {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The `tokenizers` crate's error.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// The tokenizer failed to encode text.
+    #[error("tokenizer {} failed to encode text: {source}", path.display())]
+    Encode {
+        /// The tokenizer file in use.
+        path: PathBuf,
+        /// The `tokenizers` crate's error.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// The tokenizer failed to decode ids.
+    #[error("tokenizer {} failed to decode ids: {source}", path.display())]
+    Decode {
+        /// The tokenizer file in use.
+        path: PathBuf,
+        /// The `tokenizers` crate's error.
+        #[source]
+        source: tokenizers::Error,
+    },
+
+    /// A token id has no entry in the vocabulary.
+    ///
+    /// `tokenizers` silently drops such ids when decoding; we refuse instead,
+    /// because an out-of-vocabulary id means the caller (usually the sampler)
+    /// has a bug that silent dropping would hide.
+    #[error("token id {id} is not in the vocabulary of {} (size {vocab_size})", path.display())]
+    UnknownTokenId {
+        /// The tokenizer file in use.
+        path: PathBuf,
+        /// The offending id.
+        id: u32,
+        /// Vocabulary size including added tokens.
+        vocab_size: usize,
+    },
+
+    /// The chat template does not compile.
+    #[error("chat template from {} does not compile: {source}", path.display())]
+    TemplateSyntax {
+        /// Where the template came from.
+        path: PathBuf,
+        /// minijinja's error (carries the line).
+        #[source]
+        source: minijinja::Error,
+    },
+
+    /// The chat template failed while rendering.
+    #[error("chat template from {} failed to render: {source}", path.display())]
+    TemplateRender {
+        /// Where the template came from.
+        path: PathBuf,
+        /// minijinja's error (carries the line).
+        #[source]
+        source: minijinja::Error,
+    },
+
+    /// The chat template itself rejected the conversation via
+    /// `raise_exception(...)` (e.g. "roles must alternate"). This is the
+    /// caller's input being wrong, not the template being broken.
+    #[error("chat template from {} rejected the conversation: {message}", path.display())]
+    TemplateRaised {
+        /// Where the template came from.
+        path: PathBuf,
+        /// The message the template raised.
+        message: String,
+    },
+
+    /// The caller passed a value the chat template cannot take.
+    #[error("invalid chat input `{field}`: {reason}")]
+    InvalidChatInput {
+        /// Which input was wrong, e.g. `messages` or `extra.tools`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_file() {
+        let err = Error::InvalidField {
+            path: PathBuf::from("/m/tokenizer_config.json"),
+            field: "chat_template".into(),
+            reason: "must be a string".into(),
+        };
+        let msg = err.to_string();
+        assert!(msg.contains("/m/tokenizer_config.json"), "{msg}");
+        assert!(msg.contains("chat_template"), "{msg}");
+    }
+
+    #[test]
+    fn error_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Error>();
+    }
+}

@@ -1,0 +1,335 @@
+//! A model directory's shards, validated header-first, with borrowed views of tensor bytes.
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::header::{parse_header, MAX_HEADER_BYTES};
+use memmap2::Mmap;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Most shards a directory may hold (Colibri's limit; GLM-5.2 artifacts have ≈ 150).
+const MAX_SHARDS: usize = 512;
+
+/// One shard file.
+#[derive(Debug)]
+pub struct ShardInfo {
+    /// Path of the shard.
+    pub path: PathBuf,
+    /// File length in bytes.
+    pub file_len: u64,
+    /// Absolute offset of the data section (8 + header length).
+    pub data_start: u64,
+    /// `__metadata__` entries of the header.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// One tensor: where its bytes are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorEntry {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Index of the shard in [`Catalog::shards`].
+    pub shard: usize,
+    /// Absolute byte offset in the shard file.
+    pub offset: u64,
+    /// Byte length.
+    pub len: u64,
+}
+
+/// All tensors of a model directory.
+///
+/// Opening reads only headers; the files are memory-mapped, so a byte is read from disk only
+/// when a caller touches it (the routed experts of a converted container never are: they go
+/// through `nectar-residency`).
+pub struct Catalog {
+    dir: PathBuf,
+    shards: Vec<ShardInfo>,
+    maps: Vec<Arc<Mmap>>,
+    tensors: BTreeMap<String, TensorEntry>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("dir", &self.dir)
+            .field("shards", &self.shards.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+impl Catalog {
+    /// Discovers `*.safetensors` in `dir` (sorted by name), validates every header, checks for
+    /// duplicate names and, when present, that `model.safetensors.index.json` agrees.
+    pub fn open(dir: &Path) -> Result<Catalog> {
+        let mut paths = Vec::new();
+        let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+        for ent in rd {
+            let ent = ent.map_err(|e| Error::io(dir, e))?;
+            let p = ent.path();
+            if p.extension().is_some_and(|x| x == "safetensors") && p.is_file() {
+                paths.push(p);
+            }
+        }
+        paths.sort();
+        if paths.is_empty() {
+            return Err(Error::NoShards(dir.to_path_buf()));
+        }
+        if paths.len() > MAX_SHARDS {
+            return Err(Error::Header {
+                path: dir.to_path_buf(),
+                msg: format!("{} shards exceed the limit of {MAX_SHARDS}", paths.len()),
+            });
+        }
+        let mut cat = Catalog { dir: dir.to_path_buf(), shards: Vec::new(), maps: Vec::new(), tensors: BTreeMap::new() };
+        for p in paths {
+            cat.add_shard(p)?;
+        }
+        let index = dir.join("model.safetensors.index.json");
+        if index.exists() {
+            cat.check_index(&index)?;
+        }
+        Ok(cat)
+    }
+
+    fn add_shard(&mut self, path: PathBuf) -> Result<()> {
+        let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file_len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let herr = |msg: String| Error::Header { path: path.clone(), msg };
+        if file_len < 8 {
+            return Err(herr(format!("file is {file_len} bytes, too short for a header (truncated?)")));
+        }
+        let mut len8 = [0u8; 8];
+        f.read_exact(&mut len8).map_err(|e| Error::io(&path, e))?;
+        let hlen = u64::from_le_bytes(len8);
+        if hlen > MAX_HEADER_BYTES {
+            return Err(herr(format!("header length {hlen} exceeds {MAX_HEADER_BYTES} bytes (corrupt?)")));
+        }
+        if 8 + hlen > file_len {
+            return Err(herr(format!("header of {hlen} bytes runs past the end of the {file_len}-byte file (truncated?)")));
+        }
+        let mut json = vec![0u8; hlen as usize];
+        f.read_exact(&mut json).map_err(|e| Error::io(&path, e))?;
+        let data_start = 8 + hlen;
+        let parsed = parse_header(&path, &json, file_len - data_start)?;
+        let shard = self.shards.len();
+        for t in parsed.tensors {
+            if let Some(prev) = self.tensors.get(&t.name) {
+                return Err(Error::Duplicate {
+                    tensor: t.name,
+                    first: self.shards[prev.shard].path.clone(),
+                    second: path,
+                });
+            }
+            let entry = TensorEntry {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape,
+                shard,
+                offset: data_start + t.begin,
+                len: t.end - t.begin,
+            };
+            self.tensors.insert(t.name, entry);
+        }
+        // SAFETY: the map is read-only and private to this process; Nectar never writes model
+        // files it has open, and the header checks above guarantee every tensor range lies
+        // inside the mapped length. (A concurrent external truncation would fault; that is the
+        // accepted contract of reading model files by mmap.)
+        let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?;
+        self.maps.push(Arc::new(map));
+        self.shards.push(ShardInfo { path, file_len, data_start, metadata: parsed.metadata });
+        Ok(())
+    }
+
+    fn check_index(&self, index: &Path) -> Result<()> {
+        let ierr = |msg: String| Error::Index { path: index.to_path_buf(), msg };
+        let text = std::fs::read(index).map_err(|e| Error::io(index, e))?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| ierr(format!("not valid JSON: {e}")))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ierr("missing object `weight_map`".into()))?;
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| ierr(format!("`{name}`: file is not a string")))?;
+            let entry = self.tensors.get(name).ok_or_else(|| {
+                ierr(format!("lists tensor `{name}` in {file}, but no shard contains it (missing shard?)"))
+            })?;
+            let actual = &self.shards[entry.shard].path;
+            if actual.file_name().and_then(|n| n.to_str()) != Some(file) {
+                return Err(ierr(format!("lists tensor `{name}` in {file}, but it is in {}", actual.display())));
+            }
+        }
+        Ok(())
+    }
+
+    /// The model directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// All shards, in discovery order.
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.shards
+    }
+
+    /// All tensors, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorEntry> {
+        self.tensors.values()
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// True when the catalog holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Looks a tensor up.
+    pub fn get(&self, name: &str) -> Option<&TensorEntry> {
+        self.tensors.get(name)
+    }
+
+    /// Looks a tensor up, or fails naming it and the directory.
+    pub fn require(&self, name: &str) -> Result<&TensorEntry> {
+        self.get(name).ok_or_else(|| Error::Missing { dir: self.dir.clone(), tensor: name.to_owned() })
+    }
+
+    /// The path of the shard holding `e`.
+    pub fn path_of(&self, e: &TensorEntry) -> &Path {
+        &self.shards[e.shard].path
+    }
+
+    /// The bytes of `e` (borrowed from the shard's memory map).
+    pub fn bytes(&self, e: &TensorEntry) -> &[u8] {
+        let start = e.offset as usize;
+        &self.maps[e.shard][start..start + e.len as usize]
+    }
+
+    /// An owning handle on the bytes of `e` that keeps the shard mapped.
+    pub fn shared_bytes(&self, e: &TensorEntry) -> Bytes {
+        Bytes::Mapped { map: self.maps[e.shard].clone(), start: e.offset as usize, len: e.len as usize }
+    }
+
+    /// A typed error about tensor `e` (for callers that validate shapes and dtypes).
+    pub fn tensor_error(&self, e: &TensorEntry, msg: impl Into<String>) -> Error {
+        Error::Tensor { path: self.path_of(e).to_path_buf(), tensor: e.name.clone(), msg: msg.into() }
+    }
+}
+
+/// Bytes that are either a view into a mapped shard or owned by the process.
+#[derive(Clone)]
+pub enum Bytes {
+    /// A range of a memory-mapped file.
+    Mapped {
+        /// The mapping (kept alive by this handle).
+        map: Arc<Mmap>,
+        /// Start offset in the mapping.
+        start: usize,
+        /// Length.
+        len: usize,
+    },
+    /// Bytes in an owned buffer.
+    Owned(Arc<Vec<u8>>),
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bytes({} bytes)", self.len())
+    }
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped { map, start, len } => &map[*start..*start + *len],
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    pub(crate) fn write_st(path: &Path, tensors: &[(&str, &str, &[usize], Vec<u8>)]) {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        for (name, dtype, shape, bytes) in tensors {
+            let b = data.len();
+            data.extend_from_slice(bytes);
+            header.insert(
+                name.to_string(),
+                serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, data.len()]}),
+            );
+        }
+        let h = serde_json::to_vec(&header).unwrap();
+        let mut f = File::create(path).unwrap();
+        f.write_all(&(h.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(&h).unwrap();
+        f.write_all(&data).unwrap();
+    }
+
+    #[test]
+    fn opens_shards_and_reads_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        write_st(&d.path().join("a.safetensors"), &[("x", "F32", &[2], vec![0, 0, 128, 63, 0, 0, 0, 64])]);
+        write_st(&d.path().join("b.safetensors"), &[("y", "U8", &[3], vec![1, 2, 3])]);
+        let c = Catalog::open(d.path()).unwrap();
+        assert_eq!(c.len(), 2);
+        let x = c.require("x").unwrap();
+        assert_eq!(c.bytes(x), &[0, 0, 128, 63, 0, 0, 0, 64]);
+        assert_eq!(&*c.shared_bytes(c.get("y").unwrap()), &[1, 2, 3]);
+        assert!(c.require("z").unwrap_err().to_string().contains("`z`"));
+    }
+
+    #[test]
+    fn duplicate_names_across_shards_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        write_st(&d.path().join("a.safetensors"), &[("x", "U8", &[1], vec![1])]);
+        write_st(&d.path().join("b.safetensors"), &[("x", "U8", &[1], vec![1])]);
+        let e = Catalog::open(d.path()).unwrap_err().to_string();
+        assert!(e.contains("`x`") && e.contains("a.safetensors") && e.contains("b.safetensors"), "{e}");
+    }
+
+    #[test]
+    fn truncated_shard_names_file_and_tensor() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.safetensors");
+        write_st(&p, &[("w.a", "F32", &[4], vec![0; 16]), ("w.b", "F32", &[4], vec![0; 16])]);
+        let len = std::fs::metadata(&p).unwrap().len();
+        File::options().write(true).open(&p).unwrap().set_len(len - 3).unwrap();
+        let e = Catalog::open(d.path()).unwrap_err().to_string();
+        assert!(e.contains("m.safetensors") && e.contains("`w.b`") && e.contains("truncated"), "{e}");
+        File::options().write(true).open(&p).unwrap().set_len(5).unwrap();
+        assert!(Catalog::open(d.path()).unwrap_err().to_string().contains("too short"));
+    }
+
+    #[test]
+    fn index_must_agree_with_shards() {
+        let d = tempfile::tempdir().unwrap();
+        write_st(&d.path().join("a.safetensors"), &[("x", "U8", &[1], vec![1])]);
+        let idx = d.path().join("model.safetensors.index.json");
+        std::fs::write(&idx, r#"{"weight_map":{"x":"a.safetensors"}}"#).unwrap();
+        Catalog::open(d.path()).unwrap();
+        std::fs::write(&idx, r#"{"weight_map":{"x":"a.safetensors","y":"b.safetensors"}}"#).unwrap();
+        let e = Catalog::open(d.path()).unwrap_err().to_string();
+        assert!(e.contains("`y`") && e.contains("b.safetensors"), "{e}");
+    }
+
+    #[test]
+    fn empty_dir_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(Catalog::open(d.path()), Err(Error::NoShards(_))));
+    }
+}

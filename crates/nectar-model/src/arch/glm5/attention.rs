@@ -1,0 +1,227 @@
+//! Multi-head latent attention with DSA sparse selection (`specs/glm5-architecture.md`
+//! §5.5–5.9).
+//!
+//! Two exact forms over the same compressed cache:
+//! - **absorbed** (decode, MTP, verify — any sequence adding ≤ 4 rows): the K up-projection is
+//!   folded into the query and the V up-projection into the output, so attention runs directly
+//!   over cached latents. Every row is computed the same way whatever else is in the batch.
+//! - **reconstructed** (prefill chunks of > 4 rows): K/V are rebuilt for the sequence's keys with
+//!   one matmul and attention runs per head; cheaper when many queries share the keys.
+//!
+//! Both are tested against each other and against the HF fixtures.
+use super::indexer::Indexer;
+use super::layout::Layout;
+use super::Config;
+use crate::blocks::{Linear, Loader};
+use crate::cache::LayerCache;
+use crate::error::Result;
+use crate::observer::Observer;
+use nectar_kernels::{decode_row, dot, rms_norm, softmax_in_place, RopeTable};
+use rayon::prelude::*;
+
+/// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
+const LATENT_EPS: f32 = 1e-6;
+/// Rows per sequence up to which the absorbed form is used.
+const ABSORBED_MAX_ROWS: usize = 4;
+/// Largest reconstructed K/V buffer (f32 bytes) before falling back to the absorbed form.
+const RECON_MAX_BYTES: usize = 256 << 20;
+
+/// Which MLA form to use (tests force each one; production uses `Auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MlaMode {
+    /// Absorbed for ≤ 4 rows per sequence, reconstructed otherwise.
+    #[default]
+    Auto,
+    /// Always the absorbed form.
+    Absorbed,
+    /// Always the reconstructed form (when the K/V buffer fits).
+    Reconstructed,
+}
+
+/// One layer's attention weights and geometry.
+#[derive(Debug)]
+pub struct Attention {
+    q_a: Linear,
+    q_a_norm: Vec<f32>,
+    q_b: Linear,
+    kv_a: Linear,
+    kv_a_norm: Vec<f32>,
+    kv_b: Linear,
+    o: Linear,
+    /// The DSA indexer, on full layers.
+    pub indexer: Option<Indexer>,
+    heads: usize,
+    dn: usize,
+    dr: usize,
+    dv: usize,
+    rank: usize,
+    scale: f32,
+}
+
+impl Attention {
+    /// Loads `{prefix}self_attn.*` (and the indexer when `full`).
+    pub fn load(ld: &Loader<'_>, prefix: &str, cfg: &Config, full: bool) -> Result<Self> {
+        let r = &cfg.raw;
+        let (h, dn, dr, dv, rank) = (r.num_attention_heads, r.qk_nope_head_dim, r.qk_rope_head_dim, r.v_head_dim, r.kv_lora_rank);
+        let p = |s: &str| format!("{prefix}self_attn.{s}");
+        Ok(Attention {
+            q_a: ld.linear(&p("q_a_proj.weight"), r.q_lora_rank, r.hidden_size)?,
+            q_a_norm: ld.vector(&p("q_a_layernorm.weight"), r.q_lora_rank)?,
+            q_b: ld.linear(&p("q_b_proj.weight"), h * (dn + dr), r.q_lora_rank)?,
+            kv_a: ld.linear(&p("kv_a_proj_with_mqa.weight"), rank + dr, r.hidden_size)?,
+            kv_a_norm: ld.vector(&p("kv_a_layernorm.weight"), rank)?,
+            kv_b: ld.linear(&p("kv_b_proj.weight"), h * (dn + dv), rank)?,
+            o: ld.linear(&p("o_proj.weight"), r.hidden_size, h * dv)?,
+            indexer: if full { Some(Indexer::load(ld, prefix, cfg)?) } else { None },
+            heads: h,
+            dn,
+            dr,
+            dv,
+            rank,
+            scale: ((dn + dr) as f32).powf(-0.5),
+        })
+    }
+
+    /// Bytes of weights (including the indexer).
+    pub fn bytes(&self) -> usize {
+        [&self.q_a, &self.q_b, &self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.bytes()).sum::<usize>()
+            + self.indexer.as_ref().map_or(0, Indexer::bytes)
+    }
+
+    /// Attention for all rows of the batch; appends each row's latent, rope key and indexer key
+    /// to its sequence's cache. `sel` carries the DSA selection across layers (IndexShare).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        layer: usize,
+        h: &[f32],
+        layout: &Layout,
+        caches: &mut [&mut LayerCache],
+        sel: &mut [Option<Vec<u32>>],
+        rope: &RopeTable,
+        mode: MlaMode,
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        let m = layout.rows.len();
+        let (hd, dq) = (self.heads, self.dn + self.dr);
+        // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
+        let qa = self.q_a.forward(h, m)?;
+        let mut cq = vec![0.0; qa.len()];
+        for (src, dst) in qa.chunks_exact(self.q_a.rows).zip(cq.chunks_exact_mut(self.q_a.rows)) {
+            rms_norm(src, &self.q_a_norm, LATENT_EPS, dst);
+        }
+        let mut q = self.q_b.forward(&cq, m)?;
+        for (row, qr) in layout.rows.iter().zip(q.chunks_exact_mut(hd * dq)) {
+            for qh in qr.chunks_exact_mut(dq) {
+                rope.apply(&mut qh[self.dn..], row.pos);
+            }
+        }
+        // Keys: kv_a → [latent (RMSNorm 1e-6) ; k_pe (RoPE)] appended to the cache.
+        let kv = self.kv_a.forward(h, m)?;
+        let mut latent = vec![0.0; self.rank];
+        for (row, kvr) in layout.rows.iter().zip(kv.chunks_exact(self.rank + self.dr)) {
+            rms_norm(&kvr[..self.rank], &self.kv_a_norm, LATENT_EPS, &mut latent);
+            let mut kpe = kvr[self.rank..].to_vec();
+            rope.apply(&mut kpe, row.pos);
+            let c = &mut caches[row.seq];
+            debug_assert_eq!(c.len(), row.pos, "cache length must equal the row position");
+            c.push(&latent, &kpe, None);
+        }
+        // DSA: full layers select (and cache their keys); shared layers keep the carried selection.
+        if let Some(ix) = &self.indexer {
+            let fresh = ix.run(h, &cq, layout, caches, rope)?;
+            sel.clone_from_slice(&fresh);
+        }
+        for (i, s) in sel.iter().enumerate() {
+            obs.indexer(layer, i, self.indexer.is_some(), s.as_deref());
+        }
+        let caches: Vec<&LayerCache> = caches.iter().map(|c| &**c).collect();
+        // Reconstructed K/V per sequence where that form is chosen.
+        let recon: Vec<Option<Vec<f32>>> = layout
+            .seqs
+            .iter()
+            .enumerate()
+            .map(|(s, rows)| {
+                let t = caches[s].len();
+                let fits = t * hd * (self.dn + self.dv) * 4 <= RECON_MAX_BYTES;
+                let use_recon = match mode {
+                    MlaMode::Auto => rows.len() > ABSORBED_MAX_ROWS && fits,
+                    MlaMode::Absorbed => false,
+                    MlaMode::Reconstructed => fits,
+                };
+                if use_recon && !rows.is_empty() {
+                    self.kv_b.forward(&caches[s].latent[..t * self.rank], t).map(Some)
+                } else {
+                    Ok(None)
+                }
+            })
+            .collect::<Result<_>>()?;
+        let mut o = vec![0.0; m * hd * self.dv];
+        o.par_chunks_mut(self.dv).enumerate().for_each(|(idx, out)| {
+            let (i, head) = (idx / hd, idx % hd);
+            let row = layout.rows[i];
+            let qh = &q[i * hd * dq + head * dq..][..dq];
+            let keys = sel[i].as_deref();
+            match &recon[row.seq] {
+                Some(kvf) => self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out),
+                None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
+            }
+        });
+        self.o.forward(&o, m)
+    }
+
+    /// Scores → softmax over the selected keys (or all of `0..=pos`).
+    fn probs(&self, pos: usize, keys: Option<&[u32]>, score: impl Fn(usize) -> f32) -> (Vec<usize>, Vec<f32>) {
+        let ts: Vec<usize> = match keys {
+            Some(k) => k.iter().map(|&t| t as usize).filter(|&t| t <= pos).collect(),
+            None => (0..=pos).collect(),
+        };
+        let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * self.scale).collect();
+        softmax_in_place(&mut p);
+        (ts, p)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed(&self, qh: &[f32], head: usize, pos: usize, c: &LayerCache, keys: Option<&[u32]>, out: &mut [f32]) {
+        let (r, dr) = (self.rank, self.dr);
+        let kvb = self.kv_b.mat();
+        let base = head * (self.dn + self.dv);
+        let mut w = vec![0.0f32; r];
+        // q_lat = W_UK[h]ᵀ · q_nope, accumulated over the nope dims in order.
+        let mut q_lat = vec![0.0f32; r];
+        for (j, &a) in qh[..self.dn].iter().enumerate() {
+            decode_row(&kvb, base + j, &mut w);
+            for (ql, &wc) in q_lat.iter_mut().zip(&w) {
+                *ql += a * wc;
+            }
+        }
+        let q_pe = &qh[self.dn..];
+        let (ts, p) = self.probs(pos, keys, |t| dot(&q_lat, &c.latent[t * r..(t + 1) * r]) + dot(q_pe, &c.k_pe[t * dr..(t + 1) * dr]));
+        let mut o_lat = vec![0.0f32; r];
+        for (&t, &pt) in ts.iter().zip(&p) {
+            for (ol, &l) in o_lat.iter_mut().zip(&c.latent[t * r..(t + 1) * r]) {
+                *ol += pt * l;
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            decode_row(&kvb, base + self.dn + i, &mut w);
+            *o = dot(&w, &o_lat);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reconstructed(&self, qh: &[f32], head: usize, pos: usize, c: &LayerCache, kvf: &[f32], keys: Option<&[u32]>, out: &mut [f32]) {
+        let (dn, dv, dr) = (self.dn, self.dv, self.dr);
+        let stride = self.heads * (dn + dv);
+        let base = head * (dn + dv);
+        let (ts, p) = self.probs(pos, keys, |t| {
+            dot(&qh[..dn], &kvf[t * stride + base..][..dn]) + dot(&qh[dn..], &c.k_pe[t * dr..(t + 1) * dr])
+        });
+        out.fill(0.0);
+        for (&t, &pt) in ts.iter().zip(&p) {
+            for (o, &v) in out.iter_mut().zip(&kvf[t * stride + base + dn..][..dv]) {
+                *o += pt * v;
+            }
+        }
+    }
+}

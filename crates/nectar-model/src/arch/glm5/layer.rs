@@ -1,0 +1,81 @@
+//! The GLM-5 decoder layer: pre-norm attention and MLP with two residual adds (§5.3).
+use super::attention::{Attention, MlaMode};
+use super::layout::Layout;
+use super::moe::{Mlp, Moe, SwiGlu};
+use super::Config;
+use crate::blocks::Loader;
+use crate::cache::LayerCache;
+use crate::error::Result;
+use crate::observer::Observer;
+use nectar_kernels::{rms_norm, RopeTable};
+
+/// One decoder layer (main layers and the MTP layer's block alike).
+#[derive(Debug)]
+pub struct DecoderLayer {
+    /// Layer index (the MTP layer is `num_hidden_layers`).
+    pub index: usize,
+    input_norm: Vec<f32>,
+    /// Attention (with the indexer on full layers).
+    pub attn: Attention,
+    post_norm: Vec<f32>,
+    /// Dense MLP or MoE.
+    pub mlp: Mlp,
+    eps: f32,
+}
+
+impl DecoderLayer {
+    /// Loads `model.layers.{index}.*`.
+    pub fn load(ld: &Loader<'_>, cfg: &Config, index: usize, dense: bool, full_indexer: bool) -> Result<Self> {
+        let r = &cfg.raw;
+        let prefix = format!("model.layers.{index}.");
+        let mlp = if dense {
+            Mlp::Dense(SwiGlu::load(ld, &format!("{prefix}mlp."), r.hidden_size, r.intermediate_size)?)
+        } else {
+            Mlp::Moe(Moe::load(ld, &prefix, cfg)?)
+        };
+        Ok(DecoderLayer {
+            index,
+            input_norm: ld.vector(&format!("{prefix}input_layernorm.weight"), r.hidden_size)?,
+            attn: Attention::load(ld, &prefix, cfg, full_indexer)?,
+            post_norm: ld.vector(&format!("{prefix}post_attention_layernorm.weight"), r.hidden_size)?,
+            mlp,
+            eps: r.rms_norm_eps,
+        })
+    }
+
+    /// `x ← x + Attn(norm(x))`, then `x ← x + Mlp(norm(x))`, for all rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        x: &mut [f32],
+        layout: &Layout,
+        caches: &mut [&mut LayerCache],
+        sel: &mut [Option<Vec<u32>>],
+        rope: &RopeTable,
+        mode: MlaMode,
+        obs: &mut dyn Observer,
+    ) -> Result<()> {
+        let m = layout.rows.len();
+        let h = self.norm_rows(x, &self.input_norm);
+        let a = self.attn.forward(self.index, &h, layout, caches, sel, rope, mode, obs)?;
+        add(x, &a);
+        let h2 = self.norm_rows(x, &self.post_norm);
+        let f = self.mlp.forward(self.index, &h2, m, obs)?;
+        add(x, &f);
+        Ok(())
+    }
+
+    fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+            rms_norm(src, w, self.eps, dst);
+        }
+        out
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}

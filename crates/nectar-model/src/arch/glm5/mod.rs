@@ -1,0 +1,246 @@
+//! GLM-5 / GLM-5.1 / GLM-5.2 (`model_type: glm_moe_dsa`).
+//!
+//! ```text
+//! x = E[tokens]                                   (rows × hidden)
+//! for layer in layers: x = layer(x)               MLA + DSA, dense MLP or MoE, own caches
+//! h = RMSNorm(x; model.norm)                      returned by `forward`
+//! logits = lm_head · h                            `logits`, only for the rows asked for
+//! ```
+mod attention;
+mod config;
+mod indexer;
+mod layer;
+mod layout;
+mod moe;
+mod mtp;
+
+pub use attention::MlaMode;
+pub use config::{eos_list, Config, RawConfig};
+pub use indexer::top_k_positions;
+pub use layout::{Layout, RowInfo};
+pub use moe::Route;
+
+use crate::blocks::{Embedding, Linear, Loader};
+use crate::cache::{LayerCache, SeqCache};
+use crate::error::{Error, Result};
+use crate::observer::Observer;
+use layer::DecoderLayer;
+use moe::Mlp;
+use mtp::Mtp;
+use nectar_format::Catalog;
+use nectar_kernels::{matmul, rms_norm, RopeTable};
+use std::path::Path;
+use std::sync::Arc;
+
+/// One sequence's part of a main forward: its cache and the tokens to append.
+#[derive(Debug)]
+pub struct SeqStep<'a> {
+    /// The sequence's caches (positions continue from `cache.len()`).
+    pub cache: &'a mut SeqCache,
+    /// Tokens to run.
+    pub tokens: &'a [u32],
+}
+
+/// One sequence's part of an MTP forward: for each row i, the main hidden `h_i` (post final
+/// norm) and the token at `i + 1`. Positions continue from `cache.mtp.len()`.
+#[derive(Debug)]
+pub struct MtpStep<'a> {
+    /// The sequence's caches (the MTP layer uses `cache.mtp`).
+    pub cache: &'a mut SeqCache,
+    /// `n × hidden` main hiddens.
+    pub hidden: &'a [f32],
+    /// `n` next tokens.
+    pub next_tokens: &'a [u32],
+}
+
+/// A loaded GLM-5 model.
+#[derive(Debug)]
+pub struct Glm5 {
+    /// Resolved configuration.
+    pub cfg: Config,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>,
+    lm_head: Linear,
+    mtp: Option<Mtp>,
+    rope: RopeTable,
+    /// MLA form selection (tests force each form).
+    pub mla_mode: MlaMode,
+    catalog: Arc<Catalog>,
+}
+
+impl Glm5 {
+    /// Loads a Hugging Face `glm_moe_dsa` directory: validates the config, every header, and
+    /// the shape and dtype of every tensor before returning.
+    pub fn load(dir: &Path) -> Result<Glm5> {
+        let cfg = Config::from_dir(dir)?;
+        let catalog = Arc::new(Catalog::open(dir)?);
+        let ld = Loader::new(&catalog);
+        let r = &cfg.raw;
+        let (h, v) = (r.hidden_size, r.vocab_size);
+        let layers = (0..r.num_hidden_layers)
+            .map(|i| DecoderLayer::load(&ld, &cfg, i, cfg.dense[i], cfg.indexer_full[i]))
+            .collect::<Result<Vec<_>>>()?;
+        let lm_name = if r.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let model = Glm5 {
+            embed: ld.embedding("model.embed_tokens.weight", v, h)?,
+            norm: ld.vector("model.norm.weight", h)?,
+            lm_head: ld.linear(lm_name, v, h)?,
+            mtp: Mtp::load(&ld, &cfg)?,
+            rope: RopeTable::new(r.qk_rope_head_dim, cfg.rope_theta),
+            layers,
+            mla_mode: MlaMode::Auto,
+            catalog: catalog.clone(),
+            cfg,
+        };
+        Ok(model)
+    }
+
+    /// The tensor catalog the model reads from.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// A fresh cache for one sequence.
+    pub fn new_cache(&self) -> SeqCache {
+        SeqCache::new(self.layers.len())
+    }
+
+    /// True when the checkpoint has an MTP layer.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.cfg.raw.vocab_size
+    }
+
+    /// Hidden size.
+    pub fn hidden_size(&self) -> usize {
+        self.cfg.raw.hidden_size
+    }
+
+    /// Runs every sequence's tokens through the main model, appending to its caches.
+    /// Returns the post-final-norm hidden of every row (rows in batch order, `rows × hidden`).
+    pub fn forward(&self, steps: &mut [SeqStep<'_>], obs: &mut dyn Observer) -> Result<Vec<f32>> {
+        let starts: Vec<usize> = steps.iter().map(|s| s.cache.len()).collect();
+        let counts: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
+        let layout = Layout::new(&starts, &counts);
+        let hd = self.hidden_size();
+        let mut x = vec![0.0f32; layout.rows.len() * hd];
+        for (xr, &t) in x.chunks_exact_mut(hd).zip(steps.iter().flat_map(|s| s.tokens.iter())) {
+            self.embed.row(t, xr)?;
+        }
+        let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut caches: Vec<&mut LayerCache> = steps.iter_mut().map(|s| &mut s.cache.layers[l]).collect();
+            layer.forward(&mut x, &layout, &mut caches, &mut sel, &self.rope, self.mla_mode, obs)?;
+            obs.layer_output(l, &x);
+        }
+        Ok(self.final_norm(&x, &self.norm))
+    }
+
+    fn final_norm(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+            rms_norm(src, w, self.cfg.raw.rms_norm_eps, dst);
+        }
+        out
+    }
+
+    /// Logits (`rows × vocab`, f32) of post-final-norm hiddens.
+    pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
+        let m = hidden.len() / self.hidden_size();
+        let mut y = vec![0.0; m * self.vocab_size()];
+        matmul(&self.lm_head.mat(), hidden, m, &mut y)?;
+        Ok(y)
+    }
+
+    /// Runs the MTP layer; returns its post-`shared_head.norm` hiddens (`rows × hidden`).
+    pub fn mtp_forward(&self, steps: &mut [MtpStep<'_>], obs: &mut dyn Observer) -> Result<Vec<f32>> {
+        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
+        let hd = self.hidden_size();
+        let starts: Vec<usize> = steps.iter().map(|s| s.cache.mtp.len()).collect();
+        let counts: Vec<usize> = steps.iter().map(|s| s.next_tokens.len()).collect();
+        let layout = Layout::new(&starts, &counts);
+        let m = layout.rows.len();
+        let mut cat = vec![0.0f32; m * 2 * hd];
+        let mut e = vec![0.0f32; hd];
+        let rows = steps.iter().flat_map(|s| {
+            if s.hidden.len() != s.next_tokens.len() * hd {
+                return vec![Err(Error::Input(format!(
+                    "MTP step: {} hidden values for {} tokens (hidden size {hd})",
+                    s.hidden.len(),
+                    s.next_tokens.len()
+                )))];
+            }
+            s.next_tokens.iter().zip(s.hidden.chunks_exact(hd)).map(|(t, h)| Ok((*t, h))).collect::<Vec<_>>()
+        });
+        for (c, row) in cat.chunks_exact_mut(2 * hd).zip(rows) {
+            let (t, h) = row?;
+            mtp.embed.as_ref().unwrap_or(&self.embed).row(t, &mut e)?;
+            let eps = self.cfg.raw.rms_norm_eps;
+            rms_norm(&e, &mtp.enorm, eps, &mut c[..hd]);
+            rms_norm(h, &mtp.hnorm, eps, &mut c[hd..]);
+        }
+        let mut x = mtp.eh_proj.forward(&cat, m)?;
+        let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
+        let mut caches: Vec<&mut LayerCache> = steps.iter_mut().map(|s| &mut s.cache.mtp).collect();
+        mtp.layer.forward(&mut x, &layout, &mut caches, &mut sel, &self.rope, self.mla_mode, obs)?;
+        Ok(self.final_norm(&x, &mtp.head_norm))
+    }
+
+    /// Draft logits (`rows × vocab`) from MTP hiddens.
+    pub fn mtp_logits(&self, hm: &[f32]) -> Result<Vec<f32>> {
+        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
+        let head = mtp.head.as_ref().unwrap_or(&self.lm_head);
+        let m = hm.len() / self.hidden_size();
+        let mut y = vec![0.0; m * self.vocab_size()];
+        matmul(&head.mat(), hm, m, &mut y)?;
+        Ok(y)
+    }
+
+    /// Weight bytes by class: (spine, routed experts, MTP, indexers).
+    pub fn bytes_by_class(&self) -> ClassBytes {
+        let mut c = ClassBytes::default();
+        c.spine += self.embed.0.bytes() + self.lm_head.bytes() + self.norm.len() * 4;
+        for l in &self.layers {
+            let ix = l.attn.indexer.as_ref().map_or(0, |i| i.bytes());
+            c.indexer += ix;
+            c.spine += l.attn.bytes() - ix;
+            match &l.mlp {
+                Mlp::Dense(d) => c.spine += d.bytes(),
+                Mlp::Moe(m) => {
+                    let (routed, rest) = m.bytes();
+                    c.routed += routed;
+                    c.spine += rest;
+                    c.per_expert = m.expert_bytes();
+                }
+            }
+        }
+        if let Some(mtp) = &self.mtp {
+            c.mtp += mtp.eh_proj.bytes() + mtp.layer.attn.bytes();
+            if let Mlp::Moe(m) = &mtp.layer.mlp {
+                let (routed, rest) = m.bytes();
+                c.mtp += routed + rest;
+            }
+        }
+        c
+    }
+}
+
+/// Weight bytes by class (what `nectar inspect` reports).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassBytes {
+    /// Resident spine: embeddings, attention, norms, dense MLPs, routers, shared experts, head.
+    pub spine: usize,
+    /// Routed experts of the main layers.
+    pub routed: usize,
+    /// The MTP layer (all of it).
+    pub mtp: usize,
+    /// DSA indexers of the main layers.
+    pub indexer: usize,
+    /// Bytes of one main routed expert.
+    pub per_expert: usize,
+}

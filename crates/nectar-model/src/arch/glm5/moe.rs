@@ -1,0 +1,193 @@
+//! Dense MLP and sigmoid-routed MoE (`specs/glm5-architecture.md` §5.10–5.12).
+use crate::blocks::{Linear, Loader};
+use crate::error::Result;
+use crate::observer::Observer;
+use nectar_kernels::swiglu_in_place;
+
+/// ε of the router's weight renormalisation.
+const RENORM_EPS: f32 = 1e-20;
+
+/// A SwiGLU MLP: `down(silu(gate·x) ⊙ up·x)` (dense layers, routed and shared experts).
+#[derive(Debug)]
+pub struct SwiGlu {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl SwiGlu {
+    /// Loads `{prefix}{gate,up,down}_proj.weight`.
+    pub fn load(ld: &Loader<'_>, prefix: &str, hidden: usize, inter: usize) -> Result<Self> {
+        Ok(SwiGlu {
+            gate: ld.linear(&format!("{prefix}gate_proj.weight"), inter, hidden)?,
+            up: ld.linear(&format!("{prefix}up_proj.weight"), inter, hidden)?,
+            down: ld.linear(&format!("{prefix}down_proj.weight"), hidden, inter)?,
+        })
+    }
+
+    /// `m` rows → `m × hidden`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let mut g = self.gate.forward(x, m)?;
+        let u = self.up.forward(x, m)?;
+        swiglu_in_place(&mut g, &u);
+        self.down.forward(&g, m)
+    }
+
+    /// Bytes of weights.
+    pub fn bytes(&self) -> usize {
+        self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    }
+}
+
+/// The routed choice for one row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Expert ids in selection order (best selection score first).
+    pub ids: Vec<u32>,
+    /// Final combine weights (normalised, times `routed_scaling_factor`).
+    pub weights: Vec<f32>,
+}
+
+/// A MoE block: router, routed experts and the shared expert.
+#[derive(Debug)]
+pub struct Moe {
+    router: Linear,
+    bias: Vec<f32>,
+    experts: Vec<SwiGlu>,
+    shared: SwiGlu,
+    top_k: usize,
+    norm_topk: bool,
+    scaling: f32,
+}
+
+impl Moe {
+    /// Loads `{prefix}mlp.*` of a MoE layer.
+    pub fn load(ld: &Loader<'_>, prefix: &str, cfg: &super::Config) -> Result<Self> {
+        let r = &cfg.raw;
+        let p = |s: &str| format!("{prefix}mlp.{s}");
+        let experts = (0..r.n_routed_experts)
+            .map(|e| SwiGlu::load(ld, &p(&format!("experts.{e}.")), r.hidden_size, r.moe_intermediate_size))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Moe {
+            router: ld.linear(&p("gate.weight"), r.n_routed_experts, r.hidden_size)?,
+            bias: ld.vector(&p("gate.e_score_correction_bias"), r.n_routed_experts)?,
+            experts,
+            shared: SwiGlu::load(ld, &p("shared_experts."), r.hidden_size, r.moe_intermediate_size * r.n_shared_experts)?,
+            top_k: r.num_experts_per_tok,
+            norm_topk: r.norm_topk_prob,
+            scaling: r.routed_scaling_factor,
+        })
+    }
+
+    /// Bytes of the routed experts and of everything else.
+    pub fn bytes(&self) -> (usize, usize) {
+        let routed = self.experts.iter().map(SwiGlu::bytes).sum();
+        (routed, self.router.bytes() + self.shared.bytes() + self.bias.len() * 4)
+    }
+
+    /// Bytes of one routed expert.
+    pub fn expert_bytes(&self) -> usize {
+        self.experts.first().map_or(0, SwiGlu::bytes)
+    }
+
+    /// Router logits in f32, sigmoid, biased top-k selection, unbiased renormalised weights.
+    pub fn route(&self, x: &[f32], m: usize) -> Result<Vec<Route>> {
+        let logits = self.router.forward(x, m)?;
+        Ok(logits.chunks_exact(self.bias.len()).map(|l| self.route_row(l)).collect())
+    }
+
+    fn route_row(&self, logits: &[f32]) -> Route {
+        let s: Vec<f32> = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
+        let key: Vec<f32> =
+            s.iter().zip(&self.bias).map(|(a, b)| if (a + b).is_nan() { f32::NEG_INFINITY } else { a + b }).collect();
+        let mut taken = vec![false; key.len()];
+        let mut ids = Vec::with_capacity(self.top_k);
+        for _ in 0..self.top_k.min(key.len()) {
+            // Repeated argmax with strict `>`: the lowest id wins a tie.
+            let mut best: Option<usize> = None;
+            for (e, &v) in key.iter().enumerate() {
+                if !taken[e] && best.is_none_or(|b| v > key[b]) {
+                    best = Some(e);
+                }
+            }
+            let b = best.expect("fewer experts than top_k is refused by the config");
+            taken[b] = true;
+            ids.push(b as u32);
+        }
+        let mut weights: Vec<f32> = ids.iter().map(|&e| s[e as usize]).collect();
+        if self.norm_topk {
+            let sum: f32 = weights.iter().sum::<f32>() + RENORM_EPS;
+            for w in &mut weights {
+                *w /= sum;
+            }
+        }
+        for w in &mut weights {
+            *w *= self.scaling;
+        }
+        Route { ids, weights }
+    }
+
+    /// The MoE output for `m` rows.
+    ///
+    /// Experts run over the batch-union (each expert once, on all rows that chose it, in
+    /// first-seen order); each row then sums its experts in its own selection order and adds
+    /// the shared expert last, so a row's result never depends on the other rows.
+    pub fn forward(&self, layer: usize, x: &[f32], m: usize, row0: usize, obs: &mut dyn Observer) -> Result<Vec<f32>> {
+        let hidden = x.len() / m.max(1);
+        let routes = self.route(x, m)?;
+        for (i, r) in routes.iter().enumerate() {
+            obs.router(layer, row0 + i, &r.ids, &r.weights);
+        }
+        let k = self.top_k;
+        let mut union: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
+        for (i, r) in routes.iter().enumerate() {
+            for (slot, &e) in r.ids.iter().enumerate() {
+                match union.iter_mut().find(|(u, _)| *u == e) {
+                    Some((_, rows)) => rows.push((i, slot)),
+                    None => union.push((e, vec![(i, slot)])),
+                }
+            }
+        }
+        let mut ys = vec![0.0f32; m * k * hidden];
+        for (e, rows) in &union {
+            let xs: Vec<f32> = rows.iter().flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied()).collect();
+            let y = self.experts[*e as usize].forward(&xs, rows.len())?;
+            for (j, &(i, slot)) in rows.iter().enumerate() {
+                ys[(i * k + slot) * hidden..][..hidden].copy_from_slice(&y[j * hidden..(j + 1) * hidden]);
+            }
+        }
+        let shared = self.shared.forward(x, m)?;
+        let mut out = vec![0.0f32; m * hidden];
+        for (i, r) in routes.iter().enumerate() {
+            let o = &mut out[i * hidden..(i + 1) * hidden];
+            for (slot, &w) in r.weights.iter().enumerate() {
+                for (a, &y) in o.iter_mut().zip(&ys[(i * k + slot) * hidden..][..hidden]) {
+                    *a += w * y;
+                }
+            }
+            for (a, &s) in o.iter_mut().zip(&shared[i * hidden..(i + 1) * hidden]) {
+                *a += s;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The MLP of a decoder layer.
+#[derive(Debug)]
+pub enum Mlp {
+    /// Dense SwiGLU (layers before `first_k_dense_replace`).
+    Dense(SwiGlu),
+    /// Routed experts + shared expert.
+    Moe(Moe),
+}
+
+impl Mlp {
+    /// Runs the MLP for `m` rows.
+    pub fn forward(&self, layer: usize, x: &[f32], m: usize, obs: &mut dyn Observer) -> Result<Vec<f32>> {
+        match self {
+            Mlp::Dense(d) => d.forward(x, m),
+            Mlp::Moe(moe) => moe.forward(layer, x, m, 0, obs),
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Typed access to a catalog's tensors: every tensor is checked for dtype and shape before use,
+//! and errors name the file and the tensor.
+use super::linear::{Embedding, Linear};
+use crate::error::Result;
+use nectar_format::{Catalog, DType, TensorEntry};
+use nectar_kernels::{decode_row, MatRef, WeightFormat};
+
+/// Loads named tensors from a catalog with shape and dtype checks.
+#[derive(Debug, Clone, Copy)]
+pub struct Loader<'a> {
+    cat: &'a Catalog,
+}
+
+impl<'a> Loader<'a> {
+    /// A loader over `cat`.
+    pub fn new(cat: &'a Catalog) -> Self {
+        Loader { cat }
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &'a Catalog {
+        self.cat
+    }
+
+    /// True when the tensor exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.cat.get(name).is_some()
+    }
+
+    fn float_format(&self, e: &TensorEntry) -> Result<WeightFormat> {
+        Ok(match e.dtype {
+            DType::F32 => WeightFormat::F32,
+            DType::BF16 => WeightFormat::Bf16,
+            DType::F16 => WeightFormat::F16,
+            other => {
+                return Err(self
+                    .cat
+                    .tensor_error(e, format!("dtype {other} is not supported here (want F32, BF16 or F16)"))
+                    .into())
+            }
+        })
+    }
+
+    fn check_shape(&self, e: &TensorEntry, want: &[usize]) -> Result<()> {
+        if e.shape != want {
+            return Err(self.cat.tensor_error(e, format!("shape {:?}, expected {:?}", e.shape, want)).into());
+        }
+        Ok(())
+    }
+
+    /// A `[rows, cols]` weight matrix.
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let e = self.cat.require(name)?;
+        let format = self.float_format(e)?;
+        self.check_shape(e, &[rows, cols])?;
+        Linear::new(name.to_owned(), format, rows, cols, self.cat.shared_bytes(e), Vec::new())
+    }
+
+    /// A `[rows, cols]` embedding table.
+    pub fn embedding(&self, name: &str, rows: usize, cols: usize) -> Result<Embedding> {
+        Ok(Embedding(self.linear(name, rows, cols)?))
+    }
+
+    /// A `[len]` vector (norm weight, bias), widened to f32.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let e = self.cat.require(name)?;
+        let format = self.float_format(e)?;
+        self.check_shape(e, &[len])?;
+        let m = MatRef::new(format, 1, len, self.cat.bytes(e), &[])?;
+        let mut out = vec![0.0; len];
+        decode_row(&m, 0, &mut out);
+        Ok(out)
+    }
+}

@@ -1,0 +1,119 @@
+//! Compressed per-sequence caches (`specs/glm5-architecture.md` §5.7): per layer and token only
+//! the normalised MLA latent, the rotated rope key and (on full-indexer layers) the indexer key.
+//! Never full K/V. Kept in f32 so that decode reproduces the reference exactly.
+
+/// One layer's cache for one sequence.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    /// (len, kv_lora_rank) post-`kv_a_layernorm` latents.
+    pub latent: Vec<f32>,
+    /// (len, qk_rope_head_dim) rotated rope keys (de-interleaved layout, as HF stores them).
+    pub k_pe: Vec<f32>,
+    /// (len, index_head_dim) indexer keys; empty on layers without an indexer.
+    pub index_k: Vec<f32>,
+    len: usize,
+}
+
+impl LayerCache {
+    /// Cached tokens.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends one token's latent, rope key and (optional) indexer key.
+    pub fn push(&mut self, latent: &[f32], k_pe: &[f32], index_k: Option<&[f32]>) {
+        self.latent.extend_from_slice(latent);
+        self.k_pe.extend_from_slice(k_pe);
+        if let Some(k) = index_k {
+            self.index_k.extend_from_slice(k);
+        }
+        self.len += 1;
+    }
+
+    /// Drops every token at position ≥ `len` (speculative rollback), releasing memory when the
+    /// cache shrinks to less than half of its capacity.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let per = |v: &Vec<f32>| v.len().checked_div(self.len).unwrap_or(0);
+        let (a, b, c) = (per(&self.latent), per(&self.k_pe), per(&self.index_k));
+        for (v, w) in [(&mut self.latent, a), (&mut self.k_pe, b), (&mut self.index_k, c)] {
+            v.truncate(len * w);
+            if v.capacity() > 2 * v.len() + 4096 {
+                v.shrink_to_fit();
+            }
+        }
+        self.len = len;
+    }
+
+    /// Bytes held by the cache's buffers.
+    pub fn bytes(&self) -> usize {
+        (self.latent.capacity() + self.k_pe.capacity() + self.index_k.capacity()) * 4
+    }
+}
+
+/// All caches of one sequence: the main layers and the MTP layer.
+#[derive(Debug, Clone, Default)]
+pub struct SeqCache {
+    /// One per main decoder layer.
+    pub layers: Vec<LayerCache>,
+    /// The MTP layer's own cache.
+    pub mtp: LayerCache,
+}
+
+impl SeqCache {
+    /// An empty cache for a model with `n_layers` main layers.
+    pub fn new(n_layers: usize) -> Self {
+        SeqCache { layers: vec![LayerCache::default(); n_layers], mtp: LayerCache::default() }
+    }
+
+    /// Tokens in the main cache (the next position).
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    /// True when the main cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rolls the main cache back to `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        for l in &mut self.layers {
+            l.truncate(len);
+        }
+    }
+
+    /// Bytes held by all buffers.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::bytes).sum::<usize>() + self.mtp.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_keeps_prefix_and_releases_memory() {
+        let mut c = LayerCache::default();
+        for i in 0..5000 {
+            let v = i as f32;
+            c.push(&[v, v], &[v], Some(&[v, v, v]));
+        }
+        let before = c.bytes();
+        c.truncate(3);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.latent, [0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
+        assert_eq!(c.index_k.len(), 9);
+        assert!(c.bytes() < before / 10);
+        c.truncate(10);
+        assert_eq!(c.len(), 3);
+    }
+}

@@ -1,0 +1,20 @@
+//! Named intermediates: a forward pass reports its discrete decisions and layer outputs to an
+//! observer, so tests and `nectar logits` can compare them with the reference.
+
+/// Receives intermediates during a forward pass. Rows are numbered across the whole batch.
+pub trait Observer {
+    /// The residual stream after decoder layer `layer` for all rows (`rows × hidden`).
+    fn layer_output(&mut self, _layer: usize, _x: &[f32]) {}
+    /// The experts chosen for `row` at MoE layer `layer`, in selection order, with their final
+    /// combine weights (after normalisation and routed scaling).
+    fn router(&mut self, _layer: usize, _row: usize, _ids: &[u32], _weights: &[f32]) {}
+    /// The key positions `row` attends to at `layer` (`None`: all of `0..=pos`), and whether this
+    /// layer computed them (`full`) or reused the previous full layer's selection.
+    fn indexer(&mut self, _layer: usize, _row: usize, _full: bool, _selected: Option<&[u32]>) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {}

@@ -1,0 +1,85 @@
+//! Fixture access shared by the parity tests.
+#![allow(dead_code)]
+use nectar_format::{Catalog, DType};
+use nectar_model::Observer;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub fn fixture_dir(variant: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/glm-tiny")).join(variant)
+}
+
+pub fn demo_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5"))
+}
+
+pub struct Expected {
+    pub json: serde_json::Value,
+    pub tensors: BTreeMap<String, (Vec<usize>, Vec<f64>)>,
+}
+
+impl Expected {
+    pub fn load(dir: &std::path::Path) -> Expected {
+        let json = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let cat = Catalog::open(dir).unwrap();
+        let mut tensors = BTreeMap::new();
+        for e in cat.tensors() {
+            let b = cat.bytes(e);
+            let v: Vec<f64> = match e.dtype {
+                DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+                DType::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+                other => panic!("unexpected dtype {other}"),
+            };
+            tensors.insert(e.name.clone(), (e.shape.clone(), v));
+        }
+        Expected { json, tensors }
+    }
+
+    pub fn ids(&self, key: &str) -> Vec<u32> {
+        self.json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    }
+
+    /// Row `r` of a 2-D expected tensor.
+    pub fn row(&self, name: &str, r: usize) -> Vec<f64> {
+        let (shape, v) = &self.tensors[name];
+        let w = *shape.last().unwrap();
+        v[r * w..(r + 1) * w].to_vec()
+    }
+}
+
+/// Max |a - b| over two rows.
+pub fn max_abs(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Records router and indexer decisions by (layer, absolute position).
+#[derive(Default)]
+pub struct Recorder {
+    pub base: usize,
+    pub router: BTreeMap<(usize, usize), (Vec<u32>, Vec<f32>)>,
+    pub indexer: BTreeMap<(usize, usize), Option<Vec<u32>>>,
+    pub layers: Vec<Vec<f32>>,
+}
+
+impl Observer for Recorder {
+    fn layer_output(&mut self, _layer: usize, x: &[f32]) {
+        self.layers.push(x.to_vec());
+    }
+    fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
+        self.router.insert((layer, self.base + row), (ids.to_vec(), weights.to_vec()));
+    }
+    fn indexer(&mut self, layer: usize, row: usize, _full: bool, selected: Option<&[u32]>) {
+        self.indexer.insert((layer, self.base + row), selected.map(|s| s.to_vec()));
+    }
+}
