@@ -83,3 +83,35 @@ impl Observer for Recorder {
         self.indexer.insert((layer, self.base + row), selected.map(|s| s.to_vec()));
     }
 }
+
+/// A tensor read back from a safetensors file: (name, dtype string, shape, bytes).
+pub type RawTensor = (String, String, Vec<usize>, Vec<u8>);
+
+/// Reads every tensor of a model directory.
+pub fn read_tensors(dir: &std::path::Path) -> Vec<RawTensor> {
+    let cat = Catalog::open(dir).unwrap();
+    cat.tensors().map(|e| (e.name.clone(), e.dtype.as_str().to_string(), e.shape.clone(), cat.bytes(e).to_vec())).collect()
+}
+
+/// Writes tensors as one safetensors file (names in the given order).
+pub fn write_safetensors(path: &std::path::Path, tensors: &[RawTensor]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let b = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(name.clone(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, data.len()]}));
+    }
+    let h = serde_json::to_vec(&header).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// Copies a fixture model's config files into `dst` (no weights).
+pub fn copy_configs(src: &std::path::Path, dst: &std::path::Path) {
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+}
