@@ -1,1 +1,41 @@
-fn main() {}
+//! `nectar`: run giant mixture-of-experts models on machines with far less RAM than the model.
+mod args;
+mod cmd;
+mod demo;
+
+use clap::Parser;
+
+fn main() {
+    let cli = args::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NECTAR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+        {
+            eprintln!("error: cannot start {n} compute threads: {e}");
+            std::process::exit(2);
+        }
+    }
+    let result = match cli.command {
+        args::Command::Run(a) => cmd::run::run(a),
+        args::Command::Logits(a) => cmd::logits::run(a),
+        args::Command::Inspect(a) => cmd::inspect::run(a),
+    };
+    if let Err(e) = result {
+        // A closed stdout (`nectar run | head`) is not an error.
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return;
+        }
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -202,10 +202,7 @@ impl ChatTemplate {
                 source,
             },
         };
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(render_error)?;
+        let template = self.env.get_template(TEMPLATE_NAME).map_err(render_error)?;
         template
             .render(minijinja::Value::from_serialize(&ctx))
             .map_err(render_error)
@@ -236,13 +233,15 @@ fn template_source(path: &Path, config: &Value) -> Result<Option<String>> {
         Some(Value::Array(list)) if list.is_empty() => Ok(None),
         Some(Value::Array(list)) => {
             for (i, item) in list.iter().enumerate() {
-                let name = item
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| invalid(format!("chat_template[{i}].name"), "must be a string"))?;
-                let template = item.get("template").and_then(Value::as_str).ok_or_else(|| {
-                    invalid(format!("chat_template[{i}].template"), "must be a string")
+                let name = item.get("name").and_then(Value::as_str).ok_or_else(|| {
+                    invalid(format!("chat_template[{i}].name"), "must be a string")
                 })?;
+                let template = item
+                    .get("template")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        invalid(format!("chat_template[{i}].template"), "must be a string")
+                    })?;
                 if name == "default" {
                     return Ok(Some(template.to_owned()));
                 }
@@ -380,7 +379,12 @@ mod tests {
             .unwrap();
         assert_eq!(t.bos_token(), Some("<s>"));
         let out = t
-            .render(&json!([{"role": "user", "content": "hi"}]), None, false, &Map::new())
+            .render(
+                &json!([{"role": "user", "content": "hi"}]),
+                None,
+                false,
+                &Map::new(),
+            )
             .unwrap();
         assert_eq!(out, "<s>hi</s>");
     }
@@ -436,9 +440,7 @@ mod tests {
     fn syntax_error_names_the_origin() {
         let err = ChatTemplate::new("{% if %}", "/models/x/tokenizer_config.json").unwrap_err();
         assert!(matches!(err, Error::TemplateSyntax { .. }));
-        assert!(err
-            .to_string()
-            .contains("/models/x/tokenizer_config.json"));
+        assert!(err.to_string().contains("/models/x/tokenizer_config.json"));
     }
 
     #[test]

@@ -119,6 +119,12 @@ pub enum Error {
         message: String,
     },
 
+    /// The model failed (load or forward).
+    #[error(transparent)]
+    Model(#[from] nectar_model::Error),
+    /// A request that cannot be served as given (names what is wrong).
+    #[error("invalid request: {0}")]
+    Request(String),
     /// The caller passed a value the chat template cannot take.
     #[error("invalid chat input `{field}`: {reason}")]
     InvalidChatInput {

@@ -104,7 +104,10 @@ mod tests {
     #[test]
     fn raise_exception_is_recognisable() {
         let err = render("a{{ raise_exception('roles must alternate') }}", json!({})).unwrap_err();
-        assert_eq!(raised_message(&err).as_deref(), Some("roles must alternate"));
+        assert_eq!(
+            raised_message(&err).as_deref(),
+            Some("roles must alternate")
+        );
         let other = render("{{ 1 + }}", json!({})).unwrap_err();
         assert_eq!(raised_message(&other), None);
     }

@@ -9,8 +9,10 @@
 
 #![deny(missing_docs)]
 
+mod bundle;
 mod chat_template;
 mod error;
+mod generate;
 mod jinja_env;
 mod py_json;
 mod stops;
@@ -18,8 +20,10 @@ mod stream_decoder;
 mod strftime;
 mod tokenizer;
 
+pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
+pub use generate::{argmax, generate_greedy, FinishReason, Generation};
 pub use stops::stop_token_ids;
 pub use stream_decoder::StreamDecoder;
 pub use tokenizer::Tokenizer;

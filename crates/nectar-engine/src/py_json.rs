@@ -91,7 +91,11 @@ pub(crate) fn tojson_filter(
     Ok(Value::from_safe_string(out))
 }
 
-fn or_kwarg(positional: Option<Value>, kwargs: &Kwargs, name: &str) -> Result<Option<Value>, Error> {
+fn or_kwarg(
+    positional: Option<Value>,
+    kwargs: &Kwargs,
+    name: &str,
+) -> Result<Option<Value>, Error> {
     match positional {
         Some(v) => Ok(Some(v)),
         None => kwargs.get(name),
@@ -122,6 +126,15 @@ pub(crate) fn write_value(
     opts: &Options,
     depth: usize,
 ) -> Result<(), Error> {
+    // Recursion bound: a pathological value must fail the render, not
+    // overflow the stack (serde_json's own parser stops at 128 levels).
+    const MAX_DEPTH: usize = 256;
+    if depth > MAX_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: value nested deeper than {MAX_DEPTH} levels"),
+        ));
+    }
     match value.kind() {
         // Jinja's Undefined is not serialisable in Python either, but an
         // absent optional field rendering as `null` is the kinder failure.
@@ -344,6 +357,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, r#"{"a":[1,2],"b":1}"#);
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let mut v = json!(1);
+        for _ in 0..1000 {
+            v = json!([v]);
+        }
+        let mut out = String::new();
+        let value = Value::from_serialize(&v);
+        assert!(write_value(&mut out, &value, &Options::default(), 0).is_err());
     }
 
     #[test]

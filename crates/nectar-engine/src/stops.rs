@@ -50,7 +50,9 @@ fn collect(value: Option<&Value>, origin: &str, out: &mut Vec<u32>) {
 fn push_id(value: &Value, origin: &str, out: &mut Vec<u32>) {
     match value.as_u64().and_then(|id| u32::try_from(id).ok()) {
         Some(id) => out.push(id),
-        None => tracing::warn!(%origin, %value, "ignoring eos_token_id entry that is not a token id"),
+        None => {
+            tracing::warn!(%origin, %value, "ignoring eos_token_id entry that is not a token id")
+        }
     }
 }
 

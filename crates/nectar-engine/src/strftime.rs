@@ -203,7 +203,10 @@ mod tests {
     fn formats_like_python() {
         let t = DateTime::from_unix(LEAP_DAY);
         assert_eq!(strftime("%d %b %Y", &t), "29 Feb 2024");
-        assert_eq!(strftime("%A, %B %-d, %Y", &t), "Thursday, February 29, 2024");
+        assert_eq!(
+            strftime("%A, %B %-d, %Y", &t),
+            "Thursday, February 29, 2024"
+        );
         assert_eq!(strftime("%Y-%m-%d %H:%M:%S", &t), "2024-02-29 13:05:09");
         assert_eq!(strftime("%I:%M %p | %j | %y", &t), "01:05 PM | 060 | 24");
         assert_eq!(strftime("100%% %Q %", &t), "100% %Q %");

@@ -107,10 +107,7 @@ fn chinese_prompt_has_byte_split_characters() {
     // Guards the previous test's value: the zh prompt must really contain
     // ids that decode to partial characters on their own.
     let tok = tokenizer();
-    let zh = prompts()
-        .into_iter()
-        .find(|p| p["name"] == "zh")
-        .unwrap();
+    let zh = prompts().into_iter().find(|p| p["name"] == "zh").unwrap();
     let split = ids(&zh["input_ids"])
         .iter()
         .chain(ids(&zh["greedy_ids"]).iter())
@@ -167,7 +164,14 @@ fn tool_calls_and_tool_results_render_in_glm_format() {
     // The GLM markup tokenises to its dedicated ids.
     let tok = tokenizer();
     let ids = tok.encode(&out, false).unwrap();
-    for t in ["<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>", "<tool_response>", "<|observation|>"] {
+    for t in [
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "<arg_value>",
+        "<tool_response>",
+        "<|observation|>",
+    ] {
         let id = tok.token_to_id(t).unwrap();
         assert!(ids.contains(&id), "{t} not tokenised as a single id");
     }
@@ -190,7 +194,10 @@ fn enable_thinking_opens_a_think_block() {
 fn demo_stop_ids() {
     let config = read_json("config.json");
     let generation = read_json("generation_config.json");
-    assert_eq!(stop_token_ids(&config, Some(&generation)), [8160, 8167, 8169]);
+    assert_eq!(
+        stop_token_ids(&config, Some(&generation)),
+        [8160, 8167, 8169]
+    );
     assert_eq!(stop_token_ids(&config, None), [8160, 8167, 8169]);
     let tok = tokenizer();
     let names: Vec<String> = [8160, 8167, 8169]
@@ -218,8 +225,13 @@ fn chat_template_jinja_takes_precedence() {
     .unwrap();
     std::fs::write(dir.path().join("chat_template.jinja"), "{{ eos_token }}!").unwrap();
     let t = ChatTemplate::from_model_dir(dir.path()).unwrap().unwrap();
-    assert_eq!(t.render(&json!([]), None, false, &Map::new()).unwrap(), "<|endoftext|>!");
-    assert!(ChatTemplate::from_model_dir(dir.path().join("nope")).unwrap().is_none());
+    assert_eq!(
+        t.render(&json!([]), None, false, &Map::new()).unwrap(),
+        "<|endoftext|>!"
+    );
+    assert!(ChatTemplate::from_model_dir(dir.path().join("nope"))
+        .unwrap()
+        .is_none());
 }
 
 fn temp_file(contents: &str) -> tempfile::NamedTempFile {
@@ -271,9 +283,16 @@ fn template_syntax_error_names_the_file() {
 #[test]
 fn render_errors_name_the_file() {
     let f = temp_file(r#"{"chat_template": "{{ messages[0].content.nope.deeper }}"}"#);
-    let t = ChatTemplate::from_tokenizer_config(f.path()).unwrap().unwrap();
+    let t = ChatTemplate::from_tokenizer_config(f.path())
+        .unwrap()
+        .unwrap();
     let err = t
-        .render(&json!([{"role": "user", "content": "x"}]), None, false, &Map::new())
+        .render(
+            &json!([{"role": "user", "content": "x"}]),
+            None,
+            false,
+            &Map::new(),
+        )
         .unwrap_err();
     assert!(matches!(err, Error::TemplateRender { .. }), "{err}");
     assert_names(&err, f.path());

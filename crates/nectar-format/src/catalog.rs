@@ -87,7 +87,12 @@ impl Catalog {
                 msg: format!("{} shards exceed the limit of {MAX_SHARDS}", paths.len()),
             });
         }
-        let mut cat = Catalog { dir: dir.to_path_buf(), shards: Vec::new(), maps: Vec::new(), tensors: BTreeMap::new() };
+        let mut cat = Catalog {
+            dir: dir.to_path_buf(),
+            shards: Vec::new(),
+            maps: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
         for p in paths {
             cat.add_shard(p)?;
         }
@@ -101,18 +106,27 @@ impl Catalog {
     fn add_shard(&mut self, path: PathBuf) -> Result<()> {
         let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let file_len = f.metadata().map_err(|e| Error::io(&path, e))?.len();
-        let herr = |msg: String| Error::Header { path: path.clone(), msg };
+        let herr = |msg: String| Error::Header {
+            path: path.clone(),
+            msg,
+        };
         if file_len < 8 {
-            return Err(herr(format!("file is {file_len} bytes, too short for a header (truncated?)")));
+            return Err(herr(format!(
+                "file is {file_len} bytes, too short for a header (truncated?)"
+            )));
         }
         let mut len8 = [0u8; 8];
         f.read_exact(&mut len8).map_err(|e| Error::io(&path, e))?;
         let hlen = u64::from_le_bytes(len8);
         if hlen > MAX_HEADER_BYTES {
-            return Err(herr(format!("header length {hlen} exceeds {MAX_HEADER_BYTES} bytes (corrupt?)")));
+            return Err(herr(format!(
+                "header length {hlen} exceeds {MAX_HEADER_BYTES} bytes (corrupt?)"
+            )));
         }
         if 8 + hlen > file_len {
-            return Err(herr(format!("header of {hlen} bytes runs past the end of the {file_len}-byte file (truncated?)")));
+            return Err(herr(format!(
+                "header of {hlen} bytes runs past the end of the {file_len}-byte file (truncated?)"
+            )));
         }
         let mut json = vec![0u8; hlen as usize];
         f.read_exact(&mut json).map_err(|e| Error::io(&path, e))?;
@@ -143,26 +157,42 @@ impl Catalog {
         // accepted contract of reading model files by mmap.)
         let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?;
         self.maps.push(Arc::new(map));
-        self.shards.push(ShardInfo { path, file_len, data_start, metadata: parsed.metadata });
+        self.shards.push(ShardInfo {
+            path,
+            file_len,
+            data_start,
+            metadata: parsed.metadata,
+        });
         Ok(())
     }
 
     fn check_index(&self, index: &Path) -> Result<()> {
-        let ierr = |msg: String| Error::Index { path: index.to_path_buf(), msg };
+        let ierr = |msg: String| Error::Index {
+            path: index.to_path_buf(),
+            msg,
+        };
         let text = std::fs::read(index).map_err(|e| Error::io(index, e))?;
-        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| ierr(format!("not valid JSON: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| ierr(format!("not valid JSON: {e}")))?;
         let map = v
             .get("weight_map")
             .and_then(|m| m.as_object())
             .ok_or_else(|| ierr("missing object `weight_map`".into()))?;
         for (name, file) in map {
-            let file = file.as_str().ok_or_else(|| ierr(format!("`{name}`: file is not a string")))?;
+            let file = file
+                .as_str()
+                .ok_or_else(|| ierr(format!("`{name}`: file is not a string")))?;
             let entry = self.tensors.get(name).ok_or_else(|| {
-                ierr(format!("lists tensor `{name}` in {file}, but no shard contains it (missing shard?)"))
+                ierr(format!(
+                    "lists tensor `{name}` in {file}, but no shard contains it (missing shard?)"
+                ))
             })?;
             let actual = &self.shards[entry.shard].path;
             if actual.file_name().and_then(|n| n.to_str()) != Some(file) {
-                return Err(ierr(format!("lists tensor `{name}` in {file}, but it is in {}", actual.display())));
+                return Err(ierr(format!(
+                    "lists tensor `{name}` in {file}, but it is in {}",
+                    actual.display()
+                )));
             }
         }
         Ok(())
@@ -200,7 +230,10 @@ impl Catalog {
 
     /// Looks a tensor up, or fails naming it and the directory.
     pub fn require(&self, name: &str) -> Result<&TensorEntry> {
-        self.get(name).ok_or_else(|| Error::Missing { dir: self.dir.clone(), tensor: name.to_owned() })
+        self.get(name).ok_or_else(|| Error::Missing {
+            dir: self.dir.clone(),
+            tensor: name.to_owned(),
+        })
     }
 
     /// The path of the shard holding `e`.
@@ -216,12 +249,20 @@ impl Catalog {
 
     /// An owning handle on the bytes of `e` that keeps the shard mapped.
     pub fn shared_bytes(&self, e: &TensorEntry) -> Bytes {
-        Bytes::Mapped { map: self.maps[e.shard].clone(), start: e.offset as usize, len: e.len as usize }
+        Bytes::Mapped {
+            map: self.maps[e.shard].clone(),
+            start: e.offset as usize,
+            len: e.len as usize,
+        }
     }
 
     /// A typed error about tensor `e` (for callers that validate shapes and dtypes).
     pub fn tensor_error(&self, e: &TensorEntry, msg: impl Into<String>) -> Error {
-        Error::Tensor { path: self.path_of(e).to_path_buf(), tensor: e.name.clone(), msg: msg.into() }
+        Error::Tensor {
+            path: self.path_of(e).to_path_buf(),
+            tensor: e.name.clone(),
+            msg: msg.into(),
+        }
     }
 }
 
@@ -283,8 +324,14 @@ mod tests {
     #[test]
     fn opens_shards_and_reads_bytes() {
         let d = tempfile::tempdir().unwrap();
-        write_st(&d.path().join("a.safetensors"), &[("x", "F32", &[2], vec![0, 0, 128, 63, 0, 0, 0, 64])]);
-        write_st(&d.path().join("b.safetensors"), &[("y", "U8", &[3], vec![1, 2, 3])]);
+        write_st(
+            &d.path().join("a.safetensors"),
+            &[("x", "F32", &[2], vec![0, 0, 128, 63, 0, 0, 0, 64])],
+        );
+        write_st(
+            &d.path().join("b.safetensors"),
+            &[("y", "U8", &[3], vec![1, 2, 3])],
+        );
         let c = Catalog::open(d.path()).unwrap();
         assert_eq!(c.len(), 2);
         let x = c.require("x").unwrap();
@@ -296,33 +343,71 @@ mod tests {
     #[test]
     fn duplicate_names_across_shards_are_refused() {
         let d = tempfile::tempdir().unwrap();
-        write_st(&d.path().join("a.safetensors"), &[("x", "U8", &[1], vec![1])]);
-        write_st(&d.path().join("b.safetensors"), &[("x", "U8", &[1], vec![1])]);
+        write_st(
+            &d.path().join("a.safetensors"),
+            &[("x", "U8", &[1], vec![1])],
+        );
+        write_st(
+            &d.path().join("b.safetensors"),
+            &[("x", "U8", &[1], vec![1])],
+        );
         let e = Catalog::open(d.path()).unwrap_err().to_string();
-        assert!(e.contains("`x`") && e.contains("a.safetensors") && e.contains("b.safetensors"), "{e}");
+        assert!(
+            e.contains("`x`") && e.contains("a.safetensors") && e.contains("b.safetensors"),
+            "{e}"
+        );
     }
 
     #[test]
     fn truncated_shard_names_file_and_tensor() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("m.safetensors");
-        write_st(&p, &[("w.a", "F32", &[4], vec![0; 16]), ("w.b", "F32", &[4], vec![0; 16])]);
+        write_st(
+            &p,
+            &[
+                ("w.a", "F32", &[4], vec![0; 16]),
+                ("w.b", "F32", &[4], vec![0; 16]),
+            ],
+        );
         let len = std::fs::metadata(&p).unwrap().len();
-        File::options().write(true).open(&p).unwrap().set_len(len - 3).unwrap();
+        File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
         let e = Catalog::open(d.path()).unwrap_err().to_string();
-        assert!(e.contains("m.safetensors") && e.contains("`w.b`") && e.contains("truncated"), "{e}");
-        File::options().write(true).open(&p).unwrap().set_len(5).unwrap();
-        assert!(Catalog::open(d.path()).unwrap_err().to_string().contains("too short"));
+        assert!(
+            e.contains("m.safetensors") && e.contains("`w.b`") && e.contains("truncated"),
+            "{e}"
+        );
+        File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(5)
+            .unwrap();
+        assert!(Catalog::open(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("too short"));
     }
 
     #[test]
     fn index_must_agree_with_shards() {
         let d = tempfile::tempdir().unwrap();
-        write_st(&d.path().join("a.safetensors"), &[("x", "U8", &[1], vec![1])]);
+        write_st(
+            &d.path().join("a.safetensors"),
+            &[("x", "U8", &[1], vec![1])],
+        );
         let idx = d.path().join("model.safetensors.index.json");
         std::fs::write(&idx, r#"{"weight_map":{"x":"a.safetensors"}}"#).unwrap();
         Catalog::open(d.path()).unwrap();
-        std::fs::write(&idx, r#"{"weight_map":{"x":"a.safetensors","y":"b.safetensors"}}"#).unwrap();
+        std::fs::write(
+            &idx,
+            r#"{"weight_map":{"x":"a.safetensors","y":"b.safetensors"}}"#,
+        )
+        .unwrap();
         let e = Catalog::open(d.path()).unwrap_err().to_string();
         assert!(e.contains("`y`") && e.contains("b.safetensors"), "{e}");
     }

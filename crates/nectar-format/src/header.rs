@@ -38,10 +38,15 @@ pub struct ParsedHeader {
 /// Checks: every entry has a known dtype, a shape and two offsets; `begin <= end <= data_len`;
 /// `end - begin == product(shape) * dtype size`; no two tensors overlap.
 pub fn parse_header(path: &Path, json: &[u8], data_len: u64) -> Result<ParsedHeader> {
-    let herr = |msg: String| Error::Header { path: path.to_path_buf(), msg };
+    let herr = |msg: String| Error::Header {
+        path: path.to_path_buf(),
+        msg,
+    };
     let value: serde_json::Value =
         serde_json::from_slice(json).map_err(|e| herr(format!("header is not valid JSON: {e}")))?;
-    let obj = value.as_object().ok_or_else(|| herr("header is not a JSON object".into()))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| herr("header is not a JSON object".into()))?;
     let mut out = ParsedHeader::default();
     for (name, entry) in obj {
         if name == "__metadata__" {
@@ -49,14 +54,18 @@ pub fn parse_header(path: &Path, json: &[u8], data_len: u64) -> Result<ParsedHea
                 .as_object()
                 .ok_or_else(|| herr("`__metadata__` is not an object".into()))?;
             for (k, v) in meta {
-                let s = v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string());
+                let s = v
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| v.to_string());
                 out.metadata.insert(k.clone(), s);
             }
             continue;
         }
         out.tensors.push(parse_entry(path, name, entry, data_len)?);
     }
-    out.tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
+    out.tensors
+        .sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
     // Sorted by start, a tensor overlaps an earlier one iff it starts before the furthest end
     // seen so far (empty tensors occupy no bytes and never overlap).
     let mut furthest: Option<&HeaderTensor> = None;
@@ -66,7 +75,10 @@ pub fn parse_header(path: &Path, json: &[u8], data_len: u64) -> Result<ParsedHea
                 return Err(Error::Tensor {
                     path: path.to_path_buf(),
                     tensor: t.name.clone(),
-                    msg: format!("data [{}, {}) overlaps `{}` [{}, {})", t.begin, t.end, a.name, a.begin, a.end),
+                    msg: format!(
+                        "data [{}, {}) overlaps `{}` [{}, {})",
+                        t.begin, t.end, a.name, a.begin, a.end
+                    ),
                 });
             }
         }
@@ -77,8 +89,17 @@ pub fn parse_header(path: &Path, json: &[u8], data_len: u64) -> Result<ParsedHea
     Ok(out)
 }
 
-fn parse_entry(path: &Path, name: &str, entry: &serde_json::Value, data_len: u64) -> Result<HeaderTensor> {
-    let terr = |msg: String| Error::Tensor { path: path.to_path_buf(), tensor: name.to_owned(), msg };
+fn parse_entry(
+    path: &Path,
+    name: &str,
+    entry: &serde_json::Value,
+    data_len: u64,
+) -> Result<HeaderTensor> {
+    let terr = |msg: String| Error::Tensor {
+        path: path.to_path_buf(),
+        tensor: name.to_owned(),
+        msg,
+    };
     let dtype_s = entry
         .get("dtype")
         .and_then(|v| v.as_str())
@@ -107,7 +128,9 @@ fn parse_entry(path: &Path, name: &str, entry: &serde_json::Value, data_len: u64
             "data [{begin}, {end}) runs past the end of the data section ({data_len} bytes): the file is truncated or corrupt"
         )));
     }
-    let elems = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+    let elems = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
     let want = elems.and_then(|e| e.checked_mul(dtype.size() as u64));
     if want != Some(end - begin) {
         return Err(terr(format!(
@@ -116,7 +139,13 @@ fn parse_entry(path: &Path, name: &str, entry: &serde_json::Value, data_len: u64
             end - begin
         )));
     }
-    Ok(HeaderTensor { name: name.to_owned(), dtype, shape, begin, end })
+    Ok(HeaderTensor {
+        name: name.to_owned(),
+        dtype,
+        shape,
+        begin,
+        end,
+    })
 }
 
 #[cfg(test)]

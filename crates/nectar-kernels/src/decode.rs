@@ -67,7 +67,14 @@ mod tests {
     #[test]
     fn int4_group_scales_and_short_last_group() {
         let data = [0x99u8, 0x99, 0x09]; // five codes of +1
-        let m = MatRef::new(WeightFormat::Int4Group { group: 2 }, 1, 5, &data, &[1.0, 2.0, 3.0]).unwrap();
+        let m = MatRef::new(
+            WeightFormat::Int4Group { group: 2 },
+            1,
+            5,
+            &data,
+            &[1.0, 2.0, 3.0],
+        )
+        .unwrap();
         let mut out = [0.0; 5];
         decode_row(&m, 0, &mut out);
         assert_eq!(out, [1.0, 1.0, 2.0, 2.0, 3.0]);
@@ -76,14 +83,28 @@ mod tests {
     #[test]
     fn bf16_and_f16_widen_exactly() {
         let v = [1.5f32, -2.25, 3.0e-3, 65504.0, 0.0, -0.0, 7.0, 1e-5, 100.0];
-        let bf: Vec<u8> = v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
-        let hf: Vec<u8> = v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect();
+        let bf: Vec<u8> = v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect();
+        let hf: Vec<u8> = v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect();
         let mut out = vec![0.0; v.len()];
-        decode_row(&MatRef::new(WeightFormat::Bf16, 1, v.len(), &bf, &[]).unwrap(), 0, &mut out);
+        decode_row(
+            &MatRef::new(WeightFormat::Bf16, 1, v.len(), &bf, &[]).unwrap(),
+            0,
+            &mut out,
+        );
         for (o, x) in out.iter().zip(&v) {
             assert_eq!(o.to_bits(), half::bf16::from_f32(*x).to_f32().to_bits());
         }
-        decode_row(&MatRef::new(WeightFormat::F16, 1, v.len(), &hf, &[]).unwrap(), 0, &mut out);
+        decode_row(
+            &MatRef::new(WeightFormat::F16, 1, v.len(), &hf, &[]).unwrap(),
+            0,
+            &mut out,
+        );
         for (o, x) in out.iter().zip(&v) {
             assert_eq!(o.to_bits(), half::f16::from_f32(*x).to_f32().to_bits());
         }

@@ -26,7 +26,9 @@ pub(crate) fn isa_detect() -> Isa {
     *ISA.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
                 return Isa::Avx2;
             }
         }
@@ -58,7 +60,10 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
     let mut acc = [0.0f32; LANES];
     let full = a.len() / LANES * LANES;
-    for (ca, cb) in a[..full].chunks_exact(LANES).zip(b[..full].chunks_exact(LANES)) {
+    for (ca, cb) in a[..full]
+        .chunks_exact(LANES)
+        .zip(b[..full].chunks_exact(LANES))
+    {
         for j in 0..LANES {
             acc[j] = ca[j].mul_add(cb[j], acc[j]);
         }
@@ -66,7 +71,11 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
     let tail = a.len() - full;
     if tail > 0 {
         for j in 0..LANES {
-            let (x, y) = if j < tail { (a[full + j], b[full + j]) } else { (0.0, 0.0) };
+            let (x, y) = if j < tail {
+                (a[full + j], b[full + j])
+            } else {
+                (0.0, 0.0)
+            };
             acc[j] = x.mul_add(y, acc[j]);
         }
     }

@@ -5,7 +5,9 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum Error {
     /// The byte or scale count does not match the matrix shape and format.
-    #[error("{what}: expected {expected} {unit} for a {rows}x{cols} {format} matrix, found {found}")]
+    #[error(
+        "{what}: expected {expected} {unit} for a {rows}x{cols} {format} matrix, found {found}"
+    )]
     Size {
         /// Which buffer was wrong ("weight bytes", "scales").
         what: &'static str,

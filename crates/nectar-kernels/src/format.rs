@@ -108,7 +108,13 @@ impl<'a> MatRef<'a> {
                 unit: "f32",
             });
         }
-        Ok(MatRef { format, rows, cols, data, scales })
+        Ok(MatRef {
+            format,
+            rows,
+            cols,
+            data,
+            scales,
+        })
     }
 
     /// The bytes of row `r`.

@@ -50,16 +50,18 @@ pub fn matmul(w: &MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> 
     }
     // Transposed staging (rows × m) keeps each task's writes contiguous.
     let mut yt = vec![0.0f32; w.rows * m];
-    yt.par_chunks_mut(per_task * m).enumerate().for_each(|(t, out)| {
-        with_row(w.cols, |buf| {
-            for (k, orow) in out.chunks_exact_mut(m).enumerate() {
-                decode_row(w, t * per_task + k, buf);
-                for (i, o) in orow.iter_mut().enumerate() {
-                    *o = dot(buf, &x[i * w.cols..(i + 1) * w.cols]);
+    yt.par_chunks_mut(per_task * m)
+        .enumerate()
+        .for_each(|(t, out)| {
+            with_row(w.cols, |buf| {
+                for (k, orow) in out.chunks_exact_mut(m).enumerate() {
+                    decode_row(w, t * per_task + k, buf);
+                    for (i, o) in orow.iter_mut().enumerate() {
+                        *o = dot(buf, &x[i * w.cols..(i + 1) * w.cols]);
+                    }
                 }
-            }
-        })
-    });
+            })
+        });
     for (r, col) in yt.chunks_exact(m).enumerate() {
         for (i, v) in col.iter().enumerate() {
             y[i * w.rows + r] = *v;
@@ -70,7 +72,12 @@ pub fn matmul(w: &MatRef<'_>, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> 
 
 /// Computes only the output rows `rows` of W·x for one activation row (used for row tiles of
 /// very tall matrices such as the LM head, and for gathered embedding rows).
-pub fn matmul_rows(w: &MatRef<'_>, rows: std::ops::Range<usize>, x: &[f32], y: &mut [f32]) -> Result<()> {
+pub fn matmul_rows(
+    w: &MatRef<'_>,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
     if x.len() != w.cols || y.len() != rows.len() || rows.end > w.rows {
         return Err(Error::Shape(format!(
             "matmul_rows: W is {}x{}, rows {:?}, x {}, y {}",
@@ -123,10 +130,14 @@ mod tests {
     }
 
     fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (s >> 33) as u8
             })
             .collect()
@@ -197,7 +208,10 @@ mod tests {
         let w = MatRef::new(WeightFormat::Bf16, rows, cols, &data, &[]).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| (i as f32).sin()).collect();
         let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             let mut y = vec![0.0; rows];
             pool.install(|| matmul(&w, &x, 1, &mut y).unwrap());
             y

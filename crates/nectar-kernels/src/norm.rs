@@ -8,7 +8,10 @@
 
 /// `out = w ⊙ (x / sqrt(mean(x²) + eps))`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    assert!(x.len() == w.len() && x.len() == out.len(), "rms_norm: length mismatch");
+    assert!(
+        x.len() == w.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
     let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
@@ -24,7 +27,11 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
     );
     let n = x.len() as f64;
     let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = x.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / n;
+    let var = x
+        .iter()
+        .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+        .sum::<f64>()
+        / n;
     let inv = (1.0 / (var + eps as f64).sqrt()) as f32;
     let mean = mean as f32;
     for (((o, &v), &g), &bb) in out.iter_mut().zip(x).zip(w).zip(b) {
@@ -39,7 +46,12 @@ mod tests {
     #[test]
     fn rms_norm_unit_vector() {
         let mut out = [0.0; 4];
-        rms_norm(&[1.0, -1.0, 1.0, -1.0], &[1.0, 2.0, 3.0, 4.0], 0.0, &mut out);
+        rms_norm(
+            &[1.0, -1.0, 1.0, -1.0],
+            &[1.0, 2.0, 3.0, 4.0],
+            0.0,
+            &mut out,
+        );
         assert_eq!(out, [1.0, -2.0, 3.0, -4.0]);
     }
 

@@ -9,7 +9,10 @@ pub struct RopeTable {
 impl RopeTable {
     /// `inv_freq[i] = 1 / theta^(2i/dim)` in f32, for `i < dim/2`.
     pub fn new(dim: usize, theta: f32) -> Self {
-        assert!(dim % 2 == 0 && dim > 0, "rope dim must be even and positive");
+        assert!(
+            dim.is_multiple_of(2) && dim > 0,
+            "rope dim must be even and positive"
+        );
         let inv_freq = (0..dim / 2)
             .map(|i| 1.0f32 / theta.powf((2 * i) as f32 / dim as f32))
             .collect();
@@ -30,7 +33,11 @@ impl RopeTable {
         let half = self.inv_freq.len();
         assert_eq!(x.len(), 2 * half, "rope: slice length");
         let mut tmp = [0.0f32; 256];
-        let tmp = if 2 * half <= 256 { &mut tmp[..2 * half] } else { return self.apply_alloc(x, pos) };
+        let tmp = if 2 * half <= 256 {
+            &mut tmp[..2 * half]
+        } else {
+            return self.apply_alloc(x, pos);
+        };
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let a = pos as f32 * f;
             let (s, c) = a.sin_cos();

@@ -43,7 +43,11 @@ impl LayerCache {
         }
         let per = |v: &Vec<f32>| v.len().checked_div(self.len).unwrap_or(0);
         let (a, b, c) = (per(&self.latent), per(&self.k_pe), per(&self.index_k));
-        for (v, w) in [(&mut self.latent, a), (&mut self.k_pe, b), (&mut self.index_k, c)] {
+        for (v, w) in [
+            (&mut self.latent, a),
+            (&mut self.k_pe, b),
+            (&mut self.index_k, c),
+        ] {
             v.truncate(len * w);
             if v.capacity() > 2 * v.len() + 4096 {
                 v.shrink_to_fit();
@@ -70,7 +74,10 @@ pub struct SeqCache {
 impl SeqCache {
     /// An empty cache for a model with `n_layers` main layers.
     pub fn new(n_layers: usize) -> Self {
-        SeqCache { layers: vec![LayerCache::default(); n_layers], mtp: LayerCache::default() }
+        SeqCache {
+            layers: vec![LayerCache::default(); n_layers],
+            mtp: LayerCache::default(),
+        }
     }
 
     /// Tokens in the main cache (the next position).

@@ -32,7 +32,10 @@ fn unknown_model_type() {
         c["model_type"] = "deepseek_v3".into();
         std::fs::write(&p, c.to_string()).unwrap();
     });
-    assert!(e.contains("config.json") && e.contains("deepseek_v3"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("deepseek_v3"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -47,7 +50,10 @@ fn misshaped_tensor() {
         let x = t.iter_mut().find(|x| x.0 == NAME).unwrap();
         x.2.reverse();
     });
-    assert!(e.contains(NAME) && e.contains("model.safetensors") && e.contains("expected"), "{e}");
+    assert!(
+        e.contains(NAME) && e.contains("model.safetensors") && e.contains("expected"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -65,9 +71,17 @@ fn truncated_file() {
         let p = dir.join("model.safetensors");
         write_safetensors(&p, t);
         let len = std::fs::metadata(&p).unwrap().len();
-        std::fs::File::options().write(true).open(&p).unwrap().set_len(len - 100).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(len - 100)
+            .unwrap();
     });
-    assert!(e.contains("model.safetensors") && e.contains("truncated") && e.contains('`'), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated") && e.contains('`'),
+        "{e}"
+    );
 }
 
 #[test]
@@ -84,14 +98,28 @@ fn corrupt_header() {
 
 #[test]
 fn malformed_config() {
-    let e = load_err(|_, dir| std::fs::write(dir.join("config.json"), "{\"model_type\": \"glm_moe_dsa\", ").unwrap());
+    let e = load_err(|_, dir| {
+        std::fs::write(
+            dir.join("config.json"),
+            "{\"model_type\": \"glm_moe_dsa\", ",
+        )
+        .unwrap()
+    });
     assert!(e.contains("config.json"), "{e}");
 }
 
 fn last_logits(dir: &Path) -> Vec<f32> {
     let m = Glm5::load(dir).unwrap();
     let mut c = m.new_cache();
-    let h = m.forward(&mut [SeqStep { cache: &mut c, tokens: &[3, 14, 15, 92] }], &mut NoObserver).unwrap();
+    let h = m
+        .forward(
+            &mut [SeqStep {
+                cache: &mut c,
+                tokens: &[3, 14, 15, 92],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
     m.logits(&h[3 * m.hidden_size()..]).unwrap()
 }
 
@@ -107,13 +135,20 @@ fn sharded_with_and_without_index_match_single_file() {
         write_safetensors(&d.path().join("model-00002-of-00002.safetensors"), b);
         if with_index {
             let mut map = serde_json::Map::new();
-            for (part, file) in [(a, "model-00001-of-00002.safetensors"), (b, "model-00002-of-00002.safetensors")] {
+            for (part, file) in [
+                (a, "model-00001-of-00002.safetensors"),
+                (b, "model-00002-of-00002.safetensors"),
+            ] {
                 for x in part {
                     map.insert(x.0.clone(), file.into());
                 }
             }
             let idx = serde_json::json!({"metadata": {}, "weight_map": map});
-            std::fs::write(d.path().join("model.safetensors.index.json"), idx.to_string()).unwrap();
+            std::fs::write(
+                d.path().join("model.safetensors.index.json"),
+                idx.to_string(),
+            )
+            .unwrap();
         }
         assert_eq!(last_logits(d.path()), want);
         // A shard the index expects but that is missing.
@@ -131,7 +166,9 @@ fn bf16_checkpoint_stays_bf16_in_memory() {
     let m = Glm5::load(&dir).unwrap();
     let c = m.bytes_by_class();
     let held = c.spine + c.routed + c.mtp + c.indexer;
-    let file = std::fs::metadata(dir.join("model.safetensors")).unwrap().len() as usize;
+    let file = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .len() as usize;
     // Every matrix is held at 2 bytes per weight; only norm vectors are widened (a few KB).
     assert!(held <= file + (1 << 16), "held {held} B vs file {file} B");
     assert!(held >= file * 99 / 100, "held {held} B vs file {file} B");

@@ -8,14 +8,19 @@ use common::*;
 use nectar_model::{Glm5, MtpStep, SeqStep};
 
 fn as_u32(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
 fn demo_model_matches_reference() {
     let dir = demo_dir();
     let model = Glm5::load(&dir).unwrap();
-    let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
     let eos = model.cfg.eos_ids.clone();
     let v = model.vocab_size();
     for p in reference["prompts"].as_array().unwrap() {
@@ -24,14 +29,25 @@ fn demo_model_matches_reference() {
         let n = ids.len();
         let mut cache = model.new_cache();
         let mut rec = Recorder::default();
-        let hidden = model.forward(&mut [SeqStep { cache: &mut cache, tokens: &ids }], &mut rec).unwrap();
+        let hidden = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &ids,
+                }],
+                &mut rec,
+            )
+            .unwrap();
         let logits = model.logits(&hidden).unwrap();
         // Top-16 logits at the last 8 positions.
         let mut worst = 0.0f32;
         for t in p["top_logits"].as_array().unwrap() {
             let pos = t["position"].as_u64().unwrap() as usize;
             let row = &logits[pos * v..(pos + 1) * v];
-            for (id, want) in as_u32(&t["ids"]).iter().zip(t["logits"].as_array().unwrap()) {
+            for (id, want) in as_u32(&t["ids"])
+                .iter()
+                .zip(t["logits"].as_array().unwrap())
+            {
                 worst = worst.max((row[*id as usize] - want.as_f64().unwrap() as f32).abs());
             }
             assert_eq!(argmax(row), as_u32(&t["ids"])[0], "{name}: argmax at {pos}");
@@ -54,16 +70,32 @@ fn demo_model_matches_reference() {
         // MTP drafts at the recorded positions (inputs: hidden at p, token p + 1).
         let mut next: Vec<u32> = ids[1..].to_vec();
         next.push(argmax(&logits[(n - 1) * v..n * v]));
-        let hm = model.mtp_forward(&mut [MtpStep { cache: &mut cache, hidden: &hidden, next_tokens: &next }], &mut rec).unwrap();
+        let hm = model
+            .mtp_forward(
+                &mut [MtpStep {
+                    cache: &mut cache,
+                    hidden: &hidden,
+                    next_tokens: &next,
+                }],
+                &mut rec,
+            )
+            .unwrap();
         let draft = model.mtp_logits(&hm).unwrap();
         let mut worst = 0.0f32;
         for t in p["mtp_top_logits"].as_array().unwrap() {
             let pos = t["position"].as_u64().unwrap() as usize;
             let row = &draft[pos * v..(pos + 1) * v];
-            for (id, want) in as_u32(&t["ids"]).iter().zip(t["logits"].as_array().unwrap()) {
+            for (id, want) in as_u32(&t["ids"])
+                .iter()
+                .zip(t["logits"].as_array().unwrap())
+            {
                 worst = worst.max((row[*id as usize] - want.as_f64().unwrap() as f32).abs());
             }
-            assert_eq!(argmax(row), as_u32(&t["ids"])[0], "{name}: MTP argmax at {pos}");
+            assert_eq!(
+                argmax(row),
+                as_u32(&t["ids"])[0],
+                "{name}: MTP argmax at {pos}"
+            );
         }
         assert!(worst <= 1e-3, "{name}: MTP top logits max |Δ| = {worst}");
         // Greedy continuation with the cache, stopping at an eos id.
@@ -71,7 +103,15 @@ fn demo_model_matches_reference() {
         let mut tok = argmax(&logits[(n - 1) * v..n * v]);
         let mut got = vec![tok];
         while got.len() < want.len() && !eos.contains(&tok) {
-            let h = model.forward(&mut [SeqStep { cache: &mut cache, tokens: &[tok] }], &mut rec).unwrap();
+            let h = model
+                .forward(
+                    &mut [SeqStep {
+                        cache: &mut cache,
+                        tokens: &[tok],
+                    }],
+                    &mut rec,
+                )
+                .unwrap();
             tok = argmax(&model.logits(&h).unwrap());
             got.push(tok);
         }

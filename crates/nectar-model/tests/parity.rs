@@ -13,19 +13,34 @@ fn check_selections(exp: &Expected, rec: &Recorder, positions: std::ops::Range<u
     for (layer, r) in exp.json["router"]["layers"].as_object().unwrap() {
         let l: usize = layer.parse().unwrap();
         for p in positions.clone() {
-            let want_ids: Vec<u32> = r["ids"][p].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let want_ids: Vec<u32> = r["ids"][p]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
             let (ids, w) = &rec.router[&(l, p)];
             assert_eq!(ids, &want_ids, "router ids layer {l} position {p}");
             for (a, b) in w.iter().zip(r["weights"][p].as_array().unwrap()) {
-                assert!((*a as f64 - b.as_f64().unwrap()).abs() <= 1e-5, "router weight layer {l} pos {p}");
+                assert!(
+                    (*a as f64 - b.as_f64().unwrap()).abs() <= 1e-5,
+                    "router weight layer {l} pos {p}"
+                );
             }
         }
     }
     for (layer, ix) in exp.json["indexer"]["layers"].as_object().unwrap() {
         let l: usize = layer.parse().unwrap();
         for p in positions.clone() {
-            let want: Vec<u32> = ix["selected"][p].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-            let got = rec.indexer[&(l, p)].clone().unwrap_or_else(|| (0..=p as u32).collect());
+            let want: Vec<u32> = ix["selected"][p]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let got = rec.indexer[&(l, p)]
+                .clone()
+                .unwrap_or_else(|| (0..=p as u32).collect());
             assert_eq!(got, want, "indexer layer {l} position {p}");
         }
     }
@@ -42,20 +57,44 @@ fn run_variant(variant: &str) {
     // 1. One prefill of the prompt: layer outputs, final hidden, logits, selections.
     let mut cache = model.new_cache();
     let mut rec = Recorder::default();
-    let hidden = model.forward(&mut [SeqStep { cache: &mut cache, tokens: &prompt }], &mut rec).unwrap();
+    let hidden = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &prompt,
+            }],
+            &mut rec,
+        )
+        .unwrap();
     let logits = model.logits(&hidden).unwrap();
     let (v, hd) = (model.vocab_size(), model.hidden_size());
     let mut worst = 0.0f64;
     for p in 0..s {
-        worst = worst.max(max_abs(&logits[p * v..(p + 1) * v], &exp.row("prompt_logits", p)));
-        assert!(max_abs(&hidden[p * hd..(p + 1) * hd], &exp.row("prompt_final_hidden", p)) <= TOL);
+        worst = worst.max(max_abs(
+            &logits[p * v..(p + 1) * v],
+            &exp.row("prompt_logits", p),
+        ));
+        assert!(
+            max_abs(
+                &hidden[p * hd..(p + 1) * hd],
+                &exp.row("prompt_final_hidden", p)
+            ) <= TOL
+        );
         for (l, x) in rec.layers.iter().enumerate() {
-            assert!(max_abs(&x[p * hd..(p + 1) * hd], &exp.row("prompt_layer_outputs", l * s + p)) <= TOL, "layer {l} pos {p}");
+            assert!(
+                max_abs(
+                    &x[p * hd..(p + 1) * hd],
+                    &exp.row("prompt_layer_outputs", l * s + p)
+                ) <= TOL,
+                "layer {l} pos {p}"
+            );
         }
     }
     assert!(worst <= TOL, "{variant}: prompt logits max |Δ| = {worst:e}");
     eprintln!("{variant}: prompt logits max |Δ| = {worst:.3e}");
-    let prompt_argmax: Vec<u32> = (0..s).map(|p| argmax(&logits[p * v..(p + 1) * v])).collect();
+    let prompt_argmax: Vec<u32> = (0..s)
+        .map(|p| argmax(&logits[p * v..(p + 1) * v]))
+        .collect();
     assert_eq!(prompt_argmax, exp.ids("prompt_argmax"));
     check_selections(&exp, &rec, 0..s);
 
@@ -65,7 +104,15 @@ fn run_variant(variant: &str) {
     let mut worst = max_abs(&logits[(s - 1) * v..s * v], &exp.row("decode_logits", 0));
     for i in 1..generated.len() {
         rec.base = s + i - 1;
-        let h = model.forward(&mut [SeqStep { cache: &mut cache, tokens: &[next] }], &mut rec).unwrap();
+        let h = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &[next],
+                }],
+                &mut rec,
+            )
+            .unwrap();
         let l = model.logits(&h).unwrap();
         worst = worst.max(max_abs(&l, &exp.row("decode_logits", i)));
         next = argmax(&l);
@@ -79,26 +126,54 @@ fn run_variant(variant: &str) {
     // 3. Prefill-then-decode equals one full forward of prompt + generated.
     let seq = exp.ids("sequence_ids");
     let mut c2 = model.new_cache();
-    let h = model.forward(&mut [SeqStep { cache: &mut c2, tokens: &seq }], &mut NoObserver).unwrap();
+    let h = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut c2,
+                tokens: &seq,
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
     let l = model.logits(&h).unwrap();
-    let worst = (0..seq.len()).map(|p| max_abs(&l[p * v..(p + 1) * v], &exp.row("sequence_logits", p))).fold(0.0, f64::max);
-    assert!(worst <= TOL, "{variant}: sequence logits max |Δ| = {worst:e}");
+    let worst = (0..seq.len())
+        .map(|p| max_abs(&l[p * v..(p + 1) * v], &exp.row("sequence_logits", p)))
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= TOL,
+        "{variant}: sequence logits max |Δ| = {worst:e}"
+    );
 
     // 4. MTP over the prompt (own cache from position 0): drafts at the reported positions.
     let mut next_tokens = prompt[1..].to_vec();
     next_tokens.push(generated[0]);
     let hm = model
-        .mtp_forward(&mut [MtpStep { cache: &mut cache, hidden: &hidden, next_tokens: &next_tokens }], &mut NoObserver)
+        .mtp_forward(
+            &mut [MtpStep {
+                cache: &mut cache,
+                hidden: &hidden,
+                next_tokens: &next_tokens,
+            }],
+            &mut NoObserver,
+        )
         .unwrap();
     let draft = model.mtp_logits(&hm).unwrap();
     let mtp = &exp.json["mtp"];
-    let all: Vec<u32> = mtp["argmax_all_prompt_positions"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let all: Vec<u32> = mtp["argmax_all_prompt_positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
     let got_all: Vec<u32> = (0..s).map(|p| argmax(&draft[p * v..(p + 1) * v])).collect();
     assert_eq!(got_all, all, "{variant}: MTP argmax over prompt positions");
     let mut worst = 0.0f64;
     for (j, p) in mtp["positions"].as_array().unwrap().iter().enumerate() {
         let p = p.as_u64().unwrap() as usize;
-        worst = worst.max(max_abs(&draft[p * v..(p + 1) * v], &exp.row("mtp_draft_logits", j)));
+        worst = worst.max(max_abs(
+            &draft[p * v..(p + 1) * v],
+            &exp.row("mtp_draft_logits", j),
+        ));
         assert!(max_abs(&hm[p * hd..(p + 1) * hd], &exp.row("mtp_hidden", j)) <= TOL);
     }
     assert!(worst <= TOL, "{variant}: MTP logits max |Δ| = {worst:e}");
@@ -125,14 +200,26 @@ fn absorbed_and_reconstructed_mla_agree() {
     let seq = exp.ids("sequence_ids");
     let run = |model: &Glm5| {
         let mut c = model.new_cache();
-        let h = model.forward(&mut [SeqStep { cache: &mut c, tokens: &seq }], &mut NoObserver).unwrap();
+        let h = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut c,
+                    tokens: &seq,
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
         model.logits(&h).unwrap()
     };
     model.mla_mode = MlaMode::Reconstructed;
     let a = run(&model);
     model.mla_mode = MlaMode::Absorbed;
     let b = run(&model);
-    let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    let d = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
     assert!(d <= 2e-5, "absorbed vs reconstructed max |Δ| = {d:e}");
 }
 
@@ -147,16 +234,49 @@ fn batch_rows_are_independent() {
     let (a_prompt, b_prompt) = (&prompt[..10], &prompt[5..20]);
     let prefill = |p: &[u32]| {
         let mut c = model.new_cache();
-        model.forward(&mut [SeqStep { cache: &mut c, tokens: p }], &mut NoObserver).unwrap();
+        model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut c,
+                    tokens: p,
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
         c
     };
     let (mut ca, mut cb) = (prefill(a_prompt), prefill(b_prompt));
     let (mut ca2, mut cb2) = (ca.clone(), cb.clone());
-    let alone_a = model.forward(&mut [SeqStep { cache: &mut ca, tokens: &[7, 9] }], &mut NoObserver).unwrap();
-    let alone_b = model.forward(&mut [SeqStep { cache: &mut cb, tokens: &[11] }], &mut NoObserver).unwrap();
+    let alone_a = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut ca,
+                tokens: &[7, 9],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let alone_b = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut cb,
+                tokens: &[11],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
     let both = model
         .forward(
-            &mut [SeqStep { cache: &mut ca2, tokens: &[7, 9] }, SeqStep { cache: &mut cb2, tokens: &[11] }],
+            &mut [
+                SeqStep {
+                    cache: &mut ca2,
+                    tokens: &[7, 9],
+                },
+                SeqStep {
+                    cache: &mut cb2,
+                    tokens: &[11],
+                },
+            ],
             &mut NoObserver,
         )
         .unwrap();

@@ -16,7 +16,11 @@ pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     while c < full {
         // SAFETY: c + 16 <= full <= n, so both 8-wide loads are in bounds.
         lo = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(c)), _mm256_loadu_ps(pb.add(c)), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(c + 8)), _mm256_loadu_ps(pb.add(c + 8)), hi);
+        hi = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(c + 8)),
+            _mm256_loadu_ps(pb.add(c + 8)),
+            hi,
+        );
         c += 16;
     }
     if full < n {
@@ -24,8 +28,16 @@ pub(crate) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         let mut tb = [0.0f32; 16];
         ta[..n - full].copy_from_slice(&a[full..]);
         tb[..n - full].copy_from_slice(&b[full..]);
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(ta.as_ptr()), _mm256_loadu_ps(tb.as_ptr()), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(ta.as_ptr().add(8)), _mm256_loadu_ps(tb.as_ptr().add(8)), hi);
+        lo = _mm256_fmadd_ps(
+            _mm256_loadu_ps(ta.as_ptr()),
+            _mm256_loadu_ps(tb.as_ptr()),
+            lo,
+        );
+        hi = _mm256_fmadd_ps(
+            _mm256_loadu_ps(ta.as_ptr().add(8)),
+            _mm256_loadu_ps(tb.as_ptr().add(8)),
+            hi,
+        );
     }
     fold_avx2(lo, hi)
 }
@@ -63,7 +75,10 @@ pub(crate) unsafe fn decode_bf16_avx2(src: &[u8], dst: &mut [f32]) {
     let mut c = 0;
     while c < full {
         // SAFETY: c + 8 <= n, so 16 source bytes and 8 destination floats are in bounds.
-        _mm256_storeu_ps(dst.as_mut_ptr().add(c), load_bf16x8(src.as_ptr().add(2 * c)));
+        _mm256_storeu_ps(
+            dst.as_mut_ptr().add(c),
+            load_bf16x8(src.as_ptr().add(2 * c)),
+        );
         c += 8;
     }
     for i in full..n {

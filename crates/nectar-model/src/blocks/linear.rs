@@ -20,14 +20,34 @@ pub struct Linear {
 
 impl Linear {
     /// Wraps stored bytes (already validated against the shape by the loader).
-    pub fn new(name: String, format: WeightFormat, rows: usize, cols: usize, data: Bytes, scales: Vec<f32>) -> Result<Self> {
+    pub fn new(
+        name: String,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        data: Bytes,
+        scales: Vec<f32>,
+    ) -> Result<Self> {
         MatRef::new(format, rows, cols, &data, &scales)?;
-        Ok(Linear { name, format, rows, cols, data, scales })
+        Ok(Linear {
+            name,
+            format,
+            rows,
+            cols,
+            data,
+            scales,
+        })
     }
 
     /// The kernel view of the whole matrix.
     pub fn mat(&self) -> MatRef<'_> {
-        MatRef { format: self.format, rows: self.rows, cols: self.cols, data: &self.data, scales: &self.scales }
+        MatRef {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            data: &self.data,
+            scales: &self.scales,
+        }
     }
 
     /// The kernel view of rows `r0..r0 + n` (a head's block of a fused projection).

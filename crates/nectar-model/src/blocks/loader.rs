@@ -35,7 +35,10 @@ impl<'a> Loader<'a> {
             other => {
                 return Err(self
                     .cat
-                    .tensor_error(e, format!("dtype {other} is not supported here (want F32, BF16 or F16)"))
+                    .tensor_error(
+                        e,
+                        format!("dtype {other} is not supported here (want F32, BF16 or F16)"),
+                    )
                     .into())
             }
         })
@@ -43,7 +46,10 @@ impl<'a> Loader<'a> {
 
     fn check_shape(&self, e: &TensorEntry, want: &[usize]) -> Result<()> {
         if e.shape != want {
-            return Err(self.cat.tensor_error(e, format!("shape {:?}, expected {:?}", e.shape, want)).into());
+            return Err(self
+                .cat
+                .tensor_error(e, format!("shape {:?}, expected {:?}", e.shape, want))
+                .into());
         }
         Ok(())
     }
@@ -53,7 +59,14 @@ impl<'a> Loader<'a> {
         let e = self.cat.require(name)?;
         let format = self.float_format(e)?;
         self.check_shape(e, &[rows, cols])?;
-        Linear::new(name.to_owned(), format, rows, cols, self.cat.shared_bytes(e), Vec::new())
+        Linear::new(
+            name.to_owned(),
+            format,
+            rows,
+            cols,
+            self.cat.shared_bytes(e),
+            Vec::new(),
+        )
     }
 
     /// A `[rows, cols]` embedding table.

@@ -6,11 +6,18 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub fn fixture_dir(variant: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/glm-tiny")).join(variant)
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/glm-tiny"
+    ))
+    .join(variant)
 }
 
 pub fn demo_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5"))
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../models/nectar-demo-glm5"
+    ))
 }
 
 pub struct Expected {
@@ -20,14 +27,21 @@ pub struct Expected {
 
 impl Expected {
     pub fn load(dir: &std::path::Path) -> Expected {
-        let json = serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let json =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
         let cat = Catalog::open(dir).unwrap();
         let mut tensors = BTreeMap::new();
         for e in cat.tensors() {
             let b = cat.bytes(e);
             let v: Vec<f64> = match e.dtype {
-                DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-                DType::F64 => b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+                DType::F32 => b
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                DType::F64 => b
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
                 other => panic!("unexpected dtype {other}"),
             };
             tensors.insert(e.name.clone(), (e.shape.clone(), v));
@@ -36,7 +50,12 @@ impl Expected {
     }
 
     pub fn ids(&self, key: &str) -> Vec<u32> {
-        self.json[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        self.json[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
     }
 
     /// Row `r` of a 2-D expected tensor.
@@ -50,7 +69,10 @@ impl Expected {
 /// Max |a - b| over two rows.
 pub fn max_abs(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - y).abs())
+        .fold(0.0, f64::max)
 }
 
 pub fn argmax(v: &[f32]) -> u32 {
@@ -77,10 +99,12 @@ impl Observer for Recorder {
         self.layers.push(x.to_vec());
     }
     fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
-        self.router.insert((layer, self.base + row), (ids.to_vec(), weights.to_vec()));
+        self.router
+            .insert((layer, self.base + row), (ids.to_vec(), weights.to_vec()));
     }
     fn indexer(&mut self, layer: usize, row: usize, _full: bool, selected: Option<&[u32]>) {
-        self.indexer.insert((layer, self.base + row), selected.map(|s| s.to_vec()));
+        self.indexer
+            .insert((layer, self.base + row), selected.map(|s| s.to_vec()));
     }
 }
 
@@ -90,7 +114,16 @@ pub type RawTensor = (String, String, Vec<usize>, Vec<u8>);
 /// Reads every tensor of a model directory.
 pub fn read_tensors(dir: &std::path::Path) -> Vec<RawTensor> {
     let cat = Catalog::open(dir).unwrap();
-    cat.tensors().map(|e| (e.name.clone(), e.dtype.as_str().to_string(), e.shape.clone(), cat.bytes(e).to_vec())).collect()
+    cat.tensors()
+        .map(|e| {
+            (
+                e.name.clone(),
+                e.dtype.as_str().to_string(),
+                e.shape.clone(),
+                cat.bytes(e).to_vec(),
+            )
+        })
+        .collect()
 }
 
 /// Writes tensors as one safetensors file (names in the given order).
@@ -100,7 +133,10 @@ pub fn write_safetensors(path: &std::path::Path, tensors: &[RawTensor]) {
     for (name, dtype, shape, bytes) in tensors {
         let b = data.len();
         data.extend_from_slice(bytes);
-        header.insert(name.clone(), serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, data.len()]}));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [b, data.len()]}),
+        );
     }
     let h = serde_json::to_vec(&header).unwrap();
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -62,7 +62,13 @@ impl Attention {
     /// Loads `{prefix}self_attn.*` (and the indexer when `full`).
     pub fn load(ld: &Loader<'_>, prefix: &str, cfg: &Config, full: bool) -> Result<Self> {
         let r = &cfg.raw;
-        let (h, dn, dr, dv, rank) = (r.num_attention_heads, r.qk_nope_head_dim, r.qk_rope_head_dim, r.v_head_dim, r.kv_lora_rank);
+        let (h, dn, dr, dv, rank) = (
+            r.num_attention_heads,
+            r.qk_nope_head_dim,
+            r.qk_rope_head_dim,
+            r.v_head_dim,
+            r.kv_lora_rank,
+        );
         let p = |s: &str| format!("{prefix}self_attn.{s}");
         Ok(Attention {
             q_a: ld.linear(&p("q_a_proj.weight"), r.q_lora_rank, r.hidden_size)?,
@@ -72,7 +78,11 @@ impl Attention {
             kv_a_norm: ld.vector(&p("kv_a_layernorm.weight"), rank)?,
             kv_b: ld.linear(&p("kv_b_proj.weight"), h * (dn + dv), rank)?,
             o: ld.linear(&p("o_proj.weight"), r.hidden_size, h * dv)?,
-            indexer: if full { Some(Indexer::load(ld, prefix, cfg)?) } else { None },
+            indexer: if full {
+                Some(Indexer::load(ld, prefix, cfg)?)
+            } else {
+                None
+            },
             heads: h,
             dn,
             dr,
@@ -84,7 +94,10 @@ impl Attention {
 
     /// Bytes of weights (including the indexer).
     pub fn bytes(&self) -> usize {
-        [&self.q_a, &self.q_b, &self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.bytes()).sum::<usize>()
+        [&self.q_a, &self.q_b, &self.kv_a, &self.kv_b, &self.o]
+            .iter()
+            .map(|l| l.bytes())
+            .sum::<usize>()
             + self.indexer.as_ref().map_or(0, Indexer::bytes)
     }
 
@@ -107,7 +120,10 @@ impl Attention {
         // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
         let qa = self.q_a.forward(h, m)?;
         let mut cq = vec![0.0; qa.len()];
-        for (src, dst) in qa.chunks_exact(self.q_a.rows).zip(cq.chunks_exact_mut(self.q_a.rows)) {
+        for (src, dst) in qa
+            .chunks_exact(self.q_a.rows)
+            .zip(cq.chunks_exact_mut(self.q_a.rows))
+        {
             rms_norm(src, &self.q_a_norm, LATENT_EPS, dst);
         }
         let mut q = self.q_b.forward(&cq, m)?;
@@ -150,30 +166,45 @@ impl Attention {
                     MlaMode::Reconstructed => fits,
                 };
                 if use_recon && !rows.is_empty() {
-                    self.kv_b.forward(&caches[s].latent[..t * self.rank], t).map(Some)
+                    self.kv_b
+                        .forward(&caches[s].latent[..t * self.rank], t)
+                        .map(Some)
                 } else {
                     Ok(None)
                 }
             })
             .collect::<Result<_>>()?;
         let mut o = vec![0.0; m * hd * self.dv];
-        o.par_chunks_mut(self.dv).enumerate().for_each(|(idx, out)| {
-            let (i, head) = (idx / hd, idx % hd);
-            let row = layout.rows[i];
-            let qh = &q[i * hd * dq + head * dq..][..dq];
-            let keys = sel[i].as_deref();
-            match &recon[row.seq] {
-                Some(kvf) => self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out),
-                None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
-            }
-        });
+        o.par_chunks_mut(self.dv)
+            .enumerate()
+            .for_each(|(idx, out)| {
+                let (i, head) = (idx / hd, idx % hd);
+                let row = layout.rows[i];
+                let qh = &q[i * hd * dq + head * dq..][..dq];
+                let keys = sel[i].as_deref();
+                match &recon[row.seq] {
+                    Some(kvf) => {
+                        self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out)
+                    }
+                    None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
+                }
+            });
         self.o.forward(&o, m)
     }
 
     /// Scores → softmax over the selected keys (or all of `0..=pos`).
-    fn probs(&self, pos: usize, keys: Option<&[u32]>, score: impl Fn(usize) -> f32) -> (Vec<usize>, Vec<f32>) {
+    fn probs(
+        &self,
+        pos: usize,
+        keys: Option<&[u32]>,
+        score: impl Fn(usize) -> f32,
+    ) -> (Vec<usize>, Vec<f32>) {
         let ts: Vec<usize> = match keys {
-            Some(k) => k.iter().map(|&t| t as usize).filter(|&t| t <= pos).collect(),
+            Some(k) => k
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&t| t <= pos)
+                .collect(),
             None => (0..=pos).collect(),
         };
         let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * self.scale).collect();
@@ -182,7 +213,15 @@ impl Attention {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn absorbed(&self, qh: &[f32], head: usize, pos: usize, c: &LayerCache, keys: Option<&[u32]>, out: &mut [f32]) {
+    fn absorbed(
+        &self,
+        qh: &[f32],
+        head: usize,
+        pos: usize,
+        c: &LayerCache,
+        keys: Option<&[u32]>,
+        out: &mut [f32],
+    ) {
         let (r, dr) = (self.rank, self.dr);
         let kvb = self.kv_b.mat();
         let base = head * (self.dn + self.dv);
@@ -196,7 +235,9 @@ impl Attention {
             }
         }
         let q_pe = &qh[self.dn..];
-        let (ts, p) = self.probs(pos, keys, |t| dot(&q_lat, &c.latent[t * r..(t + 1) * r]) + dot(q_pe, &c.k_pe[t * dr..(t + 1) * dr]));
+        let (ts, p) = self.probs(pos, keys, |t| {
+            dot(&q_lat, &c.latent[t * r..(t + 1) * r]) + dot(q_pe, &c.k_pe[t * dr..(t + 1) * dr])
+        });
         let mut o_lat = vec![0.0f32; r];
         for (&t, &pt) in ts.iter().zip(&p) {
             for (ol, &l) in o_lat.iter_mut().zip(&c.latent[t * r..(t + 1) * r]) {
@@ -210,12 +251,22 @@ impl Attention {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn reconstructed(&self, qh: &[f32], head: usize, pos: usize, c: &LayerCache, kvf: &[f32], keys: Option<&[u32]>, out: &mut [f32]) {
+    fn reconstructed(
+        &self,
+        qh: &[f32],
+        head: usize,
+        pos: usize,
+        c: &LayerCache,
+        kvf: &[f32],
+        keys: Option<&[u32]>,
+        out: &mut [f32],
+    ) {
         let (dn, dv, dr) = (self.dn, self.dv, self.dr);
         let stride = self.heads * (dn + dv);
         let base = head * (dn + dv);
         let (ts, p) = self.probs(pos, keys, |t| {
-            dot(&qh[..dn], &kvf[t * stride + base..][..dn]) + dot(&qh[dn..], &c.k_pe[t * dr..(t + 1) * dr])
+            dot(&qh[..dn], &kvf[t * stride + base..][..dn])
+                + dot(&qh[dn..], &c.k_pe[t * dr..(t + 1) * dr])
         });
         out.fill(0.0);
         for (&t, &pt) in ts.iter().zip(&p) {

@@ -108,16 +108,28 @@ impl Config {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Config> {
         let path = dir.join("config.json");
-        let text = std::fs::read(&path).map_err(|e| Error::Config { path: path.clone(), msg: format!("cannot read: {e}") })?;
-        let value: serde_json::Value = serde_json::from_slice(&text)
-            .map_err(|e| Error::Config { path: path.clone(), msg: format!("not valid JSON: {e}") })?;
+        let text = std::fs::read(&path).map_err(|e| Error::Config {
+            path: path.clone(),
+            msg: format!("cannot read: {e}"),
+        })?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| Error::Config {
+                path: path.clone(),
+                msg: format!("not valid JSON: {e}"),
+            })?;
         Config::from_json(&path, value)
     }
 
     /// Validates a parsed `config.json` (`path` is used in error messages).
     pub fn from_json(path: &Path, value: serde_json::Value) -> Result<Config> {
-        let err = |msg: String| Error::Config { path: path.to_path_buf(), msg };
-        let mt = value.get("model_type").and_then(|v| v.as_str()).unwrap_or("<missing>");
+        let err = |msg: String| Error::Config {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let mt = value
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("<missing>");
         if mt != "glm_moe_dsa" {
             return Err(err(format!(
                 "model_type `{mt}` is not supported (Nectar runs `glm_moe_dsa`: GLM-5, GLM-5.1, GLM-5.2)"
@@ -133,7 +145,9 @@ impl Config {
         }
         if let Some(s) = raw.scoring_func.as_deref() {
             if s != "sigmoid" {
-                return Err(err(format!("scoring_func `{s}` is not supported (GLM-5 uses `sigmoid`)")));
+                return Err(err(format!(
+                    "scoring_func `{s}` is not supported (GLM-5 uses `sigmoid`)"
+                )));
             }
         }
         let (rope_theta, rope_type) = match (&raw.rope_parameters, raw.rope_theta) {
@@ -143,7 +157,9 @@ impl Config {
         };
         if let Some(t) = rope_type.as_deref() {
             if t != "default" {
-                return Err(err(format!("rope_type `{t}` is not supported (GLM-5.x uses `default`)")));
+                return Err(err(format!(
+                    "rope_type `{t}` is not supported (GLM-5.x uses `default`)"
+                )));
             }
         }
         for (name, v) in [
@@ -167,23 +183,30 @@ impl Config {
                 raw.num_experts_per_tok, raw.n_routed_experts
             )));
         }
-        if raw.qk_rope_head_dim % 2 != 0 || raw.qk_rope_head_dim == 0 {
+        if !raw.qk_rope_head_dim.is_multiple_of(2) || raw.qk_rope_head_dim == 0 {
             return Err(err("`qk_rope_head_dim` must be even and positive".into()));
         }
         if raw.index_head_dim < raw.qk_rope_head_dim {
-            return Err(err("`index_head_dim` must be at least `qk_rope_head_dim`".into()));
+            return Err(err(
+                "`index_head_dim` must be at least `qk_rope_head_dim`".into()
+            ));
         }
         let dense = match &raw.mlp_layer_types {
             Some(t) => {
                 if t.len() != n {
-                    return Err(err(format!("`mlp_layer_types` has {} entries, want {n}", t.len())));
+                    return Err(err(format!(
+                        "`mlp_layer_types` has {} entries, want {n}",
+                        t.len()
+                    )));
                 }
                 t.iter()
                     .enumerate()
                     .map(|(i, s)| match s.as_str() {
                         "dense" => Ok(true),
                         "sparse" => Ok(false),
-                        o => Err(err(format!("`mlp_layer_types[{i}]` = `{o}` (want dense|sparse)"))),
+                        o => Err(err(format!(
+                            "`mlp_layer_types[{i}]` = `{o}` (want dense|sparse)"
+                        ))),
                     })
                     .collect::<Result<Vec<_>>>()?
             }
@@ -191,7 +214,14 @@ impl Config {
         };
         let indexer_full = indexer_schedule(&raw).map_err(err)?;
         let eos_ids = eos_list(raw.eos_token_id.as_ref());
-        Ok(Config { raw, path: path.to_path_buf(), dense, indexer_full, rope_theta, eos_ids })
+        Ok(Config {
+            raw,
+            path: path.to_path_buf(),
+            dense,
+            indexer_full,
+            rope_theta,
+            eos_ids,
+        })
     }
 
     /// Attention heads.
@@ -214,7 +244,9 @@ fn indexer_schedule(raw: &RawConfig) -> std::result::Result<Vec<bool>, String> {
     let n = raw.num_hidden_layers;
     let freq = raw.index_topk_freq.unwrap_or(1).max(1);
     let offset = raw.index_skip_topk_offset.unwrap_or(2);
-    let derived: Vec<bool> = (0..n).map(|i| (i + 1).saturating_sub(offset) % freq == 0).collect();
+    let derived: Vec<bool> = (0..n)
+        .map(|i| (i + 1).saturating_sub(offset) % freq == 0)
+        .collect();
     let sched = if let Some(t) = &raw.indexer_types {
         if t.len() != n && t.len() != n + 1 {
             return Err(format!("`indexer_types` has {} entries, want {n}", t.len()));
@@ -235,7 +267,10 @@ fn indexer_schedule(raw: &RawConfig) -> std::result::Result<Vec<bool>, String> {
         v
     } else if let Some(p) = &raw.index_topk_pattern {
         if p.len() != n {
-            return Err(format!("`index_topk_pattern` has {} characters, want {n}", p.len()));
+            return Err(format!(
+                "`index_topk_pattern` has {} characters, want {n}",
+                p.len()
+            ));
         }
         p.chars()
             .map(|c| match c {
@@ -248,7 +283,9 @@ fn indexer_schedule(raw: &RawConfig) -> std::result::Result<Vec<bool>, String> {
         derived
     };
     if n > 0 && !sched[0] {
-        return Err("layer 0 must run a full indexer (a shared layer needs a full layer before it)".into());
+        return Err(
+            "layer 0 must run a full indexer (a shared layer needs a full layer before it)".into(),
+        );
     }
     Ok(sched)
 }
@@ -256,8 +293,14 @@ fn indexer_schedule(raw: &RawConfig) -> std::result::Result<Vec<bool>, String> {
 /// Parses an `eos_token_id` value: an integer, a list of integers, or absent.
 pub fn eos_list(v: Option<&serde_json::Value>) -> Vec<u32> {
     let mut out: Vec<u32> = match v {
-        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => Vec::new(),
     };
     out.sort_unstable();
@@ -305,17 +348,35 @@ mod tests {
     #[test]
     fn refusals_name_the_field() {
         let cases = [
-            ("model_type", serde_json::json!("llama"), "model_type `llama`"),
+            (
+                "model_type",
+                serde_json::json!("llama"),
+                "model_type `llama`",
+            ),
             ("n_group", serde_json::json!(8), "n_group"),
-            ("mlp_layer_types", serde_json::json!(["dense"]), "mlp_layer_types"),
-            ("indexer_types", serde_json::json!(["shared"]), "indexer_types"),
-            ("rope_parameters", serde_json::json!({"rope_theta": 1.0, "rope_type": "yarn"}), "rope_type"),
+            (
+                "mlp_layer_types",
+                serde_json::json!(["dense"]),
+                "mlp_layer_types",
+            ),
+            (
+                "indexer_types",
+                serde_json::json!(["shared"]),
+                "indexer_types",
+            ),
+            (
+                "rope_parameters",
+                serde_json::json!({"rope_theta": 1.0, "rope_type": "yarn"}),
+                "rope_type",
+            ),
             ("hidden_size", serde_json::json!("wide"), "hidden_size"),
         ];
         for (k, v, want) in cases {
             let mut c = base();
             c[k] = v;
-            let e = Config::from_json(Path::new("cfg.json"), c).unwrap_err().to_string();
+            let e = Config::from_json(Path::new("cfg.json"), c)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(want) && e.contains("cfg.json"), "{e}");
         }
     }

@@ -34,7 +34,11 @@ impl Indexer {
         let r = &cfg.raw;
         let p = |s: &str| format!("{prefix}self_attn.indexer.{s}");
         Ok(Indexer {
-            wq_b: ld.linear(&p("wq_b.weight"), r.index_n_heads * r.index_head_dim, r.q_lora_rank)?,
+            wq_b: ld.linear(
+                &p("wq_b.weight"),
+                r.index_n_heads * r.index_head_dim,
+                r.q_lora_rank,
+            )?,
             wk: ld.linear(&p("wk.weight"), r.index_head_dim, r.hidden_size)?,
             k_norm_w: ld.vector(&p("k_norm.weight"), r.index_head_dim)?,
             k_norm_b: ld.vector(&p("k_norm.bias"), r.index_head_dim)?,
@@ -69,20 +73,28 @@ impl Indexer {
             rope.apply(&mut kr[..rope.dim()], row.pos);
             caches[row.seq].index_k.extend_from_slice(kr);
         }
-        let need: Vec<usize> = (0..m).filter(|&i| layout.rows[i].pos + 1 > self.topk).collect();
+        let need: Vec<usize> = (0..m)
+            .filter(|&i| layout.rows[i].pos + 1 > self.topk)
+            .collect();
         let mut out: Vec<Option<Vec<u32>>> = vec![None; m];
         if need.is_empty() {
             return Ok(out);
         }
         let hd = h.len() / m;
         let qd = cq.len() / m;
-        let gather = |src: &[f32], d: usize| need.iter().flat_map(|&i| src[i * d..(i + 1) * d].iter().copied()).collect::<Vec<_>>();
+        let gather = |src: &[f32], d: usize| {
+            need.iter()
+                .flat_map(|&i| src[i * d..(i + 1) * d].iter().copied())
+                .collect::<Vec<_>>()
+        };
         let mut q = self.wq_b.forward(&gather(cq, qd), need.len())?;
         let w = self.weights_proj.forward(&gather(h, hd), need.len())?;
         let head_scale = (self.heads as f32).powf(-0.5);
         let qk_scale = (self.dim as f32).powf(-0.5);
         for (j, &i) in need.iter().enumerate() {
-            for hq in q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim].chunks_exact_mut(self.dim) {
+            for hq in q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim]
+                .chunks_exact_mut(self.dim)
+            {
                 rope.apply(&mut hq[..rope.dim()], layout.rows[i].pos);
             }
         }
@@ -93,7 +105,10 @@ impl Indexer {
                 let pos = layout.rows[i].pos;
                 let keys = &caches[layout.rows[i].seq].index_k[..(pos + 1) * self.dim];
                 let qj = &q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim];
-                let wj: Vec<f32> = w[j * self.heads..(j + 1) * self.heads].iter().map(|x| x * head_scale).collect();
+                let wj: Vec<f32> = w[j * self.heads..(j + 1) * self.heads]
+                    .iter()
+                    .map(|x| x * head_scale)
+                    .collect();
                 let scores: Vec<f32> = keys
                     .chunks_exact(self.dim)
                     .map(|kt| {
@@ -121,9 +136,18 @@ pub fn top_k_positions(scores: &[f32], k: usize) -> Vec<u32> {
     if k < idx.len() {
         let key = |i: &u32| {
             let s = scores[*i as usize];
-            if s.is_nan() { f32::NEG_INFINITY } else { s }
+            if s.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                s
+            }
         };
-        let cmp = |a: &u32, b: &u32| key(b).partial_cmp(&key(a)).unwrap_or(Ordering::Equal).then(a.cmp(b));
+        let cmp = |a: &u32, b: &u32| {
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(Ordering::Equal)
+                .then(a.cmp(b))
+        };
         idx.select_nth_unstable_by(k - 1, cmp);
         idx.truncate(k);
     }

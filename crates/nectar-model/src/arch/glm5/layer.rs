@@ -25,11 +25,22 @@ pub struct DecoderLayer {
 
 impl DecoderLayer {
     /// Loads `model.layers.{index}.*`.
-    pub fn load(ld: &Loader<'_>, cfg: &Config, index: usize, dense: bool, full_indexer: bool) -> Result<Self> {
+    pub fn load(
+        ld: &Loader<'_>,
+        cfg: &Config,
+        index: usize,
+        dense: bool,
+        full_indexer: bool,
+    ) -> Result<Self> {
         let r = &cfg.raw;
         let prefix = format!("model.layers.{index}.");
         let mlp = if dense {
-            Mlp::Dense(SwiGlu::load(ld, &format!("{prefix}mlp."), r.hidden_size, r.intermediate_size)?)
+            Mlp::Dense(SwiGlu::load(
+                ld,
+                &format!("{prefix}mlp."),
+                r.hidden_size,
+                r.intermediate_size,
+            )?)
         } else {
             Mlp::Moe(Moe::load(ld, &prefix, cfg)?)
         };
@@ -37,7 +48,10 @@ impl DecoderLayer {
             index,
             input_norm: ld.vector(&format!("{prefix}input_layernorm.weight"), r.hidden_size)?,
             attn: Attention::load(ld, &prefix, cfg, full_indexer)?,
-            post_norm: ld.vector(&format!("{prefix}post_attention_layernorm.weight"), r.hidden_size)?,
+            post_norm: ld.vector(
+                &format!("{prefix}post_attention_layernorm.weight"),
+                r.hidden_size,
+            )?,
             mlp,
             eps: r.rms_norm_eps,
         })
@@ -57,7 +71,9 @@ impl DecoderLayer {
     ) -> Result<()> {
         let m = layout.rows.len();
         let h = self.norm_rows(x, &self.input_norm);
-        let a = self.attn.forward(self.index, &h, layout, caches, sel, rope, mode, obs)?;
+        let a = self
+            .attn
+            .forward(self.index, &h, layout, caches, sel, rope, mode, obs)?;
         add(x, &a);
         let h2 = self.norm_rows(x, &self.post_norm);
         let f = self.mlp.forward(self.index, &h2, m, obs)?;

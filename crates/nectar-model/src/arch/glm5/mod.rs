@@ -9,6 +9,7 @@
 mod attention;
 mod config;
 mod indexer;
+mod inventory;
 mod layer;
 mod layout;
 mod moe;
@@ -17,6 +18,7 @@ mod mtp;
 pub use attention::MlaMode;
 pub use config::{eos_list, Config, RawConfig};
 pub use indexer::top_k_positions;
+pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::Route;
 
@@ -81,7 +83,11 @@ impl Glm5 {
         let layers = (0..r.num_hidden_layers)
             .map(|i| DecoderLayer::load(&ld, &cfg, i, cfg.dense[i], cfg.indexer_full[i]))
             .collect::<Result<Vec<_>>>()?;
-        let lm_name = if r.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let lm_name = if r.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
         let model = Glm5 {
             embed: ld.embedding("model.embed_tokens.weight", v, h)?,
             norm: ld.vector("model.norm.weight", h)?,
@@ -129,13 +135,25 @@ impl Glm5 {
         let layout = Layout::new(&starts, &counts);
         let hd = self.hidden_size();
         let mut x = vec![0.0f32; layout.rows.len() * hd];
-        for (xr, &t) in x.chunks_exact_mut(hd).zip(steps.iter().flat_map(|s| s.tokens.iter())) {
+        for (xr, &t) in x
+            .chunks_exact_mut(hd)
+            .zip(steps.iter().flat_map(|s| s.tokens.iter()))
+        {
             self.embed.row(t, xr)?;
         }
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut caches: Vec<&mut LayerCache> = steps.iter_mut().map(|s| &mut s.cache.layers[l]).collect();
-            layer.forward(&mut x, &layout, &mut caches, &mut sel, &self.rope, self.mla_mode, obs)?;
+            let mut caches: Vec<&mut LayerCache> =
+                steps.iter_mut().map(|s| &mut s.cache.layers[l]).collect();
+            layer.forward(
+                &mut x,
+                &layout,
+                &mut caches,
+                &mut sel,
+                &self.rope,
+                self.mla_mode,
+                obs,
+            )?;
             obs.layer_output(l, &x);
         }
         Ok(self.final_norm(&x, &self.norm))
@@ -158,8 +176,15 @@ impl Glm5 {
     }
 
     /// Runs the MTP layer; returns its post-`shared_head.norm` hiddens (`rows × hidden`).
-    pub fn mtp_forward(&self, steps: &mut [MtpStep<'_>], obs: &mut dyn Observer) -> Result<Vec<f32>> {
-        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
+    pub fn mtp_forward(
+        &self,
+        steps: &mut [MtpStep<'_>],
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
         let hd = self.hidden_size();
         let starts: Vec<usize> = steps.iter().map(|s| s.cache.mtp.len()).collect();
         let counts: Vec<usize> = steps.iter().map(|s| s.next_tokens.len()).collect();
@@ -175,7 +200,11 @@ impl Glm5 {
                     s.next_tokens.len()
                 )))];
             }
-            s.next_tokens.iter().zip(s.hidden.chunks_exact(hd)).map(|(t, h)| Ok((*t, h))).collect::<Vec<_>>()
+            s.next_tokens
+                .iter()
+                .zip(s.hidden.chunks_exact(hd))
+                .map(|(t, h)| Ok((*t, h)))
+                .collect::<Vec<_>>()
         });
         for (c, row) in cat.chunks_exact_mut(2 * hd).zip(rows) {
             let (t, h) = row?;
@@ -187,13 +216,24 @@ impl Glm5 {
         let mut x = mtp.eh_proj.forward(&cat, m)?;
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
         let mut caches: Vec<&mut LayerCache> = steps.iter_mut().map(|s| &mut s.cache.mtp).collect();
-        mtp.layer.forward(&mut x, &layout, &mut caches, &mut sel, &self.rope, self.mla_mode, obs)?;
+        mtp.layer.forward(
+            &mut x,
+            &layout,
+            &mut caches,
+            &mut sel,
+            &self.rope,
+            self.mla_mode,
+            obs,
+        )?;
         Ok(self.final_norm(&x, &mtp.head_norm))
     }
 
     /// Draft logits (`rows × vocab`) from MTP hiddens.
     pub fn mtp_logits(&self, hm: &[f32]) -> Result<Vec<f32>> {
-        let mtp = self.mtp.as_ref().ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
+        let mtp = self
+            .mtp
+            .as_ref()
+            .ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
         let head = mtp.head.as_ref().unwrap_or(&self.lm_head);
         let m = hm.len() / self.hidden_size();
         let mut y = vec![0.0; m * self.vocab_size()];

@@ -66,13 +66,25 @@ impl Moe {
         let r = &cfg.raw;
         let p = |s: &str| format!("{prefix}mlp.{s}");
         let experts = (0..r.n_routed_experts)
-            .map(|e| SwiGlu::load(ld, &p(&format!("experts.{e}.")), r.hidden_size, r.moe_intermediate_size))
+            .map(|e| {
+                SwiGlu::load(
+                    ld,
+                    &p(&format!("experts.{e}.")),
+                    r.hidden_size,
+                    r.moe_intermediate_size,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Moe {
             router: ld.linear(&p("gate.weight"), r.n_routed_experts, r.hidden_size)?,
             bias: ld.vector(&p("gate.e_score_correction_bias"), r.n_routed_experts)?,
             experts,
-            shared: SwiGlu::load(ld, &p("shared_experts."), r.hidden_size, r.moe_intermediate_size * r.n_shared_experts)?,
+            shared: SwiGlu::load(
+                ld,
+                &p("shared_experts."),
+                r.hidden_size,
+                r.moe_intermediate_size * r.n_shared_experts,
+            )?,
             top_k: r.num_experts_per_tok,
             norm_topk: r.norm_topk_prob,
             scaling: r.routed_scaling_factor,
@@ -82,7 +94,10 @@ impl Moe {
     /// Bytes of the routed experts and of everything else.
     pub fn bytes(&self) -> (usize, usize) {
         let routed = self.experts.iter().map(SwiGlu::bytes).sum();
-        (routed, self.router.bytes() + self.shared.bytes() + self.bias.len() * 4)
+        (
+            routed,
+            self.router.bytes() + self.shared.bytes() + self.bias.len() * 4,
+        )
     }
 
     /// Bytes of one routed expert.
@@ -93,13 +108,25 @@ impl Moe {
     /// Router logits in f32, sigmoid, biased top-k selection, unbiased renormalised weights.
     pub fn route(&self, x: &[f32], m: usize) -> Result<Vec<Route>> {
         let logits = self.router.forward(x, m)?;
-        Ok(logits.chunks_exact(self.bias.len()).map(|l| self.route_row(l)).collect())
+        Ok(logits
+            .chunks_exact(self.bias.len())
+            .map(|l| self.route_row(l))
+            .collect())
     }
 
     fn route_row(&self, logits: &[f32]) -> Route {
         let s: Vec<f32> = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
-        let key: Vec<f32> =
-            s.iter().zip(&self.bias).map(|(a, b)| if (a + b).is_nan() { f32::NEG_INFINITY } else { a + b }).collect();
+        let key: Vec<f32> = s
+            .iter()
+            .zip(&self.bias)
+            .map(|(a, b)| {
+                if (a + b).is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    a + b
+                }
+            })
+            .collect();
         let mut taken = vec![false; key.len()];
         let mut ids = Vec::with_capacity(self.top_k);
         for _ in 0..self.top_k.min(key.len()) {
@@ -132,7 +159,14 @@ impl Moe {
     /// Experts run over the batch-union (each expert once, on all rows that chose it, in
     /// first-seen order); each row then sums its experts in its own selection order and adds
     /// the shared expert last, so a row's result never depends on the other rows.
-    pub fn forward(&self, layer: usize, x: &[f32], m: usize, row0: usize, obs: &mut dyn Observer) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        layer: usize,
+        x: &[f32],
+        m: usize,
+        row0: usize,
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
         let hidden = x.len() / m.max(1);
         let routes = self.route(x, m)?;
         for (i, r) in routes.iter().enumerate() {
@@ -150,10 +184,14 @@ impl Moe {
         }
         let mut ys = vec![0.0f32; m * k * hidden];
         for (e, rows) in &union {
-            let xs: Vec<f32> = rows.iter().flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied()).collect();
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied())
+                .collect();
             let y = self.experts[*e as usize].forward(&xs, rows.len())?;
             for (j, &(i, slot)) in rows.iter().enumerate() {
-                ys[(i * k + slot) * hidden..][..hidden].copy_from_slice(&y[j * hidden..(j + 1) * hidden]);
+                ys[(i * k + slot) * hidden..][..hidden]
+                    .copy_from_slice(&y[j * hidden..(j + 1) * hidden]);
             }
         }
         let shared = self.shared.forward(x, m)?;
@@ -184,7 +222,13 @@ pub enum Mlp {
 
 impl Mlp {
     /// Runs the MLP for `m` rows.
-    pub fn forward(&self, layer: usize, x: &[f32], m: usize, obs: &mut dyn Observer) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        layer: usize,
+        x: &[f32],
+        m: usize,
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
         match self {
             Mlp::Dense(d) => d.forward(x, m),
             Mlp::Moe(moe) => moe.forward(layer, x, m, 0, obs),

@@ -28,7 +28,9 @@ pub struct Mtp {
 impl Mtp {
     /// Loads the MTP layer when the checkpoint has it (`eh_proj` present), else `None`.
     pub fn load(ld: &Loader<'_>, cfg: &Config) -> Result<Option<Mtp>> {
-        let Some(idx) = cfg.mtp_layer() else { return Ok(None) };
+        let Some(idx) = cfg.mtp_layer() else {
+            return Ok(None);
+        };
         let p = |s: &str| format!("model.layers.{idx}.{s}");
         if !ld.has(&p("eh_proj.weight")) {
             return Ok(None);
@@ -41,13 +43,16 @@ impl Mtp {
             eh_proj: ld.linear(&p("eh_proj.weight"), h, 2 * h)?,
             layer: DecoderLayer::load(ld, cfg, idx, false, has_indexer)?,
             head_norm: ld.vector(&p("shared_head.norm.weight"), h)?,
-            embed: if ld.has(&p("embed_tokens.weight")) { Some(ld.embedding(&p("embed_tokens.weight"), v, h)?) } else { None },
-            head: if ld.has(&p("shared_head.head.weight")) { Some(ld.linear(&p("shared_head.head.weight"), v, h)?) } else { None },
+            embed: if ld.has(&p("embed_tokens.weight")) {
+                Some(ld.embedding(&p("embed_tokens.weight"), v, h)?)
+            } else {
+                None
+            },
+            head: if ld.has(&p("shared_head.head.weight")) {
+                Some(ld.linear(&p("shared_head.head.weight"), v, h)?)
+            } else {
+                None
+            },
         }))
-    }
-
-    /// True when the MTP block runs its own DSA indexer.
-    pub fn has_indexer(&self) -> bool {
-        self.layer.attn.indexer.is_some()
     }
 }
