@@ -1,0 +1,104 @@
+//! The `nectar` binary end to end: the exact flags other work and acceptance checks rely on.
+use std::path::PathBuf;
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn nectar(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nectar")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+#[test]
+fn run_demo_json_matches_reference_greedy() {
+    let reference = json(&std::fs::read_to_string(root().join("models/nectar-demo-glm5/reference.json")).unwrap());
+    for p in reference["prompts"].as_array().unwrap() {
+        let prompt: Vec<String> = ids(&p["input_ids"]).iter().map(u64::to_string).collect();
+        let (ok, out, err) = nectar(&["run", "--json", "--max-tokens", "32", "--prompt-ids", &prompt.join(",")]);
+        assert!(ok, "{err}");
+        let v = json(&out);
+        assert_eq!(ids(&v["tokens"]), ids(&p["greedy_ids"]), "{}", p["name"]);
+        assert!(v["stats"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+        assert!(v["stats"]["prefill_tok_s"].as_f64().unwrap() > 0.0);
+        if p["name"] == "chat" {
+            assert!(v["text"].as_str().unwrap().starts_with("harbor \\harbor\\ n."), "{}", v["text"]);
+        }
+    }
+}
+
+#[test]
+fn run_chat_text_prompt_streams_text() {
+    let (ok, out, err) = nectar(&["run", "--chat", "--max-tokens", "12", "Define the word \"harbor\"."]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("harbor \\harbor\\ n."), "{out}");
+    assert!(err.contains("tok/s"), "{err}");
+    let (ok, out, _) = nectar(&["run", "--max-tokens", "4"]);
+    assert!(ok && out.starts_with("And God said,"), "{out}");
+}
+
+#[test]
+fn logits_json_matches_fixture() {
+    let dir = root().join("tests/fixtures/glm-tiny/glm52");
+    let exp = json(&std::fs::read_to_string(dir.join("expected.json")).unwrap());
+    let prompt: Vec<String> = ids(&exp["prompt_ids"]).iter().map(u64::to_string).collect();
+    let model = dir.join("model");
+    let (ok, out, err) = nectar(&[
+        "logits", "--model", model.to_str().unwrap(), "--prompt-ids", &prompt.join(","), "--json", "--mtp", "--router", "--indexer",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let s = prompt.len();
+    let logits = v["logits"].as_array().unwrap();
+    assert_eq!(logits.len(), s);
+    let argmax: Vec<u64> = logits
+        .iter()
+        .map(|row| {
+            let r: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b }) as u64
+        })
+        .collect();
+    assert_eq!(argmax, ids(&exp["prompt_argmax"]));
+    assert_eq!(v["mtp_logits"].as_array().unwrap().len(), s - 1);
+    for (layer, r) in exp["router"]["layers"].as_object().unwrap() {
+        let got = &v["router"][layer]["ids"];
+        for p in 0..s {
+            assert_eq!(got[p], r["ids"][p], "router layer {layer} position {p}");
+        }
+    }
+    for (layer, want) in exp["indexer"]["last_prompt_position"].as_object().unwrap() {
+        if exp["indexer"]["layers"][layer]["type"] == "full" {
+            assert_eq!(v["indexer"][layer], *want, "indexer layer {layer}");
+        }
+    }
+}
+
+#[test]
+fn inspect_reports_classes() {
+    let (ok, out, err) = nectar(&["inspect", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["inventory"]["routed_experts"], 224);
+    assert_eq!(v["inventory"]["mtp"], true);
+    assert!(v["inventory"]["classes"]["routed_expert"]["bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_inputs_fail_cleanly() {
+    let (ok, _, err) = nectar(&["run", "--model", "/nonexistent/model"]);
+    assert!(!ok && err.contains("/nonexistent/model"), "{err}");
+    let (ok, _, err) = nectar(&["run", "--prompt-ids", "99999999"]);
+    assert!(!ok && err.contains("99999999"), "{err}");
+    let model = root().join("tests/fixtures/glm-tiny/glm5/model");
+    let (ok, _, err) = nectar(&["run", "--model", model.to_str().unwrap(), "hello"]);
+    assert!(!ok && err.contains("tokenizer.json"), "{err}");
+}
