@@ -7,8 +7,15 @@ fn root() -> PathBuf {
 }
 
 fn nectar(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nectar")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_nectar"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn json(s: &str) -> serde_json::Value {
@@ -16,29 +23,55 @@ fn json(s: &str) -> serde_json::Value {
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 #[test]
 fn run_demo_json_matches_reference_greedy() {
-    let reference = json(&std::fs::read_to_string(root().join("models/nectar-demo-glm5/reference.json")).unwrap());
+    let reference = json(
+        &std::fs::read_to_string(root().join("models/nectar-demo-glm5/reference.json")).unwrap(),
+    );
     for p in reference["prompts"].as_array().unwrap() {
         let prompt: Vec<String> = ids(&p["input_ids"]).iter().map(u64::to_string).collect();
-        let (ok, out, err) = nectar(&["run", "--json", "--max-tokens", "32", "--prompt-ids", &prompt.join(",")]);
+        let (ok, out, err) = nectar(&[
+            "run",
+            "--json",
+            "--max-tokens",
+            "32",
+            "--prompt-ids",
+            &prompt.join(","),
+        ]);
         assert!(ok, "{err}");
         let v = json(&out);
         assert_eq!(ids(&v["tokens"]), ids(&p["greedy_ids"]), "{}", p["name"]);
         assert!(v["stats"]["decode_tok_s"].as_f64().unwrap() > 0.0);
         assert!(v["stats"]["prefill_tok_s"].as_f64().unwrap() > 0.0);
         if p["name"] == "chat" {
-            assert!(v["text"].as_str().unwrap().starts_with("harbor \\harbor\\ n."), "{}", v["text"]);
+            assert!(
+                v["text"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("harbor \\harbor\\ n."),
+                "{}",
+                v["text"]
+            );
         }
     }
 }
 
 #[test]
 fn run_chat_text_prompt_streams_text() {
-    let (ok, out, err) = nectar(&["run", "--chat", "--max-tokens", "12", "Define the word \"harbor\"."]);
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--chat",
+        "--max-tokens",
+        "12",
+        "Define the word \"harbor\".",
+    ]);
     assert!(ok, "{err}");
     assert!(out.starts_with("harbor \\harbor\\ n."), "{out}");
     assert!(err.contains("tok/s"), "{err}");
@@ -53,7 +86,15 @@ fn logits_json_matches_fixture() {
     let prompt: Vec<String> = ids(&exp["prompt_ids"]).iter().map(u64::to_string).collect();
     let model = dir.join("model");
     let (ok, out, err) = nectar(&[
-        "logits", "--model", model.to_str().unwrap(), "--prompt-ids", &prompt.join(","), "--json", "--mtp", "--router", "--indexer",
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        &prompt.join(","),
+        "--json",
+        "--mtp",
+        "--router",
+        "--indexer",
     ]);
     assert!(ok, "{err}");
     let v = json(&out);
@@ -63,7 +104,12 @@ fn logits_json_matches_fixture() {
     let argmax: Vec<u64> = logits
         .iter()
         .map(|row| {
-            let r: Vec<f64> = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let r: Vec<f64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
             (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b }) as u64
         })
         .collect();
@@ -89,7 +135,12 @@ fn inspect_reports_classes() {
     let v = json(&out);
     assert_eq!(v["inventory"]["routed_experts"], 224);
     assert_eq!(v["inventory"]["mtp"], true);
-    assert!(v["inventory"]["classes"]["routed_expert"]["bytes"].as_u64().unwrap() > 0);
+    assert!(
+        v["inventory"]["classes"]["routed_expert"]["bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 }
 
 #[test]

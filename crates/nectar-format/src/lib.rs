@@ -18,6 +18,7 @@ mod catalog;
 mod dtype;
 mod error;
 mod header;
+pub mod quant;
 
 pub use catalog::{Bytes, Catalog, ShardInfo, TensorEntry};
 pub use dtype::DType;
