@@ -20,6 +20,8 @@ pub enum Command {
     Run(RunArgs),
     /// Print logits (and optionally MTP drafts, router and indexer choices) as JSON.
     Logits(LogitsArgs),
+    /// Convert a Hugging Face checkpoint (FP8/BF16/F16/F32) into a Colibri-layout container.
+    Convert(ConvertArgs),
     /// Describe a model directory: config, tensor inventory by class, bytes per class/expert.
     Inspect(InspectArgs),
 }
@@ -78,4 +80,42 @@ pub struct InspectArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `nectar convert`.
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Source Hugging Face directory.
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Output directory (created; an interrupted conversion resumes here).
+    #[arg(long)]
+    pub to: PathBuf,
+    /// Routed experts of the main layers: 4, 8 or float.
+    #[arg(long, default_value = "4")]
+    pub expert_bits: nectar_format::convert::Bits,
+    /// Attention projections: 4, 8 or float.
+    #[arg(long, default_value = "4")]
+    pub attn_bits: nectar_format::convert::Bits,
+    /// Shared experts: 4, 8 or float.
+    #[arg(long, default_value = "4")]
+    pub shared_bits: nectar_format::convert::Bits,
+    /// Dense MLPs: 4, 8 or float.
+    #[arg(long, default_value = "4")]
+    pub dense_bits: nectar_format::convert::Bits,
+    /// embed_tokens and lm_head: 4, 8 or float.
+    #[arg(long, default_value = "8")]
+    pub io_bits: nectar_format::convert::Bits,
+    /// The MTP layer (keep 8 or float: int4 MTP heads lose their acceptance).
+    #[arg(long, default_value = "8")]
+    pub mtp_bits: nectar_format::convert::Bits,
+    /// DSA indexer wq_b and wk: 4, 8 or float.
+    #[arg(long, default_value = "8")]
+    pub indexer_bits: nectar_format::convert::Bits,
+    /// Columns per int4 scale group (0 = one scale per row).
+    #[arg(long, default_value_t = 64)]
+    pub group_size: usize,
+    /// Free space (GB) that must remain on the output disk after each shard.
+    #[arg(long, default_value_t = 20.0)]
+    pub min_free_gb: f64,
 }

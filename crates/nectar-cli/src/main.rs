@@ -27,6 +27,7 @@ fn main() {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),
         args::Command::Inspect(a) => cmd::inspect::run(a),
+        args::Command::Convert(a) => cmd::convert::run(a),
     };
     if let Err(e) = result {
         // A closed stdout (`nectar run | head`) is not an error.

@@ -52,7 +52,11 @@ pub struct Catalog {
     shards: Vec<ShardInfo>,
     maps: Vec<Arc<Mmap>>,
     tensors: BTreeMap<String, TensorEntry>,
+    stamps: BTreeMap<String, String>,
 }
+
+/// Header metadata key of Colibri's per-tensor format stamps (a JSON map name → format name).
+pub const STAMP_KEY: &str = "colibri.fmt";
 
 impl std::fmt::Debug for Catalog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,6 +96,7 @@ impl Catalog {
             shards: Vec::new(),
             maps: Vec::new(),
             tensors: BTreeMap::new(),
+            stamps: BTreeMap::new(),
         };
         for p in paths {
             cat.add_shard(p)?;
@@ -132,6 +137,14 @@ impl Catalog {
         f.read_exact(&mut json).map_err(|e| Error::io(&path, e))?;
         let data_start = 8 + hlen;
         let parsed = parse_header(&path, &json, file_len - data_start)?;
+        if let Some(st) = parsed.metadata.get(STAMP_KEY) {
+            let map: BTreeMap<String, String> = serde_json::from_str(st).map_err(|e| {
+                herr(format!(
+                    "`__metadata__.{STAMP_KEY}` is not a JSON map of strings: {e}"
+                ))
+            })?;
+            self.stamps.extend(map);
+        }
         let shard = self.shards.len();
         for t in parsed.tensors {
             if let Some(prev) = self.tensors.get(&t.name) {
@@ -196,6 +209,23 @@ impl Catalog {
             }
         }
         Ok(())
+    }
+
+    /// The format stamp of a tensor, when a shard header carries one.
+    pub fn stamp(&self, name: &str) -> Option<&str> {
+        self.stamps.get(name).map(String::as_str)
+    }
+
+    /// Reads an F32 tensor (scales, biases) into a vector.
+    pub fn read_f32(&self, e: &TensorEntry) -> Result<Vec<f32>> {
+        if e.dtype != DType::F32 {
+            return Err(self.tensor_error(e, format!("dtype {}, expected F32", e.dtype)));
+        }
+        Ok(self
+            .bytes(e)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// The model directory.

@@ -58,6 +58,9 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// A conversion cannot proceed (lock held, parameters changed, disk full, bad input).
+    #[error("convert: {0}")]
+    Convert(String),
     /// The directory holds no safetensors shard.
     #[error("{0}: no *.safetensors files found")]
     NoShards(PathBuf),

@@ -15,12 +15,13 @@
 #![deny(missing_docs)]
 
 mod catalog;
+pub mod convert;
 mod dtype;
 mod error;
 mod header;
 pub mod quant;
 
-pub use catalog::{Bytes, Catalog, ShardInfo, TensorEntry};
+pub use catalog::{Bytes, Catalog, ShardInfo, TensorEntry, STAMP_KEY};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use header::{parse_header, HeaderTensor, ParsedHeader, MAX_HEADER_BYTES};

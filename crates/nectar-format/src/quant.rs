@@ -100,24 +100,36 @@ pub fn detect(o: usize, i: usize, data_bytes: usize, scales: usize) -> Result<Qu
     ))
 }
 
-/// Applies a stamp: it must agree with the detected format (trust-verify-refuse).
-pub fn verify_stamp(detected: QuantFormat, stamp: Option<&str>) -> Result<QuantFormat, String> {
-    match stamp {
-        None => Ok(detected),
-        Some(s) => match QuantFormat::parse(s) {
-            None => Err(format!("unknown format stamp `{s}`")),
-            // The fmt-1/fmt-8 ambiguity is the one case a stamp may settle.
-            Some(QuantFormat::Fp8Block) if detected == QuantFormat::Int8Row => {
-                Ok(QuantFormat::Fp8Block)
-            }
-            Some(f) if f == detected => Ok(f),
-            Some(f) => Err(format!(
-                "format stamp `{}` contradicts the bytes, which say `{}`",
-                f.name(),
-                detected.name()
-            )),
-        },
+/// Resolves a tensor's format with its stamp, if any (trust-verify-refuse): a stamp is used only
+/// when its byte and scale counts match the tensor exactly (it may settle an ambiguity that byte
+/// arithmetic alone cannot, e.g. int8 vs fp8 blocks, or g48 vs g64 on 96 columns); a stamp that
+/// contradicts the bytes, or an unknown stamp, is an error.
+pub fn resolve(
+    o: usize,
+    i: usize,
+    data_bytes: usize,
+    scales: usize,
+    stamp: Option<&str>,
+) -> Result<QuantFormat, String> {
+    let detected = detect(o, i, data_bytes, scales);
+    let Some(s) = stamp else { return detected };
+    let f = QuantFormat::parse(s).ok_or_else(|| format!("unknown format stamp `{s}`"))?;
+    let (want_bytes, want_scales) = match f {
+        QuantFormat::Float => return Err(format!("format stamp `{s}` on a tensor with scales")),
+        QuantFormat::Int8Row => (o * i, o),
+        QuantFormat::Int4Row => (o * i.div_ceil(2), o),
+        QuantFormat::Int2Row => (o * i.div_ceil(4), o),
+        QuantFormat::Int4Group(g) => (o * i.div_ceil(2), o * i.div_ceil(g)),
+        QuantFormat::Fp8Block => (o * i, o.div_ceil(128) * i.div_ceil(128)),
+    };
+    if (want_bytes, want_scales) != (data_bytes, scales) {
+        let bytes_say = detected.map(|d| d.name()).unwrap_or_else(|e| e);
+        return Err(format!(
+            "format stamp `{}` contradicts the bytes, which say `{bytes_say}`",
+            f.name()
+        ));
     }
+    Ok(f)
 }
 
 /// Round half to even on an f32 quotient (numpy `rint`).
@@ -232,24 +244,32 @@ mod tests {
             detect(6144, 16384, 6144 * 16384, 6144),
             Ok(QuantFormat::Int8Row)
         );
-        assert_eq!(
-            verify_stamp(QuantFormat::Int8Row, Some("fp8-e4m3-b128")),
-            Ok(QuantFormat::Fp8Block)
+        let o_proj = (6144, 16384, 6144 * 16384, 6144);
+        let stamped = resolve(
+            o_proj.0,
+            o_proj.1,
+            o_proj.2,
+            o_proj.3,
+            Some("fp8-e4m3-b128"),
         );
+        assert_eq!(stamped, Ok(QuantFormat::Fp8Block));
         assert_eq!(detect(4, 10, 4 * 3, 4), Ok(QuantFormat::Int2Row));
         // Partial last group: I = 40, g = 32 → 2 groups per row.
         assert_eq!(detect(3, 40, 3 * 20, 6), Ok(QuantFormat::Int4Group(32)));
         assert!(detect(3, 40, 3 * 20, 7).unwrap_err().contains("[3, 40]"));
-        assert!(verify_stamp(QuantFormat::Int4Row, Some("int8"))
+        assert!(resolve(4, 8, 16, 4, Some("int8"))
             .unwrap_err()
             .contains("contradicts"));
-        assert!(verify_stamp(QuantFormat::Int4Row, Some("int5"))
+        assert!(resolve(4, 8, 16, 4, Some("int5"))
             .unwrap_err()
             .contains("unknown"));
+        // 96 columns: g48 and g64 both give 2 groups; bytes say g48, a g64 stamp settles it.
         assert_eq!(
-            verify_stamp(QuantFormat::Int4Group(64), Some("int4-g64")),
-            Ok(QuantFormat::Int4Group(64))
+            resolve(64, 96, 64 * 48, 128, None),
+            Ok(QuantFormat::Int4Group(48))
         );
+        let g64 = resolve(64, 96, 64 * 48, 128, Some("int4-g64"));
+        assert_eq!(g64, Ok(QuantFormat::Int4Group(64)));
     }
 
     #[test]

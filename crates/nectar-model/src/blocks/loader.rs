@@ -2,7 +2,7 @@
 //! and errors name the file and the tensor.
 use super::linear::{Embedding, Linear};
 use crate::error::Result;
-use nectar_format::{Catalog, DType, TensorEntry};
+use nectar_format::{quant, Catalog, DType, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 
 /// Loads named tensors from a catalog with shape and dtype checks.
@@ -54,18 +54,47 @@ impl<'a> Loader<'a> {
         Ok(())
     }
 
-    /// A `[rows, cols]` weight matrix.
+    /// A `[rows, cols]` weight matrix: a float tensor, or quantised codes with a `.qs` scale
+    /// sibling whose format is detected by byte arithmetic and checked against any stamp.
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let e = self.cat.require(name)?;
-        let format = self.float_format(e)?;
-        self.check_shape(e, &[rows, cols])?;
+        let Some(qs) = self.cat.get(&format!("{name}.qs")) else {
+            if self.cat.get(&format!("{name}_scale_inv")).is_some() || e.dtype == DType::F8E4M3 {
+                let msg = "fp8 checkpoints must be converted first (`nectar convert`)";
+                return Err(self.cat.tensor_error(e, msg).into());
+            }
+            let format = self.float_format(e)?;
+            self.check_shape(e, &[rows, cols])?;
+            let data = self.cat.shared_bytes(e);
+            return Linear::new(name.to_owned(), format, rows, cols, data, Vec::new());
+        };
+        if !matches!(e.dtype, DType::U8 | DType::I8) {
+            let msg = format!("quantised codes must be U8 or I8, found {}", e.dtype);
+            return Err(self.cat.tensor_error(e, msg).into());
+        }
+        let scales = self.cat.read_f32(qs)?;
+        let detected = quant::resolve(
+            rows,
+            cols,
+            e.len as usize,
+            scales.len(),
+            self.cat.stamp(name),
+        )
+        .map_err(|m| self.cat.tensor_error(e, m))?;
+        let format = detected.weight_format().ok_or_else(|| {
+            let msg = format!(
+                "format `{}` is not supported by the kernels",
+                detected.name()
+            );
+            self.cat.tensor_error(e, msg)
+        })?;
         Linear::new(
             name.to_owned(),
             format,
             rows,
             cols,
             self.cat.shared_bytes(e),
-            Vec::new(),
+            scales,
         )
     }
 

@@ -22,6 +22,7 @@ pub enum TensorClass {
 
 /// Classifies a tensor name.
 pub fn classify(name: &str, cfg: &Config) -> TensorClass {
+    let name = name.strip_suffix(".qs").unwrap_or(name);
     let n = cfg.raw.num_hidden_layers;
     let layer = name
         .strip_prefix("model.layers.")
