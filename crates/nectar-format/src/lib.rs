@@ -18,6 +18,7 @@ mod catalog;
 pub mod convert;
 mod dtype;
 mod error;
+pub mod experts;
 mod header;
 pub mod quant;
 

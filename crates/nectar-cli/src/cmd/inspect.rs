@@ -66,5 +66,13 @@ pub fn run(a: InspectArgs) -> Result<()> {
         inv.indexers.0,
         inv.indexers.1
     );
+    for p in &inv.problems {
+        println!("  problem: {p}");
+    }
+    anyhow::ensure!(
+        inv.problems.is_empty(),
+        "{} tensor(s) have unusable formats",
+        inv.problems.len()
+    );
     Ok(())
 }

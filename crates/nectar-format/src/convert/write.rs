@@ -126,7 +126,7 @@ fn write_family(
     }
     header.insert("__metadata__".into(), serde_json::Value::Object(meta));
     let mut h = serde_json::to_vec(&header).expect("header serialises");
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let data_start = 8 + h.len() as u64;

@@ -135,7 +135,9 @@ impl Config {
                 "model_type `{mt}` is not supported (Nectar runs `glm_moe_dsa`: GLM-5, GLM-5.1, GLM-5.2)"
             )));
         }
-        let raw: RawConfig = serde_json::from_value(value).map_err(|e| err(format!("{e}")))?;
+        // serde_path_to_error names the offending field (`hidden_size: invalid type ...`).
+        let raw: RawConfig = serde_path_to_error::deserialize(value)
+            .map_err(|e| err(format!("field `{}`: {}", e.path(), e.inner())))?;
         let n = raw.num_hidden_layers;
         if raw.n_group != 1 || raw.topk_group != 1 {
             return Err(err(format!(

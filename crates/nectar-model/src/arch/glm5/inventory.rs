@@ -1,5 +1,6 @@
 //! What a GLM-5 checkpoint holds, by class, computed from headers alone (no weight is read).
-use super::Config;
+use super::{logical_shape, Config};
+use nectar_format::quant;
 use nectar_format::Catalog;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -53,6 +54,8 @@ pub struct ClassStats {
     pub bytes: u64,
     /// Tensors by dtype.
     pub by_dtype: BTreeMap<String, usize>,
+    /// Weight matrices by storage format (`bf16`, `int4-g64`, `int8`, ...), scales not counted.
+    pub by_format: BTreeMap<String, usize>,
 }
 
 /// The inventory of a checkpoint.
@@ -72,6 +75,8 @@ pub struct Inventory {
     pub mtp: bool,
     /// Full-indexer layers of the schedule that have indexer weights / that should.
     pub indexers: (usize, usize),
+    /// Tensors whose format cannot be resolved (name: reason) — a container to refuse.
+    pub problems: Vec<String>,
 }
 
 impl Inventory {
@@ -79,6 +84,7 @@ impl Inventory {
     pub fn new(cat: &Catalog, cfg: &Config) -> Inventory {
         let mut classes: BTreeMap<TensorClass, ClassStats> = BTreeMap::new();
         let mut experts: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+        let mut problems = Vec::new();
         let n = cfg.raw.num_hidden_layers;
         for e in cat.tensors() {
             let class = classify(&e.name, cfg);
@@ -86,6 +92,13 @@ impl Inventory {
             s.tensors += 1;
             s.bytes += e.len;
             *s.by_dtype.entry(e.dtype.to_string()).or_default() += 1;
+            if !e.name.ends_with(".qs") && !e.name.ends_with("_scale_inv") {
+                match format_of(cat, &e.name, cfg) {
+                    Ok(Some(f)) => *s.by_format.entry(f).or_default() += 1,
+                    Ok(None) => {}
+                    Err(m) => problems.push(format!("{}: {m}", e.name)),
+                }
+            }
             if let Some((l, x)) = expert_of(&e.name) {
                 *experts.entry((l, x)).or_default() += e.len;
             }
@@ -119,8 +132,22 @@ impl Inventory {
                 .is_some(),
             indexers: (have, full_layers.len()),
             classes,
+            problems,
         }
     }
+}
+
+/// The storage format of a weight matrix: its dtype for float tensors, the detected quantised
+/// format (checked against any stamp) when it has `.qs` scales; `None` for non-matrices.
+pub fn format_of(cat: &Catalog, name: &str, cfg: &Config) -> Result<Option<String>, String> {
+    let e = cat.get(name).ok_or("missing")?;
+    let Some(qs) = cat.get(&format!("{name}.qs")) else {
+        return Ok((e.shape.len() == 2).then(|| e.dtype.to_string().to_lowercase()));
+    };
+    let [o, i] =
+        logical_shape(name, cfg).ok_or("quantised tensor outside the GLM-5 tensor contract")?;
+    let scales = (qs.len / 4) as usize;
+    quant::resolve(o, i, e.len as usize, scales, cat.stamp(name)).map(|f| Some(f.name()))
 }
 
 /// (layer, expert) of a routed-expert tensor name.

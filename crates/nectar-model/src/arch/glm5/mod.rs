@@ -8,6 +8,7 @@
 //! ```
 mod attention;
 mod config;
+mod contract;
 mod indexer;
 mod inventory;
 mod layer;
@@ -17,6 +18,7 @@ mod mtp;
 
 pub use attention::MlaMode;
 pub use config::{eos_list, Config, RawConfig};
+pub use contract::logical_shape;
 pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
