@@ -1,0 +1,199 @@
+//! The memory equation: what a budget buys after everything that must stay resident.
+//!
+//! ```text
+//! budget ≥ spine + working·slot + pinned·slot + MTP tier·slot + KV(ctx) + prefill transients
+//!          + runtime reserve + safety margin + Σ_layers LRU(layer)·slot
+//! ```
+//! The LRU capacity is what remains, divided evenly over the sparse layers. A budget that cannot
+//! hold one LRU slot per sparse layer is refused with the whole equation in the message.
+use crate::error::{Error, Result};
+use serde::Serialize;
+
+/// Inputs of the equation.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanInputs {
+    /// The hard memory budget in bytes.
+    pub budget: u64,
+    /// Resident (non-expert) bytes by class, e.g. ("attention", n).
+    pub spine: Vec<(String, u64)>,
+    /// Bytes of one slot.
+    pub slot_bytes: u64,
+    /// Sparse (MoE) main layers.
+    pub sparse_layers: usize,
+    /// Working slots.
+    pub working_slots: usize,
+    /// Pinned slots.
+    pub pinned_slots: usize,
+    /// Slots of the MTP layer's own tier.
+    pub mtp_slots: usize,
+    /// Compressed KV bytes per token (MLA latent + rope key per layer + indexer keys).
+    pub kv_bytes_per_token: u64,
+    /// Context length planned for.
+    pub ctx: usize,
+    /// Transient buffers of a prefill chunk.
+    pub prefill_transients: u64,
+    /// Process reserve (allocator, thread stacks, tokenizer, server).
+    pub runtime_reserve: u64,
+}
+
+/// The resolved plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    /// Every term of the equation, in bytes.
+    pub terms: Vec<(String, u64)>,
+    /// LRU slots per sparse layer.
+    pub lru_per_layer: usize,
+    /// Bytes left over after the LRU.
+    pub slack: u64,
+}
+
+/// Safety margin: 2 % of the budget.
+pub fn safety_margin(budget: u64) -> u64 {
+    budget / 50
+}
+
+/// Solves the equation (see the module docs).
+pub fn plan(p: &PlanInputs) -> Result<Plan> {
+    let mut terms: Vec<(String, u64)> = p
+        .spine
+        .iter()
+        .map(|(k, v)| (format!("spine: {k}"), *v))
+        .collect();
+    terms.push((
+        format!("working bank ({} slots)", p.working_slots),
+        p.working_slots as u64 * p.slot_bytes,
+    ));
+    if p.pinned_slots > 0 {
+        terms.push((
+            format!("pinned tier ({} slots)", p.pinned_slots),
+            p.pinned_slots as u64 * p.slot_bytes,
+        ));
+    }
+    if p.mtp_slots > 0 {
+        terms.push((
+            format!("MTP tier ({} slots)", p.mtp_slots),
+            p.mtp_slots as u64 * p.slot_bytes,
+        ));
+    }
+    terms.push((
+        format!("KV cache ({} tokens)", p.ctx),
+        p.kv_bytes_per_token * p.ctx as u64,
+    ));
+    terms.push(("prefill transients".into(), p.prefill_transients));
+    terms.push(("runtime reserve".into(), p.runtime_reserve));
+    terms.push(("safety margin (2 %)".into(), safety_margin(p.budget)));
+    let fixed: u64 = terms.iter().map(|t| t.1).sum();
+    let per_slot_row = p.sparse_layers.max(1) as u64 * p.slot_bytes.max(1);
+    let lru = p.budget.saturating_sub(fixed) / per_slot_row;
+    let lru_bytes = lru * per_slot_row;
+    terms.push((
+        format!("LRU ({lru} slots × {} sparse layers)", p.sparse_layers),
+        lru_bytes,
+    ));
+    let plan = Plan {
+        slack: p.budget.saturating_sub(fixed + lru_bytes),
+        lru_per_layer: lru as usize,
+        terms,
+    };
+    if lru < 1 && p.sparse_layers > 0 {
+        return Err(Error::Budget(format!(
+            "{}\nneeds at least {} for one LRU slot per sparse layer",
+            render(&plan, p.budget),
+            human(fixed + per_slot_row)
+        )));
+    }
+    Ok(plan)
+}
+
+/// The equation as text, one term per line.
+pub fn render(plan: &Plan, budget: u64) -> String {
+    let mut s = String::new();
+    for (k, v) in &plan.terms {
+        s.push_str(&format!("  {:>12}  {k}\n", human(*v)));
+    }
+    let total: u64 = plan.terms.iter().map(|t| t.1).sum();
+    s.push_str(&format!(
+        "  {:>12}  total\n  {:>12}  budget\n",
+        human(total),
+        human(budget)
+    ));
+    s
+}
+
+/// Bytes as a short human string (GiB/MiB/KiB).
+pub fn human(b: u64) -> String {
+    let f = b as f64;
+    if f >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", f / (1024.0 * 1024.0 * 1024.0))
+    } else if f >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", f / (1024.0 * 1024.0))
+    } else {
+        format!("{:.1} KiB", f / 1024.0)
+    }
+}
+
+/// Parses a size like `24G`, `512MiB`, `1.5GB`, `1000000` (bytes). K/M/G/T are powers of 1024.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (try 24G or 512M)"))?;
+    let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        u => return Err(format!("unknown size unit `{u}` in `{s}`")),
+    };
+    if v.is_nan() || v < 0.0 || !v.is_finite() {
+        return Err(format!("`{s}` is not a size"));
+    }
+    Ok((v * mul) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs(budget: u64) -> PlanInputs {
+        PlanInputs {
+            budget,
+            spine: vec![("attention".into(), 1000)],
+            slot_bytes: 100,
+            sparse_layers: 3,
+            working_slots: 4,
+            pinned_slots: 0,
+            mtp_slots: 0,
+            kv_bytes_per_token: 1,
+            ctx: 100,
+            prefill_transients: 0,
+            runtime_reserve: 0,
+        }
+    }
+
+    #[test]
+    fn capacity_and_refusal() {
+        // fixed = 1000 + 400 + 100 + 2 % of budget
+        let p = plan(&inputs(10_000)).unwrap();
+        assert_eq!(p.lru_per_layer, (10_000 - 1500 - 200) / 300);
+        let e = plan(&inputs(1_700)).unwrap_err().to_string();
+        assert!(
+            e.contains("working bank") && e.contains("budget") && e.contains("one LRU slot"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("24G").unwrap(), 24 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5g").unwrap(), 3 << 29);
+        assert_eq!(parse_size("77").unwrap(), 77);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5Q").is_err());
+    }
+}

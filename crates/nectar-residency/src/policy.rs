@@ -1,0 +1,324 @@
+//! The slot policy as a pure state machine: which expert sits in which slot, per-layer LRU
+//! with a monotonic clock, a pinned set, a working bank for the current wave's misses, and
+//! promotion by swapping slot roles. No bytes and no I/O here, so it can be tested exhaustively
+//! against a small reference model.
+//!
+//! Rules (deterministic):
+//! - A request for a key that is resident (pinned, in its layer's LRU, or loading) is a hit and
+//!   touches the slot (`last_use = ++clock`).
+//! - A miss takes a free working slot; the key is visible (in-flight dedup) from then on.
+//! - At the end of a wave (a safe point: no lease alive on the wave's slots), completed misses
+//!   are promoted into their layer's LRU, last miss first, at most `capacity` of them: into a
+//!   free LRU position if the layer has one, else by evicting the victim — the layer's slot
+//!   not touched in this wave with the smallest `last_use`, ties to the smallest slot id — whose
+//!   slot becomes a working slot (roles swap, bytes never move). Misses that are not promoted
+//!   are dropped (bypass) and their working slots freed.
+//! - Lowering a layer's capacity evicts its coldest slots at once and stays lowered.
+use std::collections::HashMap;
+
+/// A routed expert: (layer, expert).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExpertKey {
+    /// Layer index (the MTP layer is `num_hidden_layers`).
+    pub layer: u32,
+    /// Expert index within the layer.
+    pub expert: u32,
+}
+
+impl ExpertKey {
+    /// A key.
+    pub fn new(layer: usize, expert: usize) -> Self {
+        ExpertKey {
+            layer: layer as u32,
+            expert: expert as u32,
+        }
+    }
+}
+
+/// What a slot is used for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Free working slot.
+    Free,
+    /// Holds a miss of the current wave.
+    Working,
+    /// Part of a layer's LRU.
+    Lru(u32),
+    /// Pinned for the life of the process.
+    Pinned,
+    /// Removed from service by a capacity reduction (never reused).
+    Disabled,
+}
+
+/// The outcome of one request in a wave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Resident (or already loading): use `slot`.
+    Hit(usize),
+    /// Not resident: load it into working slot `slot`.
+    Miss(usize),
+}
+
+/// An event of the policy, for telemetry and for comparing against a reference model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A hit.
+    Hit(ExpertKey),
+    /// A miss.
+    Miss(ExpertKey),
+    /// `evicted` left the cache so that `admitted` could enter.
+    Evict {
+        /// Key removed.
+        evicted: ExpertKey,
+        /// Key admitted in its place.
+        admitted: ExpertKey,
+    },
+    /// A miss was not kept (bypass).
+    Bypass(ExpertKey),
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    role: Role,
+    key: Option<ExpertKey>,
+    last_use: u64,
+    wave: u64,
+}
+
+/// The policy state for all layers.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    slots: Vec<Slot>,
+    map: HashMap<ExpertKey, usize>,
+    capacity: Vec<usize>,
+    clock: u64,
+    wave: u64,
+    wave_misses: Vec<(ExpertKey, usize)>,
+}
+
+/// Errors of the policy (a caller bug or an exhausted working bank).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// More misses in one wave than free working slots.
+    #[error("wave needs more than the {0} free working slots")]
+    NoWorkingSlot(usize),
+    /// A layer index outside the configured layers.
+    #[error("layer {0} has no expert tier")]
+    UnknownLayer(u32),
+}
+
+impl Policy {
+    /// `capacity[l]` LRU slots for layer `l`, `working` working slots, and `pinned` keys in
+    /// pinned slots. Slot ids: pinned first, then LRU positions layer by layer, then working.
+    pub fn new(capacity: Vec<usize>, working: usize, pinned: &[ExpertKey]) -> Self {
+        let mut slots = Vec::new();
+        let mut map = HashMap::new();
+        for &k in pinned {
+            map.insert(k, slots.len());
+            slots.push(Slot {
+                role: Role::Pinned,
+                key: Some(k),
+                last_use: 0,
+                wave: 0,
+            });
+        }
+        for (l, &c) in capacity.iter().enumerate() {
+            for _ in 0..c {
+                slots.push(Slot {
+                    role: Role::Lru(l as u32),
+                    key: None,
+                    last_use: 0,
+                    wave: 0,
+                });
+            }
+        }
+        for _ in 0..working {
+            slots.push(Slot {
+                role: Role::Free,
+                key: None,
+                last_use: 0,
+                wave: 0,
+            });
+        }
+        Policy {
+            slots,
+            map,
+            capacity,
+            clock: 0,
+            wave: 1,
+            wave_misses: Vec::new(),
+        }
+    }
+
+    /// Total slots (the slab size in slots).
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The role of a slot.
+    pub fn role(&self, slot: usize) -> Role {
+        self.slots[slot].role
+    }
+
+    /// The key a slot holds.
+    pub fn key(&self, slot: usize) -> Option<ExpertKey> {
+        self.slots[slot].key
+    }
+
+    /// The slot holding `key`, if resident or loading.
+    pub fn lookup(&self, key: ExpertKey) -> Option<usize> {
+        self.map.get(&key).copied()
+    }
+
+    /// Current LRU capacity of a layer.
+    pub fn capacity(&self, layer: usize) -> usize {
+        self.capacity.get(layer).copied().unwrap_or(0)
+    }
+
+    /// Free working slots.
+    pub fn free_working(&self) -> usize {
+        self.slots.iter().filter(|s| s.role == Role::Free).count()
+    }
+
+    /// Slots by role: (pinned, lru, working, free, disabled).
+    pub fn occupancy(&self) -> (usize, usize, usize, usize, usize) {
+        let mut o = (0, 0, 0, 0, 0);
+        for s in &self.slots {
+            match s.role {
+                Role::Pinned => o.0 += 1,
+                Role::Lru(_) if s.key.is_some() => o.1 += 1,
+                Role::Lru(_) => {}
+                Role::Working => o.2 += 1,
+                Role::Free => o.3 += 1,
+                Role::Disabled => o.4 += 1,
+            }
+        }
+        o
+    }
+
+    /// Requests `key` in the current wave.
+    pub fn access(
+        &mut self,
+        key: ExpertKey,
+        events: &mut Vec<Event>,
+    ) -> Result<Access, PolicyError> {
+        if key.layer as usize >= self.capacity.len() {
+            return Err(PolicyError::UnknownLayer(key.layer));
+        }
+        self.clock += 1;
+        if let Some(&s) = self.map.get(&key) {
+            let slot = &mut self.slots[s];
+            slot.last_use = self.clock;
+            slot.wave = self.wave;
+            events.push(Event::Hit(key));
+            return Ok(Access::Hit(s));
+        }
+        let s = self
+            .slots
+            .iter()
+            .position(|s| s.role == Role::Free)
+            .ok_or(PolicyError::NoWorkingSlot(self.free_working()))?;
+        self.slots[s] = Slot {
+            role: Role::Working,
+            key: Some(key),
+            last_use: self.clock,
+            wave: self.wave,
+        };
+        self.map.insert(key, s);
+        self.wave_misses.push((key, s));
+        events.push(Event::Miss(key));
+        Ok(Access::Miss(s))
+    }
+
+    /// Forgets a miss whose load failed (its working slot becomes free again).
+    pub fn discard(&mut self, slot: usize) {
+        if let Some(k) = self.slots[slot].key.take() {
+            self.map.remove(&k);
+        }
+        if self.slots[slot].role == Role::Working {
+            self.slots[slot].role = Role::Free;
+        }
+        self.wave_misses.retain(|(_, s)| *s != slot);
+    }
+
+    /// The safe point after a wave: promote misses (see the module docs). Returns pairs of
+    /// slots whose roles were swapped `(working slot now in the LRU, LRU slot now working)`.
+    pub fn end_wave(&mut self, events: &mut Vec<Event>) -> Vec<(usize, usize)> {
+        let misses = std::mem::take(&mut self.wave_misses);
+        let mut promoted_per_layer: HashMap<u32, usize> = HashMap::new();
+        let mut swaps = Vec::new();
+        for &(key, ws) in misses.iter().rev() {
+            let layer = key.layer;
+            let cap = self.capacity[layer as usize];
+            let done = promoted_per_layer.entry(layer).or_default();
+            if *done >= cap {
+                self.drop_working(ws, key, events);
+                continue;
+            }
+            // An empty LRU position of the layer, else the coldest untouched one.
+            let empty = self
+                .slots
+                .iter()
+                .position(|s| s.role == Role::Lru(layer) && s.key.is_none());
+            let target = empty.or_else(|| {
+                self.slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.role == Role::Lru(layer) && s.wave != self.wave)
+                    .min_by_key(|(i, s)| (s.last_use, *i))
+                    .map(|(i, _)| i)
+            });
+            let Some(t) = target else {
+                self.drop_working(ws, key, events);
+                continue;
+            };
+            if let Some(old) = self.slots[t].key.take() {
+                self.map.remove(&old);
+                events.push(Event::Evict {
+                    evicted: old,
+                    admitted: key,
+                });
+            }
+            // Swap roles: the working slot joins the LRU, the old LRU slot becomes free.
+            self.slots[ws].role = Role::Lru(layer);
+            self.slots[t].role = Role::Free;
+            self.slots[t].wave = 0;
+            swaps.push((ws, t));
+            *done += 1;
+        }
+        self.wave += 1;
+        swaps
+    }
+
+    fn drop_working(&mut self, ws: usize, key: ExpertKey, events: &mut Vec<Event>) {
+        self.map.remove(&key);
+        self.slots[ws].key = None;
+        self.slots[ws].role = Role::Free;
+        events.push(Event::Bypass(key));
+    }
+
+    /// Lowers layer `layer`'s capacity to `cap` (never raises it): the coldest slots are evicted
+    /// and disabled for the life of the process. Returns the evicted keys.
+    pub fn shrink(&mut self, layer: usize, cap: usize) -> Vec<ExpertKey> {
+        let mut out = Vec::new();
+        let l = layer as u32;
+        while self.capacity[layer] > cap {
+            let victim = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.role == Role::Lru(l))
+                .min_by_key(|(i, s)| (s.key.is_some(), s.last_use, *i))
+                .map(|(i, _)| i);
+            let Some(v) = victim else { break };
+            if let Some(k) = self.slots[v].key.take() {
+                self.map.remove(&k);
+                out.push(k);
+            }
+            self.slots[v].role = Role::Disabled;
+            self.capacity[layer] -= 1;
+        }
+        out
+    }
+}

@@ -1,0 +1,544 @@
+//! The residency manager: slots in one slab, the policy, leases with generations, and a pool
+//! of I/O workers that fill working slots while compute runs.
+//!
+//! Protocol for one layer's wave (the model's MoE block drives it):
+//! 1. `acquire(layer, experts)` — each expert gets a [`Pending`]: hits are ready at once,
+//!    misses are queued to the I/O workers (an expert already loading is shared, not re-read).
+//! 2. `Pending::wait()` → a [`Lease`]: while it lives, its slot is never refilled; its
+//!    generation is checked on every access.
+//! 3. After the layer's expert work, drop the leases and call `end_wave()` — the safe point at
+//!    which misses are promoted into the layer's LRU (slot roles swap, bytes never move).
+use crate::error::{Error, Result};
+use crate::io::ExpertIo;
+use crate::layout::SlotLayout;
+use crate::policy::{Access, Event, ExpertKey, Policy};
+use crate::slab::Slab;
+use crate::telemetry::{LayerStats, Occupancy, Telemetry};
+use nectar_kernels::MatRef;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// How the expert cache is set up.
+#[derive(Debug, Clone)]
+pub struct ResidencyConfig {
+    /// LRU slots per layer index (0 for dense layers).
+    pub lru_per_layer: Vec<usize>,
+    /// Working slots for the misses of one wave (Colibri uses 64).
+    pub working_slots: usize,
+    /// I/O worker threads.
+    pub io_threads: usize,
+    /// Experts pinned for the life of the process (loaded at startup).
+    pub pinned: Vec<ExpertKey>,
+    /// `mlock` the slab (fails with a clear error when RLIMIT_MEMLOCK is too low).
+    pub mlock: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Status {
+    Empty,
+    Loading,
+    Ready,
+    Failed(Arc<(u64, std::io::Error)>),
+}
+
+#[derive(Debug, Clone)]
+struct SlotState {
+    status: Status,
+    leases: u32,
+}
+
+struct State {
+    policy: Policy,
+    slots: Vec<SlotState>,
+    stats: Telemetry,
+    events: Vec<Event>,
+    paths: Vec<std::path::PathBuf>,
+}
+
+struct Inner {
+    slab: Slab,
+    layouts: Vec<Vec<SlotLayout>>,
+    io: Arc<dyn ExpertIo>,
+    state: Mutex<State>,
+    cond: Condvar,
+    gens: Vec<AtomicU64>,
+}
+
+struct Job {
+    slot: usize,
+    gen: u64,
+    key: ExpertKey,
+}
+
+/// The expert cache of one model.
+pub struct Residency {
+    inner: Arc<Inner>,
+    tx: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+    working: usize,
+}
+
+impl std::fmt::Debug for Residency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Residency({} slots of {} B)",
+            self.inner.slab.len(),
+            self.inner.slab.slot_bytes()
+        )
+    }
+}
+
+impl Residency {
+    /// Builds the cache: `layouts[layer][expert]` for every streamed layer (empty for dense
+    /// ones), shard paths for error messages, and the I/O source. Pinned experts are loaded
+    /// before this returns.
+    pub fn new(
+        cfg: ResidencyConfig,
+        layouts: Vec<Vec<SlotLayout>>,
+        io: Arc<dyn ExpertIo>,
+    ) -> Result<Residency> {
+        let slot_bytes = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
+        let mut caps = cfg.lru_per_layer.clone();
+        caps.resize(layouts.len(), 0);
+        for (l, ls) in layouts.iter().enumerate() {
+            if ls.is_empty() {
+                caps[l] = 0;
+            }
+        }
+        for k in &cfg.pinned {
+            if layouts
+                .get(k.layer as usize)
+                .is_none_or(|l| k.expert as usize >= l.len())
+            {
+                return Err(Error::Setup(format!(
+                    "pinned expert {}:{} does not exist",
+                    k.layer, k.expert
+                )));
+            }
+        }
+        let policy = Policy::new(caps, cfg.working_slots.max(1), &cfg.pinned);
+        let n = policy.n_slots();
+        let slab = Slab::new(n, slot_bytes)
+            .ok_or_else(|| Error::Setup(format!("cannot allocate {n} slots of {slot_bytes} B")))?;
+        if cfg.mlock {
+            #[cfg(unix)]
+            slab.mlock().map_err(|e| {
+                Error::Setup(format!("mlock of {} B failed ({e}); raise RLIMIT_MEMLOCK (ulimit -l) or run without mlock", slab.bytes()))
+            })?;
+        }
+        let paths = (0..layouts.len())
+            .map(|_| std::path::PathBuf::new())
+            .collect();
+        let state = State {
+            slots: vec![
+                SlotState {
+                    status: Status::Empty,
+                    leases: 0
+                };
+                n
+            ],
+            stats: Telemetry {
+                layers: vec![LayerStats::default(); layouts.len()],
+                ..Default::default()
+            },
+            events: Vec::new(),
+            policy,
+            paths,
+        };
+        let inner = Arc::new(Inner {
+            slab,
+            layouts,
+            io,
+            state: Mutex::new(state),
+            cond: Condvar::new(),
+            gens: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        });
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let workers = (0..cfg.io_threads.max(1))
+            .map(|i| {
+                let (inner, rx) = (inner.clone(), rx.clone());
+                std::thread::Builder::new()
+                    .name(format!("nectar-io-{i}"))
+                    .spawn(move || worker(&inner, &rx))
+                    .map_err(|e| Error::Setup(format!("cannot start I/O thread: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let r = Residency {
+            inner,
+            tx: Some(tx),
+            workers,
+            working: cfg.working_slots.max(1),
+        };
+        r.load_pinned()?;
+        Ok(r)
+    }
+
+    fn load_pinned(&self) -> Result<()> {
+        let mut st = self.lock();
+        let pinned: Vec<(usize, ExpertKey)> = (0..st.policy.n_slots())
+            .filter(|&s| st.policy.role(s) == crate::policy::Role::Pinned)
+            .filter_map(|s| st.policy.key(s).map(|k| (s, k)))
+            .collect();
+        for &(s, key) in &pinned {
+            st.slots[s].status = Status::Loading;
+            self.submit(&mut st, s, key);
+        }
+        drop(st);
+        for (s, key) in pinned {
+            let p = Pending {
+                inner: self.inner.clone(),
+                slot: s,
+                gen: self.inner.gens[s].load(Ordering::Acquire),
+                key,
+                waited: false,
+            };
+            self.lock().slots[s].leases += 1;
+            drop(p.wait()?);
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn submit(&self, st: &mut State, slot: usize, key: ExpertKey) {
+        let gen = self.inner.gens[slot].fetch_add(1, Ordering::AcqRel) + 1;
+        st.stats.in_flight += 1;
+        st.stats.max_in_flight = st.stats.max_in_flight.max(st.stats.in_flight);
+        if let Some(tx) = &self.tx {
+            // A send only fails when every worker is gone, which `Drop` alone causes.
+            let _ = tx.send(Job { slot, gen, key });
+        }
+    }
+
+    /// Most misses one wave may have (the working bank).
+    pub fn max_wave(&self) -> usize {
+        self.working
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.inner.slab.slot_bytes()
+    }
+
+    /// Bytes of the whole slab.
+    pub fn slab_bytes(&self) -> usize {
+        self.inner.slab.bytes()
+    }
+
+    /// Requests `experts` of `layer` for one wave (at most [`Residency::max_wave`] of them may
+    /// miss). Hits are ready at once; misses start loading now.
+    pub fn acquire(&self, layer: usize, experts: &[u32]) -> Result<Vec<Pending>> {
+        let mut st = self.lock();
+        let mut out = Vec::with_capacity(experts.len());
+        for &e in experts {
+            let key = ExpertKey::new(layer, e as usize);
+            if self
+                .inner
+                .layouts
+                .get(layer)
+                .is_none_or(|l| e as usize >= l.len())
+            {
+                return Err(Error::Setup(format!(
+                    "layer {layer} expert {e} is not a streamed expert"
+                )));
+            }
+            let mut events = std::mem::take(&mut st.events);
+            let access = st.policy.access(key, &mut events);
+            st.events = events;
+            let slot = match access? {
+                Access::Hit(s) => s,
+                Access::Miss(s) => {
+                    st.slots[s].status = Status::Loading;
+                    self.submit(&mut st, s, key);
+                    s
+                }
+            };
+            st.slots[slot].leases += 1;
+            out.push(Pending {
+                inner: self.inner.clone(),
+                slot,
+                gen: self.inner.gens[slot].load(Ordering::Acquire),
+                key,
+                waited: false,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The safe point after a wave: waits for the wave's loads to settle, then promotes misses
+    /// into their layers' LRUs. Fails if a lease is still alive.
+    pub fn end_wave(&self) -> Result<()> {
+        let mut st = self.lock();
+        while st.slots.iter().any(|s| matches!(s.status, Status::Loading)) {
+            st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        let alive: u32 = st.slots.iter().map(|s| s.leases).sum();
+        if alive > 0 {
+            return Err(Error::LeasesAlive(alive as usize));
+        }
+        for s in 0..st.slots.len() {
+            if matches!(st.slots[s].status, Status::Failed(_)) {
+                st.policy.discard(s);
+                st.slots[s].status = Status::Empty;
+                self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        let mut events = std::mem::take(&mut st.events);
+        st.policy.end_wave(&mut events);
+        for s in 0..st.slots.len() {
+            if st.policy.key(s).is_none() && !matches!(st.slots[s].status, Status::Empty) {
+                st.slots[s].status = Status::Empty;
+                self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        for ev in events.drain(..) {
+            let layer = |k: ExpertKey| k.layer as usize;
+            match ev {
+                Event::Hit(k) => st.stats.layers[layer(k)].hits += 1,
+                Event::Miss(k) => st.stats.layers[layer(k)].misses += 1,
+                Event::Evict { evicted, .. } => st.stats.layers[layer(evicted)].evictions += 1,
+                Event::Bypass(k) => st.stats.layers[layer(k)].bypasses += 1,
+            }
+        }
+        st.events = events;
+        Ok(())
+    }
+
+    /// Lowers the LRU capacity of every layer to at most `cap` slots (permanently), evicting the
+    /// coldest experts. Call at a safe point. Returns the number of evicted experts.
+    pub fn shrink_all(&self, cap: usize) -> Result<usize> {
+        let mut st = self.lock();
+        if let Some(s) = st.slots.iter().position(|s| s.leases > 0) {
+            return Err(Error::LeasesAlive(s));
+        }
+        let mut n = 0;
+        for l in 0..self.inner.layouts.len() {
+            let gone = st.policy.shrink(l, cap);
+            n += gone.len();
+        }
+        for s in 0..st.slots.len() {
+            if st.policy.key(s).is_none() && matches!(st.slots[s].status, Status::Ready) {
+                st.slots[s].status = Status::Empty;
+                self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        st.stats.rss_shrinks += 1;
+        Ok(n)
+    }
+
+    /// Current LRU capacity of a layer.
+    pub fn capacity(&self, layer: usize) -> usize {
+        self.lock().policy.capacity(layer)
+    }
+
+    /// A snapshot of the counters.
+    pub fn telemetry(&self) -> Telemetry {
+        let st = self.lock();
+        let mut t = st.stats.clone();
+        let (pinned, lru, working, free, disabled) = st.policy.occupancy();
+        t.occupancy = Occupancy {
+            pinned,
+            lru,
+            working,
+            free,
+            disabled,
+        };
+        t
+    }
+
+    /// Sets shard paths used in read-error messages.
+    pub fn set_paths(&self, paths: Vec<std::path::PathBuf>) {
+        self.lock().paths = paths;
+    }
+}
+
+impl Drop for Residency {
+    fn drop(&mut self) {
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn worker(inner: &Inner, rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        let layout = &inner.layouts[job.key.layer as usize][job.key.expert as usize];
+        let t0 = Instant::now();
+        // SAFETY: the slot is in `Loading` state for generation `job.gen`: the policy handed it to
+        // this one job, and `Pending::wait` lets no one read it before the status becomes
+        // `Ready`; eviction and reuse happen only at `end_wave`, which first waits for every
+        // load to settle. So this job has exclusive access to the slot's bytes.
+        let dst = unsafe { inner.slab.slot_mut(job.slot) };
+        let mut failure = None;
+        for op in &layout.reads {
+            if let Err(e) = inner
+                .io
+                .read(op, &mut dst[op.slot_offset..op.slot_offset + op.len])
+            {
+                failure = Some(Arc::new((op.file_offset, e)));
+                break;
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.stats.in_flight -= 1;
+        st.stats.disk_seconds += dt;
+        if inner.gens[job.slot].load(Ordering::Acquire) == job.gen {
+            match failure {
+                None => {
+                    st.stats.bytes_read += layout.payload;
+                    st.stats.reads += 1;
+                    st.slots[job.slot].status = Status::Ready;
+                }
+                Some(f) => {
+                    st.stats.read_errors += 1;
+                    st.slots[job.slot].status = Status::Failed(f);
+                }
+            }
+        }
+        drop(st);
+        inner.cond.notify_all();
+    }
+}
+
+/// An expert requested in a wave; `wait` turns it into a [`Lease`].
+pub struct Pending {
+    inner: Arc<Inner>,
+    slot: usize,
+    gen: u64,
+    key: ExpertKey,
+    waited: bool,
+}
+
+impl Pending {
+    /// The expert.
+    pub fn key(&self) -> ExpertKey {
+        self.key
+    }
+
+    /// True when the expert can be used without waiting.
+    pub fn is_ready(&self) -> bool {
+        let st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(st.slots[self.slot].status, Status::Ready)
+    }
+
+    /// Waits for the expert's bytes; a failed read returns an error naming layer, expert, file
+    /// and offset (the slot is discarded at the next safe point).
+    pub fn wait(mut self) -> Result<Lease> {
+        let t0 = Instant::now();
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match &st.slots[self.slot].status {
+                Status::Ready => break,
+                Status::Loading => st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Status::Failed(f) => {
+                    let f = f.clone();
+                    let path = self
+                        .inner
+                        .io
+                        .path(
+                            self.inner.layouts[self.key.layer as usize][self.key.expert as usize]
+                                .reads[0]
+                                .shard,
+                        )
+                        .to_path_buf();
+                    st.slots[self.slot].leases -= 1;
+                    self.waited = true;
+                    return Err(Error::Read {
+                        layer: self.key.layer,
+                        expert: self.key.expert,
+                        path,
+                        offset: f.0,
+                        source: std::io::Error::new(f.1.kind(), f.1.to_string()),
+                    });
+                }
+                Status::Empty => {
+                    st.slots[self.slot].leases -= 1;
+                    self.waited = true;
+                    return Err(Error::StaleLease {
+                        slot: self.slot,
+                        lease: self.gen,
+                        current: self.inner.gens[self.slot].load(Ordering::Acquire),
+                    });
+                }
+            }
+        }
+        // The generation may have advanced while loading (this lease's request was a miss that
+        // started the load); the lease takes the generation of the bytes it reads.
+        let gen = self.inner.gens[self.slot].load(Ordering::Acquire);
+        st.stats.wait_seconds += t0.elapsed().as_secs_f64();
+        drop(st);
+        self.waited = true;
+        Ok(Lease {
+            inner: self.inner.clone(),
+            slot: self.slot,
+            gen,
+            key: self.key,
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.waited {
+            let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.slots[self.slot].leases -= 1;
+        }
+    }
+}
+
+/// Read access to one resident expert. While it lives the slot is never refilled.
+pub struct Lease {
+    inner: Arc<Inner>,
+    slot: usize,
+    gen: u64,
+    key: ExpertKey,
+}
+
+impl Lease {
+    /// The expert.
+    pub fn key(&self) -> ExpertKey {
+        self.key
+    }
+
+    /// The slot index (for tests and telemetry).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Kernel views of gate, up and down, straight from the slot (no copy).
+    pub fn mats(&self) -> Result<[MatRef<'_>; 3]> {
+        let current = self.inner.gens[self.slot].load(Ordering::Acquire);
+        if current != self.gen {
+            return Err(Error::StaleLease {
+                slot: self.slot,
+                lease: self.gen,
+                current,
+            });
+        }
+        // SAFETY: this lease keeps the slot's lease count above zero, so no I/O job is given the
+        // slot and no safe point reassigns it until the lease drops; the generation check above
+        // proves the bytes are the ones this lease was granted.
+        let bytes = unsafe { self.inner.slab.slot(self.slot) };
+        Ok(self.inner.layouts[self.key.layer as usize][self.key.expert as usize].mats(bytes))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.slots[self.slot].leases -= 1;
+    }
+}

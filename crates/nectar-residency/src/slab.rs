@@ -1,0 +1,132 @@
+//! One fixed allocation of equally sized, 4 KiB-aligned slots (O_DIRECT needs aligned
+//! buffers), made once at startup and never grown.
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+
+/// Alignment of every slot (and of O_DIRECT transfers).
+pub const ALIGN: usize = 4096;
+
+/// A slab of `n` slots of `slot_bytes` each.
+#[derive(Debug)]
+pub struct Slab {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    slot_bytes: usize,
+    n: usize,
+}
+
+// SAFETY: the slab is a plain byte buffer. Concurrent access to distinct slots is coordinated by
+// the residency manager (a slot is written only by the one I/O job that owns it while no lease
+// exists, and read only under leases), so sharing the pointer across threads is sound.
+unsafe impl Send for Slab {}
+// SAFETY: see `Send`; `&Slab` only hands out raw slot pointers, never references.
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    /// Allocates `n` slots of at least `slot_bytes` (rounded up to [`ALIGN`]).
+    pub fn new(n: usize, slot_bytes: usize) -> Option<Slab> {
+        let slot_bytes = slot_bytes.max(1).div_ceil(ALIGN) * ALIGN;
+        let total = slot_bytes.checked_mul(n.max(1))?;
+        let layout = Layout::from_size_align(total, ALIGN).ok()?;
+        // SAFETY: `layout` has a non-zero size (n.max(1) × slot_bytes ≥ 4096).
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(Slab {
+            ptr,
+            layout,
+            slot_bytes,
+            n,
+        })
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// True when the slab has no slot.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// Total bytes allocated.
+    pub fn bytes(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Raw pointer to the start of slot `i`.
+    ///
+    /// # Panics
+    /// If `i` is out of range (a caller bug).
+    pub fn slot_ptr(&self, i: usize) -> *mut u8 {
+        assert!(i < self.n, "slot {i} out of range ({} slots)", self.n);
+        // SAFETY: i < n, so the offset stays inside the allocation.
+        unsafe { self.ptr.as_ptr().add(i * self.slot_bytes) }
+    }
+
+    /// Slot `i` as a shared slice.
+    ///
+    /// # Safety
+    /// No one may write slot `i` while the returned slice is alive (the manager guarantees it
+    /// with leases: a slot with a live lease is never handed to an I/O job).
+    pub unsafe fn slot(&self, i: usize) -> &[u8] {
+        // SAFETY: in bounds by `slot_ptr`; aliasing per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.slot_ptr(i), self.slot_bytes) }
+    }
+
+    /// Slot `i` as a mutable slice.
+    ///
+    /// # Safety
+    /// The caller must be the only one accessing slot `i` (an I/O job owning a working slot).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slot_mut(&self, i: usize) -> &mut [u8] {
+        // SAFETY: in bounds by `slot_ptr`; exclusivity per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(i), self.slot_bytes) }
+    }
+
+    /// Locks every slot in RAM (`mlock`), so the OS can neither swap nor compress them.
+    #[cfg(unix)]
+    pub fn mlock(&self) -> std::io::Result<()> {
+        // SAFETY: the range is exactly this allocation.
+        let rc =
+            unsafe { libc::mlock(self.ptr.as_ptr() as *const libc::c_void, self.layout.size()) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with exactly this layout.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_aligned_disjoint_and_zeroed() {
+        let s = Slab::new(3, 5000).unwrap();
+        assert_eq!(s.slot_bytes(), 8192);
+        for i in 0..3 {
+            assert_eq!(s.slot_ptr(i) as usize % ALIGN, 0);
+            // SAFETY: single-threaded test, no other access.
+            unsafe {
+                assert!(s.slot(i).iter().all(|b| *b == 0));
+                s.slot_mut(i).fill(i as u8 + 1);
+            }
+        }
+        // SAFETY: as above.
+        unsafe {
+            assert!(s.slot(1).iter().all(|b| *b == 2));
+        }
+    }
+}

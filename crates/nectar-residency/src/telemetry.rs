@@ -1,0 +1,71 @@
+//! Counters the server exposes: per-layer hits, misses, evictions; bytes read; disk service
+//! time vs foreground wait; in-flight depth; occupancy by tier.
+use serde::Serialize;
+
+/// Per-layer counters.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct LayerStats {
+    /// Requests served from a resident or loading slot.
+    pub hits: u64,
+    /// Requests that needed a read.
+    pub misses: u64,
+    /// Experts evicted to admit another.
+    pub evictions: u64,
+    /// Misses not admitted to the cache.
+    pub bypasses: u64,
+}
+
+/// A snapshot of the residency counters.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Telemetry {
+    /// Per layer (index = layer).
+    pub layers: Vec<LayerStats>,
+    /// Expert payload bytes read from disk.
+    pub bytes_read: u64,
+    /// Expert reads completed.
+    pub reads: u64,
+    /// Failed reads.
+    pub read_errors: u64,
+    /// Seconds the I/O workers spent reading (summed over workers).
+    pub disk_seconds: f64,
+    /// Seconds compute waited for misses.
+    pub wait_seconds: f64,
+    /// Largest number of loads in flight at once.
+    pub max_in_flight: usize,
+    /// Loads in flight now.
+    pub in_flight: usize,
+    /// Slots by role: pinned, LRU (occupied), working, free, disabled.
+    pub occupancy: Occupancy,
+    /// RSS-guard shrink events.
+    pub rss_shrinks: u64,
+}
+
+/// Slots by role.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Occupancy {
+    /// Pinned slots.
+    pub pinned: usize,
+    /// Occupied LRU slots.
+    pub lru: usize,
+    /// Working slots holding a miss.
+    pub working: usize,
+    /// Free slots.
+    pub free: usize,
+    /// Disabled by capacity reductions.
+    pub disabled: usize,
+}
+
+impl Telemetry {
+    /// Hits / (hits + misses) over all layers.
+    pub fn hit_rate(&self) -> f64 {
+        let (h, m) = self
+            .layers
+            .iter()
+            .fold((0, 0), |(h, m), l| (h + l.hits, m + l.misses));
+        if h + m == 0 {
+            0.0
+        } else {
+            h as f64 / (h + m) as f64
+        }
+    }
+}
