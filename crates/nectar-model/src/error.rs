@@ -19,6 +19,9 @@ pub enum Error {
         /// What is wrong (names the field).
         msg: String,
     },
+    /// The expert cache failed (a read error names layer, expert, file and offset).
+    #[error(transparent)]
+    Residency(#[from] nectar_residency::Error),
     /// A request the model cannot serve (token id out of range, context overflow, ...).
     #[error("invalid input: {0}")]
     Input(String),

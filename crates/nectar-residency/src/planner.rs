@@ -18,8 +18,10 @@ pub struct PlanInputs {
     pub spine: Vec<(String, u64)>,
     /// Bytes of one slot.
     pub slot_bytes: u64,
-    /// Sparse (MoE) main layers.
+    /// Sparse (MoE) layers with an LRU tier.
     pub sparse_layers: usize,
+    /// Experts per layer (more LRU slots than this would never be used).
+    pub experts_per_layer: usize,
     /// Working slots.
     pub working_slots: usize,
     /// Pinned slots.
@@ -84,7 +86,8 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
     terms.push(("safety margin (2 %)".into(), safety_margin(p.budget)));
     let fixed: u64 = terms.iter().map(|t| t.1).sum();
     let per_slot_row = p.sparse_layers.max(1) as u64 * p.slot_bytes.max(1);
-    let lru = p.budget.saturating_sub(fixed) / per_slot_row;
+    let lru =
+        (p.budget.saturating_sub(fixed) / per_slot_row).min(p.experts_per_layer.max(1) as u64);
     let lru_bytes = lru * per_slot_row;
     terms.push((
         format!("LRU ({lru} slots × {} sparse layers)", p.sparse_layers),
@@ -165,6 +168,7 @@ mod tests {
             spine: vec![("attention".into(), 1000)],
             slot_bytes: 100,
             sparse_layers: 3,
+            experts_per_layer: 256,
             working_slots: 4,
             pinned_slots: 0,
             mtp_slots: 0,
@@ -180,6 +184,9 @@ mod tests {
         // fixed = 1000 + 400 + 100 + 2 % of budget
         let p = plan(&inputs(10_000)).unwrap();
         assert_eq!(p.lru_per_layer, (10_000 - 1500 - 200) / 300);
+        let mut few = inputs(10_000);
+        few.experts_per_layer = 5;
+        assert_eq!(plan(&few).unwrap().lru_per_layer, 5);
         let e = plan(&inputs(1_700)).unwrap_err().to_string();
         assert!(
             e.contains("working bank") && e.contains("budget") && e.contains("one LRU slot"),

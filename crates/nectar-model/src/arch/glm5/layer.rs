@@ -1,7 +1,7 @@
 //! The GLM-5 decoder layer: pre-norm attention and MLP with two residual adds (§5.3).
 use super::attention::{Attention, MlaMode};
 use super::layout::Layout;
-use super::moe::{Mlp, Moe, SwiGlu};
+use super::moe::{Experts, Mlp, Moe, SwiGlu};
 use super::Config;
 use crate::blocks::Loader;
 use crate::cache::LayerCache;
@@ -31,6 +31,7 @@ impl DecoderLayer {
         index: usize,
         dense: bool,
         full_indexer: bool,
+        streamed: Option<Experts>,
     ) -> Result<Self> {
         let r = &cfg.raw;
         let prefix = format!("model.layers.{index}.");
@@ -42,7 +43,7 @@ impl DecoderLayer {
                 r.intermediate_size,
             )?)
         } else {
-            Mlp::Moe(Moe::load(ld, &prefix, cfg)?)
+            Mlp::Moe(Moe::load(ld, &prefix, cfg, streamed)?)
         };
         Ok(DecoderLayer {
             index,

@@ -15,6 +15,7 @@ mod layer;
 mod layout;
 mod moe;
 mod mtp;
+mod streaming;
 
 pub use attention::MlaMode;
 pub use config::{eos_list, Config, RawConfig};
@@ -22,7 +23,8 @@ pub use contract::logical_shape;
 pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
-pub use moe::Route;
+pub use moe::{Experts, Route};
+pub use streaming::LoadOptions;
 
 use crate::blocks::{Embedding, Linear, Loader};
 use crate::cache::{LayerCache, SeqCache};
@@ -71,19 +73,34 @@ pub struct Glm5 {
     /// MLA form selection (tests force each form).
     pub mla_mode: MlaMode,
     catalog: Arc<Catalog>,
+    streaming: Option<streaming::Streaming>,
 }
 
 impl Glm5 {
     /// Loads a Hugging Face `glm_moe_dsa` directory: validates the config, every header, and
     /// the shape and dtype of every tensor before returning.
     pub fn load(dir: &Path) -> Result<Glm5> {
+        Self::load_with(dir, &LoadOptions::default())
+    }
+
+    /// Loads with options: with a memory budget, routed experts are streamed through the
+    /// residency manager's slots (the rest of the model stays resident) and no expert weight is
+    /// read at load time.
+    pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Glm5> {
         let cfg = Config::from_dir(dir)?;
         let catalog = Arc::new(Catalog::open(dir)?);
         let ld = Loader::new(&catalog);
         let r = &cfg.raw;
         let (h, v) = (r.hidden_size, r.vocab_size);
+        let streaming = match opts.memory_budget {
+            Some(b) => Some(streaming::setup(&cfg, &catalog, b, opts)?),
+            None => None,
+        };
+        let streamed = |l: usize| streaming.as_ref().and_then(|s| s.experts(l));
         let layers = (0..r.num_hidden_layers)
-            .map(|i| DecoderLayer::load(&ld, &cfg, i, cfg.dense[i], cfg.indexer_full[i]))
+            .map(|i| {
+                DecoderLayer::load(&ld, &cfg, i, cfg.dense[i], cfg.indexer_full[i], streamed(i))
+            })
             .collect::<Result<Vec<_>>>()?;
         let lm_name = if r.tie_word_embeddings {
             "model.embed_tokens.weight"
@@ -94,14 +111,25 @@ impl Glm5 {
             embed: ld.embedding("model.embed_tokens.weight", v, h)?,
             norm: ld.vector("model.norm.weight", h)?,
             lm_head: ld.linear(lm_name, v, h)?,
-            mtp: Mtp::load(&ld, &cfg)?,
+            mtp: Mtp::load(&ld, &cfg, streamed(r.num_hidden_layers))?,
             rope: RopeTable::new(r.qk_rope_head_dim, cfg.rope_theta),
             layers,
             mla_mode: MlaMode::Auto,
             catalog: catalog.clone(),
+            streaming,
             cfg,
         };
         Ok(model)
+    }
+
+    /// The expert cache, when experts are streamed.
+    pub fn residency(&self) -> Option<&Arc<nectar_residency::Residency>> {
+        self.streaming.as_ref().map(|s| &s.residency)
+    }
+
+    /// The memory plan, when experts are streamed.
+    pub fn memory_plan(&self) -> Option<&nectar_residency::planner::Plan> {
+        self.streaming.as_ref().map(|s| &s.plan)
     }
 
     /// The tensor catalog the model reads from.

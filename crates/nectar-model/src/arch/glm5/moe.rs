@@ -2,7 +2,9 @@
 use crate::blocks::{Linear, Loader};
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::swiglu_in_place;
+use nectar_kernels::{matmul, swiglu_in_place, MatRef};
+use nectar_residency::Residency;
+use std::sync::Arc;
 
 /// ε of the router's weight renormalisation.
 const RENORM_EPS: f32 = 1e-20;
@@ -48,12 +50,43 @@ pub struct Route {
     pub weights: Vec<f32>,
 }
 
+/// Where a MoE layer's routed experts live.
+#[derive(Debug)]
+pub enum Experts {
+    /// Every expert resident (memory-mapped from the model files).
+    Resident(Vec<SwiGlu>),
+    /// Streamed through the residency manager's slots under a memory budget.
+    Streamed {
+        /// The expert cache shared by all layers.
+        residency: Arc<Residency>,
+        /// This layer's index in the cache.
+        layer: usize,
+        /// Bytes of one expert on disk.
+        expert_bytes: usize,
+        /// Experts in the layer.
+        count: usize,
+    },
+}
+
+/// `down(silu(gate·x) ⊙ up·x)` over matrices borrowed from a slot — the same kernels and
+/// order as [`SwiGlu::forward`], so a streamed expert computes the same bits as a resident one.
+fn swiglu_mats(m: &[MatRef<'_>; 3], x: &[f32], rows: usize) -> Result<Vec<f32>> {
+    let mut g = vec![0.0; rows * m[0].rows];
+    let mut u = vec![0.0; rows * m[1].rows];
+    matmul(&m[0], x, rows, &mut g)?;
+    matmul(&m[1], x, rows, &mut u)?;
+    swiglu_in_place(&mut g, &u);
+    let mut y = vec![0.0; rows * m[2].rows];
+    matmul(&m[2], &g, rows, &mut y)?;
+    Ok(y)
+}
+
 /// A MoE block: router, routed experts and the shared expert.
 #[derive(Debug)]
 pub struct Moe {
     router: Linear,
     bias: Vec<f32>,
-    experts: Vec<SwiGlu>,
+    experts: Experts,
     shared: SwiGlu,
     top_k: usize,
     norm_topk: bool,
@@ -61,20 +94,20 @@ pub struct Moe {
 }
 
 impl Moe {
-    /// Loads `{prefix}mlp.*` of a MoE layer.
-    pub fn load(ld: &Loader<'_>, prefix: &str, cfg: &super::Config) -> Result<Self> {
+    /// Loads `{prefix}mlp.*` of a MoE layer; routed experts come from `streamed` when given
+    /// (then no expert weight is touched here), else they are mapped resident.
+    pub fn load(
+        ld: &Loader<'_>,
+        prefix: &str,
+        cfg: &super::Config,
+        streamed: Option<Experts>,
+    ) -> Result<Self> {
         let r = &cfg.raw;
         let p = |s: &str| format!("{prefix}mlp.{s}");
-        let experts = (0..r.n_routed_experts)
-            .map(|e| {
-                SwiGlu::load(
-                    ld,
-                    &p(&format!("experts.{e}.")),
-                    r.hidden_size,
-                    r.moe_intermediate_size,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let experts = match streamed {
+            Some(e) => e,
+            None => Experts::Resident(Self::load_resident(ld, prefix, cfg)?),
+        };
         Ok(Moe {
             router: ld.linear(&p("gate.weight"), r.n_routed_experts, r.hidden_size)?,
             bias: ld.vector(&p("gate.e_score_correction_bias"), r.n_routed_experts)?,
@@ -91,9 +124,31 @@ impl Moe {
         })
     }
 
+    fn load_resident(ld: &Loader<'_>, prefix: &str, cfg: &super::Config) -> Result<Vec<SwiGlu>> {
+        let r = &cfg.raw;
+        let p = |s: &str| format!("{prefix}mlp.{s}");
+        (0..r.n_routed_experts)
+            .map(|e| {
+                SwiGlu::load(
+                    ld,
+                    &p(&format!("experts.{e}.")),
+                    r.hidden_size,
+                    r.moe_intermediate_size,
+                )
+            })
+            .collect::<Result<Vec<_>>>()
+    }
+
     /// Bytes of the routed experts and of everything else.
     pub fn bytes(&self) -> (usize, usize) {
-        let routed = self.experts.iter().map(SwiGlu::bytes).sum();
+        let routed = match &self.experts {
+            Experts::Resident(v) => v.iter().map(SwiGlu::bytes).sum(),
+            Experts::Streamed {
+                expert_bytes,
+                count,
+                ..
+            } => expert_bytes * count,
+        };
         (
             routed,
             self.router.bytes() + self.shared.bytes() + self.bias.len() * 4,
@@ -102,7 +157,10 @@ impl Moe {
 
     /// Bytes of one routed expert.
     pub fn expert_bytes(&self) -> usize {
-        self.experts.first().map_or(0, SwiGlu::bytes)
+        match &self.experts {
+            Experts::Resident(v) => v.first().map_or(0, SwiGlu::bytes),
+            Experts::Streamed { expert_bytes, .. } => *expert_bytes,
+        }
     }
 
     /// Router logits in f32, sigmoid, biased top-k selection, unbiased renormalised weights.
@@ -183,18 +241,71 @@ impl Moe {
             }
         }
         let mut ys = vec![0.0f32; m * k * hidden];
-        for (e, rows) in &union {
-            let xs: Vec<f32> = rows
-                .iter()
+        let gather = |rows: &[(usize, usize)]| -> Vec<f32> {
+            rows.iter()
                 .flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied())
-                .collect();
-            let y = self.experts[*e as usize].forward(&xs, rows.len())?;
+                .collect()
+        };
+        let mut scatter = |rows: &[(usize, usize)], y: &[f32]| {
             for (j, &(i, slot)) in rows.iter().enumerate() {
                 ys[(i * k + slot) * hidden..][..hidden]
                     .copy_from_slice(&y[j * hidden..(j + 1) * hidden]);
             }
+        };
+        let mut shared = None;
+        match &self.experts {
+            Experts::Resident(experts) => {
+                for (e, rows) in &union {
+                    let y = experts[*e as usize].forward(&gather(rows), rows.len())?;
+                    scatter(rows, &y);
+                }
+            }
+            Experts::Streamed {
+                residency,
+                layer: tier,
+                ..
+            } => {
+                // Waves of at most the working bank: resident experts first, then the shared
+                // expert while misses load, then each miss as it arrives.
+                for wave in union.chunks(residency.max_wave()) {
+                    let ids: Vec<u32> = wave.iter().map(|(e, _)| *e).collect();
+                    let result = (|| -> Result<()> {
+                        let pending = residency.acquire(*tier, &ids)?;
+                        let (ready, waiting): (Vec<_>, Vec<_>) = pending
+                            .into_iter()
+                            .zip(wave)
+                            .partition(|(p, _)| p.is_ready());
+                        for (p, (_, rows)) in ready {
+                            let lease = p.wait()?;
+                            scatter(
+                                rows,
+                                &swiglu_mats(&lease.mats()?, &gather(rows), rows.len())?,
+                            );
+                        }
+                        if shared.is_none() {
+                            shared = Some(self.shared.forward(x, m)?);
+                        }
+                        for (p, (_, rows)) in waiting {
+                            let lease = p.wait()?;
+                            scatter(
+                                rows,
+                                &swiglu_mats(&lease.mats()?, &gather(rows), rows.len())?,
+                            );
+                        }
+                        Ok(())
+                    })();
+                    // Every lease of the wave is dropped by now: this is the safe point, also
+                    // after a failed read (its slot is discarded, the next request retries).
+                    let settled = residency.end_wave();
+                    result?;
+                    settled?;
+                }
+            }
         }
-        let shared = self.shared.forward(x, m)?;
+        let shared = match shared {
+            Some(s) => s,
+            None => self.shared.forward(x, m)?,
+        };
         let mut out = vec![0.0f32; m * hidden];
         for (i, r) in routes.iter().enumerate() {
             let o = &mut out[i * hidden..(i + 1) * hidden];

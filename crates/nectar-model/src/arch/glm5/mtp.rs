@@ -9,6 +9,7 @@
 //! `h_i` is the main model's post-final-norm hidden. The main embedding and LM head are reused
 //! unless the checkpoint ships its own copies under the MTP prefix.
 use super::layer::DecoderLayer;
+use super::moe::Experts;
 use super::Config;
 use crate::blocks::{Embedding, Linear, Loader};
 use crate::error::Result;
@@ -27,7 +28,7 @@ pub struct Mtp {
 
 impl Mtp {
     /// Loads the MTP layer when the checkpoint has it (`eh_proj` present), else `None`.
-    pub fn load(ld: &Loader<'_>, cfg: &Config) -> Result<Option<Mtp>> {
+    pub fn load(ld: &Loader<'_>, cfg: &Config, streamed: Option<Experts>) -> Result<Option<Mtp>> {
         let Some(idx) = cfg.mtp_layer() else {
             return Ok(None);
         };
@@ -41,7 +42,7 @@ impl Mtp {
             enorm: ld.vector(&p("enorm.weight"), h)?,
             hnorm: ld.vector(&p("hnorm.weight"), h)?,
             eh_proj: ld.linear(&p("eh_proj.weight"), h, 2 * h)?,
-            layer: DecoderLayer::load(ld, cfg, idx, false, has_indexer)?,
+            layer: DecoderLayer::load(ld, cfg, idx, false, has_indexer, streamed)?,
             head_norm: ld.vector(&p("shared_head.norm.weight"), h)?,
             embed: if ld.has(&p("embed_tokens.weight")) {
                 Some(ld.embedding(&p("embed_tokens.weight"), v, h)?)

@@ -1,0 +1,189 @@
+//! Setting up streamed experts: the memory plan for a budget and the expert cache that serves
+//! every MoE layer (main layers and the MTP layer's own tier).
+use super::moe::Experts;
+use super::{inventory, Config};
+use crate::error::{Error, Result};
+use nectar_format::experts::layer_extents;
+use nectar_format::Catalog;
+use nectar_residency::io::FileIo;
+use nectar_residency::layout::{plan as slot_plan, SlotLayout};
+use nectar_residency::planner::{plan, Plan, PlanInputs};
+use nectar_residency::{Residency, ResidencyConfig};
+use std::sync::Arc;
+
+/// How a model is loaded.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Stream routed experts under this memory budget (bytes); `None` keeps every expert
+    /// resident (memory-mapped).
+    pub memory_budget: Option<u64>,
+    /// Context length the plan reserves KV for.
+    pub ctx_size: usize,
+    /// I/O worker threads.
+    pub io_threads: usize,
+    /// Working slots (misses per wave).
+    pub working_slots: usize,
+    /// Use direct I/O where the filesystem allows it.
+    pub direct_io: bool,
+    /// Process reserve in the memory equation (allocator, thread stacks, tokenizer, server).
+    pub runtime_reserve: u64,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            memory_budget: None,
+            ctx_size: 4096,
+            io_threads: 3,
+            working_slots: 64,
+            direct_io: true,
+            runtime_reserve: 256 << 20,
+        }
+    }
+}
+
+/// Largest prompt chunk the plan reserves transient buffers for.
+const PREFILL_CHUNK: u64 = 512;
+
+/// The plan and the cache for a budget.
+#[derive(Debug)]
+pub(super) struct Streaming {
+    pub plan: Plan,
+    pub residency: Arc<Residency>,
+    expert_bytes: Vec<usize>,
+    counts: Vec<usize>,
+}
+
+impl Streaming {
+    /// The streamed-expert source of MoE layer `layer` (MTP: `num_hidden_layers`).
+    pub fn experts(&self, layer: usize) -> Option<Experts> {
+        (self.counts.get(layer).copied().unwrap_or(0) > 0).then(|| Experts::Streamed {
+            residency: self.residency.clone(),
+            layer,
+            expert_bytes: self.expert_bytes[layer],
+            count: self.counts[layer],
+        })
+    }
+}
+
+/// The inputs of the memory equation for this model (no weight bytes are read).
+pub(super) fn plan_inputs(
+    cfg: &Config,
+    cat: &Catalog,
+    budget: u64,
+    opts: &LoadOptions,
+    slot_bytes: u64,
+    mtp: bool,
+) -> PlanInputs {
+    let r = &cfg.raw;
+    let n = r.num_hidden_layers;
+    let mut spine: std::collections::BTreeMap<&str, u64> = Default::default();
+    for e in cat.tensors() {
+        let class = match inventory::classify(&e.name, cfg) {
+            inventory::TensorClass::RoutedExpert => continue,
+            inventory::TensorClass::Mtp if inventory::expert_of(&e.name).is_some() => continue,
+            inventory::TensorClass::Spine => {
+                "attention, norms, dense, shared, routers, embed, head"
+            }
+            inventory::TensorClass::Indexer => "DSA indexers",
+            inventory::TensorClass::Mtp => "MTP layer (non-expert)",
+            inventory::TensorClass::Other => "other",
+        };
+        *spine.entry(class).or_default() += e.len;
+    }
+    let full = cfg.indexer_full.iter().filter(|f| **f).count() + usize::from(mtp);
+    let kv = ((n + usize::from(mtp)) * (r.kv_lora_rank + r.qk_rope_head_dim)
+        + full * r.index_head_dim) as u64
+        * 4;
+    let h = r.hidden_size as u64;
+    let transients = PREFILL_CHUNK * h * 4 * (8 + r.num_experts_per_tok as u64)
+        + PREFILL_CHUNK * (r.vocab_size as u64) * 4;
+    PlanInputs {
+        budget,
+        spine: spine.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        slot_bytes,
+        sparse_layers: cfg.dense.iter().filter(|d| !**d).count() + usize::from(mtp),
+        experts_per_layer: r.n_routed_experts,
+        working_slots: opts.working_slots,
+        pinned_slots: 0,
+        mtp_slots: 0,
+        kv_bytes_per_token: kv,
+        ctx: opts.ctx_size,
+        prefill_transients: transients,
+        runtime_reserve: opts.runtime_reserve,
+    }
+}
+
+/// The slot layouts of every MoE layer (`[layer][expert]`, empty for dense layers).
+pub(super) fn layouts(cfg: &Config, cat: &Catalog, mtp: bool) -> Result<Vec<Vec<SlotLayout>>> {
+    let r = &cfg.raw;
+    let n = r.num_hidden_layers;
+    let mut out = vec![Vec::new(); n + 1];
+    for (l, slot) in out.iter_mut().enumerate() {
+        let moe = if l < n { !cfg.dense[l] } else { mtp };
+        if !moe {
+            continue;
+        }
+        let ext = layer_extents(
+            cat,
+            l,
+            r.n_routed_experts,
+            r.hidden_size,
+            r.moe_intermediate_size,
+        )?;
+        *slot = ext
+            .iter()
+            .map(|e| {
+                slot_plan(e).map_err(|m| Error::Config {
+                    path: cat.dir().to_path_buf(),
+                    msg: format!("layer {l} expert {}: {m}", e.expert),
+                })
+            })
+            .collect::<Result<_>>()?;
+    }
+    Ok(out)
+}
+
+/// Plans the budget and builds the cache. Refuses a budget that cannot hold one slot per
+/// sparse layer, printing the equation.
+pub(super) fn setup(
+    cfg: &Config,
+    cat: &Catalog,
+    budget: u64,
+    opts: &LoadOptions,
+) -> Result<Streaming> {
+    let n = cfg.raw.num_hidden_layers;
+    let mtp = cat
+        .get(&format!("model.layers.{n}.eh_proj.weight"))
+        .is_some();
+    let layouts = layouts(cfg, cat, mtp)?;
+    let slot_bytes = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0) as u64;
+    let plan =
+        plan(&plan_inputs(cfg, cat, budget, opts, slot_bytes, mtp)).map_err(residency_err)?;
+    let paths: Vec<_> = cat.shards().iter().map(|s| s.path.clone()).collect();
+    let io = FileIo::open(&paths, opts.direct_io)
+        .map_err(|e| Error::Input(format!("opening shards: {e}")))?;
+    let expert_bytes = layouts
+        .iter()
+        .map(|l| l.first().map_or(0, |x| x.payload as usize))
+        .collect();
+    let counts = layouts.iter().map(Vec::len).collect();
+    let rc = ResidencyConfig {
+        lru_per_layer: vec![plan.lru_per_layer; n + 1],
+        working_slots: opts.working_slots,
+        io_threads: opts.io_threads,
+        pinned: Vec::new(),
+        mlock: false,
+    };
+    let residency = Arc::new(Residency::new(rc, layouts, Arc::new(io)).map_err(residency_err)?);
+    Ok(Streaming {
+        plan,
+        residency,
+        expert_bytes,
+        counts,
+    })
+}
+
+fn residency_err(e: nectar_residency::Error) -> Error {
+    Error::Residency(e)
+}
