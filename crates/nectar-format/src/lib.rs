@@ -21,6 +21,7 @@ mod error;
 pub mod experts;
 mod header;
 pub mod quant;
+pub mod synth;
 
 pub use catalog::{Bytes, Catalog, ShardInfo, TensorEntry, STAMP_KEY};
 pub use dtype::DType;

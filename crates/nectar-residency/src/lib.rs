@@ -20,6 +20,7 @@ pub mod layout;
 pub mod planner;
 pub mod policy;
 mod residency;
+pub mod rss;
 mod slab;
 mod telemetry;
 

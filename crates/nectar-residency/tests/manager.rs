@@ -328,3 +328,32 @@ fn pinned_experts_load_at_start_and_always_hit() {
     assert_eq!(r.telemetry().layers[1].hits, 3 + 2);
     assert!(io.reads.load(Ordering::SeqCst) > n);
 }
+
+#[test]
+fn rss_guard_shrinks_and_the_reduction_sticks() {
+    use nectar_residency::rss::{threshold, RssGuard};
+    let (io, layouts) = setup(2, 8);
+    let r = Residency::new(cfg(4, 4), layouts, Arc::new(io)).unwrap();
+    for e in 0..8 {
+        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
+        r.end_wave().unwrap();
+    }
+    let budget = 1_000_000_000;
+    let reading = Arc::new(AtomicUsize::new(0));
+    let rd = reading.clone();
+    let mut g = RssGuard::with_sampler(
+        budget,
+        Box::new(move || Some(rd.load(Ordering::SeqCst) as u64)),
+    );
+    reading.store(threshold(budget) as usize - 1, Ordering::SeqCst);
+    assert_eq!(g.check(&r, 2).unwrap(), 0);
+    reading.store(threshold(budget) as usize + 10, Ordering::SeqCst);
+    assert!(g.check(&r, 2).unwrap() >= 1);
+    assert_eq!(r.capacity(1), 3);
+    for e in 0..8 {
+        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
+        r.end_wave().unwrap();
+    }
+    assert_eq!(r.telemetry().occupancy.lru, 3, "capacity stays lowered");
+    assert_eq!(g.events, 1);
+}

@@ -37,7 +37,7 @@ impl Default for LoadOptions {
             io_threads: 3,
             working_slots: 64,
             direct_io: true,
-            runtime_reserve: 256 << 20,
+            runtime_reserve: 128 << 20,
         }
     }
 }
@@ -186,4 +186,24 @@ pub(super) fn setup(
 
 fn residency_err(e: nectar_residency::Error) -> Error {
     Error::Residency(e)
+}
+
+/// The memory plan of the model in `dir` for `opts.memory_budget`, from headers only (no slab is
+/// allocated, no weight is read). Returns the inputs and the plan (or the refusal).
+pub fn plan_memory(
+    dir: &std::path::Path,
+    opts: &LoadOptions,
+) -> Result<(PlanInputs, Result<Plan>)> {
+    let cfg = Config::from_dir(dir)?;
+    let cat = Catalog::open(dir)?;
+    let n = cfg.raw.num_hidden_layers;
+    let mtp = cat
+        .get(&format!("model.layers.{n}.eh_proj.weight"))
+        .is_some();
+    let layouts = layouts(&cfg, &cat, mtp)?;
+    let slot_bytes = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0) as u64;
+    let budget = opts.memory_budget.unwrap_or(0);
+    let inputs = plan_inputs(&cfg, &cat, budget, opts, slot_bytes, mtp);
+    let p = plan(&inputs).map_err(residency_err);
+    Ok((inputs, p))
 }
