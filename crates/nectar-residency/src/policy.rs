@@ -92,7 +92,9 @@ pub struct Policy {
     map: HashMap<ExpertKey, usize>,
     capacity: Vec<usize>,
     clock: u64,
-    wave: u64,
+    /// Current wave number per layer (layers' waves are independent, so the next layer's
+    /// experts can be requested before this layer's safe point).
+    wave: Vec<u64>,
     wave_misses: Vec<(ExpertKey, usize)>,
 }
 
@@ -141,12 +143,13 @@ impl Policy {
                 wave: 0,
             });
         }
+        let wave = vec![1; capacity.len()];
         Policy {
             slots,
             map,
             capacity,
             clock: 0,
-            wave: 1,
+            wave,
             wave_misses: Vec::new(),
         }
     }
@@ -210,7 +213,7 @@ impl Policy {
         if let Some(&s) = self.map.get(&key) {
             let slot = &mut self.slots[s];
             slot.last_use = self.clock;
-            slot.wave = self.wave;
+            slot.wave = self.wave[key.layer as usize];
             events.push(Event::Hit(key));
             return Ok(Access::Hit(s));
         }
@@ -223,7 +226,7 @@ impl Policy {
             role: Role::Working,
             key: Some(key),
             last_use: self.clock,
-            wave: self.wave,
+            wave: self.wave[key.layer as usize],
         };
         self.map.insert(key, s);
         self.wave_misses.push((key, s));
@@ -242,17 +245,29 @@ impl Policy {
         self.wave_misses.retain(|(_, s)| *s != slot);
     }
 
-    /// The safe point after a wave: promote misses (see the module docs). Returns pairs of
-    /// slots whose roles were swapped `(working slot now in the LRU, LRU slot now working)`.
+    /// The safe point after a wave of every layer (see [`Policy::end_wave_layer`]).
     pub fn end_wave(&mut self, events: &mut Vec<Event>) -> Vec<(usize, usize)> {
-        let misses = std::mem::take(&mut self.wave_misses);
-        let mut promoted_per_layer: HashMap<u32, usize> = HashMap::new();
+        let mut swaps = Vec::new();
+        for l in 0..self.capacity.len() {
+            swaps.extend(self.end_wave_layer(l, events));
+        }
+        swaps
+    }
+
+    /// The safe point after `layer`'s wave: promote its misses (see the module docs). Returns
+    /// pairs of slots whose roles were swapped `(working slot now in the LRU, LRU slot now free)`.
+    pub fn end_wave_layer(&mut self, layer: usize, events: &mut Vec<Event>) -> Vec<(usize, usize)> {
+        let l32 = layer as u32;
+        let (misses, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.wave_misses)
+            .into_iter()
+            .partition(|(k, _)| k.layer == l32);
+        self.wave_misses = rest;
+        let cap = self.capacity[layer];
+        let wave = self.wave[layer];
+        let mut done = 0usize;
         let mut swaps = Vec::new();
         for &(key, ws) in misses.iter().rev() {
-            let layer = key.layer;
-            let cap = self.capacity[layer as usize];
-            let done = promoted_per_layer.entry(layer).or_default();
-            if *done >= cap {
+            if done >= cap {
                 self.drop_working(ws, key, events);
                 continue;
             }
@@ -260,12 +275,12 @@ impl Policy {
             let empty = self
                 .slots
                 .iter()
-                .position(|s| s.role == Role::Lru(layer) && s.key.is_none());
+                .position(|s| s.role == Role::Lru(l32) && s.key.is_none());
             let target = empty.or_else(|| {
                 self.slots
                     .iter()
                     .enumerate()
-                    .filter(|(_, s)| s.role == Role::Lru(layer) && s.wave != self.wave)
+                    .filter(|(_, s)| s.role == Role::Lru(l32) && s.wave != wave)
                     .min_by_key(|(i, s)| (s.last_use, *i))
                     .map(|(i, _)| i)
             });
@@ -281,13 +296,13 @@ impl Policy {
                 });
             }
             // Swap roles: the working slot joins the LRU, the old LRU slot becomes free.
-            self.slots[ws].role = Role::Lru(layer);
+            self.slots[ws].role = Role::Lru(l32);
             self.slots[t].role = Role::Free;
             self.slots[t].wave = 0;
             swaps.push((ws, t));
-            *done += 1;
+            done += 1;
         }
-        self.wave += 1;
+        self.wave[layer] += 1;
         swaps
     }
 

@@ -272,28 +272,47 @@ impl Residency {
         Ok(out)
     }
 
-    /// The safe point after a wave: waits for the wave's loads to settle, then promotes misses
-    /// into their layers' LRUs. Fails if a lease is still alive.
+    /// The safe point after a wave of every layer (see [`Residency::end_wave_layer`]).
     pub fn end_wave(&self) -> Result<()> {
+        for l in 0..self.inner.layouts.len() {
+            self.end_wave_layer(l)?;
+        }
+        Ok(())
+    }
+
+    /// The safe point after `layer`'s wave: waits for the layer's loads to settle, then
+    /// promotes its misses into its LRU. Fails if a lease on one of the layer's slots is alive.
+    /// Other layers' waves (e.g. prefetched requests for the next layer) are not affected.
+    pub fn end_wave_layer(&self, layer: usize) -> Result<()> {
+        let mine =
+            |st: &State, s: usize| st.policy.key(s).is_some_and(|k| k.layer as usize == layer);
         let mut st = self.lock();
-        while st.slots.iter().any(|s| matches!(s.status, Status::Loading)) {
+        while (0..st.slots.len())
+            .any(|s| mine(&st, s) && matches!(st.slots[s].status, Status::Loading))
+        {
             st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        let alive: u32 = st.slots.iter().map(|s| s.leases).sum();
+        let alive: u32 = (0..st.slots.len())
+            .filter(|&s| mine(&st, s))
+            .map(|s| st.slots[s].leases)
+            .sum();
         if alive > 0 {
             return Err(Error::LeasesAlive(alive as usize));
         }
         for s in 0..st.slots.len() {
-            if matches!(st.slots[s].status, Status::Failed(_)) {
+            if mine(&st, s) && matches!(st.slots[s].status, Status::Failed(_)) {
                 st.policy.discard(s);
                 st.slots[s].status = Status::Empty;
                 self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
             }
         }
         let mut events = std::mem::take(&mut st.events);
-        st.policy.end_wave(&mut events);
+        st.policy.end_wave_layer(layer, &mut events);
         for s in 0..st.slots.len() {
-            if st.policy.key(s).is_none() && !matches!(st.slots[s].status, Status::Empty) {
+            if st.policy.key(s).is_none()
+                && !matches!(st.slots[s].status, Status::Empty)
+                && st.slots[s].leases == 0
+            {
                 st.slots[s].status = Status::Empty;
                 self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
             }

@@ -357,3 +357,29 @@ fn rss_guard_shrinks_and_the_reduction_sticks() {
     assert_eq!(r.telemetry().occupancy.lru, 3, "capacity stays lowered");
     assert_eq!(g.events, 1);
 }
+
+#[test]
+fn next_layer_requests_overlap_this_layers_safe_point() {
+    let (io, layouts) = setup(3, 6);
+    let file = io.files[0].clone();
+    let r = Residency::new(cfg(2, 8), layouts.clone(), Arc::new(io)).unwrap();
+    let cur: Vec<_> = r
+        .acquire(0, &[1, 2])
+        .unwrap()
+        .into_iter()
+        .map(|p| p.wait().unwrap())
+        .collect();
+    // Prefetch layer 1 while layer 0's leases are alive: loads start now.
+    let next = r.acquire(1, &[3, 4]).unwrap();
+    assert!(matches!(r.end_wave_layer(0), Err(Error::LeasesAlive(2))));
+    drop(cur);
+    r.end_wave_layer(0).unwrap();
+    let next: Vec<_> = next.into_iter().map(|p| p.wait().unwrap()).collect();
+    for l in &next {
+        check_lease(l, &layouts, &file);
+    }
+    drop(next);
+    r.end_wave_layer(1).unwrap();
+    let t = r.telemetry();
+    assert_eq!((t.occupancy.lru, t.occupancy.free), (4, 8));
+}

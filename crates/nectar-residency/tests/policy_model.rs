@@ -38,9 +38,12 @@ impl Model {
     }
 
     fn end_wave(&mut self, ev: &mut Vec<Event>) {
-        let misses = std::mem::take(&mut self.misses);
+        // Layers are independent; each layer's misses are promoted last first.
+        let mut misses = std::mem::take(&mut self.misses);
+        misses.reverse();
+        misses.sort_by_key(|(k, _)| k.layer); // stable: keeps the reversed order within a layer
         let mut done = vec![0usize; self.cap.len()];
-        for &(k, used) in misses.iter().rev() {
+        for &(k, used) in misses.iter() {
             let l = k.layer as usize;
             if done[l] >= self.cap[l] {
                 ev.push(Event::Bypass(k));

@@ -24,7 +24,7 @@ pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
-pub use streaming::{plan_memory, LoadOptions};
+pub use streaming::{expert_layouts, plan_memory, LoadOptions};
 
 use crate::blocks::{Embedding, Linear, Loader};
 use crate::cache::{LayerCache, SeqCache};

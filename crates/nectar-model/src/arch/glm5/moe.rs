@@ -296,7 +296,7 @@ impl Moe {
                     })();
                     // Every lease of the wave is dropped by now: this is the safe point, also
                     // after a failed read (its slot is discarded, the next request retries).
-                    let settled = residency.end_wave();
+                    let settled = residency.end_wave_layer(*tier);
                     result?;
                     settled?;
                 }

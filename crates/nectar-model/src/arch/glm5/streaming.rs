@@ -207,3 +207,17 @@ pub fn plan_memory(
     let p = plan(&inputs).map_err(residency_err);
     Ok((inputs, p))
 }
+
+/// The slot layouts of every MoE layer of the model in `dir` and its shard paths (headers only).
+pub fn expert_layouts(
+    dir: &std::path::Path,
+) -> Result<(Vec<Vec<SlotLayout>>, Vec<std::path::PathBuf>)> {
+    let cfg = Config::from_dir(dir)?;
+    let cat = Catalog::open(dir)?;
+    let n = cfg.raw.num_hidden_layers;
+    let mtp = cat
+        .get(&format!("model.layers.{n}.eh_proj.weight"))
+        .is_some();
+    let paths = cat.shards().iter().map(|s| s.path.clone()).collect();
+    Ok((layouts(&cfg, &cat, mtp)?, paths))
+}
