@@ -1,7 +1,7 @@
 //! A model directory opened for text: the model plus its tokenizer, chat template and stop set.
 use crate::chat_template::ChatTemplate;
 use crate::error::{Error, Result};
-use crate::stops::stop_token_ids;
+use crate::stop::stop_token_ids;
 use crate::tokenizer::Tokenizer;
 use nectar_model::Glm5;
 use std::path::{Path, PathBuf};

@@ -125,6 +125,40 @@ pub enum Error {
     /// A request that cannot be served as given (names what is wrong).
     #[error("invalid request: {0}")]
     Request(String),
+    /// A generation parameter (sampling knob, stop string, limit) is out of
+    /// range. `param` is the request field's name, e.g. `top_p`, so an API
+    /// layer can point at the offending field.
+    #[error("invalid `{param}`: {reason}")]
+    InvalidParam {
+        /// The parameter's name as it appears in [`crate::SamplingParams`]
+        /// or [`crate::Request`].
+        param: &'static str,
+        /// What is wrong with the value given.
+        reason: String,
+    },
+
+    /// A vector handed to the sampler does not have the length it must.
+    #[error("{what} has {found} entries, expected {expected}")]
+    ShapeMismatch {
+        /// Which input, e.g. `logits` or `allowed mask`.
+        what: &'static str,
+        /// The length it must have (the vocabulary size).
+        expected: usize,
+        /// The length it has.
+        found: usize,
+    },
+
+    /// Nothing can be sampled: every logit is masked out, NaN or `-inf`.
+    /// With a grammar mask this means the grammar and the model disagree;
+    /// otherwise the model produced non-finite logits.
+    #[error("no token can be sampled: every candidate is masked out or has a non-finite logit")]
+    NoCandidates,
+
+    /// The operating system could not supply a random seed for a request
+    /// that did not give one.
+    #[error("cannot seed the sampler from OS entropy: {0}")]
+    Entropy(#[source] rand_chacha::rand_core::OsError),
+
     /// The caller passed a value the chat template cannot take.
     #[error("invalid chat input `{field}`: {reason}")]
     InvalidChatInput {

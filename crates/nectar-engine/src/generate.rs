@@ -1,37 +1,36 @@
-//! The serial generation loop: prefill the prompt, then decode one token per step.
-use crate::error::{Error, Result};
-use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
+//! The serial driver: one request, prefill then one decode step at a time.
+//!
+//! This is what `nectar run` uses. All per-request logic (sampling, stops,
+//! text) lives in [`RequestState`]; the driver only runs the model: one
+//! `Glm5::forward` per step on the request's own cache, and the logits of
+//! the last row.
+
+use crate::bundle::ModelBundle;
+use crate::error::Result;
+use crate::request::{FinishReason, Request, StopCause};
+use crate::request_state::{RequestState, Step};
+use crate::sampler::Logprobs;
+use crate::tokenizer::Tokenizer;
+use nectar_model::{Glm5, NoObserver, SeqStep};
 use std::time::{Duration, Instant};
-
-/// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token was produced (it is included in the output tokens).
-    Stop,
-    /// `max_tokens` was reached.
-    Length,
-    /// The consumer asked to stop.
-    Cancelled,
-}
-
-impl FinishReason {
-    /// OpenAI-style name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Cancelled => "cancelled",
-        }
-    }
-}
 
 /// What one generation produced and how long it took.
 #[derive(Debug, Clone)]
 pub struct Generation {
     /// Generated token ids (a final stop token included).
     pub tokens: Vec<u32>,
+    /// The output text: the concatenation of every step's text (stop
+    /// tokens, special tokens and anything from a stop string on excluded;
+    /// empty without a tokenizer).
+    pub text: String,
+    /// Per-token logprobs, one per token, when the request asked for them.
+    pub logprobs: Vec<Logprobs>,
     /// Why it stopped.
     pub finish: FinishReason,
+    /// The stop token or string, when `finish` is `Stop`.
+    pub stop: Option<StopCause>,
+    /// The sampler's seed (the request's, or the one drawn for it).
+    pub seed: u64,
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
     /// Time to process the prompt (including the first token's logits).
@@ -52,19 +51,78 @@ impl Generation {
     }
 }
 
-/// Greedy decoding: the argmax token (lowest id on ties) at every step.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] || logits[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
+/// Generates `request` with `bundle`'s model, tokenizer and stop set.
+/// `on_step` sees every step as it happens (its `text` is safe to stream)
+/// and returns `false` to cancel.
+pub fn generate(
+    bundle: &ModelBundle,
+    request: &Request,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    generate_with(
+        &bundle.model,
+        bundle.tokenizer.as_ref(),
+        &bundle.stop_ids,
+        request,
+        on_step,
+    )
 }
 
-/// Generates greedily from `prompt` until a stop id or `max_tokens`. `on_token` sees each token
-/// as it is produced and returns `false` to cancel.
+/// [`generate`] with the parts given separately; without a tokenizer the
+/// output is ids only (and stop strings are refused).
+pub fn generate_with(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    mut on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    let mut state = RequestState::new(request, stop_ids, model.vocab_size(), tokenizer)?;
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        logprobs: Vec::new(),
+        finish: FinishReason::Length,
+        stop: None,
+        seed: state.sampler().seed(),
+        prompt_tokens: request.prompt_ids.len(),
+        prefill: Duration::ZERO,
+        decode: Duration::ZERO,
+    };
+    let mut cache = model.new_cache();
+    let hd = model.hidden_size();
+    let t0 = Instant::now();
+    let mut t1 = None;
+    while let Some(input) = state.pending_input() {
+        let h = model.forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: input,
+            }],
+            &mut NoObserver,
+        )?;
+        let logits = model.logits(&h[h.len() - hd..])?;
+        let step = state.on_logits(&logits, None, tokenizer)?;
+        if t1.is_none() {
+            out.prefill = t0.elapsed();
+            t1 = Some(Instant::now());
+        }
+        out.tokens.push(step.token);
+        out.text += &step.text;
+        out.logprobs.extend(step.logprobs.iter().cloned());
+        if !on_step(&step)? {
+            state.cancel();
+        }
+    }
+    out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
+    out.finish = state.finished().unwrap_or(FinishReason::Length);
+    out.stop = state.stop_cause().cloned();
+    Ok(out)
+}
+
+/// Greedy ids-only generation from `prompt` until an id of `stop_ids` or
+/// `max_tokens`; `on_token` sees each id and returns `false` to cancel.
+/// For callers that need no text (benchmarks, parity checks).
 pub fn generate_greedy(
     model: &Glm5,
     prompt: &[u32],
@@ -72,54 +130,6 @@ pub fn generate_greedy(
     stop_ids: &[u32],
     mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(Error::Request("the prompt is empty".into()));
-    }
-    let mut cache: SeqCache = model.new_cache();
-    let mut out = Generation {
-        tokens: Vec::new(),
-        finish: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        prefill: Duration::ZERO,
-        decode: Duration::ZERO,
-    };
-    if max_tokens == 0 {
-        return Ok(out);
-    }
-    let t0 = Instant::now();
-    let h = model.forward(
-        &mut [SeqStep {
-            cache: &mut cache,
-            tokens: prompt,
-        }],
-        &mut NoObserver,
-    )?;
-    let hd = model.hidden_size();
-    let mut tok = argmax(&model.logits(&h[h.len() - hd..])?);
-    out.prefill = t0.elapsed();
-    let t1 = Instant::now();
-    loop {
-        out.tokens.push(tok);
-        if !on_token(tok)? {
-            out.finish = FinishReason::Cancelled;
-            break;
-        }
-        if stop_ids.contains(&tok) {
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        if out.tokens.len() >= max_tokens {
-            break;
-        }
-        let h = model.forward(
-            &mut [SeqStep {
-                cache: &mut cache,
-                tokens: &[tok],
-            }],
-            &mut NoObserver,
-        )?;
-        tok = argmax(&model.logits(&h)?);
-    }
-    out.decode = t1.elapsed();
-    Ok(out)
+    let request = Request::new(prompt.to_vec(), max_tokens);
+    generate_with(model, None, stop_ids, &request, |s| on_token(s.token))
 }

@@ -1,11 +1,19 @@
 //! Text in, text out.
 //!
 //! `nectar-engine` is the only crate that knows about text: it turns chat
-//! messages into a prompt (chat template), the prompt into token ids
-//! (tokenizer), decides which ids end a turn (stop set), and turns generated
-//! ids back into text as they arrive (stream decoder). Sampling, speculation
-//! and sessions live here too. The model crate only ever sees token ids and
-//! knows nothing of text.
+//! messages into a prompt (chat template) and the prompt into token ids
+//! (tokenizer); it chooses each next token (sampler), decides when to stop
+//! (stop ids and stop strings) and turns generated ids back into text as
+//! they arrive (stream decoder). A request is a [`RequestState`] stepped by
+//! a driver: [`generate`] runs one request serially; a batching scheduler
+//! will step many, one row each. Speculation and sessions will live here
+//! too. The model crate only ever sees token ids and knows nothing of text.
+//!
+//! The decision a newcomer would question: greedy decoding goes through the
+//! full sampler rather than a shortcut. It costs one copy of the logits row,
+//! and it means bias, penalties and the grammar mask apply to greedy
+//! requests too, while the default parameters still reproduce a plain argmax
+//! bit for bit (every neutral knob is skipped, not applied as a no-op).
 
 #![deny(missing_docs)]
 
@@ -15,7 +23,10 @@ mod error;
 mod generate;
 mod jinja_env;
 mod py_json;
-mod stops;
+mod request;
+mod request_state;
+mod sampler;
+mod stop;
 mod stream_decoder;
 mod strftime;
 mod tokenizer;
@@ -23,7 +34,13 @@ mod tokenizer;
 pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
-pub use generate::{argmax, generate_greedy, FinishReason, Generation};
-pub use stops::stop_token_ids;
+pub use generate::{generate, generate_greedy, generate_with, Generation};
+pub use request::{FinishReason, Request, StopCause};
+pub use request_state::{RequestState, Step};
+pub use sampler::{
+    argmax, distribution, log_softmax, logprobs, process_logits, Distribution, Logprobs, Sampled,
+    Sampler, SamplingParams, TokenHistory, MAX_TOP_LOGPROBS,
+};
+pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;
 pub use tokenizer::Tokenizer;

@@ -21,6 +21,7 @@ pub mod planner;
 pub mod policy;
 mod residency;
 pub mod rss;
+pub mod sim;
 mod slab;
 mod telemetry;
 

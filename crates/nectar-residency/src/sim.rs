@@ -1,0 +1,250 @@
+//! Route sources and the offline optimum, for benchmarks that replay expert requests through the
+//! real residency code: a uniform generator, a Zipf generator with temporal locality (the
+//! calibrated model of `specs/performance.md` §3.3), recorded traces (`.npy` as written by the
+//! demo-model trace tool), and Belady-OPT with bypass (§3.2) as the upper bound on hit rate.
+use std::collections::HashMap;
+
+/// A deterministic generator (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit().max(1e-300), self.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+/// One layer's Zipf + stickiness + drifting-topic router (§3.3).
+#[derive(Debug, Clone)]
+pub struct ZipfLayer {
+    base: Vec<f64>,
+    topic: Vec<f64>,
+    ema: Vec<f64>,
+    k: usize,
+    beta: f64,
+    lambda: f64,
+    sigma_c: f64,
+    rho: f64,
+}
+
+impl ZipfLayer {
+    /// `e` experts, top-`k`, Zipf exponent `s`, stickiness `beta`, EMA decay `lambda`, topic
+    /// drift deviation `sigma_c` (AR(1), ρ = 0.995). Profile B of the spec: s 0.6, β 2, λ 0.6, σ 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        e: usize,
+        k: usize,
+        s: f64,
+        beta: f64,
+        lambda: f64,
+        sigma_c: f64,
+        rng: &mut Rng,
+    ) -> Self {
+        let mut perm: Vec<usize> = (0..e).collect();
+        for i in (1..e).rev() {
+            perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut base = vec![0.0; e];
+        for (rank, &x) in perm.iter().enumerate() {
+            base[x] = -s * ((rank + 1) as f64).ln();
+        }
+        let topic = (0..e).map(|_| rng.normal() * sigma_c).collect();
+        ZipfLayer {
+            base,
+            topic,
+            ema: vec![0.0; e],
+            k,
+            beta,
+            lambda,
+            sigma_c,
+            rho: 0.995,
+        }
+    }
+
+    /// The next token's experts (selection order: best first).
+    pub fn step(&mut self, rng: &mut Rng) -> Vec<u32> {
+        let innov = self.sigma_c * (1.0 - self.rho * self.rho).sqrt();
+        for t in &mut self.topic {
+            *t = self.rho * *t + innov * rng.normal();
+        }
+        let mut score: Vec<(f64, u32)> = (0..self.base.len())
+            .map(|i| {
+                let gumbel = -(-rng.unit().max(1e-300).ln()).ln();
+                (
+                    self.base[i] + self.topic[i] + self.beta * self.ema[i] + gumbel,
+                    i as u32,
+                )
+            })
+            .collect();
+        score.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let chosen: Vec<u32> = score[..self.k].iter().map(|x| x.1).collect();
+        for (i, r) in self.ema.iter_mut().enumerate() {
+            let hit = chosen.contains(&(i as u32)) as u8 as f64;
+            *r = self.lambda * *r + (1.0 - self.lambda) * hit;
+        }
+        chosen
+    }
+}
+
+/// `k` distinct experts out of `e`, uniformly.
+pub fn uniform(e: usize, k: usize, rng: &mut Rng) -> Vec<u32> {
+    let mut out = Vec::with_capacity(k);
+    while out.len() < k.min(e) {
+        let x = (rng.next_u64() % e as u64) as u32;
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// Reads an `int8` `.npy` array (version 1 or 2, C order): returns shape and data.
+pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file".into());
+    }
+    let (hlen, off) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    let header = std::str::from_utf8(bytes.get(off..off + hlen).ok_or("truncated .npy header")?)
+        .map_err(|_| "non-UTF-8 .npy header")?;
+    if !header.contains("'|i1'") && !header.contains("'i1'") {
+        return Err(format!("expected int8 data, header {header}"));
+    }
+    if header.contains("'fortran_order': True") {
+        return Err("fortran-order arrays are not supported".into());
+    }
+    let shape_s = header
+        .split("'shape':")
+        .nth(1)
+        .and_then(|s| s.split('(').nth(1))
+        .and_then(|s| s.split(')').next())
+        .ok_or("no shape in .npy header")?;
+    let shape: Vec<usize> = shape_s
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().map_err(|_| format!("bad shape `{shape_s}`")))
+        .collect::<Result<_, _>>()?;
+    let n: usize = shape.iter().product();
+    let data = bytes
+        .get(off + hlen..off + hlen + n)
+        .ok_or("truncated .npy data")?;
+    Ok((shape, data.iter().map(|b| *b as i8).collect()))
+}
+
+/// Hit rate of Belady-OPT with bypass for one layer: `steps[t]` is the set of experts requested
+/// at step t; the cache holds `cap` experts; after each step it keeps the `cap` experts of
+/// (residents ∪ this step's) whose next request is nearest (never-again last). Returns
+/// (hits, requests).
+pub fn belady_bypass(steps: &[Vec<u32>], cap: usize) -> (u64, u64) {
+    // next_use[t][i]: the next step after t that requests steps[t][i].
+    let mut next_of: HashMap<u32, usize> = HashMap::new();
+    let mut next: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    for t in (0..steps.len()).rev() {
+        next[t] = steps[t]
+            .iter()
+            .map(|e| next_of.get(e).copied().unwrap_or(usize::MAX))
+            .collect();
+        for &e in &steps[t] {
+            next_of.insert(e, t);
+        }
+    }
+    let mut cache: HashMap<u32, usize> = HashMap::new(); // expert → next use
+    let (mut hits, mut reqs) = (0u64, 0u64);
+    for (t, s) in steps.iter().enumerate() {
+        let mut uniq: Vec<(u32, usize)> = Vec::new();
+        for (i, &e) in s.iter().enumerate() {
+            if let Some(u) = uniq.iter_mut().find(|u| u.0 == e) {
+                u.1 = u.1.min(next[t][i]);
+            } else {
+                uniq.push((e, next[t][i]));
+            }
+        }
+        for &(e, nu) in &uniq {
+            reqs += 1;
+            if cache.contains_key(&e) {
+                hits += 1;
+            }
+            cache.insert(e, nu);
+        }
+        if cache.len() > cap {
+            let mut v: Vec<(u32, usize)> = cache.drain().collect();
+            v.sort_by_key(|&(e, nu)| (nu, e));
+            v.truncate(cap);
+            cache = v.into_iter().collect();
+        }
+    }
+    (hits, reqs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn belady_examples() {
+        let s = |v: &[u32]| v.to_vec();
+        // cap 1, A B A B: keep A over B at t=1 (needed sooner, B is bypassed), hit at t=2;
+        // B was never cached, so t=3 misses. No policy with one slot does better.
+        assert_eq!(
+            belady_bypass(&[s(&[0]), s(&[1]), s(&[0]), s(&[1])], 1),
+            (1, 4)
+        );
+        assert_eq!(
+            belady_bypass(&[s(&[0]), s(&[1]), s(&[1]), s(&[0])], 1),
+            (1, 4)
+        );
+        assert_eq!(belady_bypass(&[s(&[0, 1]), s(&[0, 1])], 2), (2, 4));
+        assert_eq!(belady_bypass(&[s(&[0, 1]), s(&[0, 1])], 0), (0, 4));
+    }
+
+    #[test]
+    fn generators_are_deterministic_and_valid() {
+        let mut r = Rng::new(3);
+        let mut z = ZipfLayer::new(256, 8, 0.6, 2.0, 0.6, 1.0, &mut r);
+        let a = z.step(&mut r);
+        assert_eq!(a.len(), 8);
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 8);
+        let u = uniform(32, 4, &mut Rng::new(1));
+        assert_eq!(u, uniform(32, 4, &mut Rng::new(1)));
+    }
+
+    #[test]
+    fn npy_round_trip() {
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let h = "{'descr': '|i1', 'fortran_order': False, 'shape': (2, 3), }         \n";
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        b.extend([1u8, 2, 3, 0xff, 5, 6]);
+        let (shape, d) = read_npy_i8(&b).unwrap();
+        assert_eq!(shape, [2, 3]);
+        assert_eq!(d, [1, 2, 3, -1, 5, 6]);
+        assert!(read_npy_i8(&b[..20]).is_err());
+    }
+}
