@@ -3,6 +3,7 @@ use crate::chat_template::ChatTemplate;
 use crate::error::{Error, Result};
 use crate::stop::stop_token_ids;
 use crate::tokenizer::Tokenizer;
+use nectar_model::arch::glm5::LoadOptions;
 use nectar_model::Glm5;
 use std::path::{Path, PathBuf};
 
@@ -24,7 +25,12 @@ pub struct ModelBundle {
 impl ModelBundle {
     /// Opens `dir`: loads and validates the model, then the optional text files.
     pub fn open(dir: &Path) -> Result<ModelBundle> {
-        let model = Glm5::load(dir)?;
+        Self::open_with(dir, &LoadOptions::default())
+    }
+
+    /// Opens `dir` with model load options (e.g. a memory budget that streams routed experts).
+    pub fn open_with(dir: &Path, opts: &LoadOptions) -> Result<ModelBundle> {
+        let model = Glm5::load_with(dir, opts)?;
         let read_json = |name: &str| -> Result<Option<serde_json::Value>> {
             let p = dir.join(name);
             if !p.exists() {

@@ -1,0 +1,899 @@
+//! The line between HTTP and the engine: a protocol-neutral [`Backend`] trait, and
+//! [`EngineBackend`], its implementation over `nectar-engine`.
+//!
+//! This is the only file of the crate that names `nectar-engine` (or `nectar-model`). Protocol
+//! code builds a [`GenRequest`] (a prompt as ids, text or chat messages plus tools; a token
+//! budget; sampling knobs; stop strings; a cancel token) and reads [`GenEvent`]s back; it never
+//! sees a tokenizer or a model.
+//!
+//! `EngineBackend` runs generation on **one dedicated OS thread that owns the model**: requests
+//! wait in a bounded queue (full → [`BackendError::QueueFull`], answered 429), one runs at a time,
+//! and each checks its cancel flag once per token. Rendering the chat template and tokenising
+//! happen on the caller's thread (the HTTP side runs them on the blocking pool) so the model thread
+//! only decodes. When continuous batching lands the thread becomes the engine's scheduler; the
+//! trait does not change.
+//!
+//! Sampling, stop strings and logprobs are the engine's (`nectar_engine::Request`): this file
+//! only maps the protocol-neutral [`Sampling`] onto `SamplingParams`. An absent knob keeps the
+//! engine's neutral default, so a request that names no sampling parameter decodes greedily
+//! (deterministic, like `nectar run`); the model's `generation_config.json` sampling defaults
+//! are not applied.
+
+use nectar_engine::{generate, ChatTemplate, FinishReason as EngineFinish, ModelBundle};
+use nectar_engine::{Request, SamplingParams, StopCause, Tokenizer};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
+
+/// A request's cancel flag, shared by its HTTP side and the model thread (checked per token).
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A fresh, unset flag.
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// Asks the generation to stop at its next token.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether cancellation was asked for.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// A guard that cancels when dropped: held by whatever consumes the request's output, so a
+    /// client that goes away (its response future or body stream is dropped) stops the work.
+    pub fn guard(&self) -> CancelOnDrop {
+        CancelOnDrop(self.clone())
+    }
+}
+
+/// Cancels its token when dropped (see [`CancelToken::guard`]).
+#[derive(Debug)]
+pub struct CancelOnDrop(CancelToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// The prompt of a request.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Token ids, used as given.
+    Ids(Vec<u32>),
+    /// Plain text, tokenised without special tokens (GLM has no BOS).
+    Text(String),
+    /// OpenAI-shaped chat messages (and tool schemas), rendered through the model's chat
+    /// template with the generation prompt.
+    Chat {
+        /// A JSON array of `{role, content, reasoning_content?, tool_calls?, tool_call_id?}`.
+        messages: Value,
+        /// A JSON array of `{"type":"function","function":{name, description, parameters}}`.
+        tools: Option<Value>,
+        /// The template's `enable_thinking`: open the assistant turn inside `<think>` or close
+        /// it at once; `None` leaves the template's own default.
+        enable_thinking: Option<bool>,
+    },
+}
+
+/// Sampling knobs as the client sent them (`None` = the engine's neutral default; all `None`
+/// is greedy decoding).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Sampling {
+    /// Softmax temperature (0 = greedy).
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Keep the k most likely tokens.
+    pub top_k: Option<u32>,
+    /// Minimum probability relative to the most likely token.
+    pub min_p: Option<f32>,
+    /// OpenAI presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// OpenAI frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// Multiplicative repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Random seed.
+    pub seed: Option<u64>,
+    /// Added to the logits of these ids.
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// Report each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Sampling {
+    /// The engine's parameters: every absent knob at its neutral default.
+    fn to_params(&self) -> SamplingParams {
+        let d = SamplingParams::default();
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            logit_bias: self.logit_bias.clone(),
+            seed: self.seed,
+            logprobs: self.logprobs,
+            ..d
+        }
+    }
+}
+
+/// One generated token's log-probability and its most likely alternatives, with their text
+/// (decoded alone, special tokens kept).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    /// The token id.
+    pub id: u32,
+    /// Its text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens `(id, text, logprob)`, most likely first.
+    pub top: Vec<(u32, String, f32)>,
+}
+
+/// One generation request, protocol-neutral.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    /// What to continue.
+    pub prompt: Prompt,
+    /// Generated tokens at most; `None` = until the context is full. Always clamped to the room
+    /// the context leaves after the prompt.
+    pub max_tokens: Option<usize>,
+    /// Sampling knobs (see [`Sampling`]).
+    pub sampling: Sampling,
+    /// Extra stop strings; the model's own stop ids always apply too.
+    pub stop: Vec<String>,
+    /// Cancel flag, checked once per token.
+    pub cancel: CancelToken,
+}
+
+/// What [`Backend::generate`] knows once the request is accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenStart {
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// The token budget after clamping to the context.
+    pub max_tokens: usize,
+    /// The rendered prompt leaves the assistant inside `<think>`: the output starts as reasoning.
+    pub opens_in_reasoning: bool,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A model stop id ended the turn.
+    Stop,
+    /// One of the request's stop strings matched (it and everything after it are dropped).
+    StopString(String),
+    /// The token budget was reached.
+    Length,
+    /// The request was cancelled (client gone).
+    Cancelled,
+}
+
+/// Token counts of one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (a final stop id included: the model produced it).
+    pub completion_tokens: usize,
+}
+
+/// The last event of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Decode speed of this generation (tokens after the first, per second).
+    pub decode_tok_s: f64,
+}
+
+/// What the model thread sends back, in order: deltas, then exactly one `Finish` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenEvent {
+    /// New output: the ids generated since the last event (model stop ids excluded) and the text
+    /// they complete (may be empty: a partial character or held back by a stop string; may
+    /// come with no ids when held text is flushed at the end).
+    Delta {
+        /// Token ids.
+        ids: Vec<u32>,
+        /// Text.
+        text: String,
+        /// Log-probabilities of `ids`, when the request asked for them.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// Generation ended normally.
+    Finish(Finish),
+    /// Generation failed; the string is the internal cause (logged, not sent to clients).
+    Error(String),
+}
+
+/// Whether the model is usable yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadState {
+    /// Loading; generation routes answer 503.
+    Loading,
+    /// Ready to serve.
+    Ready,
+    /// Loading failed (the cause).
+    Failed(String),
+}
+
+/// What the served model can do, reported truthfully on `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelInfo {
+    /// The model id clients see (the model directory's name).
+    pub id: String,
+    /// Context length in tokens (prompt + reply).
+    pub context_length: usize,
+    /// The directory has a tokenizer (text prompts work).
+    pub tokenizer: bool,
+    /// The directory has a chat template (chat routes work).
+    pub chat_template: bool,
+    /// The checkpoint carries an MTP head (not used for decoding yet).
+    pub mtp_head: bool,
+    /// Experts are streamed under a memory budget (bytes), if one was given.
+    pub memory_budget: Option<u64>,
+}
+
+/// Counters of the backend, for `/stats` and `/metrics`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackendStats {
+    /// Requests waiting in the queue.
+    pub queue_depth: usize,
+    /// Queue capacity (requests beyond it get 429).
+    pub queue_capacity: usize,
+    /// Requests generating now.
+    pub active: usize,
+    /// Generations that ran to a finish (cancelled ones included).
+    pub requests_completed: u64,
+    /// Generations that ended because the client went away.
+    pub requests_cancelled: u64,
+    /// Generations that failed inside the model.
+    pub requests_failed: u64,
+    /// Prompt tokens processed.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Seconds the model thread spent generating (prefill + decode).
+    pub busy_seconds: f64,
+    /// Decode speed of the last generation.
+    pub last_decode_tok_s: f64,
+    /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
+    pub residency: Option<Value>,
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The model is still loading.
+    #[error("the model is loading")]
+    Loading,
+    /// The model failed to load (cause).
+    #[error("the model failed to load: {0}")]
+    LoadFailed(String),
+    /// The queue is full.
+    #[error("the queue is full ({capacity} waiting)")]
+    QueueFull {
+        /// Queue capacity.
+        capacity: usize,
+    },
+    /// The prompt leaves no room in the context.
+    #[error("prompt of {prompt_tokens} tokens does not fit a context of {ctx}")]
+    ContextOverflow {
+        /// Prompt length.
+        prompt_tokens: usize,
+        /// Context length.
+        ctx: usize,
+    },
+    /// The prompt cannot be used (safe to show the client).
+    #[error("{message}")]
+    InvalidPrompt {
+        /// The request parameter at fault.
+        param: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// A bug or a failure inside (cause; not shown to clients).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The protocol-neutral generation service the HTTP layer talks to.
+///
+/// Implementations must never panic on request input and must keep one request's failure
+/// from affecting another.
+pub trait Backend: Send + Sync + 'static {
+    /// The model id clients see (known before the model loads).
+    fn model_id(&self) -> String;
+    /// Loading, ready or failed.
+    fn load_state(&self) -> LoadState;
+    /// What the model can do; `None` until it is loaded.
+    fn info(&self) -> Option<ModelInfo>;
+    /// Prompt length in tokens after rendering (for `count_tokens`). Blocking: tokenises.
+    fn count_tokens(&self, prompt: &Prompt) -> Result<usize, BackendError>;
+    /// Text of token ids (for `echo`). Blocking.
+    fn decode(&self, ids: &[u32]) -> Result<String, BackendError>;
+    /// Validates and enqueues a request; its events go to `sink`. Blocking: renders and
+    /// tokenises the prompt on the calling thread. `sink` is unbounded so the model thread
+    /// never waits on a slow client.
+    fn generate(
+        &self,
+        req: GenRequest,
+        sink: UnboundedSender<GenEvent>,
+    ) -> Result<GenStart, BackendError>;
+    /// Counters.
+    fn stats(&self) -> BackendStats;
+}
+
+/// How to start an [`EngineBackend`].
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The model directory.
+    pub model_dir: PathBuf,
+    /// Context length; `None` = the model's `max_position_embeddings`, at most 4096 (the
+    /// default of `nectar fit`, so the memory plan and the server agree).
+    pub ctx_size: Option<usize>,
+    /// Stream routed experts under this budget (bytes); `None` keeps them memory-mapped.
+    pub memory_budget: Option<u64>,
+    /// Requests that may wait for the model thread.
+    pub queue_capacity: usize,
+}
+
+impl EngineOptions {
+    /// Defaults for `dir`: model-sized context, no budget, a queue of 64.
+    pub fn new(dir: impl Into<PathBuf>) -> EngineOptions {
+        EngineOptions {
+            model_dir: dir.into(),
+            ctx_size: None,
+            memory_budget: None,
+            queue_capacity: 64,
+        }
+    }
+}
+
+/// Default context when the flag is absent (see [`EngineOptions::ctx_size`]).
+const DEFAULT_CTX: usize = 4096;
+
+/// The text side of a loaded model, shared with HTTP threads (tokenising and rendering happen
+/// there, not on the model thread).
+struct TextSide {
+    tokenizer: Option<Tokenizer>,
+    template: Option<ChatTemplate>,
+    vocab_size: usize,
+    info: ModelInfo,
+    residency: Option<Box<dyn Fn() -> Option<Value> + Send + Sync>>,
+}
+
+/// State shared by the handle and the model thread.
+struct Shared {
+    state: watch::Sender<LoadState>,
+    text: OnceLock<TextSide>,
+    capacity: usize,
+    queued: AtomicUsize,
+    active: AtomicUsize,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    failed: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    busy_nanos: AtomicU64,
+    last_tok_s_bits: AtomicU64,
+}
+
+/// One queued generation.
+struct Job {
+    request: Request,
+    cancel: CancelToken,
+    sink: UnboundedSender<GenEvent>,
+}
+
+/// The backend over the current engine: one model thread, a bounded queue, greedy decoding.
+pub struct EngineBackend {
+    shared: Arc<Shared>,
+    jobs: SyncSender<Job>,
+    model_id: String,
+}
+
+impl std::fmt::Debug for EngineBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBackend")
+            .field("model_id", &self.model_id)
+            .field("state", &*self.shared.state.borrow())
+            .finish()
+    }
+}
+
+impl EngineBackend {
+    /// Starts the model thread, which loads the model and then serves the queue. Returns at
+    /// once: the state is [`LoadState::Loading`] until the load finishes (watch it with
+    /// [`EngineBackend::subscribe`]).
+    pub fn spawn(opts: EngineOptions) -> std::io::Result<EngineBackend> {
+        let capacity = opts.queue_capacity.max(1);
+        let (state, _) = watch::channel(LoadState::Loading);
+        let shared = Arc::new(Shared {
+            state,
+            text: OnceLock::new(),
+            capacity,
+            queued: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            completed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            busy_nanos: AtomicU64::new(0),
+            last_tok_s_bits: AtomicU64::new(0),
+        });
+        let (jobs, rx) = sync_channel::<Job>(capacity);
+        let model_id = model_id_of(&opts.model_dir);
+        let thread_shared = shared.clone();
+        let id = model_id.clone();
+        std::thread::Builder::new()
+            .name("nectar-model".into())
+            .spawn(move || model_thread(opts, id, thread_shared, rx))?;
+        Ok(EngineBackend {
+            shared,
+            jobs,
+            model_id,
+        })
+    }
+
+    /// A receiver that sees every load-state change (the CLI waits on it to report a failed
+    /// load and exit).
+    pub fn subscribe(&self) -> watch::Receiver<LoadState> {
+        self.shared.state.subscribe()
+    }
+
+    fn text(&self) -> Result<&TextSide, BackendError> {
+        match &*self.shared.state.borrow() {
+            LoadState::Loading => return Err(BackendError::Loading),
+            LoadState::Failed(e) => return Err(BackendError::LoadFailed(e.clone())),
+            LoadState::Ready => {}
+        }
+        self.shared
+            .text
+            .get()
+            .ok_or_else(|| BackendError::Internal("ready without a text side".into()))
+    }
+
+    /// Renders and tokenises a prompt; the flag says whether it leaves the assistant inside
+    /// `<think>`.
+    fn tokenize(&self, prompt: &Prompt) -> Result<(Vec<u32>, bool), BackendError> {
+        let text = self.text()?;
+        let tokenizer = || {
+            text.tokenizer.as_ref().ok_or(BackendError::InvalidPrompt {
+                param: "prompt",
+                message: "this model has no tokenizer.json: give the prompt as token ids".into(),
+            })
+        };
+        let (ids, opens_in_reasoning) = match prompt {
+            Prompt::Ids(ids) => {
+                if let Some(bad) = ids.iter().find(|&&id| id as usize >= text.vocab_size) {
+                    return Err(BackendError::InvalidPrompt {
+                        param: "prompt",
+                        message: format!(
+                            "token id {bad} is outside the vocabulary (size {})",
+                            text.vocab_size
+                        ),
+                    });
+                }
+                (ids.clone(), false)
+            }
+            Prompt::Text(s) => (tokenizer()?.encode(s, false).map_err(engine_err)?, false),
+            Prompt::Chat {
+                messages,
+                tools,
+                enable_thinking,
+            } => {
+                let template = text.template.as_ref().ok_or(BackendError::InvalidPrompt {
+                    param: "messages",
+                    message: "this model has no chat template; use /v1/completions".into(),
+                })?;
+                let mut extra = serde_json::Map::new();
+                if let Some(on) = enable_thinking {
+                    extra.insert("enable_thinking".into(), Value::Bool(*on));
+                }
+                let tools = tools.as_ref().filter(|t| !t.is_null());
+                let rendered = template
+                    .render(messages, tools, true, &extra)
+                    .map_err(engine_err)?;
+                let opens = rendered.trim_end().ends_with("<think>");
+                (
+                    tokenizer()?.encode(&rendered, false).map_err(engine_err)?,
+                    opens,
+                )
+            }
+        };
+        if ids.is_empty() {
+            return Err(BackendError::InvalidPrompt {
+                param: "prompt",
+                message: "the prompt is empty".into(),
+            });
+        }
+        Ok((ids, opens_in_reasoning))
+    }
+}
+
+impl Backend for EngineBackend {
+    fn model_id(&self) -> String {
+        self.model_id.clone()
+    }
+
+    fn load_state(&self) -> LoadState {
+        self.shared.state.borrow().clone()
+    }
+
+    fn info(&self) -> Option<ModelInfo> {
+        self.text().ok().map(|t| t.info.clone())
+    }
+
+    fn count_tokens(&self, prompt: &Prompt) -> Result<usize, BackendError> {
+        self.tokenize(prompt).map(|(ids, _)| ids.len())
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, BackendError> {
+        let text = self.text()?;
+        match &text.tokenizer {
+            Some(t) => t.decode(ids, true).map_err(engine_err),
+            None => Ok(String::new()),
+        }
+    }
+
+    fn generate(
+        &self,
+        req: GenRequest,
+        sink: UnboundedSender<GenEvent>,
+    ) -> Result<GenStart, BackendError> {
+        let (prompt, opens_in_reasoning) = self.tokenize(&req.prompt)?;
+        let ctx = self.text()?.info.context_length;
+        if prompt.len() >= ctx {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                ctx,
+            });
+        }
+        let room = ctx - prompt.len();
+        let max_tokens = req.max_tokens.unwrap_or(room).min(room);
+        let start = GenStart {
+            prompt_tokens: prompt.len(),
+            max_tokens,
+            opens_in_reasoning,
+        };
+        let request = Request {
+            prompt_ids: prompt,
+            params: req.sampling.to_params(),
+            max_tokens,
+            stop_strings: req.stop,
+            extra_stop_ids: Vec::new(),
+        };
+        // Refuse a bad knob now, as a 400, rather than as a failure after the stream started.
+        let text = self.text()?;
+        request
+            .validate(text.vocab_size, text.tokenizer.is_some())
+            .map_err(engine_err)?;
+        let job = Job {
+            request,
+            cancel: req.cancel,
+            sink,
+        };
+        // Count first so the model thread's decrement can never run before the increment.
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(start),
+            Err(e) => {
+                self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    TrySendError::Full(_) => BackendError::QueueFull {
+                        capacity: self.shared.capacity,
+                    },
+                    TrySendError::Disconnected(_) => {
+                        BackendError::Internal("the model thread has stopped".into())
+                    }
+                })
+            }
+        }
+    }
+
+    fn stats(&self) -> BackendStats {
+        let s = &self.shared;
+        BackendStats {
+            queue_depth: s.queued.load(Ordering::SeqCst),
+            queue_capacity: s.capacity,
+            active: s.active.load(Ordering::SeqCst),
+            requests_completed: s.completed.load(Ordering::Relaxed),
+            requests_cancelled: s.cancelled.load(Ordering::Relaxed),
+            requests_failed: s.failed.load(Ordering::Relaxed),
+            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
+            busy_seconds: s.busy_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
+            last_decode_tok_s: f64::from_bits(s.last_tok_s_bits.load(Ordering::Relaxed)),
+            residency: s
+                .text
+                .get()
+                .and_then(|t| t.residency.as_ref())
+                .and_then(|f| f()),
+        }
+    }
+}
+
+/// The id clients see: the model directory's name.
+fn model_id_of(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "nectar".into())
+}
+
+/// Maps engine errors to request errors: what the client sent wrong gets a safe message;
+/// anything else is internal (its text may name server paths).
+fn engine_err(e: nectar_engine::Error) -> BackendError {
+    use nectar_engine::Error as E;
+    match e {
+        E::TemplateRaised { message, .. } => BackendError::InvalidPrompt {
+            param: "messages",
+            message: format!("the chat template rejected the conversation: {message}"),
+        },
+        E::InvalidChatInput { field, reason } => BackendError::InvalidPrompt {
+            param: "messages",
+            message: format!("`{field}` {reason}"),
+        },
+        E::TemplateRender { source, .. } => BackendError::InvalidPrompt {
+            param: "messages",
+            message: format!("the chat template cannot render these messages: {source}"),
+        },
+        E::UnknownTokenId { id, vocab_size, .. } => BackendError::InvalidPrompt {
+            param: "prompt",
+            message: format!("token id {id} is not in the vocabulary (size {vocab_size})"),
+        },
+        E::InvalidParam { param, reason } => BackendError::InvalidPrompt {
+            param: if param == "prompt_ids" {
+                "prompt"
+            } else {
+                param
+            },
+            message: format!("`{param}`: {reason}"),
+        },
+        other => BackendError::Internal(other.to_string()),
+    }
+}
+
+/// Opens the model directory, with experts streamed under a budget when one is given.
+fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
+    let load = nectar_model::arch::glm5::LoadOptions {
+        memory_budget: opts.memory_budget,
+        ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
+        ..Default::default()
+    };
+    ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
+}
+
+/// The model thread: load, publish the text side, then serve jobs until every handle is gone.
+fn model_thread(opts: EngineOptions, id: String, shared: Arc<Shared>, rx: Receiver<Job>) {
+    let t0 = Instant::now();
+    let bundle = match open_bundle(&opts) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(model = %opts.model_dir.display(), error = %e, "model load failed");
+            shared.state.send_replace(LoadState::Failed(e));
+            return;
+        }
+    };
+    let max_pos = bundle
+        .model
+        .cfg
+        .raw
+        .max_position_embeddings
+        .unwrap_or(DEFAULT_CTX);
+    let ctx = opts.ctx_size.unwrap_or(max_pos.min(DEFAULT_CTX));
+    let residency = bundle.model.residency().cloned().map(|r| {
+        Box::new(move || serde_json::to_value(r.telemetry()).ok())
+            as Box<dyn Fn() -> Option<Value> + Send + Sync>
+    });
+    let side = TextSide {
+        tokenizer: bundle.tokenizer.clone(),
+        template: bundle.template.clone(),
+        vocab_size: bundle.model.vocab_size(),
+        info: ModelInfo {
+            id,
+            context_length: ctx,
+            tokenizer: bundle.tokenizer.is_some(),
+            chat_template: bundle.template.is_some(),
+            mtp_head: bundle.model.has_mtp(),
+            memory_budget: opts.memory_budget,
+        },
+        residency,
+    };
+    // `set` fails only if already set, which cannot happen: this thread is the only writer.
+    let _ = shared.text.set(side);
+    shared.state.send_replace(LoadState::Ready);
+    tracing::info!(
+        model = %opts.model_dir.display(),
+        ctx,
+        seconds = t0.elapsed().as_secs_f64(),
+        "model loaded"
+    );
+    while let Ok(job) = rx.recv() {
+        shared.queued.fetch_sub(1, Ordering::SeqCst);
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let sink = job.sink.clone();
+        let cancel = job.cancel.clone();
+        // A panic is a bug; it must still not take the model thread (and every later request)
+        // down with it.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_job(&bundle, job, &shared)
+        }));
+        shared.active.fetch_sub(1, Ordering::SeqCst);
+        let event = match outcome {
+            Ok(Ok(finish)) => {
+                shared.completed.fetch_add(1, Ordering::Relaxed);
+                if finish.reason == FinishReason::Cancelled || cancel.is_cancelled() {
+                    shared.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                GenEvent::Finish(finish)
+            }
+            Ok(Err(e)) => {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                GenEvent::Error(e)
+            }
+            Err(_) => {
+                shared.failed.fetch_add(1, Ordering::Relaxed);
+                GenEvent::Error("generation panicked".into())
+            }
+        };
+        // The receiver may be gone (client left); nothing to do then.
+        let _ = sink.send(event);
+    }
+}
+
+/// A token's logprobs with text (each id decoded alone, special tokens kept).
+fn token_logprob(tok: Option<&Tokenizer>, id: u32, lp: &nectar_engine::Logprobs) -> TokenLogprob {
+    let text = |id: u32| {
+        tok.and_then(|t| t.decode(&[id], false).ok())
+            .unwrap_or_default()
+    };
+    TokenLogprob {
+        id,
+        token: text(id),
+        logprob: lp.logprob,
+        top: lp.top.iter().map(|&(i, l)| (i, text(i), l)).collect(),
+    }
+}
+
+/// Runs one generation, streaming deltas to the job's sink; returns the finish or the cause of
+/// a failure.
+fn run_job(bundle: &ModelBundle, job: Job, shared: &Shared) -> Result<Finish, String> {
+    let prompt_tokens = job.request.prompt_ids.len();
+    if job.cancel.is_cancelled() {
+        // The client left while the request was queued: skip the work.
+        return Ok(Finish {
+            reason: FinishReason::Cancelled,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+            },
+            decode_tok_s: 0.0,
+        });
+    }
+    let tok = bundle.tokenizer.as_ref();
+    let stops = &bundle.stop_ids;
+    let gen = generate(bundle, &job.request, |step| {
+        // A model stop id ends the turn; it is counted in usage but is not output.
+        let output = !(step.finished.is_some() && stops.contains(&step.token));
+        let ids = if output { vec![step.token] } else { vec![] };
+        let logprobs = match (&step.logprobs, output) {
+            (Some(lp), true) => vec![token_logprob(tok, step.token, lp)],
+            _ => vec![],
+        };
+        if !(ids.is_empty() && step.text.is_empty()) {
+            let delta = GenEvent::Delta {
+                ids,
+                text: step.text.clone(),
+                logprobs,
+            };
+            if job.sink.send(delta).is_err() {
+                job.cancel.cancel();
+                return Ok(false);
+            }
+        }
+        Ok(!job.cancel.is_cancelled())
+    })
+    .map_err(|e| e.to_string())?;
+    let reason = match (gen.finish, gen.stop.clone()) {
+        (EngineFinish::Stop, Some(StopCause::String(s))) => FinishReason::StopString(s),
+        (EngineFinish::Length, _) => FinishReason::Length,
+        (EngineFinish::Cancelled, _) => FinishReason::Cancelled,
+        _ => FinishReason::Stop,
+    };
+    let s = shared;
+    s.prompt_tokens
+        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    s.generated_tokens
+        .fetch_add(gen.tokens.len() as u64, Ordering::Relaxed);
+    let busy = (gen.prefill + gen.decode).as_nanos() as u64;
+    s.busy_nanos.fetch_add(busy, Ordering::Relaxed);
+    let tok_s = gen.decode_tok_s();
+    s.last_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
+    Ok(Finish {
+        reason,
+        usage: Usage {
+            prompt_tokens,
+            completion_tokens: gen.tokens.len(),
+        },
+        decode_tok_s: tok_s,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancel_guard_cancels_on_drop() {
+        let t = CancelToken::new();
+        {
+            let _g = t.guard();
+            assert!(!t.is_cancelled());
+        }
+        assert!(t.is_cancelled());
+    }
+
+    #[test]
+    fn model_id_is_the_directory_name() {
+        assert_eq!(model_id_of(Path::new("/m/glm-5.2-int4")), "glm-5.2-int4");
+        assert_eq!(model_id_of(Path::new("/")), "nectar");
+    }
+
+    #[test]
+    fn missing_model_reports_failed_load() {
+        let b = EngineBackend::spawn(EngineOptions::new("/nonexistent/model")).unwrap();
+        let mut rx = b.subscribe();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let state = rt.block_on(async {
+            loop {
+                let s = rx.borrow_and_update().clone();
+                if s != LoadState::Loading {
+                    return s;
+                }
+                rx.changed().await.unwrap();
+            }
+        });
+        assert!(matches!(state, LoadState::Failed(_)), "{state:?}");
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = GenRequest {
+            prompt: Prompt::Ids(vec![1]),
+            max_tokens: Some(1),
+            sampling: Sampling::default(),
+            stop: vec![],
+            cancel: CancelToken::new(),
+        };
+        assert!(matches!(
+            b.generate(req, tx),
+            Err(BackendError::LoadFailed(_))
+        ));
+    }
+}

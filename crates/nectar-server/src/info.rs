@@ -1,0 +1,151 @@
+//! The operational routes: `/health`, `/v1/models`, `/stats`, `/metrics`. None of them touches the
+//! model thread, so they answer at once even while every slot is busy generating.
+
+use crate::backend::LoadState;
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+/// `GET /health`: 200 `{"status":"ok"}` when ready; 503 `{"status":"loading"}` while the model
+/// loads (HTTP starts first so probes get an answer); 503 `{"status":"error"}` after a failed
+/// load.
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.backend.load_state() {
+        LoadState::Ready => (StatusCode::OK, axum::Json(json!({"status": "ok"}))).into_response(),
+        LoadState::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "loading", "message": "the model is loading"})),
+        )
+            .into_response(),
+        LoadState::Failed(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "error", "message": "the model failed to load"})),
+        )
+            .into_response(),
+    }
+}
+
+/// The `/v1/models` entry of the served model, capabilities as they are today.
+fn model_entry(state: &AppState) -> Result<Value, ApiError> {
+    let info = match state.backend.load_state() {
+        LoadState::Ready => state.backend.info(),
+        LoadState::Loading => return Err(ApiError::loading()),
+        LoadState::Failed(cause) => return Err(ApiError::load_failed(cause)),
+    }
+    .ok_or_else(|| ApiError::internal("ready backend without model info"))?;
+    let chat = info.chat_template && info.tokenizer;
+    Ok(json!({
+        "id": info.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "nectar",
+        // Anthropic's model object fields, so either SDK can list models.
+        "type": "model",
+        "display_name": info.id,
+        "created_at": "1970-01-01T00:00:00Z",
+        "context_length": info.context_length,
+        "capabilities": {
+            "chat": chat,
+            "completions": true,
+            "tools": chat,
+            "thinking": chat,
+            "streaming": true,
+            "structured_output": false,
+            "logprobs": true,
+            "vision": false,
+            "sampling": true,
+            "batching": false,
+            "parallel": state.config.parallel,
+            "mtp": state.config.mtp,
+            "mtp_head_present": info.mtp_head,
+        },
+    }))
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<AppState>) -> Response {
+    match model_entry(&state) {
+        Ok(m) => {
+            let id = m["id"].clone();
+            axum::Json(json!({
+                "object": "list",
+                "data": [m],
+                "has_more": false,
+                "first_id": id,
+                "last_id": id,
+            }))
+            .into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/models/{id}`.
+pub async fn model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    match model_entry(&state) {
+        Ok(m) if m["id"] == id.as_str() => axum::Json(m).into_response(),
+        Ok(_) => ApiError::not_found(format!("no model `{id}` is served here")).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /stats`: one JSON object with the resolved settings, queue and token counters, and the
+/// backend's residency telemetry (opaque) when experts are streamed.
+pub async fn stats(State(state): State<AppState>) -> Response {
+    let b = state.backend.stats();
+    let load = match state.backend.load_state() {
+        LoadState::Ready => "ready",
+        LoadState::Loading => "loading",
+        LoadState::Failed(_) => "failed",
+    };
+    let tok_s = if b.busy_seconds > 0.0 {
+        b.generated_tokens as f64 / b.busy_seconds
+    } else {
+        0.0
+    };
+    axum::Json(json!({
+        "model": state.backend.model_id(),
+        "state": load,
+        "uptime_seconds": state.metrics.uptime_seconds(),
+        "config": &*state.config,
+        "model_info": state.backend.info(),
+        "http": {
+            "requests_total": state.metrics.requests_total(),
+            "in_flight": state.metrics.in_flight(),
+        },
+        "queue": {"depth": b.queue_depth, "capacity": b.queue_capacity, "active": b.active},
+        "requests": {
+            "completed": b.requests_completed,
+            "cancelled": b.requests_cancelled,
+            "failed": b.requests_failed,
+        },
+        "tokens": {
+            "prompt": b.prompt_tokens,
+            "generated": b.generated_tokens,
+            "busy_seconds": b.busy_seconds,
+            "tokens_per_second": tok_s,
+            "last_decode_tokens_per_second": b.last_decode_tok_s,
+        },
+        "stored_responses": state.responses.len(),
+        "residency": b.residency,
+    }))
+    .into_response()
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state
+        .metrics
+        .render(&state.backend.stats(), &state.backend.load_state());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}

@@ -1,0 +1,287 @@
+//! The wire protocols. Each file owns one API family's request and response types, their
+//! translation to a protocol-neutral [`GenRequest`](crate::backend::GenRequest), and the exact
+//! streaming event sequence of that API. Helpers shared by all of them are here.
+
+pub mod anthropic;
+pub mod openai_chat;
+pub mod openai_completions;
+pub mod responses;
+
+use crate::backend::{Sampling, TokenLogprob};
+use crate::error::{ApiError, ApiResult, Flavour};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Stop strings a request may give at most (OpenAI allows 4; a few more cost nothing).
+pub const MAX_STOP_STRINGS: usize = 16;
+
+/// Parses a JSON body. A body over the limit is 413; malformed JSON, or a field of the wrong
+/// type, is 400 naming the field (`messages[0].content`).
+pub fn parse_body<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    flavour: Flavour,
+    limit: usize,
+) -> ApiResult<T> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::payload_too_large(limit)
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
+        }
+        .flavour(flavour)
+    })?;
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(de);
+    parsed.map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let err = if inner.is_syntax() || inner.is_eof() || path == "." {
+            ApiError::invalid(format!("the request body is not valid JSON: {inner}"))
+        } else {
+            ApiError::invalid_param(path.clone(), format!("invalid `{path}`: {inner}"))
+        };
+        err.flavour(flavour)
+    })
+}
+
+/// `stop`: one string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    /// One string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl StopField {
+    /// The strings, checked against [`MAX_STOP_STRINGS`].
+    pub fn into_vec(self, param: &str) -> ApiResult<Vec<String>> {
+        let v = match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        };
+        if v.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("at most {MAX_STOP_STRINGS} stop strings are accepted"),
+            ));
+        }
+        Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+}
+
+/// Checks sampling knobs against their ranges (the engine decodes greedily for now, but a value
+/// no sampler could honour is still the client's error).
+pub fn validate_sampling(s: &Sampling) -> ApiResult<()> {
+    let range = |name: &str, v: Option<f32>, lo: f32, hi: f32| -> ApiResult<()> {
+        match v {
+            Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => Err(ApiError::invalid_param(
+                name,
+                format!("`{name}` must be between {lo} and {hi}, got {x}"),
+            )),
+            _ => Ok(()),
+        }
+    };
+    range("temperature", s.temperature, 0.0, 2.0)?;
+    range("top_p", s.top_p, 0.0, 1.0)?;
+    range("min_p", s.min_p, 0.0, 1.0)?;
+    range("presence_penalty", s.presence_penalty, -2.0, 2.0)?;
+    range("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?;
+    range("repetition_penalty", s.repetition_penalty, 0.01, 10.0)?;
+    if let Some(p) = s.top_p {
+        if p == 0.0 {
+            return Err(ApiError::invalid_param(
+                "top_p",
+                "`top_p` must be greater than 0",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `max_tokens`-style budgets: at least 1.
+pub fn validate_max_tokens(param: &str, v: Option<u64>) -> ApiResult<Option<usize>> {
+    match v {
+        Some(0) => Err(ApiError::invalid_param(
+            param,
+            format!("`{param}` must be at least 1"),
+        )),
+        Some(n) => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        None => Ok(None),
+    }
+}
+
+/// OpenAI's `logit_bias`: token ids (as strings) to biases in [-100, 100].
+pub fn parse_logit_bias(
+    m: Option<&serde_json::Map<String, Value>>,
+) -> ApiResult<BTreeMap<u32, f32>> {
+    let mut out = BTreeMap::new();
+    for (k, v) in m.into_iter().flatten() {
+        let id: u32 = k.parse().map_err(|_| {
+            ApiError::invalid_param("logit_bias", format!("key `{k}` is not a token id"))
+        })?;
+        let b = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("the bias of token {id} must be a number between -100 and 100"),
+                )
+            })?;
+        out.insert(id, b as f32);
+    }
+    Ok(out)
+}
+
+/// OpenAI Chat's logprob entry of one token.
+pub fn chat_logprob(t: &TokenLogprob) -> Value {
+    let entry = |token: &str, lp: f32| serde_json::json!({"token": token, "logprob": lp, "bytes": token.as_bytes()});
+    let mut e = entry(&t.token, t.logprob);
+    e["top_logprobs"] = Value::Array(t.top.iter().map(|(_, s, lp)| entry(s, *lp)).collect());
+    e
+}
+
+/// A fresh id with an API's prefix (`chatcmpl-`, `resp_`, `msg_`, ...).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The text of a message `content`: a string, null, or a list of parts of which only text parts
+/// (`text`, `input_text`, `output_text`) are accepted; anything else (images, audio, files) is
+/// refused naming the part, since the model reads text only.
+pub fn content_text(content: &Value, param: &str) -> ApiResult<String> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, p.get("text").and_then(Value::as_str)) {
+                    ("text" | "input_text" | "output_text", Some(t)) => out.push_str(t),
+                    _ => {
+                        return Err(ApiError::invalid_param(
+                            format!("{param}[{i}]"),
+                            format!(
+                                "content part of type `{kind}` is not supported: this model reads \
+                                 text only"
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(ApiError::invalid_param(
+            param,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// An OpenAI-style function tool for the chat template.
+pub fn function_tool(name: &str, description: Option<&Value>, parameters: Option<&Value>) -> Value {
+    let mut f = serde_json::Map::new();
+    f.insert("name".into(), Value::String(name.to_owned()));
+    if let Some(d) = description.filter(|d| !d.is_null()) {
+        f.insert("description".into(), d.clone());
+    }
+    if let Some(p) = parameters.filter(|p| !p.is_null()) {
+        f.insert("parameters".into(), p.clone());
+    }
+    serde_json::json!({"type": "function", "function": Value::Object(f)})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Req {
+        messages: Vec<Msg>,
+    }
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Msg {
+        role: String,
+    }
+
+    #[test]
+    fn wrong_type_names_the_field() {
+        let e = parse_body::<Req>(
+            Ok(Bytes::from_static(br#"{"messages":[{"role":1}]}"#)),
+            Flavour::OpenAi,
+            10,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        assert_eq!(e.kind.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn missing_field_and_bad_json() {
+        let e = parse_body::<Req>(Ok(Bytes::from_static(b"{}")), Flavour::OpenAi, 10).unwrap_err();
+        assert!(e.message.contains("messages"), "{}", e.message);
+        let e = parse_body::<Req>(Ok(Bytes::from_static(b"{\"mess")), Flavour::Anthropic, 10)
+            .unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        assert_eq!(e.body()["type"], "error");
+    }
+
+    #[test]
+    fn sampling_ranges() {
+        let ok = Sampling {
+            temperature: Some(0.7),
+            top_p: Some(0.9),
+            ..Default::default()
+        };
+        assert!(validate_sampling(&ok).is_ok());
+        let bad = Sampling {
+            temperature: Some(3.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            validate_sampling(&bad).unwrap_err().param.as_deref(),
+            Some("temperature")
+        );
+        let bad = Sampling {
+            top_p: Some(0.0),
+            ..Default::default()
+        };
+        assert_eq!(
+            validate_sampling(&bad).unwrap_err().param.as_deref(),
+            Some("top_p")
+        );
+    }
+
+    #[test]
+    fn content_parts() {
+        assert_eq!(
+            content_text(
+                &json!([{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]),
+                "c"
+            )
+            .unwrap(),
+            "ab"
+        );
+        let e = content_text(&json!([{"type": "image_url"}]), "messages[0].content").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0]"));
+    }
+}

@@ -1,0 +1,729 @@
+//! Router-level tests over the scripted [`MockBackend`]: error shapes, auth, limits and the exact
+//! streaming event sequences of each protocol.
+
+use crate::backend::{BackendError, FinishReason, LoadState};
+use crate::mock::MockBackend;
+use crate::{router, AppState, ServerConfig};
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tower::ServiceExt;
+
+const TOOL_OUTPUT: &[&str] = &[
+    "<think>",
+    "need the tool",
+    "</think>\n",
+    "Let me ",
+    "check.\n<tool_",
+    "call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par",
+    "is</arg_value>\n</tool_call>",
+];
+
+fn state_with(
+    mock: MockBackend,
+    cfg: ServerConfig,
+    key: Option<&str>,
+) -> (AppState, Arc<MockBackend>) {
+    let mock = Arc::new(mock);
+    (AppState::new(mock.clone(), cfg, key), mock)
+}
+
+fn app(mock: MockBackend) -> (axum::Router, Arc<MockBackend>) {
+    let (s, m) = state_with(mock, ServerConfig::default(), None);
+    (router(s), m)
+}
+
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Vec<(String, String)>, String) {
+    let mut b = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = match body {
+        Some(v) => b
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap(),
+        None => b.body(Body::empty()).unwrap(),
+    };
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let hs = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, hs, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post(app: &axum::Router, path: &str, body: Value) -> (StatusCode, String) {
+    let (s, _, b) = call(app, "POST", path, Some(body), &[]).await;
+    (s, b)
+}
+
+/// `(event name or "", data)` of an SSE body.
+fn sse_events(body: &str) -> Vec<(String, String)> {
+    body.split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .filter_map(|block| {
+            let mut name = String::new();
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = d.to_owned();
+                }
+            }
+            (!data.is_empty()).then_some((name, data))
+        })
+        .collect()
+}
+
+fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+}
+
+#[tokio::test]
+async fn auth_refuses_missing_and_wrong_keys_in_the_family_shape() {
+    let (s, _) = state_with(
+        MockBackend::new(&["hi"]),
+        ServerConfig::default(),
+        Some("k3y"),
+    );
+    let app = router(s);
+    let chat = json!({"messages": user("x")});
+    let (st, _, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat.clone()),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "authentication_error");
+    let (st, _, _) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat.clone()),
+        &[("authorization", "Bearer nope")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let (st, _, _) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat.clone()),
+        &[("authorization", "Bearer k3y")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, _, _) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat),
+        &[("x-api-key", "k3y")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let msg = json!({"max_tokens": 5, "messages": user("x")});
+    let (st, _, body) = call(
+        &app,
+        "POST",
+        "/v1/messages",
+        Some(msg),
+        &[("x-api-key", "wrong")],
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "authentication_error");
+    // Probes need no key; everything else does.
+    assert_eq!(
+        call(&app, "GET", "/health", None, &[]).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, "GET", "/metrics", None, &[]).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&app, "GET", "/v1/models", None, &[]).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn malformed_json_is_400_in_the_family_shape() {
+    let (app, _) = app(MockBackend::new(&["hi"]));
+    for (path, anthropic) in [
+        ("/v1/chat/completions", false),
+        ("/v1/completions", false),
+        ("/v1/responses", false),
+        ("/v1/messages", true),
+        ("/v1/messages/count_tokens", true),
+    ] {
+        let req = Request::post(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{\"messages\": [oops"))
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{path}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        if anthropic {
+            assert_eq!(v["type"], "error", "{path}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+        } else {
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{path}");
+            assert!(v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not valid JSON"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn wrong_field_type_names_the_parameter() {
+    let (app, _) = app(MockBackend::new(&["hi"]));
+    let (st, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("x"), "max_tokens": "ten"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["param"], "max_tokens");
+    let (st, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("x"), "temperature": 9}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["param"],
+        "temperature"
+    );
+    let (st, body) = post(&app, "/v1/messages", json!({"messages": user("x")})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(body.contains("max_tokens"), "{body}");
+}
+
+#[tokio::test]
+async fn body_over_the_limit_is_413() {
+    let cfg = ServerConfig {
+        body_limit: 1024,
+        ..Default::default()
+    };
+    let (s, _) = state_with(MockBackend::new(&["hi"]), cfg, None);
+    let app = router(s);
+    let big = json!({"messages": user(&"x".repeat(4096))});
+    let (st, body) = post(&app, "/v1/chat/completions", big.clone()).await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(body.contains("1024 bytes"), "{body}");
+    let (st, body) = post(&app, "/v1/messages", big).await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["type"],
+        "request_too_large"
+    );
+}
+
+#[tokio::test]
+async fn full_queue_is_429_with_retry_after_and_loading_is_503() {
+    let mut m = MockBackend::new(&["hi"]);
+    m.refuse = Some(BackendError::QueueFull { capacity: 3 });
+    let (app, _) = app(m);
+    let (st, hs, _) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"messages": user("x")})),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS);
+    assert!(hs.iter().any(|(k, v)| k == "retry-after" && v == "1"));
+
+    let mut m = MockBackend::new(&["hi"]);
+    m.state = LoadState::Loading;
+    let (app, _) = self::app(m);
+    let (st, body) = post(&app, "/v1/chat/completions", json!({"messages": user("x")})).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("loading"));
+    let (st, _, body) = call(&app, "GET", "/health", None, &[]).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "loading"
+    );
+}
+
+#[tokio::test]
+async fn context_overflow_is_400_with_the_numbers() {
+    let mut m = MockBackend::new(&["hi"]);
+    m.refuse = Some(BackendError::ContextOverflow {
+        prompt_tokens: 5000,
+        ctx: 4096,
+    });
+    let (app, _) = app(m);
+    let (st, body) = post(&app, "/v1/chat/completions", json!({"messages": user("x")})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("4096") && msg.contains("5000"), "{msg}");
+}
+
+#[tokio::test]
+async fn unknown_route_and_method() {
+    let (app, _) = app(MockBackend::new(&["hi"]));
+    let (st, _, body) = call(&app, "GET", "/v1/nope", None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["type"],
+        "not_found_error"
+    );
+    let (st, _, _) = call(&app, "GET", "/v1/chat/completions", None, &[]).await;
+    assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn chat_non_streaming_splits_reasoning_text_and_tool_calls() {
+    let (app, mock) = app(MockBackend::new(TOOL_OUTPUT));
+    let (st, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("weather?"), "tools": weather_tool()}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["content"], "Let me check.");
+    assert_eq!(msg["reasoning_content"], "need the tool");
+    assert_eq!(msg["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(
+        msg["tool_calls"][0]["function"]["arguments"],
+        "{\"city\":\"Paris\"}"
+    );
+    assert!(msg["tool_calls"][0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("call_"));
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(v["usage"]["total_tokens"], 7 + TOOL_OUTPUT.len());
+    // The tools reached the template in OpenAI form.
+    let seen = mock.seen.lock().unwrap();
+    let crate::backend::Prompt::Chat { tools, .. } = &seen[0].prompt else {
+        panic!()
+    };
+    assert_eq!(
+        tools.as_ref().unwrap()[0]["function"]["name"],
+        "get_weather"
+    );
+}
+
+#[tokio::test]
+async fn chat_stream_sequence() {
+    let (app, _) = app(MockBackend::new(TOOL_OUTPUT));
+    let (st, hs, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"messages": user("weather?"), "tools": weather_tool(), "stream": true, "stream_options": {"include_usage": true}})),
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream")));
+    let events = sse_events(&body);
+    assert!(
+        events.iter().all(|(name, _)| name.is_empty()),
+        "chat chunks are bare data lines"
+    );
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let id = &chunks[0]["id"];
+    assert!(chunks.iter().all(|c| &c["id"] == id));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .map(|c| &c["delta"])
+        .collect();
+    let text: String = deltas
+        .iter()
+        .filter_map(|d| d["content"].as_str())
+        .collect();
+    let reasoning: String = deltas
+        .iter()
+        .filter_map(|d| d["reasoning_content"].as_str())
+        .collect();
+    assert_eq!(text, "Let me check.");
+    assert_eq!(reasoning, "need the tool");
+    let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(calls[0][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    let last_choice = &chunks[chunks.len() - 2]["choices"][0];
+    assert_eq!(last_choice["finish_reason"], "tool_calls");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], TOOL_OUTPUT.len());
+    // With include_usage every other chunk carries `usage: null`.
+    assert!(chunks[..chunks.len() - 1]
+        .iter()
+        .all(|c| c["usage"].is_null() && c.get("usage").is_some()));
+}
+
+#[tokio::test]
+async fn tool_tags_are_text_without_tools() {
+    let (app, _) = app(MockBackend::new(&["<tool_call>f\n</tool_call>"]));
+    let (_, body) = post(&app, "/v1/chat/completions", json!({"messages": user("x")})).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        "<tool_call>f\n</tool_call>"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn completions_echo_and_stream() {
+    let (app, _) = app(MockBackend::new(&[" wor", "ld"]));
+    let (st, body) = post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": "hello", "echo": true}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], "hello world");
+    let (_, body) = post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3], "stream": true}),
+    )
+    .await;
+    let events = sse_events(&body);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(text, " world");
+}
+
+#[tokio::test]
+async fn responses_stream_sequence() {
+    let (app, _) = app(MockBackend::new(TOOL_OUTPUT));
+    let (st, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "weather?", "stream": true, "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let events = sse_events(&body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let mut expected = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    expected.push("response.reasoning_text.delta");
+    expected.extend([
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]);
+    let text_deltas = names
+        .iter()
+        .filter(|n| **n == "response.output_text.delta")
+        .count();
+    assert!(text_deltas >= 1);
+    expected.extend(std::iter::repeat_n(
+        "response.output_text.delta",
+        text_deltas,
+    ));
+    expected.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(names, expected);
+    let payloads: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    for (i, (p, (name, _))) in payloads.iter().zip(&events).enumerate() {
+        assert_eq!(p["sequence_number"], i, "{name}");
+        assert_eq!(p["type"], name.as_str());
+    }
+    let done = &payloads.last().unwrap()["response"];
+    assert_eq!(done["status"], "completed");
+    let output = done["output"].as_array().unwrap();
+    assert_eq!(output.len(), 3);
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(output[1]["content"][0]["text"], "Let me check.");
+    assert_eq!(output[2]["type"], "function_call");
+    assert_eq!(output[2]["arguments"], "{\"city\":\"Paris\"}");
+    assert_eq!(done["usage"]["output_tokens"], TOOL_OUTPUT.len());
+}
+
+#[tokio::test]
+async fn responses_previous_response_id_continues_the_conversation() {
+    let (app, mock) = app(MockBackend::new(&["Hi there."]));
+    let (st, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "hello", "instructions": "be nice"}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let first: Value = serde_json::from_str(&body).unwrap();
+    let id = first["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"));
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["output"][0]["content"][0]["text"], "Hi there.");
+    let (st, _) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": [{"role": "user", "content": "again"}], "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        mock.messages(1),
+        json!([
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "Hi there."},
+            {"role": "user", "content": "again"}
+        ])
+    );
+    // store: false is not retrievable; unknown ids are 404 naming the parameter.
+    let (_, body) = post(&app, "/v1/responses", json!({"input": "x", "store": false})).await;
+    let unstored: Value = serde_json::from_str(&body).unwrap();
+    let (st, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "x", "previous_response_id": unstored["id"]}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["param"],
+        "previous_response_id"
+    );
+    let (st, _, body) = call(&app, "GET", &format!("/v1/responses/{id}"), None, &[]).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["id"], id);
+}
+
+#[tokio::test]
+async fn responses_incomplete_at_the_token_limit() {
+    let (app, _) = app(MockBackend::new(&["a", "b", "c"]));
+    let (_, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "x", "max_output_tokens": 2, "stream": true}),
+    )
+    .await;
+    let events = sse_events(&body);
+    let (name, data) = events.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    let v: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(
+        v["response"]["incomplete_details"]["reason"],
+        "max_output_tokens"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_messages_and_stream_sequence() {
+    let (app, _) = app(MockBackend::new(TOOL_OUTPUT));
+    let tools = json!([{"name": "get_weather", "input_schema": {"type": "object"}}]);
+    let (st, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 64, "messages": user("weather?"), "tools": tools}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["type"], "message");
+    assert!(v["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(v["stop_reason"], "tool_use");
+    let kinds: Vec<&str> = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["thinking", "text", "tool_use"]);
+    assert_eq!(v["content"][2]["input"], json!({"city": "Paris"}));
+    assert_eq!(v["usage"]["input_tokens"], 7);
+
+    let (_, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 64, "messages": user("weather?"), "tools": tools, "stream": true}),
+    )
+    .await;
+    let events = sse_events(&body);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let text_deltas = events
+        .iter()
+        .filter(|(_, d)| d.contains("\"text_delta\""))
+        .count();
+    let mut expected = vec![
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+    ];
+    expected.extend(std::iter::repeat_n("content_block_delta", text_deltas));
+    expected.extend([
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]);
+    assert_eq!(names, expected);
+    let payloads: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    for (p, (name, _)) in payloads.iter().zip(&events) {
+        assert_eq!(p["type"], name.as_str());
+    }
+    assert_eq!(payloads[1]["content_block"]["type"], "thinking");
+    assert_eq!(payloads[3]["delta"]["type"], "thinking_delta");
+    assert_eq!(payloads[4]["delta"]["type"], "signature_delta");
+    let tool_start = &payloads[names.len() - 5];
+    assert_eq!(tool_start["content_block"]["type"], "tool_use");
+    assert_eq!(tool_start["index"], 2);
+    assert_eq!(
+        payloads[names.len() - 4]["delta"]["partial_json"],
+        "{\"city\":\"Paris\"}"
+    );
+    let delta = &payloads[names.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    assert_eq!(delta["usage"]["output_tokens"], TOOL_OUTPUT.len());
+}
+
+#[tokio::test]
+async fn anthropic_stop_sequence_and_max_tokens() {
+    let mut m = MockBackend::new(&["abc"]);
+    m.finish = FinishReason::StopString("END".into());
+    let (app, mock) = app(m);
+    let (_, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 8, "messages": user("x"), "stop_sequences": ["END"]}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["stop_reason"], "stop_sequence");
+    assert_eq!(v["stop_sequence"], "END");
+    assert_eq!(mock.seen.lock().unwrap()[0].stop, ["END"]);
+    let (app, _) = self::app(MockBackend::new(&["a", "b"]));
+    let (_, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 1, "messages": user("x")}),
+    )
+    .await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["stop_reason"],
+        "max_tokens"
+    );
+}
+
+#[tokio::test]
+async fn count_tokens_and_models_and_metrics() {
+    let (app, _) = app(MockBackend::new(&["a"]));
+    let (st, body) = post(
+        &app,
+        "/v1/messages/count_tokens",
+        json!({"messages": user("x")}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"input_tokens": 7})
+    );
+    let (_, _, body) = call(&app, "GET", "/v1/models", None, &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "mock-model");
+    assert_eq!(v["data"][0]["capabilities"]["structured_output"], false);
+    assert_eq!(v["data"][0]["capabilities"]["mtp"], "off");
+    let (st, hs, body) = call(&app, "GET", "/metrics", None, &[]).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(hs
+        .iter()
+        .any(|(k, v)| k == "content-type" && v.starts_with("text/plain; version=0.0.4")));
+    assert!(
+        body.contains(
+            "nectar_http_requests_total{route=\"/v1/messages/count_tokens\",status=\"200\"} 1"
+        ),
+        "{body}"
+    );
+    let (_, _, body) = call(&app, "GET", "/stats", None, &[]).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["state"], "ready");
+    assert_eq!(v["config"]["parallel"], 1);
+}

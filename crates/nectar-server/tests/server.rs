@@ -1,0 +1,491 @@
+//! The real router over the real demo model (`models/nectar-demo-glm5`), greedy decoding.
+//!
+//! One model thread is shared by every test of this file (the tests run concurrently and queue
+//! on it, which is itself part of what is tested); each test builds its own router and state.
+//! Token budgets are small: the demo decodes a few hundred tokens per second on two cores.
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use nectar_server::backend::{Backend, LoadState};
+use nectar_server::{router, AppState, EngineBackend, EngineOptions, ServerConfig};
+use serde_json::{json, Value};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
+
+const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5");
+const HARBOR: &str = "Define the word \"harbor\".";
+/// The demo's reference greedy answer to HARBOR starts with this.
+const HARBOR_REF: &str = "harbor \\harbor\\ n.";
+
+fn backend() -> Arc<EngineBackend> {
+    static B: OnceLock<Arc<EngineBackend>> = OnceLock::new();
+    B.get_or_init(|| Arc::new(EngineBackend::spawn(EngineOptions::new(DEMO)).unwrap()))
+        .clone()
+}
+
+async fn app() -> Router {
+    let b = backend();
+    let mut rx = b.subscribe();
+    let state = tokio::time::timeout(
+        Duration::from_secs(120),
+        rx.wait_for(|s| *s != LoadState::Loading),
+    )
+    .await
+    .expect("model load timed out")
+    .unwrap()
+    .clone();
+    assert_eq!(state, LoadState::Ready);
+    router(AppState::new(b, ServerConfig::default(), None))
+}
+
+fn reference(name: &str) -> Value {
+    let text = std::fs::read_to_string(format!("{DEMO}/reference.json")).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    r["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap()
+        .clone()
+}
+
+async fn send(app: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, String) {
+    let b = Request::builder().method(method).uri(path);
+    let req = match body {
+        Some(v) => b
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap(),
+        None => b.body(Body::empty()).unwrap(),
+    };
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+async fn post_json(app: &Router, path: &str, body: Value) -> Value {
+    let (st, text) = send(app, "POST", path, Some(body)).await;
+    assert_eq!(st, StatusCode::OK, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// `(event name, parsed data)` of an SSE body; `[DONE]` comes back as the string "[DONE]".
+fn sse(body: &str) -> Vec<(String, Value)> {
+    body.split("\n\n")
+        .filter_map(|block| {
+            let mut name = String::new();
+            let mut data = None;
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str(d).unwrap_or(Value::String(d.to_owned())));
+                }
+            }
+            data.map(|d| (name, d))
+        })
+        .collect()
+}
+
+fn chat_body(text: &str, max_tokens: u64) -> Value {
+    json!({"model": "whatever", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
+}
+
+async fn chat_text(app: &Router, text: &str, max_tokens: u64) -> String {
+    let v = post_json(app, "/v1/chat/completions", chat_body(text, max_tokens)).await;
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn chat_stream_text(app: &Router, text: &str, max_tokens: u64) -> String {
+    let mut body = chat_body(text, max_tokens);
+    body["stream"] = json!(true);
+    let (st, raw) = send(app, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(st, StatusCode::OK);
+    let events = sse(&raw);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    events
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn chat_matches_the_demo_reference() {
+    let app = app().await;
+    let v = post_json(&app, "/v1/chat/completions", chat_body(HARBOR, 12)).await;
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "nectar-demo-glm5");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with(HARBOR_REF), "{text:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        reference("chat")["n_tokens"],
+        "the server renders the chat template as the reference did"
+    );
+}
+
+#[tokio::test]
+async fn streaming_chat_concatenates_to_the_non_streaming_text() {
+    let app = app().await;
+    let whole = chat_text(&app, HARBOR, 16).await;
+    let streamed = chat_stream_text(&app, HARBOR, 16).await;
+    assert_eq!(streamed, whole);
+    assert!(whole.starts_with(HARBOR_REF));
+}
+
+#[tokio::test]
+async fn completions_with_token_ids_match_the_reference() {
+    let app = app().await;
+    let r = reference("en_text");
+    let v = post_json(
+        &app,
+        "/v1/completions",
+        json!({"prompt": r["input_ids"], "max_tokens": 16}),
+    )
+    .await;
+    assert_eq!(v["object"], "text_completion");
+    // The reference continuation ends with <|endoftext|>, a stop id: the text stops before it.
+    let want = r["greedy_text"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("<|endoftext|>");
+    assert_eq!(v["choices"][0]["text"], want);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["prompt_tokens"], r["n_tokens"]);
+    // The same prompt as text, echoed.
+    let v = post_json(
+        &app,
+        "/v1/completions",
+        json!({"prompt": r["text"], "max_tokens": 16, "echo": true}),
+    )
+    .await;
+    assert_eq!(
+        v["choices"][0]["text"],
+        format!("{}{want}", r["text"].as_str().unwrap())
+    );
+}
+
+#[tokio::test]
+async fn responses_continue_a_stored_response() {
+    let app = app().await;
+    let first = post_json(
+        &app,
+        "/v1/responses",
+        json!({"input": HARBOR, "max_output_tokens": 8}),
+    )
+    .await;
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["status"], "incomplete");
+    let text = first["output"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("harbor"), "{text:?}");
+    let second = post_json(
+        &app,
+        "/v1/responses",
+        json!({"input": "Define the word \"anchor\".", "previous_response_id": first["id"], "max_output_tokens": 4}),
+    )
+    .await;
+    assert_eq!(second["previous_response_id"], first["id"]);
+    // The continuation's prompt holds the first exchange.
+    let first_total = first["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(second["usage"]["input_tokens"].as_u64().unwrap() > first_total);
+    let (st, got) = send(
+        &app,
+        "GET",
+        &format!("/v1/responses/{}", second["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&got).unwrap()["id"],
+        second["id"]
+    );
+}
+
+#[tokio::test]
+async fn anthropic_messages_and_stream() {
+    let app = app().await;
+    let body = json!({"model": "claude-x", "max_tokens": 12, "messages": [{"role": "user", "content": HARBOR}]});
+    let v = post_json(&app, "/v1/messages", body.clone()).await;
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["role"], "assistant");
+    assert_eq!(v["stop_reason"], "max_tokens");
+    let text = v["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(HARBOR_REF), "{text:?}");
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let (st, raw) = send(&app, "POST", "/v1/messages", Some(sbody)).await;
+    assert_eq!(st, StatusCode::OK);
+    let events = sse(&raw);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[..3],
+        ["message_start", "content_block_start", "ping"]
+    );
+    assert_eq!(
+        &names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(names[3..names.len() - 3]
+        .iter()
+        .all(|n| *n == "content_block_delta"));
+    let streamed: String = events
+        .iter()
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(
+        events[0].1["message"]["usage"]["input_tokens"],
+        v["usage"]["input_tokens"]
+    );
+    assert_eq!(events[names.len() - 2].1["usage"]["output_tokens"], 12);
+    // count_tokens counts the same rendered prompt.
+    let n = post_json(
+        &app,
+        "/v1/messages/count_tokens",
+        json!({"model": "m", "messages": body["messages"]}),
+    )
+    .await;
+    assert_eq!(n["input_tokens"], v["usage"]["input_tokens"]);
+}
+
+#[tokio::test]
+async fn health_models_stats_and_metrics() {
+    let app = app().await;
+    let (st, body) = send(&app, "GET", "/health", None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "ok"
+    );
+    let (_, body) = send(&app, "GET", "/v1/models", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let m = &v["data"][0];
+    assert_eq!(m["id"], "nectar-demo-glm5");
+    assert_eq!(m["context_length"], 4096);
+    assert_eq!(m["capabilities"]["tools"], true);
+    assert_eq!(m["capabilities"]["structured_output"], false);
+    assert_eq!(m["capabilities"]["batching"], false);
+    assert_eq!(m["capabilities"]["mtp"], "off");
+    chat_text(&app, HARBOR, 4).await;
+    let (_, body) = send(&app, "GET", "/metrics", None).await;
+    let generated = body
+        .lines()
+        .find_map(|l| l.strip_prefix("nectar_generated_tokens_total "))
+        .unwrap();
+    assert!(generated.parse::<u64>().unwrap() >= 4, "{body}");
+    assert!(body.contains("# TYPE nectar_queue_depth gauge"));
+    assert!(body
+        .contains("nectar_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 1"));
+    let (_, body) = send(&app, "GET", "/stats", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["state"], "ready");
+    assert!(v["tokens"]["generated"].as_u64().unwrap() >= 4);
+    assert!(v["tokens"]["tokens_per_second"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn context_overflow_and_bad_ids_are_400() {
+    let app = app().await;
+    let (st, body) = send(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"prompt": vec![100u32; 5000], "max_tokens": 1})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(v["error"]["message"].as_str().unwrap().contains("5000"));
+    let (st, body) = send(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"prompt": [1, 999999]})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["param"],
+        "prompt"
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_mid_stream_cancels_and_the_server_stays_healthy() {
+    let app = app().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let b = backend();
+    let cancelled_before = b.stats().requests_cancelled;
+    // A long generation: the repetitive code prompt does not stop by itself.
+    let body =
+        json!({"prompt": reference("code_long")["input_ids"], "max_tokens": 3000, "stream": true})
+            .to_string();
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"text\":\"") {
+        let n = tokio::time::timeout(Duration::from_secs(60), conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "connection closed early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    drop(conn);
+    // The generation stops at its next token instead of running to 3000.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while b.stats().requests_cancelled == cancelled_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the generation was not cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fresh = router(AppState::new(backend(), ServerConfig::default(), None));
+    assert!(chat_text(&fresh, HARBOR, 6).await.starts_with("harbor"));
+}
+
+#[tokio::test]
+async fn eight_concurrent_streams_equal_their_solo_outputs() {
+    let app = app().await;
+    let words = [
+        "harbor", "anchor", "river", "mountain", "lantern", "garden", "window", "silver",
+    ];
+    let prompts: Vec<String> = words
+        .iter()
+        .map(|w| format!("Define the word \"{w}\"."))
+        .collect();
+    let mut solo = Vec::new();
+    for p in &prompts {
+        solo.push(chat_text(&app, p, 12).await);
+    }
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let app = app.clone();
+            let p = p.clone();
+            tokio::spawn(async move { chat_stream_text(&app, &p, 12).await })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap(), solo[i], "stream {i} ({})", words[i]);
+    }
+    assert!(solo[0].starts_with(HARBOR_REF));
+}
+
+#[tokio::test]
+async fn logprobs_stop_strings_and_seeded_sampling() {
+    let app = app().await;
+    // Greedy logprobs: the chosen token is the most likely one, and the tokens spell the text.
+    let mut body = chat_body(HARBOR, 6);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    let lps = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lps.len(), 6);
+    let spelled: String = lps.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(spelled, content);
+    for e in lps {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["token"], e["token"]);
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    // Streaming carries the same logprobs.
+    let mut body = chat_body(HARBOR, 6);
+    body["logprobs"] = json!(true);
+    body["stream"] = json!(true);
+    let (_, raw) = send(&app, "POST", "/v1/chat/completions", Some(body)).await;
+    let streamed: Vec<Value> = sse(&raw)
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(streamed.len(), 6);
+    assert_eq!(streamed[0]["logprob"], lps[0]["logprob"]);
+
+    // A stop string cuts the text before it.
+    let mut body = chat_body(HARBOR, 12);
+    body["stop"] = json!("\\");
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "harbor ");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let v = post_json(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 12, "stop_sequences": ["\\"], "messages": [{"role": "user", "content": HARBOR}]}),
+    )
+    .await;
+    assert_eq!(v["stop_reason"], "stop_sequence");
+    assert_eq!(v["stop_sequence"], "\\");
+    assert_eq!(v["content"][0]["text"], "harbor ");
+
+    // Sampling is real and seeded: the same seed gives the same text.
+    let mut body = chat_body(HARBOR, 8);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(7);
+    let a = post_json(&app, "/v1/chat/completions", body.clone()).await;
+    let b = post_json(&app, "/v1/chat/completions", body).await;
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+
+    // Legacy completions logprobs.
+    let r = reference("en_text");
+    let v = post_json(
+        &app,
+        "/v1/completions",
+        json!({"prompt": r["input_ids"], "max_tokens": 3, "logprobs": 1}),
+    )
+    .await;
+    let l = &v["choices"][0]["logprobs"];
+    assert_eq!(l["tokens"].as_array().unwrap().len(), 3);
+    assert_eq!(l["text_offset"][0], 0);
+    assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn memory_budget_streams_experts_and_reports_residency() {
+    let mut opts = EngineOptions::new(DEMO);
+    opts.memory_budget = Some(1 << 30);
+    let b = Arc::new(EngineBackend::spawn(opts).unwrap());
+    let mut rx = b.subscribe();
+    let state = rx
+        .wait_for(|s| *s != LoadState::Loading)
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(state, LoadState::Ready);
+    let app = router(AppState::new(b, ServerConfig::default(), None));
+    assert!(chat_text(&app, HARBOR, 12).await.starts_with(HARBOR_REF));
+    let (_, body) = send(&app, "GET", "/stats", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["model_info"]["memory_budget"], 1u64 << 30);
+    let misses: u64 = v["residency"]["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["misses"].as_u64().unwrap())
+        .sum();
+    assert!(misses > 0, "{}", v["residency"]);
+}
