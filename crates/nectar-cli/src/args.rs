@@ -24,6 +24,14 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Describe a model directory: config, tensor inventory by class, bytes per class/expert.
     Inspect(InspectArgs),
+    /// Measure throughput against this machine's limits (`nectar bench kernels`).
+    Bench(BenchArgs),
+    /// Print the memory equation for a model and a budget, and the expert cache it buys.
+    Fit(FitArgs),
+    /// Write a synthetic container with GLM-5.2's real expert geometry (for I/O benchmarks).
+    Synth(SynthArgs),
+    /// Serve the OpenAI and Anthropic HTTP APIs. Without --model, serves the built-in demo model.
+    Serve(ServeArgs),
 }
 
 /// `nectar run`.
@@ -32,6 +40,16 @@ pub struct RunArgs {
     /// Model directory (Hugging Face `glm_moe_dsa` layout). Default: the built-in demo model.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Hard memory budget (e.g. 24G): routed experts stream from disk through a bounded cache
+    /// (see `nectar fit`). Default: every expert resident (memory-mapped).
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// Context length the memory plan reserves KV for (with --memory-budget).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// I/O threads reading experts (with --memory-budget).
+    #[arg(long, default_value_t = 3)]
+    pub io_threads: usize,
     /// Prompt text (default: a short sample prompt).
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids instead of text (no tokenizer needed).
@@ -46,6 +64,116 @@ pub struct RunArgs {
     /// Print one JSON object (prompt_ids, tokens, text, stats) instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Sampling temperature; 0 (the default) is greedy decoding.
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, value_name = "K", default_value_t = 0, help_heading = "Sampling")]
+    pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens until their probability reaches P (1 = off).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub top_p: f32,
+    /// Keep tokens at least P times as likely as the most likely one (0 = off).
+    #[arg(
+        long,
+        value_name = "P",
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub min_p: f32,
+    /// Repetition penalty over prompt and output: positive logits divided, negative multiplied (1 = off).
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub repeat_penalty: f32,
+    /// Apply --repeat-penalty to the last N tokens only (default: the whole prompt and output).
+    #[arg(long, value_name = "N", help_heading = "Sampling")]
+    pub repeat_last_n: Option<usize>,
+    /// Subtract this from the logit of every token already generated, in [-2, 2] (0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub presence_penalty: f32,
+    /// Subtract this times its count from a generated token's logit, in [-2, 2] (0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        help_heading = "Sampling"
+    )]
+    pub frequency_penalty: f32,
+    /// Add BIAS to token ID's logit, e.g. 42=-100 (repeatable).
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, help_heading = "Sampling")]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Seed for sampling: the same seed gives the same output (default: random, reported).
+    #[arg(long, help_heading = "Sampling")]
+    pub seed: Option<u64>,
+    /// Stop when STRING appears in the output, which ends before it (repeatable).
+    #[arg(long, value_name = "STRING", help_heading = "Stopping")]
+    pub stop: Vec<String>,
+    /// Also stop at token ID, besides the model's end-of-sequence ids (repeatable).
+    #[arg(long, value_name = "ID", help_heading = "Stopping")]
+    pub stop_id: Vec<u32>,
+    /// With --json: add each token's logprob and its N most likely alternatives (0-20).
+    #[arg(long, value_name = "N", requires = "json")]
+    pub logprobs: Option<usize>,
+    /// Speculative decoding with the model's MTP head: off, on, or auto (draft only while it
+    /// measurably pays; the decisions are reported). Output is unchanged either way.
+    #[arg(long, value_enum, default_value_t = MtpMode::Off, help_heading = "Speculation")]
+    pub mtp: MtpMode,
+    /// Drafts per round (1-3), with --mtp on/auto or --prompt-lookup; the maximum for auto.
+    /// Default: 1 for --mtp on (measured on the demo model), 3 for auto and --prompt-lookup.
+    #[arg(long, value_name = "N", help_heading = "Speculation")]
+    pub draft_tokens: Option<usize>,
+    /// Prompt-lookup drafts (model-free): propose what followed the latest earlier occurrence of
+    /// the last N tokens. Not with --mtp on/auto.
+    #[arg(long, value_name = "N", help_heading = "Speculation")]
+    pub prompt_lookup: Option<usize>,
+}
+
+/// `nectar run --mtp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MtpMode {
+    /// Plain decoding.
+    Off,
+    /// Draft --draft-tokens tokens every round.
+    On,
+    /// Choose the depth (0 to --draft-tokens) from measured acceptance and cost.
+    Auto,
+}
+
+/// `--logit-bias ID=BIAS`.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not ID=BIAS"))?;
+    let id = id
+        .trim()
+        .parse()
+        .map_err(|e| format!("token id `{id}`: {e}"))?;
+    let bias = bias
+        .trim()
+        .parse()
+        .map_err(|e| format!("bias `{bias}`: {e}"))?;
+    Ok((id, bias))
 }
 
 /// `nectar logits`.
@@ -118,4 +246,174 @@ pub struct ConvertArgs {
     /// Free space (GB) that must remain on the output disk after each shard.
     #[arg(long, default_value_t = 20.0)]
     pub min_free_gb: f64,
+}
+
+/// `nectar bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+/// What `nectar bench` measures.
+#[derive(Debug, Subcommand)]
+pub enum BenchWhat {
+    /// Matrix-product kernels on GLM-5.2 shapes (synthetic weights), as a ratio to the read
+    /// bandwidth measured in the same run.
+    Kernels(BenchKernelsArgs),
+    /// Expert loads through the residency manager vs raw reads of the same files.
+    Io(BenchIoArgs),
+    /// Synthetic decode over a container with K LRU slots per layer and replayed routes.
+    Decode(BenchDecodeArgs),
+}
+
+/// `nectar bench io`.
+#[derive(Debug, Args)]
+pub struct BenchIoArgs {
+    /// A container (e.g. from `nectar synth`), ideally larger than the memory left for caches.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// I/O threads (both arms).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Experts requested per wave in the residency arm.
+    #[arg(long, default_value_t = 16)]
+    pub wave: usize,
+    /// Seconds per arm and repetition.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Repetitions (arms alternate; the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `nectar bench decode`.
+#[derive(Debug, Args)]
+pub struct BenchDecodeArgs {
+    /// A container (e.g. from `nectar synth`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// LRU slots per layer.
+    #[arg(long, default_value_t = 12)]
+    pub slots: usize,
+    /// Route source: uniform, zipf (temporal locality) or trace (the demo model's recorded
+    /// routing, `tests/fixtures/traces/demo`, or `--trace DIR`).
+    #[arg(long, default_value = "zipf")]
+    pub routes: String,
+    /// Directory of a recorded trace (`decode.experts.npy`).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Measured tokens.
+    #[arg(long, default_value_t = 100)]
+    pub tokens: usize,
+    /// Warm-up tokens (not timed).
+    #[arg(long, default_value_t = 20)]
+    pub warmup: usize,
+    /// Emulated resident spine read per layer and token, in MB.
+    #[arg(long, default_value_t = 127.0)]
+    pub spine_mb: f64,
+    /// I/O threads.
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+    /// Working slots.
+    #[arg(long, default_value_t = 64)]
+    pub working: usize,
+    /// `none`, or `oracle`: request the next layer's experts (known from the route source)
+    /// before computing this one — the perfect-prediction upper bound for prefetch.
+    #[arg(long, default_value = "none")]
+    pub prefetch: String,
+    /// Seconds for the raw-disk measurement that sets the disk-bound ceiling.
+    #[arg(long, default_value_t = 3.0)]
+    pub raw_seconds: f64,
+    /// Route generator seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `nectar bench kernels`.
+#[derive(Debug, Args)]
+pub struct BenchKernelsArgs {
+    /// Print one JSON object (`{"machine":..,"bandwidth":[..],"cases":[..]}`) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Fewer repetitions and a row subset of the LM head (about a minute).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only cases whose name contains this text (e.g. `expert`, `lm_head`).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Activation rows to measure (default 1,4,32).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 32])]
+    pub m: Vec<usize>,
+}
+
+/// `nectar fit`.
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// Model directory. Default: the built-in demo model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Hard memory budget (e.g. 24G, 512M). Default: 90 % of available memory.
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// Context length to reserve KV cache for.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `nectar synth`.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 21.2 MB per expert) or
+    /// `tiny` (for tests).
+    #[arg(long, default_value = "glm52")]
+    pub preset: String,
+    /// MoE layers to write (glm52: about 5.5 GB each).
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// `nectar serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model directory. Default: the built-in demo model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Address to bind (loopback by default; anything else should come with --api-key).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key on every route but /health (`Authorization: Bearer KEY` or `x-api-key`).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Context length in tokens (prompt + reply). Default: the model's, at most 4096.
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+    /// Requests generated at once. Only 1 until continuous batching lands.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
+    /// Stream routed experts under this memory budget (e.g. 24G). Default: experts memory-mapped.
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// MTP speculative decoding: on, off or auto. Only off (and auto, which resolves to off) until
+    /// MTP decoding lands.
+    #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
+    pub mtp: String,
 }

@@ -27,7 +27,11 @@ fn main() {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),
         args::Command::Inspect(a) => cmd::inspect::run(a),
+        args::Command::Bench(a) => cmd::bench::run(a),
         args::Command::Convert(a) => cmd::convert::run(a),
+        args::Command::Fit(a) => cmd::fit::run(a),
+        args::Command::Synth(a) => cmd::synth::run(a),
+        args::Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         // A closed stdout (`nectar run | head`) is not an error.

@@ -80,6 +80,97 @@ fn run_chat_text_prompt_streams_text() {
 }
 
 #[test]
+fn run_sampling_flags() {
+    let base = ["run", "--json", "--chat", "--max-tokens", "10"];
+    let sampled = |seed: &str| {
+        let mut args = base.to_vec();
+        args.extend([
+            "--temperature",
+            "1.1",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--seed",
+            seed,
+        ]);
+        args.extend(["--repeat-penalty", "1.1", "--presence-penalty", "-0.5"]);
+        args.push("Define the word \"harbor\".");
+        let (ok, out, err) = nectar(&args);
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let (a, b) = (sampled("5"), sampled("5"));
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert_eq!(a["text"], b["text"]);
+    assert_eq!(a["seed"], 5);
+    assert!(a["stats"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+    // Greedy output carries no seed.
+    let (ok, out, _) = nectar(&[&base[..], &["hi"]].concat());
+    assert!(ok && json(&out).get("seed").is_none(), "{out}");
+}
+
+#[test]
+fn run_stop_strings_and_logprobs() {
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--json",
+        "--chat",
+        "--max-tokens",
+        "32",
+        "--stop",
+        "\\ n",
+        "--logprobs",
+        "2",
+        "Define the word \"harbor\".",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["text"], "harbor \\harbor");
+    assert_eq!(v["finish_reason"], "stop");
+    assert_eq!(v["stop_reason"], "\\ n");
+    let lps = v["logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), v["tokens"].as_array().unwrap().len());
+    for lp in lps {
+        let top = lp["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["id"], lp["id"], "greedy picks the most likely");
+        assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(lp["token"].is_string());
+    }
+    // Streaming: the stop string and what follows never reach stdout.
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--chat",
+        "--max-tokens",
+        "32",
+        "--stop",
+        "\\ n",
+        "Define the word \"harbor\".",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "harbor \\harbor\n");
+    assert!(err.contains("finish: stop"), "{err}");
+}
+
+#[test]
+fn run_bad_sampling_flags_fail_cleanly() {
+    for (args, want) in [
+        (&["--temperature", "1", "--top-p", "1.5"][..], "top_p"),
+        (&["--temperature", "-1"][..], "temperature"),
+        (&["--logprobs", "3"][..], "--json"),
+        (&["--json", "--logprobs", "21"][..], "logprobs"),
+        (&["--logit-bias", "5"][..], "ID=BIAS"),
+        (&["--logit-bias", "99999999=1"][..], "logit_bias"),
+        (&["--stop", ""][..], "stop"),
+    ] {
+        let (ok, out, err) = nectar(&[&["run"][..], args].concat());
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?} printed {out}");
+    }
+}
+
+#[test]
 fn logits_json_matches_fixture() {
     let dir = root().join("tests/fixtures/glm-tiny/glm52");
     let exp = json(&std::fs::read_to_string(dir.join("expected.json")).unwrap());

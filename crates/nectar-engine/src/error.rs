@@ -159,6 +159,12 @@ pub enum Error {
     #[error("cannot seed the sampler from OS entropy: {0}")]
     Entropy(#[source] rand_chacha::rand_core::OsError),
 
+    /// Speculative decoding's bookkeeping broke an invariant (a cache
+    /// length that does not match the tokens, a drafter that overran its
+    /// round). A bug, reported instead of producing wrong output.
+    #[error("speculative decoding: {0}")]
+    Speculation(String),
+
     /// The caller passed a value the chat template cannot take.
     #[error("invalid chat input `{field}`: {reason}")]
     InvalidChatInput {

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::request::{FinishReason, Request, StopCause};
 use crate::request_state::{RequestState, Step};
 use crate::sampler::Logprobs;
+use crate::spec::SpecStats;
 use crate::tokenizer::Tokenizer;
 use nectar_model::{Glm5, NoObserver, SeqStep};
 use std::time::{Duration, Instant};
@@ -37,6 +38,10 @@ pub struct Generation {
     pub prefill: Duration,
     /// Time for the remaining decode steps.
     pub decode: Duration,
+    /// Speculation telemetry, from [`crate::generate_speculative`] (which
+    /// reports plain decoding too, as `"off"`); `None` from the plain
+    /// drivers.
+    pub spec: Option<SpecStats>,
 }
 
 impl Generation {
@@ -88,6 +93,7 @@ pub fn generate_with(
         prompt_tokens: request.prompt_ids.len(),
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
+        spec: None,
     };
     let mut cache = model.new_cache();
     let hd = model.hidden_size();

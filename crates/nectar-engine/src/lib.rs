@@ -6,8 +6,10 @@
 //! (stop ids and stop strings) and turns generated ids back into text as
 //! they arrive (stream decoder). A request is a [`RequestState`] stepped by
 //! a driver: [`generate`] runs one request serially; a batching scheduler
-//! will step many, one row each. Speculation and sessions will live here
-//! too. The model crate only ever sees token ids and knows nothing of text.
+//! will step many, one row each. Speculative decoding ([`SpecDecoder`],
+//! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
+//! batched forward) lives here too; sessions will. The model crate only ever
+//! sees token ids and knows nothing of text.
 //!
 //! The decision a newcomer would question: greedy decoding goes through the
 //! full sampler rather than a shortcut. It costs one copy of the logits row,
@@ -26,6 +28,7 @@ mod py_json;
 mod request;
 mod request_state;
 mod sampler;
+mod spec;
 mod stop;
 mod stream_decoder;
 mod strftime;
@@ -36,10 +39,15 @@ pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_greedy, generate_with, Generation};
 pub use request::{FinishReason, Request, StopCause};
-pub use request_state::{RequestState, Step};
+pub use request_state::{RequestState, Step, Verified};
 pub use sampler::{
     argmax, distribution, log_softmax, logprobs, process_logits, Distribution, Logprobs, Sampled,
     Sampler, SamplingParams, TokenHistory, MAX_TOP_LOGPROBS,
+};
+pub use spec::{
+    generate_spec, generate_speculative, lookup, verify_draft, AutoDecision, AutoGamma, Drafter,
+    MtpDrafter, PromptLookup, Proposals, Round, SpecDecoder, SpecStats, Speculation, Speculator,
+    Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;

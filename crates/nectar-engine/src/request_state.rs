@@ -10,7 +10,8 @@
 
 use crate::error::{Error, Result};
 use crate::request::{FinishReason, Request, StopCause};
-use crate::sampler::{Logprobs, Sampler, TokenHistory};
+use crate::sampler::{Distribution, Logprobs, Sampler, TokenHistory};
+use crate::spec::{verify_draft, Verdict};
 use crate::stop::StopMatcher;
 use crate::stream_decoder::StreamDecoder;
 use crate::tokenizer::Tokenizer;
@@ -28,6 +29,17 @@ pub struct Step {
     pub logprobs: Option<Logprobs>,
     /// Set on the request's last step.
     pub finished: Option<FinishReason>,
+}
+
+/// What [`RequestState::verify`] produced for one round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    /// One step per token that became output, in order: the accepted drafts,
+    /// then the correction or bonus token (fewer when the request finished
+    /// inside the run).
+    pub steps: Vec<Step>,
+    /// How many drafts were accepted.
+    pub accepted: usize,
 }
 
 /// A request being generated.
@@ -105,7 +117,83 @@ impl RequestState {
             return Err(Error::Request("the request has already finished".into()));
         }
         let sampled = self.sampler.sample(logits, &self.history, allowed)?;
-        let token = sampled.token;
+        self.emit(sampled.token, sampled.logprobs, tokenizer)
+    }
+
+    /// Verifies one round of speculative drafts: `logits` holds one row per
+    /// input the model ran for it — the last sampled token, then each draft
+    /// (`drafts.len() + 1` rows) — and `q[j]` the distribution `drafts[j]` was
+    /// drawn from (`None`: proposed deterministically, a point mass).
+    ///
+    /// Each row's target distribution is the one plain decoding would sample
+    /// from at that position (same processing, the history up to it), and
+    /// each draft is checked by standard rejection sampling
+    /// ([`crate::verify_draft`]; greedy: exact match with the argmax). The
+    /// accepted drafts, then the correction (first rejection) or the bonus
+    /// token (all accepted), go through the same stop, text and `max_tokens`
+    /// checks as [`Self::on_logits`], so a stop inside the accepted run ends
+    /// the request exactly where plain decoding would; later rows are
+    /// ignored. With no drafts this is [`Self::on_logits`] without a mask.
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        drafts: &[u32],
+        q: &[Option<Distribution>],
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<Verified> {
+        if self.finished.is_some() {
+            return Err(Error::Request("the request has already finished".into()));
+        }
+        let vocab = self.sampler.vocab_size();
+        if logits.len() != (drafts.len() + 1) * vocab {
+            return Err(Error::ShapeMismatch {
+                what: "verification logits",
+                expected: (drafts.len() + 1) * vocab,
+                found: logits.len(),
+            });
+        }
+        if q.len() != drafts.len() {
+            return Err(Error::ShapeMismatch {
+                what: "draft distributions",
+                expected: drafts.len(),
+                found: q.len(),
+            });
+        }
+        let mut out = Verified {
+            steps: Vec::with_capacity(drafts.len() + 1),
+            accepted: 0,
+        };
+        for (j, row) in logits.chunks_exact(vocab).enumerate() {
+            let (processed, p) = self.sampler.distribution(row, &self.history, None)?;
+            let (token, last) = match drafts.get(j) {
+                Some(&d) => match verify_draft(&mut self.sampler, &p, q[j].as_ref(), d) {
+                    Verdict::Accepted => {
+                        out.accepted += 1;
+                        (d, false)
+                    }
+                    Verdict::Rejected(t) => (t, true),
+                },
+                None => (self.sampler.draw(&p), true),
+            };
+            let logprobs = self.sampler.logprobs_of(&processed, token);
+            let step = self.emit(token, logprobs, tokenizer)?;
+            let finished = step.finished.is_some();
+            out.steps.push(step);
+            if last || finished {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records `token` as generated and runs the end checks: a stop token,
+    /// a stop string in the decoded text, `max_tokens`.
+    fn emit(
+        &mut self,
+        token: u32,
+        logprobs: Option<Logprobs>,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<Step> {
         self.fed = self.history.tokens().len();
         self.history.push(token);
         let mut text = String::new();
@@ -126,7 +214,7 @@ impl RequestState {
         Ok(Step {
             token,
             text,
-            logprobs: sampled.logprobs,
+            logprobs,
             finished: self.finished,
         })
     }
@@ -156,6 +244,23 @@ impl RequestState {
     /// The sampler (its seed, its parameters).
     pub fn sampler(&self) -> &Sampler {
         &self.sampler
+    }
+
+    /// Prompt and generated tokens (while drafting, the drafts too).
+    pub(crate) fn history(&self) -> &TokenHistory {
+        &self.history
+    }
+
+    /// The history and the sampler together, for drafting: drafts are pushed
+    /// to the history while they are proposed (so penalties see them, as
+    /// they would in plain decoding) and rolled back before verification.
+    pub(crate) fn draft_parts(&mut self) -> (&mut TokenHistory, &mut Sampler) {
+        (&mut self.history, &mut self.sampler)
+    }
+
+    /// Tokens generated so far that count against `max_tokens`, and the limit.
+    pub(crate) fn budget(&self) -> (usize, usize) {
+        (self.history.generated().len(), self.max_tokens)
     }
 
     /// Every id that ends this request, sorted.

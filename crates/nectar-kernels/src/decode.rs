@@ -1,5 +1,5 @@
 //! Row dequantisation: stored bytes → f32, exactly as the format defines it.
-use crate::dot::{isa_detect, Isa};
+use crate::dot::isa_detect;
 use crate::format::{MatRef, WeightFormat};
 
 /// Decodes row `r` of `m` into `dst` (length `m.cols`): `code · scale` in f32 for quantised
@@ -16,9 +16,12 @@ pub fn decode_row(m: &MatRef<'_>, r: usize, dst: &mut [f32]) {
         }
         WeightFormat::Bf16 => match isa_detect() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2 was detected at run time; lengths match by MatRef's invariant.
-            Isa::Avx2 => unsafe { crate::x86::decode_bf16_avx2(src, dst) },
-            Isa::Scalar => {
+            // SAFETY: both paths are only chosen after runtime detection of AVX2 (the AVX-512
+            // path requires it too); lengths match by MatRef's invariant.
+            crate::dot::Isa::Avx2 | crate::dot::Isa::Avx512 => unsafe {
+                crate::x86::avx2::decode_bf16_avx2(src, dst)
+            },
+            _ => {
                 for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
                     *d = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
                 }

@@ -14,34 +14,85 @@ use std::sync::OnceLock;
 /// Accumulator lanes of the canonical order.
 pub const LANES: usize = 16;
 
+/// An instruction-set path. Every path reproduces the scalar reference bit for bit; the choice
+/// only changes speed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Isa {
     Scalar,
+    /// AVX2 + FMA + F16C, 2 × 8-lane registers per accumulator.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// AVX-512F, one 16-lane register per accumulator.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// NEON, 4 × 4-lane registers per accumulator.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
+impl Isa {
+    /// Every path this CPU can run, slowest (the scalar reference) first.
+    pub(crate) fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c");
+            if avx2 {
+                v.push(Isa::Avx2);
+            }
+            // The AVX-512 path also uses AVX2 helpers (the fold, bf16 row decode).
+            if avx2 && std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Isa::Avx512);
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                v.push(Isa::Neon);
+            }
+        }
+        v
+    }
+
+    /// A short stable name ("scalar", "avx2+fma", "avx512f", "neon").
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2+fma",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => "avx512f",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The path the public entry points use: the fastest available one, or the one named by the
+/// `NECTAR_ISA` environment variable (`scalar`, `avx2`, `avx512`, `neon`) when the CPU supports
+/// it. The override exists so a slower path can be measured or bisected in place; since every
+/// path produces the same bits it can never change results.
 pub(crate) fn isa_detect() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx2;
-            }
+        let avail = Isa::available();
+        let best = *avail.last().unwrap_or(&Isa::Scalar);
+        match std::env::var("NECTAR_ISA") {
+            Ok(want) if !want.trim().is_empty() => avail
+                .iter()
+                .copied()
+                .find(|i| i.name().starts_with(want.trim()))
+                .unwrap_or(best),
+            _ => best,
         }
-        Isa::Scalar
     })
 }
 
 pub(crate) fn isa_name() -> &'static str {
-    match isa_detect() {
-        Isa::Scalar => "scalar",
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => "avx2+fma",
-    }
+    isa_detect().name()
 }
 
 /// Folds 16 lanes in the canonical order.
@@ -88,12 +139,23 @@ pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
 /// If the lengths differ (a caller bug, never a data error).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_with(isa_detect(), a, b)
+}
+
+/// [`dot`] on an explicit path (tests compare every available path with the reference).
+pub(crate) fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
-    match isa_detect() {
+    match isa {
         Isa::Scalar => dot_scalar(a, b),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only chosen after runtime detection of AVX2 and FMA.
-        Isa::Avx2 => unsafe { crate::x86::dot_avx2(a, b) },
+        // SAFETY: `Isa::Avx2` is only constructed after runtime detection of AVX2 and FMA.
+        Isa::Avx2 => unsafe { crate::x86::avx2::dot(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only constructed after runtime detection of AVX-512F.
+        Isa::Avx512 => unsafe { crate::x86::avx512::dot(a, b) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `Isa::Neon` is only constructed after runtime detection of NEON.
+        Isa::Neon => unsafe { crate::aarch64::neon::dot(a, b) },
     }
 }
 
@@ -101,6 +163,20 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn signed_zero_of_the_padded_tail_is_kept() {
+        // Products that underflow to -0 leave -0 in a lane; the zero-padded tail turns the padded
+        // lanes into +0 (fma(0, 0, -0) = +0). Every path must reproduce that sign.
+        for n in [1usize, 15, 17, 31, 33] {
+            let a = vec![-1e-30f32; n];
+            let b = vec![1e-30f32; n];
+            let want = dot_scalar(&a, &b).to_bits();
+            for isa in Isa::available() {
+                assert_eq!(dot_with(isa, &a, &b).to_bits(), want, "{isa:?} n={n}");
+            }
+        }
+    }
 
     #[test]
     fn small_known_values() {
@@ -113,6 +189,9 @@ mod tests {
         fn simd_matches_scalar_bitwise(v in prop::collection::vec((-1e3f32..1e3, -1e3f32..1e3), 0..300)) {
             let (a, b): (Vec<f32>, Vec<f32>) = v.into_iter().unzip();
             prop_assert_eq!(dot(&a, &b).to_bits(), dot_scalar(&a, &b).to_bits());
+            for isa in Isa::available() {
+                prop_assert_eq!(dot_with(isa, &a, &b).to_bits(), dot_scalar(&a, &b).to_bits(), "{:?}", isa);
+            }
         }
     }
 }

@@ -84,7 +84,15 @@ impl<'a> MatRef<'a> {
         if let WeightFormat::Int4Group { group: 0 } = format {
             return Err(Error::Shape("int4 group size 0".into()));
         }
-        let expected = rows * format.row_bytes(cols);
+        let overflow = || {
+            Error::Shape(format!(
+                "{rows}x{cols} {} matrix overflows usize",
+                format.name()
+            ))
+        };
+        let expected = rows
+            .checked_mul(format.row_bytes(cols))
+            .ok_or_else(overflow)?;
         if data.len() != expected {
             return Err(Error::Size {
                 what: "weight bytes",
@@ -96,7 +104,9 @@ impl<'a> MatRef<'a> {
                 unit: "bytes",
             });
         }
-        let expected = rows * format.row_scales(cols);
+        let expected = rows
+            .checked_mul(format.row_scales(cols))
+            .ok_or_else(overflow)?;
         if scales.len() != expected {
             return Err(Error::Size {
                 what: "scales",
@@ -115,6 +125,13 @@ impl<'a> MatRef<'a> {
             data,
             scales,
         })
+    }
+
+    /// Re-checks the invariants [`MatRef::new`] establishes. The fields are public, so a view
+    /// can be built without `new`; the SIMD kernels read raw pointers and rely on these sizes,
+    /// so every public kernel entry point calls this first.
+    pub fn validate(&self) -> Result<()> {
+        MatRef::new(self.format, self.rows, self.cols, self.data, self.scales).map(|_| ())
     }
 
     /// The bytes of row `r`.

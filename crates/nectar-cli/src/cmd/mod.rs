@@ -1,5 +1,11 @@
 //! One module per subcommand.
+pub mod bench;
+pub mod bench_decode;
+pub mod bench_io;
 pub mod convert;
+pub mod fit;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
+pub mod synth;

@@ -1,17 +1,36 @@
-//! `nectar run`: generate text from a prompt (greedy), streamed to stdout.
-use crate::args::RunArgs;
+//! `nectar run`: generate text from a prompt (greedy by default), streamed to stdout.
+use crate::args::{MtpMode, RunArgs};
 use crate::demo::model_dir;
 use anyhow::{Context, Result};
-use nectar_engine::{generate_greedy, ModelBundle, StreamDecoder};
-use serde_json::json;
+use nectar_engine::{
+    generate_spec, Generation, Logprobs, ModelBundle, Request, SamplingParams, SpecStats,
+    Speculation, Speculator, StopCause, Tokenizer, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
+};
+use nectar_model::arch::glm5::LoadOptions;
+use nectar_residency::rss::RssGuard;
+use nectar_residency::Telemetry;
+use serde_json::{json, Value};
 use std::io::Write;
 
 /// The prompt used when none is given.
 const DEFAULT_PROMPT: &str = "And God said,";
 
 pub fn run(a: RunArgs) -> Result<()> {
-    let dir = model_dir(a.model)?;
-    let bundle = ModelBundle::open(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let dir = model_dir(a.model.clone())?;
+    let budget = match &a.memory_budget {
+        Some(b) => Some(super::fit::resolve_budget(Some(b))?),
+        None => None,
+    };
+    let opts = LoadOptions {
+        memory_budget: budget,
+        ctx_size: a.ctx_size,
+        io_threads: a.io_threads,
+        ..Default::default()
+    };
+    let bundle = ModelBundle::open_with(&dir, &opts)
+        .with_context(|| format!("loading {}", dir.display()))?;
+    let layers = bundle.model.cfg.raw.num_hidden_layers + 1;
+    let mut guard = budget.map(RssGuard::new);
     let prompt_ids = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, p) => {
@@ -23,8 +42,12 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     };
+    let request = request(&a, prompt_ids.clone());
     let tok = bundle.tokenizer.as_ref();
-    let mut dec = StreamDecoder::with_context(true, &prompt_ids);
+    // Refuse bad flags before echoing the prompt.
+    request.validate(bundle.model.vocab_size(), tok.is_some())?;
+    warn_unused_knobs(&request.params);
+    let spec = speculation(&a)?;
     let mut stdout = std::io::stdout().lock();
     if !a.json {
         if let (Some(t), None) = (tok, &a.prompt_ids) {
@@ -34,61 +57,243 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     }
-    let stops = bundle.stop_ids.clone();
-    let gen = generate_greedy(&bundle.model, &prompt_ids, a.max_tokens, &stops, |id| {
-        if a.json || stops.contains(&id) {
+    let stops: Vec<u32> = bundle.stop_ids.iter().chain(&a.stop_id).copied().collect();
+    let gen = generate_spec(&bundle, &request, spec.as_ref(), |step| {
+        // After each step every expert lease is released: a safe point for the RSS guard.
+        if let (Some(g), Some(r)) = (guard.as_mut(), bundle.model.residency()) {
+            g.check(r, layers)
+                .map_err(|e| nectar_engine::Error::Model(e.into()))?;
+        }
+        if a.json {
             return Ok(true);
         }
         let piece = match tok {
-            Some(t) => dec.push(t, id)?,
-            None => format!("{id} "),
+            Some(_) => step.text.clone(),
+            None if stops.contains(&step.token) => String::new(),
+            None => format!("{} ", step.token),
         };
         // A closed stdout stops generation instead of failing it.
         Ok(write!(stdout, "{piece}")
             .and_then(|_| stdout.flush())
             .is_ok())
     })?;
-    let text_tokens: Vec<u32> = gen
-        .tokens
-        .iter()
-        .copied()
-        .filter(|t| !stops.contains(t))
-        .collect();
+    let residency = bundle.model.residency().map(|r| r.telemetry());
     if a.json {
-        let text = match tok {
-            Some(t) => t.decode(&text_tokens, true)?,
-            None => String::new(),
-        };
-        let out = json!({
-            "prompt_ids": prompt_ids,
-            "tokens": gen.tokens,
-            "text": text,
-            "finish_reason": gen.finish.as_str(),
-            "stats": {
-                "prompt_tokens": gen.prompt_tokens,
-                "generated_tokens": gen.tokens.len(),
-                "prefill_tok_s": gen.prefill_tok_s(),
-                "decode_tok_s": gen.decode_tok_s(),
-                "threads": rayon::current_num_threads(),
-                "isa": nectar_kernels::isa(),
-            }
-        });
+        let mut out = json_output(&prompt_ids, &request, &gen, tok)?;
+        if let Some(t) = &residency {
+            out["stats"]["residency"] = residency_json(t, &bundle, budget);
+        }
+        if let Some(s) = &gen.spec {
+            out["stats"]["mtp"] = serde_json::to_value(s)?;
+        }
         writeln!(stdout, "{out}")?;
     } else {
-        if let Some(t) = tok {
-            write!(stdout, "{}", dec.finish(t)?)?;
-        }
         writeln!(stdout)?;
+        let seed = if request.params.is_greedy() {
+            String::new()
+        } else {
+            format!(", seed {}", gen.seed)
+        };
         eprintln!(
-            "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}, {} threads, {}]",
+            "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}{}, {} threads, {}]",
             gen.prompt_tokens,
             gen.prefill_tok_s(),
             gen.tokens.len(),
             gen.decode_tok_s(),
             gen.finish.as_str(),
+            seed,
             rayon::current_num_threads(),
             nectar_kernels::isa()
         );
+        if let Some(s) = gen.spec.as_ref().filter(|s| s.mode != "off") {
+            eprintln!("{}", spec_summary(s));
+        }
+        if let (Some(t), Some(plan)) = (&residency, bundle.model.memory_plan()) {
+            eprintln!(
+                "[experts streamed: {} LRU slots per layer, hit rate {:.1} %, {:.3} GB read from disk ({} reads), {:.2} s disk time, {:.2} s waiting]",
+                plan.lru_per_layer,
+                100.0 * t.hit_rate(),
+                t.bytes_read as f64 / 1e9,
+                t.reads,
+                t.disk_seconds,
+                t.wait_seconds
+            );
+        }
     }
     Ok(())
+}
+
+/// The speculation the flags ask for (`None`: plain decoding), checked.
+fn speculation(a: &RunArgs) -> Result<Option<Speculation>> {
+    // `on` drafts at the depth measured best on the demo model; `auto` and
+    // prompt lookup (whose drafts cost nothing) search or draft up to the most.
+    let depth = |default| a.draft_tokens.unwrap_or(default);
+    let speculator = match (a.mtp, a.prompt_lookup) {
+        (MtpMode::Off, None) => return Ok(None),
+        (MtpMode::Off, Some(ngram)) => Speculator::PromptLookup {
+            ngram,
+            max_draft: depth(MAX_DRAFT),
+        },
+        (MtpMode::On, None) => Speculator::Mtp {
+            gamma: depth(DEFAULT_DRAFT_TOKENS),
+        },
+        (MtpMode::Auto, None) => Speculator::Mtp {
+            gamma: depth(MAX_DRAFT),
+        },
+        (_, Some(_)) => anyhow::bail!(
+            "--prompt-lookup and --mtp on/auto both draft; a request has one drafter, choose one"
+        ),
+    };
+    let spec = Speculation {
+        speculator,
+        auto: a.mtp == MtpMode::Auto,
+    };
+    spec.validate()?;
+    Ok(Some(spec))
+}
+
+/// One stderr line on what speculation did, and the `auto` decision in force.
+fn spec_summary(s: &SpecStats) -> String {
+    let mut line = format!(
+        "[{}{}: γ={}, drafted {}, accepted {} ({:.1} %), {:.2} tokens per forward, {} of {} forwards saved, {:.1} tok/s end to end",
+        s.mode,
+        if s.auto { " auto" } else { "" },
+        s.gamma,
+        s.drafted,
+        s.accepted,
+        100.0 * s.acceptance_rate,
+        s.tokens_per_forward,
+        s.forwards_saved,
+        s.forwards_saved + s.main_forwards,
+        s.tok_s
+    );
+    if let Some(d) = s.decisions.last() {
+        let path: Vec<String> = s
+            .decisions
+            .iter()
+            .map(|d| format!("γ={}×{}", d.gamma, d.windows))
+            .collect();
+        line += &format!(
+            "; auto (γ × windows held): {}; last decision {}",
+            path.join(" → "),
+            d.reason
+        );
+    }
+    line + "]"
+}
+
+/// Residency figures for `--json`: hit rate, bytes read, occupancy and the plan.
+fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> Value {
+    json!({
+        "memory_budget": budget,
+        "lru_per_layer": bundle.model.memory_plan().map(|p| p.lru_per_layer),
+        "hit_rate": t.hit_rate(),
+        "gb_read": t.bytes_read as f64 / 1e9,
+        "reads": t.reads,
+        "read_errors": t.read_errors,
+        "disk_seconds": t.disk_seconds,
+        "wait_seconds": t.wait_seconds,
+        "occupancy": t.occupancy,
+        "rss_shrinks": t.rss_shrinks,
+    })
+}
+
+/// The engine request the flags describe (validated by the engine).
+fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> Request {
+    Request {
+        prompt_ids,
+        params: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repetition_penalty: a.repeat_penalty,
+            repetition_window: a.repeat_last_n,
+            presence_penalty: a.presence_penalty,
+            frequency_penalty: a.frequency_penalty,
+            logit_bias: a.logit_bias.iter().copied().collect(),
+            seed: a.seed,
+            logprobs: a.logprobs,
+        },
+        max_tokens: a.max_tokens,
+        stop_strings: a.stop.clone(),
+        extra_stop_ids: a.stop_id.clone(),
+    }
+}
+
+/// Truncation knobs and the seed do nothing at temperature 0; say so rather
+/// than let a user believe they sampled.
+fn warn_unused_knobs(p: &SamplingParams) {
+    let d = SamplingParams::default();
+    if p.is_greedy()
+        && (p.top_k != d.top_k || p.top_p != d.top_p || p.min_p != d.min_p || p.seed.is_some())
+    {
+        eprintln!(
+            "warning: --top-k, --top-p, --min-p and --seed have no effect at --temperature 0 (greedy)"
+        );
+    }
+}
+
+/// The `--json` object: `prompt_ids`, `tokens`, `text`, `finish_reason`, `stop_reason` (the
+/// stop token id or string, else null), `seed` (when sampling), `logprobs` (when asked) and
+/// `stats`.
+fn json_output(
+    prompt_ids: &[u32],
+    request: &Request,
+    gen: &Generation,
+    tok: Option<&Tokenizer>,
+) -> Result<Value> {
+    let stop_reason = match &gen.stop {
+        Some(StopCause::Token(id)) => json!(id),
+        Some(StopCause::String(s)) => json!(s),
+        None => Value::Null,
+    };
+    let mut out = json!({
+        "prompt_ids": prompt_ids,
+        "tokens": gen.tokens,
+        "text": gen.text,
+        "finish_reason": gen.finish.as_str(),
+        "stop_reason": stop_reason,
+        "stats": {
+            "prompt_tokens": gen.prompt_tokens,
+            "generated_tokens": gen.tokens.len(),
+            "prefill_tok_s": gen.prefill_tok_s(),
+            "decode_tok_s": gen.decode_tok_s(),
+            "threads": rayon::current_num_threads(),
+            "isa": nectar_kernels::isa(),
+        }
+    });
+    if !request.params.is_greedy() {
+        out["seed"] = json!(gen.seed);
+    }
+    if request.params.logprobs.is_some() {
+        let entries = gen
+            .tokens
+            .iter()
+            .zip(&gen.logprobs)
+            .map(|(&id, lp)| logprob_entry(id, lp, tok))
+            .collect::<Result<Vec<_>>>()?;
+        out["logprobs"] = Value::Array(entries);
+    }
+    Ok(out)
+}
+
+/// `{"id", "token" (its text, with a tokenizer), "logprob", "top_logprobs": [{"id", "token",
+/// "logprob"}]}`, OpenAI's shape with ids added.
+fn logprob_entry(id: u32, lp: &Logprobs, tok: Option<&Tokenizer>) -> Result<Value> {
+    let one = |id: u32, logprob: f32| -> Result<Value> {
+        let mut v = json!({"id": id, "logprob": logprob});
+        if let Some(t) = tok {
+            v["token"] = json!(t.decode(&[id], false)?);
+        }
+        Ok(v)
+    };
+    let mut v = one(id, lp.logprob)?;
+    v["top_logprobs"] = Value::Array(
+        lp.top
+            .iter()
+            .map(|&(i, l)| one(i, l))
+            .collect::<Result<Vec<_>>>()?,
+    );
+    Ok(v)
 }

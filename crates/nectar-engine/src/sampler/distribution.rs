@@ -30,6 +30,13 @@ pub struct Distribution {
 }
 
 impl Distribution {
+    /// A distribution over `candidates` as given: `(id, probability)`, most
+    /// likely first, probabilities summing to 1 (the caller's contract; a
+    /// speculative verifier builds its residual distribution this way).
+    pub(crate) fn from_candidates(candidates: Vec<(u32, f64)>) -> Distribution {
+        Distribution { candidates }
+    }
+
     /// `(id, probability)` of every token that can be drawn, most likely first.
     pub fn candidates(&self) -> &[(u32, f64)] {
         &self.candidates

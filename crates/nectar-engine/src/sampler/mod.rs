@@ -82,6 +82,11 @@ impl Sampler {
         })
     }
 
+    /// The length of a logits row.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
     /// The request's parameters.
     pub fn params(&self) -> &SamplingParams {
         &self.params
@@ -129,17 +134,29 @@ impl Sampler {
         allowed: Option<&[bool]>,
     ) -> Result<Sampled> {
         let (processed, dist) = self.distribution(logits, history, allowed)?;
-        let token = if self.params.is_greedy() {
+        let token = self.draw(&dist);
+        let logprobs = self.logprobs_of(&processed, token);
+        Ok(Sampled { token, logprobs })
+    }
+
+    /// Step 6 alone: one token from `dist` by inverse CDF. Greedy requests
+    /// take the point mass without drawing (they consume no randomness); a
+    /// sampled draw consumes exactly one word of the request's stream.
+    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+        if self.params.is_greedy() {
             dist.sample_at(0.0)
         } else {
             let u = self.next_uniform();
             dist.sample_at(u)
-        };
-        let logprobs = self
-            .params
+        }
+    }
+
+    /// The logprobs of `token` under `processed` logits, when the request
+    /// asked for them (the convention of [`Logprobs`]).
+    pub fn logprobs_of(&self, processed: &[f32], token: u32) -> Option<Logprobs> {
+        self.params
             .logprobs
-            .map(|n| logprobs(&processed, self.params.temperature, token, n));
-        Ok(Sampled { token, logprobs })
+            .map(|n| logprobs(processed, self.params.temperature, token, n))
     }
 }
 

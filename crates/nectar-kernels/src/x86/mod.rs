@@ -1,4 +1,5 @@
-//! x86-64 SIMD paths (AVX2 + FMA), chosen at run time by `dot::isa_detect`.
-mod avx2;
-
-pub(crate) use avx2::{decode_bf16_avx2, dot_avx2};
+//! x86-64 SIMD paths, chosen at run time (`dot::Isa`). Each keeps the canonical order of
+//! `dot.rs` bit for bit; see the module docs for how.
+pub(crate) mod avx2;
+pub(crate) mod avx512;
+pub(crate) mod vnni;

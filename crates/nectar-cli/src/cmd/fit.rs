@@ -1,0 +1,70 @@
+//! `nectar fit`: the whole memory equation for a model and a budget, and the LRU capacity it buys.
+use crate::args::FitArgs;
+use crate::demo::model_dir;
+use anyhow::Result;
+use nectar_model::arch::glm5::{plan_memory, LoadOptions};
+use nectar_residency::planner::{human, parse_size, render};
+use serde_json::json;
+
+/// Memory the OS reports as available (Linux `MemAvailable`), if known.
+pub fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The budget to plan for: the given size, else 90 % of available memory.
+pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
+    match given {
+        Some(s) => parse_size(s).map_err(anyhow::Error::msg),
+        None => mem_available()
+            .map(|a| a / 10 * 9)
+            .ok_or_else(|| anyhow::anyhow!("cannot read available memory; pass --memory-budget")),
+    }
+}
+
+pub fn run(a: FitArgs) -> Result<()> {
+    let dir = model_dir(a.model)?;
+    let budget = resolve_budget(a.memory_budget.as_deref())?;
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        ctx_size: a.ctx_size,
+        ..Default::default()
+    };
+    let (inputs, plan) = plan_memory(&dir, &opts)?;
+    match plan {
+        Ok(p) => {
+            if a.json {
+                let terms: Vec<_> = p
+                    .terms
+                    .iter()
+                    .map(|(k, v)| json!({"term": k, "bytes": v}))
+                    .collect();
+                let out = json!({
+                    "model": dir, "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
+                    "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
+                    "terms": terms, "slack": p.slack,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!(
+                    "memory plan for {} (budget {}, context {} tokens):",
+                    dir.display(),
+                    human(budget),
+                    a.ctx_size
+                );
+                print!("{}", render(&p, budget));
+                println!(
+                    "  => {} LRU slots per sparse layer ({} layers, {} per slot), {} unused",
+                    p.lru_per_layer,
+                    inputs.sparse_layers,
+                    human(inputs.slot_bytes),
+                    human(p.slack)
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,49 @@
+//! `nectar serve`: the OpenAI- and Anthropic-compatible HTTP server over one model.
+//!
+//! Flags are checked here and refused when the server cannot honour them yet (`--parallel` > 1,
+//! `--mtp on`), rather than accepted and silently ignored.
+use crate::args::ServeArgs;
+use crate::demo::model_dir;
+use anyhow::{bail, Result};
+use nectar_residency::planner::parse_size;
+use nectar_server::ServeOptions;
+
+/// Requests that may wait for the model thread before new ones get 429.
+const QUEUE_CAPACITY: usize = 64;
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    let dir = model_dir(a.model)?;
+    if a.parallel != 1 {
+        bail!(
+            "--parallel {}: continuous batching is not implemented yet, so requests are generated \
+             one at a time; use --parallel 1 (others wait in a queue of {QUEUE_CAPACITY})",
+            a.parallel
+        );
+    }
+    let mtp = match a.mtp.as_str() {
+        "on" => bail!(
+            "--mtp on: speculative decoding with the MTP head is not implemented yet; use --mtp off \
+             (or auto, which resolves to off for now)"
+        ),
+        _ => "off".to_string(),
+    };
+    if a.ctx_size == Some(0) {
+        bail!("--ctx-size must be at least 1");
+    }
+    let memory_budget = match a.memory_budget.as_deref() {
+        Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    nectar_server::run(ServeOptions {
+        model_dir: dir,
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        ctx_size: a.ctx_size,
+        memory_budget,
+        parallel: a.parallel,
+        mtp,
+        queue_capacity: QUEUE_CAPACITY,
+    })?;
+    Ok(())
+}

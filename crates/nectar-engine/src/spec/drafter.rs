@@ -1,0 +1,152 @@
+//! The draft provider interface and the proposals a drafter fills.
+
+use crate::error::{Error, Result};
+use crate::request_state::RequestState;
+use crate::sampler::Distribution;
+use nectar_model::{Glm5, SeqCache};
+
+/// A source of draft tokens for one request. Exactly one drafter owns a
+/// request for its whole life; the driver ([`crate::SpecDecoder`]) asks it
+/// for drafts, verifies them with the main model and tells it which rows
+/// were kept. Implementations: [`crate::MtpDrafter`] (the model's own MTP
+/// head) and [`crate::PromptLookup`] (n-gram matches in the context).
+pub trait Drafter {
+    /// Short name for telemetry (`"mtp"`, `"prompt-lookup"`).
+    fn name(&self) -> &'static str;
+
+    /// The main model verified these rows and kept them: for each kept row,
+    /// its post-final-norm hidden (`rows × hidden`) and the token that
+    /// follows it. Called once after the prefill (every prompt row; the last
+    /// row's next token is the first generated one) and after every round
+    /// (the accepted drafts' rows after the round's first row, whose next
+    /// token is the correction or bonus). The drafter drops whatever
+    /// speculative state it built while drafting the round.
+    fn observe(&mut self, cache: &mut SeqCache, hidden: &[f32], next: &[u32]) -> Result<()>;
+
+    /// Work to do before drafting, timed apart from drafting (the MTP
+    /// drafter runs its layer over the rows observed since the last round).
+    /// Returns how many rows it processed.
+    fn prepare(&mut self, _model: &Glm5, _cache: &mut SeqCache) -> Result<usize> {
+        Ok(0)
+    }
+
+    /// Proposes up to `proposals.max()` tokens to follow
+    /// `proposals.context()`, each through [`Proposals::sample`] or
+    /// [`Proposals::push`]. Proposing fewer, or none, is allowed.
+    fn draft(
+        &mut self,
+        model: &Glm5,
+        cache: &mut SeqCache,
+        proposals: &mut Proposals<'_>,
+    ) -> Result<()>;
+
+    /// Forwards of a draft model so far (0 for model-free drafters).
+    fn forwards(&self) -> usize {
+        0
+    }
+}
+
+/// The drafts of one round, as a drafter proposes them.
+///
+/// Proposed tokens join the request's history while the round is drafted,
+/// so a draft distribution sees the same penalties plain decoding would at
+/// that position; the history is restored when the proposals are dropped.
+#[derive(Debug)]
+pub struct Proposals<'a> {
+    state: &'a mut RequestState,
+    /// Generated tokens before the round (what the history returns to).
+    generated: usize,
+    max: usize,
+    tokens: Vec<u32>,
+    q: Vec<Option<Distribution>>,
+}
+
+impl<'a> Proposals<'a> {
+    /// Room for `max` drafts after the request's current tokens.
+    pub(crate) fn new(state: &'a mut RequestState, max: usize) -> Proposals<'a> {
+        let generated = state.budget().0;
+        Proposals {
+            state,
+            generated,
+            max,
+            tokens: Vec::with_capacity(max),
+            q: Vec::with_capacity(max),
+        }
+    }
+
+    /// The most drafts this round may have.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Drafts proposed so far.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True before the first draft.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Prompt, output so far, then the drafts proposed so far.
+    pub fn context(&self) -> &[u32] {
+        self.state.history().tokens()
+    }
+
+    /// Proposes a draft drawn from `logits` (one row over the vocabulary)
+    /// with the request's own sampling (bias, penalties, temperature,
+    /// truncation; the argmax when greedy) and its RNG; the distribution is
+    /// kept for the rejection test.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        self.room()?;
+        let (history, sampler) = self.state.draft_parts();
+        let (_, dist) = sampler.distribution(logits, history, None)?;
+        let token = sampler.draw(&dist);
+        history.push(token);
+        self.tokens.push(token);
+        self.q.push(Some(dist));
+        Ok(token)
+    }
+
+    /// Proposes `token` deterministically (a point-mass draft distribution).
+    pub fn push(&mut self, token: u32) -> Result<()> {
+        self.room()?;
+        let (history, sampler) = self.state.draft_parts();
+        if token as usize >= sampler.vocab_size() {
+            return Err(Error::Speculation(format!(
+                "drafted token {token} is outside the vocabulary of {}",
+                sampler.vocab_size()
+            )));
+        }
+        history.push(token);
+        self.tokens.push(token);
+        self.q.push(None);
+        Ok(())
+    }
+
+    /// The drafts and their distributions; the history is restored.
+    pub(crate) fn finish(mut self) -> (Vec<u32>, Vec<Option<Distribution>>) {
+        (
+            std::mem::take(&mut self.tokens),
+            std::mem::take(&mut self.q),
+        )
+    }
+
+    fn room(&self) -> Result<()> {
+        if self.tokens.len() >= self.max {
+            return Err(Error::Speculation(format!(
+                "the drafter proposed more than the {} drafts allowed this round",
+                self.max
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Proposals<'_> {
+    fn drop(&mut self) {
+        let generated = self.generated;
+        self.state.draft_parts().0.truncate_generated(generated);
+    }
+}

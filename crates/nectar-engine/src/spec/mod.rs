@@ -1,0 +1,109 @@
+//! Speculative decoding (serial): draft several tokens cheaply, verify them
+//! with the main model in one batched forward, keep the longest prefix the
+//! target agrees with.
+//!
+//! Two providers, exactly one per request ([`Speculator`]): the model's own
+//! MTP head ([`MtpDrafter`]) and prompt lookup ([`PromptLookup`], n-gram
+//! matches in the context, model-free). Both go through the same driver
+//! ([`SpecDecoder`]): verification ([`crate::RequestState::verify`], standard
+//! rejection sampling, exact match when greedy), exact rollback of the main
+//! cache, and the drafter told which rows were kept.
+//!
+//! Guarantees: greedy output is token-identical to plain decoding (the
+//! verify rows' logits are bit-identical to single-token decoding because
+//! γ + 1 ≤ 4 rows stay on the absorbed attention path and every kernel's
+//! per-row result is independent of the batch); sampled output has exactly
+//! the plain decoding distribution, and a seed replays it (every uniform
+//! comes from the request's RNG); stops inside an accepted run end the
+//! output where plain decoding would. `auto` ([`AutoGamma`]) chooses γ from
+//! measured acceptance and measured round costs, γ = 0 being plain decoding.
+
+mod auto;
+mod decoder;
+mod drafter;
+mod lookup;
+mod mtp;
+mod run;
+mod stats;
+mod verify;
+
+pub use auto::{AutoDecision, AutoGamma, WINDOW as AUTO_WINDOW};
+pub use decoder::{Round, SpecDecoder};
+pub use drafter::{Drafter, Proposals};
+pub use lookup::{lookup, PromptLookup};
+pub use mtp::MtpDrafter;
+pub use run::{generate_spec, generate_speculative};
+pub use stats::SpecStats;
+pub use verify::{verify_draft, Verdict};
+
+use crate::error::{Error, Result};
+
+/// The most drafts a round may verify: γ + 1 verification rows must stay on
+/// the attention's single-token path (`MlaMode::Auto` uses it up to 4 rows),
+/// whose rows are bit-identical to plain decoding.
+pub const MAX_DRAFT: usize = 3;
+
+/// The default draft depth γ of MTP `on` (`--draft-tokens`), chosen by
+/// measurement on the demo model (`benchmarks/RESULTS.md`, "MTP (demo
+/// model)"): on an idle CPU the demo is compute-bound, a verification row
+/// costs almost a full forward and a draft step a third of one, so γ = 1
+/// (1.01× plain) beat γ = 2 (0.94×) and γ = 3 (0.87×). `auto` and prompt
+/// lookup (free drafts) default to [`MAX_DRAFT`].
+pub const DEFAULT_DRAFT_TOKENS: usize = 1;
+
+/// Who drafts for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculator {
+    /// The model's MTP head, `gamma` drafts per round (chained).
+    Mtp {
+        /// Drafts per round, 1..=[`MAX_DRAFT`].
+        gamma: usize,
+    },
+    /// Prompt lookup: the tokens after the latest earlier occurrence of the
+    /// last `ngram` tokens, at most `max_draft` per round.
+    PromptLookup {
+        /// n-gram length to match (≥ 1).
+        ngram: usize,
+        /// Drafts per round at most, 1..=[`MAX_DRAFT`].
+        max_draft: usize,
+    },
+}
+
+/// A request's speculation: the provider and whether `auto` chooses the
+/// depth (in 0..=the provider's maximum; 0 is plain decoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// Who drafts.
+    pub speculator: Speculator,
+    /// Choose the depth by measurement.
+    pub auto: bool,
+}
+
+impl Speculation {
+    /// The maximum drafts per round.
+    pub fn max_draft(&self) -> usize {
+        match self.speculator {
+            Speculator::Mtp { gamma } => gamma,
+            Speculator::PromptLookup { max_draft, .. } => max_draft,
+        }
+    }
+
+    /// Checks the depth and the n-gram length; the error names the knob.
+    pub fn validate(&self) -> Result<()> {
+        let g = self.max_draft();
+        if g == 0 {
+            return Err(Error::InvalidParam {
+                param: "draft_tokens",
+                reason: "must be at least 1 (turn speculation off instead)".into(),
+            });
+        }
+        decoder::check_gamma(g)?;
+        if let Speculator::PromptLookup { ngram: 0, .. } = self.speculator {
+            return Err(Error::InvalidParam {
+                param: "prompt_lookup",
+                reason: "the n-gram length must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+}

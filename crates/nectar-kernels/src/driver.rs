@@ -1,0 +1,306 @@
+//! How a product is cut into work: output rows into parallel tasks, each task into register
+//! blocks of R weight rows × MB activation rows, and the dispatch to one instruction set.
+//!
+//! Blocking never changes a result: every output element is one canonical dot product (see
+//! `dot.rs`) accumulated in its own register lanes, whatever block, task or thread computes it.
+//! It only decides how often a weight row is read and decoded: once per MB activation rows, from
+//! L1 after the first time, so the DRAM stream is read once per call.
+use crate::dot::Isa;
+use crate::format::{MatRef, WeightFormat};
+use crate::xpack::{Layout, XPack};
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Weight bytes each parallel task covers at least: small enough to balance two to a few dozen
+/// cores on one matrix, large enough that scheduling costs nothing next to the stream.
+const TASK_BYTES: usize = 64 * 1024;
+
+/// Weight rows per register block (and the row granularity of tasks).
+pub(crate) const ROW_BLOCK: usize = 4;
+
+/// One instruction set's register-blocked kernel for one weight format.
+pub(crate) trait Block {
+    /// Register file size class: `true` for 32 × 512-bit (AVX-512), `false` for 16 × 256-bit
+    /// (AVX2) or 32 × 128-bit (NEON), where a 16-lane accumulator takes 2 or 4 registers.
+    const WIDE: bool;
+
+    /// Computes weight rows `r0..r0 + R` against packed activation rows `i0..i0 + MB`, writing
+    /// row `r0 + k`, activation `i0 + i` to `*out.add(i * stride + k)`.
+    ///
+    /// # Safety
+    /// The rows and activation rows exist; `out` is valid for those writes; the CPU supports
+    /// the implementing instruction set.
+    unsafe fn block<const R: usize, const MB: usize>(
+        &self,
+        r0: usize,
+        x: &XPack,
+        i0: usize,
+        out: *mut f32,
+        stride: usize,
+    );
+}
+
+/// Runs `b` over weight rows `rows` and all activation rows, writing row `r`, activation `i`
+/// to `*out.add(i * stride + (r - rows.start))`.
+///
+/// Register blocks: 4 weight rows × 1, 2 or 4 activation rows, or 2 × 8 (AVX-512); 4 × 1,
+/// 2 × 2 or 1 × 4 elsewhere. Each weight step is decoded once per block and used for all of
+/// its activation rows; for the second and later activation chunks the rows' bytes come from
+/// L1, so DRAM sees each weight once per call.
+///
+/// # Safety
+/// As [`Block::block`], for every row in `rows` and every activation row.
+pub(crate) unsafe fn run<B: Block>(
+    b: &B,
+    rows: Range<usize>,
+    x: &XPack,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut r = rows.start;
+    while r < rows.end {
+        let nr = (rows.end - r).min(ROW_BLOCK);
+        let mut i = 0;
+        while i < x.m {
+            let left = x.m - i;
+            // SAFETY: (r, i) lies inside the caller's output region.
+            let o = unsafe { out.add(i * stride + (r - rows.start)) };
+            // SAFETY (all calls below): rows r..r + nr and activations i..i + mb exist, and the
+            // writes land inside the caller's region at offsets < mb * stride + nr.
+            let mb = unsafe {
+                if B::WIDE {
+                    match (nr, left) {
+                        (4, 8..) => {
+                            b.block::<2, 8>(r, x, i, o, stride);
+                            b.block::<2, 8>(r + 2, x, i, o.add(2), stride);
+                            8
+                        }
+                        (4, 4..) => {
+                            b.block::<4, 4>(r, x, i, o, stride);
+                            4
+                        }
+                        (4, 2..) => {
+                            b.block::<4, 2>(r, x, i, o, stride);
+                            2
+                        }
+                        (4, _) => {
+                            b.block::<4, 1>(r, x, i, o, stride);
+                            1
+                        }
+                        (_, left) => {
+                            let mb = [1, 2, 2, 4, 4, 4, 4, 8][left.min(8) - 1];
+                            for k in 0..nr {
+                                let o = o.add(k);
+                                match mb {
+                                    8 => b.block::<1, 8>(r + k, x, i, o, stride),
+                                    4 => b.block::<1, 4>(r + k, x, i, o, stride),
+                                    2 => b.block::<1, 2>(r + k, x, i, o, stride),
+                                    _ => b.block::<1, 1>(r + k, x, i, o, stride),
+                                }
+                            }
+                            mb
+                        }
+                    }
+                } else {
+                    match (nr, left) {
+                        (4, 1) => {
+                            b.block::<4, 1>(r, x, i, o, stride);
+                            1
+                        }
+                        (_, 4..) => {
+                            for k in 0..nr {
+                                b.block::<1, 4>(r + k, x, i, o.add(k), stride);
+                            }
+                            4
+                        }
+                        (_, 2..) => {
+                            let mut k = 0;
+                            while k + 2 <= nr {
+                                b.block::<2, 2>(r + k, x, i, o.add(k), stride);
+                                k += 2;
+                            }
+                            if k < nr {
+                                b.block::<1, 2>(r + k, x, i, o.add(k), stride);
+                            }
+                            2
+                        }
+                        (_, _) => {
+                            for k in 0..nr {
+                                b.block::<1, 1>(r + k, x, i, o.add(k), stride);
+                            }
+                            1
+                        }
+                    }
+                }
+            };
+            i += mb;
+        }
+        r += nr;
+    }
+}
+
+/// The activation layout `isa` wants for weights in `format`.
+pub(crate) fn layout_for(isa: Isa, format: WeightFormat) -> Layout {
+    match (isa, format) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, WeightFormat::Int4Row | WeightFormat::Int4Group { .. }) => Layout::Nib16,
+        _ => Layout::Natural,
+    }
+}
+
+/// Computes weight rows `rows` of `w` against every row of `x` on `isa`, one thread, writing
+/// row `r`, activation `i` to `*out.add(i * stride + (r - rows.start))`.
+///
+/// # Safety
+/// `w` is validated, `rows.end <= w.rows`, `x` was packed with `layout_for(isa, w.format)` and
+/// has `w.cols` columns, `isa` is supported by this CPU, and `out` is valid for those writes.
+pub(crate) unsafe fn tile(
+    isa: Isa,
+    w: &MatRef<'_>,
+    rows: Range<usize>,
+    x: &XPack,
+    out: *mut f32,
+    stride: usize,
+) {
+    debug_assert!(rows.end <= w.rows && x.cols == w.cols);
+    // SAFETY (each arm): forwarded from this function's contract.
+    unsafe {
+        match isa {
+            Isa::Scalar => crate::scalar::tile(w, rows, x, out, stride),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => crate::x86::avx2::tile(w, rows, x, out, stride),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => crate::x86::avx512::tile(w, rows, x, out, stride),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => crate::aarch64::neon::tile(w, rows, x, out, stride),
+        }
+    }
+}
+
+/// A raw output pointer that parallel tasks share; each task writes a disjoint set of elements.
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub *mut f32);
+
+impl SharedOut {
+    /// The pointer. (A method, so closures capture the whole `Sync` wrapper, not the field.)
+    #[inline(always)]
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: tasks write disjoint elements (each owns a distinct row range) and the owner of the
+// buffer waits for all of them (rayon's scope) before reading it.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+/// Splits `rows` into tasks of whole row blocks covering at least [`TASK_BYTES`] of weights
+/// each and runs `f` on every task in parallel (on the current rayon pool).
+pub(crate) fn par_rows(
+    rows: Range<usize>,
+    row_bytes: usize,
+    f: impl Fn(Range<usize>) + Sync + Send,
+) {
+    let per = (TASK_BYTES / row_bytes.max(1)).max(1).div_ceil(ROW_BLOCK) * ROW_BLOCK;
+    let n = rows.len().div_ceil(per);
+    if n <= 1 {
+        f(rows);
+        return;
+    }
+    (0..n).into_par_iter().for_each(|t| {
+        let a = rows.start + t * per;
+        f(a..(a + per).min(rows.end));
+    });
+}
+
+/// Computes rows `rows` of `w · x` for every packed activation row, in parallel, writing row
+/// `r`, activation `i` to `y[i * stride + (r - rows.start)]`.
+///
+/// # Safety
+/// As [`tile`] for the whole range; `y` must hold `(x.m - 1) * stride + rows.len()` elements.
+pub(crate) unsafe fn par_tile(
+    isa: Isa,
+    w: &MatRef<'_>,
+    rows: Range<usize>,
+    x: &XPack,
+    y: &mut [f32],
+    stride: usize,
+) {
+    if rows.is_empty() || x.m == 0 {
+        return;
+    }
+    debug_assert!(y.len() >= (x.m - 1) * stride + rows.len());
+    let base = rows.start;
+    let out = SharedOut(y.as_mut_ptr());
+    par_rows(rows, w.format.row_bytes(w.cols), |t| {
+        // SAFETY: task `t` writes only its own rows' elements of `y` (disjoint from every other
+        // task's); the rest is forwarded from this function's contract.
+        unsafe { tile(isa, w, t.clone(), x, out.get().add(t.start - base), stride) }
+    });
+}
+
+/// Software prefetch of the next register block's weight bytes, spread evenly over the steps
+/// of the current block (the kernels prefetch the next block's scales where they start a scale
+/// segment, see [`prefetch_scale`]).
+///
+/// Why: a block reads R interleaved rows, i.e. R short streams (1–3 KiB each at GLM widths);
+/// the hardware prefetcher ramps up on each too late, and a single core then waits on DRAM
+/// latency instead of streaming (measured: M = 1 int4 at 2048 columns ran at a third of the
+/// read bandwidth). Fetching block b + 1 at the same fraction while computing block b turns
+/// the whole matrix into one continuous stream one block ahead. Prefetches never fault, so the
+/// block after the last row is harmless.
+pub(crate) struct Prefetch {
+    p: *const u8,
+    /// Bytes of the next block per 16-column step (`nrows` rows × 16 columns).
+    step: usize,
+}
+
+impl Prefetch {
+    /// For the `nrows` rows starting at `row`.
+    #[inline(always)]
+    pub(crate) fn new(w: &MatRef<'_>, row: usize, nrows: usize) -> Prefetch {
+        let rb = w.format.row_bytes(w.cols);
+        Prefetch {
+            p: w.data.as_ptr().wrapping_add(row * rb),
+            step: nrows * rb * 16 / w.cols.max(16),
+        }
+    }
+
+    /// Issues the prefetches of `n` steps.
+    #[inline(always)]
+    pub(crate) fn steps(&mut self, n: usize) {
+        let bytes = self.step * n;
+        let mut o = 0;
+        while o < bytes {
+            prefetch(self.p.wrapping_add(o));
+            o += 64;
+        }
+        self.p = self.p.wrapping_add(bytes);
+    }
+}
+
+/// Prefetches the scale `si` of row `row`; `spr` = scales per row, hoisted by the caller
+/// (computing it divides, and this runs at every scale segment).
+#[inline(always)]
+pub(crate) fn prefetch_scale(w: &MatRef<'_>, spr: usize, row: usize, si: usize) {
+    if spr > 0 {
+        prefetch(w.scales.as_ptr().wrapping_add(row * spr + si).cast());
+    }
+}
+
+/// Hints the cache line holding `p` into L1. Never faults, whatever `p` is.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht0` only hints the cache; it never dereferences architecturally.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` only hints the cache and never faults.
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}

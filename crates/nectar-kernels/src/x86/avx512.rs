@@ -1,0 +1,537 @@
+//! AVX-512F kernels: one 16-lane register is exactly one canonical accumulator (`dot.rs`).
+//!
+//! Weights are dequantised in registers, `(code as f32) * scale` exactly as `decode_row` does,
+//! and fed straight into the fused multiply-add; nothing is written back to memory.
+//!
+//! int4 uses a trick worth explaining. For a 16-column step, the 8 weight bytes are broadcast to
+//! all eight 64-bit lanes and lane k is shifted right by 4k bits, so the low 4 bits of dword 2k
+//! hold the code of column k and those of dword 2k + 1 the code of column k + 8. `vpermps`
+//! reads only the low 4 bits of each index, so one permute through a 16-entry table
+//! `(n - 8) * scale` (built once per scale group) turns those dwords into dequantised weights:
+//! three instructions per 16 weights. Lanes then hold columns in the order 0, 8, 1, 9, ...
+//! (`Layout::Nib16`), so the activations are packed in that order too and the lanes are put
+//! back in canonical order before the fold. Each lane still sees its columns in increasing
+//! order, so the bits are the reference's.
+use crate::driver::{prefetch_scale, run, Block, Prefetch};
+use crate::format::{MatRef, WeightFormat};
+use crate::xpack::{Layout, XPack};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Segment length meaning "the whole row" (a multiple of 16 that never limits a row).
+const WHOLE_ROW: usize = usize::MAX & !15;
+
+/// Codes of the 16 nibbles (`n - 8`).
+static CODES: [f32; 16] = [
+    -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+];
+/// Right shift of 64-bit lane k: 4k bits (nibble k lands in the low dword, k + 8 in the high).
+static NIB_SHIFTS: [u64; 8] = [0, 4, 8, 12, 16, 20, 24, 28];
+/// For the fold: canonical lane j is Nib16 position `UNPERM[j]`.
+static UNPERM: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15];
+/// For scale vectors: Nib16 position p holds canonical lane `PERM[p]`.
+static PERM: [i32; 16] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
+static IOTA: [i32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+/// Nib16 lane mask of the first `n` columns of a step.
+fn nib_mask(n: usize) -> u16 {
+    let mut m = 0u16;
+    for j in 0..n.min(16) {
+        m |= 1 << Layout::Nib16.pos(j);
+    }
+    m
+}
+
+/// Natural lane mask of the first `n` columns of a step.
+fn mask(n: usize) -> u16 {
+    ((1u32 << n.min(16)) - 1) as u16
+}
+
+/// Canonical dot product, one 16-lane accumulator.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `a.len() == b.len()`.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let full = n & !15;
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut acc = _mm512_setzero_ps();
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 16 <= full <= n for both slices.
+        acc =
+            unsafe { _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(c)), _mm512_loadu_ps(pb.add(c)), acc) };
+        c += 16;
+    }
+    if full < n {
+        let m = mask(n - full);
+        // SAFETY: masked-off lanes are neither read nor faulted; they load as +0, which is the
+        // canonical zero padding.
+        acc = unsafe {
+            _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(m, pa.add(full)),
+                _mm512_maskz_loadu_ps(m, pb.add(full)),
+                acc,
+            )
+        };
+    }
+    fold(acc)
+}
+
+/// Folds 16 canonical lanes: l[j] += l[j+8], l[j] += l[j+4], l[j] += l[j+2], l[0] + l[1].
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) fn fold(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    _mm_cvtss_f32(s1)
+}
+
+/// Loads 16 constants.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn cf(t: &[f32; 16]) -> __m512 {
+    // SAFETY: the array holds exactly 16 floats.
+    unsafe { _mm512_loadu_ps(t.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ci(t: &[i32; 16]) -> __m512i {
+    // SAFETY: the array holds exactly 16 dwords.
+    unsafe { _mm512_loadu_si512(t.as_ptr().cast()) }
+}
+
+/// Reads `n <= N` bytes at `p` into a zeroed `N`-byte buffer (the ragged end of a row, which
+/// must not be over-read: the row may end the buffer).
+///
+/// # Safety
+/// `p` is valid for `n` reads.
+#[inline(always)]
+unsafe fn tail_bytes<const N: usize>(p: *const u8, n: usize) -> [u8; N] {
+    let mut t = [0u8; N];
+    // SAFETY: `n <= N` bytes, source valid by contract, destination is local.
+    unsafe { std::ptr::copy_nonoverlapping(p, t.as_mut_ptr(), n.min(N)) };
+    t
+}
+
+/// Dequantisation of one weight format, 16 columns at a time.
+trait Dec {
+    /// Per-row state for one scale segment (a scale, a table or a scale vector).
+    type S: Copy;
+    /// Activations are in `Layout::Nib16` (else natural).
+    const NIB: bool;
+    fn mat(&self) -> &MatRef<'_>;
+    /// Columns per scale segment (a multiple of 16).
+    fn seg(&self) -> usize;
+    /// State of row `row`, segment `si`.
+    unsafe fn state(&self, row: usize, si: usize) -> Self::S;
+    /// Weights of columns `c..c + 16` of the row starting at `p`.
+    unsafe fn load(&self, p: *const u8, c: usize, s: Self::S) -> __m512;
+    /// Weights of columns `c..c + n` (n < 16); the other lanes are +0.
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: Self::S) -> __m512;
+}
+
+struct Plain<'a> {
+    w: MatRef<'a>,
+}
+
+struct F32D<'a>(Plain<'a>);
+impl Dec for F32D<'_> {
+    type S = ();
+    const NIB: bool = false;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.0.w
+    }
+    fn seg(&self) -> usize {
+        WHOLE_ROW
+    }
+    unsafe fn state(&self, _: usize, _: usize) {}
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, _: ()) -> __m512 {
+        // SAFETY: columns c..c + 16 lie in the row (caller).
+        unsafe { _mm512_loadu_ps(p.add(4 * c).cast()) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, _: ()) -> __m512 {
+        // SAFETY: masked-off lanes are not read, so only the row's n last floats are touched.
+        unsafe { _mm512_maskz_loadu_ps(mask(n), p.add(4 * c).cast()) }
+    }
+}
+
+struct Bf16D<'a>(Plain<'a>);
+impl Dec for Bf16D<'_> {
+    type S = ();
+    const NIB: bool = false;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.0.w
+    }
+    fn seg(&self) -> usize {
+        WHOLE_ROW
+    }
+    unsafe fn state(&self, _: usize, _: usize) {}
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, _: ()) -> __m512 {
+        // SAFETY: 32 bytes of columns c..c + 16 lie in the row (caller).
+        let h = unsafe { _mm256_loadu_si256(p.add(2 * c).cast()) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, _: ()) -> __m512 {
+        // SAFETY: 2n bytes remain in the row; the zeroed rest decodes to +0.
+        let t = unsafe { tail_bytes::<32>(p.add(2 * c), 2 * n) };
+        // SAFETY: `t` is a local 32-byte buffer.
+        unsafe { self.load(t.as_ptr(), 0, ()) }
+    }
+}
+
+struct F16D<'a>(Plain<'a>);
+impl Dec for F16D<'_> {
+    type S = ();
+    const NIB: bool = false;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.0.w
+    }
+    fn seg(&self) -> usize {
+        WHOLE_ROW
+    }
+    unsafe fn state(&self, _: usize, _: usize) {}
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, _: ()) -> __m512 {
+        // SAFETY: 32 bytes of columns c..c + 16 lie in the row (caller).
+        _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.add(2 * c).cast()) })
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, _: ()) -> __m512 {
+        // SAFETY: 2n bytes remain in the row; the zeroed rest decodes to +0.
+        let t = unsafe { tail_bytes::<32>(p.add(2 * c), 2 * n) };
+        // SAFETY: `t` is a local 32-byte buffer.
+        unsafe { self.load(t.as_ptr(), 0, ()) }
+    }
+}
+
+struct Int8D<'a>(Plain<'a>);
+impl Dec for Int8D<'_> {
+    type S = __m512;
+    const NIB: bool = false;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.0.w
+    }
+    fn seg(&self) -> usize {
+        WHOLE_ROW
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn state(&self, row: usize, _: usize) -> __m512 {
+        _mm512_set1_ps(self.0.w.scales[row])
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, s: __m512) -> __m512 {
+        // SAFETY: 16 bytes of columns c..c + 16 lie in the row (caller).
+        let q = unsafe { _mm_loadu_si128(p.add(c).cast()) };
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: __m512) -> __m512 {
+        // SAFETY: n bytes remain in the row.
+        let t = unsafe { tail_bytes::<16>(p.add(c), n) };
+        // SAFETY: `t` is a local 16-byte buffer. Padded lanes are forced to +0 (0 * scale could
+        // be -0 or NaN).
+        _mm512_maskz_mov_ps(mask(n), unsafe { self.load(t.as_ptr(), 0, s) })
+    }
+}
+
+/// int4 whose scale segments are whole 16-column steps (per row, or groups that are multiples
+/// of 16: every group size Colibri detects). State: the 16-entry table `(n - 8) * scale`.
+struct Int4T<'a> {
+    w: MatRef<'a>,
+    seg: usize,
+    scales_per_row: usize,
+}
+
+/// Nib16-ordered indices of the 16 codes of columns `c..c + 16` (low 4 bits of each dword).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn nib_idx(p: *const u8, c: usize) -> __m512i {
+    // SAFETY: 8 bytes of columns c..c + 16 lie in the row (caller).
+    let q = unsafe { std::ptr::read_unaligned(p.add(c / 2).cast::<i64>()) };
+    // SAFETY: NIB_SHIFTS holds exactly 8 qwords.
+    let sh = unsafe { _mm512_loadu_si512(NIB_SHIFTS.as_ptr().cast()) };
+    _mm512_srlv_epi64(_mm512_set1_epi64(q), sh)
+}
+
+/// As [`nib_idx`] for the ragged end of a row (`n < 16` columns from `c`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn nib_idx_tail(p: *const u8, c: usize, n: usize) -> __m512i {
+    // SAFETY: ceil(n / 2) bytes remain in the row.
+    let t = unsafe { tail_bytes::<8>(p.add(c / 2), n.div_ceil(2)) };
+    // SAFETY: `t` is a local 8-byte buffer.
+    unsafe { nib_idx(t.as_ptr(), 0) }
+}
+
+impl Dec for Int4T<'_> {
+    type S = __m512;
+    const NIB: bool = true;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.w
+    }
+    fn seg(&self) -> usize {
+        self.seg
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn state(&self, row: usize, si: usize) -> __m512 {
+        // Exactly the reference's `(n - 8) as f32 * scale`, once per nibble value.
+        let s = self.w.scales[row * self.scales_per_row + si];
+        _mm512_mul_ps(cf(&CODES), _mm512_set1_ps(s))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, t: __m512) -> __m512 {
+        // SAFETY: forwarded (caller).
+        _mm512_permutexvar_ps(unsafe { nib_idx(p, c) }, t)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, t: __m512) -> __m512 {
+        // SAFETY: forwarded (caller); padded lanes forced to +0.
+        _mm512_maskz_mov_ps(
+            nib_mask(n),
+            _mm512_permutexvar_ps(unsafe { nib_idx_tail(p, c, n) }, t),
+        )
+    }
+}
+
+/// int4 with any other group size (a step may straddle groups). State: a per-lane scale vector
+/// for one step, built by masked blends at the group boundaries inside the step.
+struct Int4Any<'a> {
+    w: MatRef<'a>,
+    group: usize,
+    ngroups: usize,
+}
+
+impl Dec for Int4Any<'_> {
+    type S = __m512;
+    const NIB: bool = true;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.w
+    }
+    fn seg(&self) -> usize {
+        16
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn state(&self, row: usize, si: usize) -> __m512 {
+        let sc = &self.w.scales[row * self.ngroups..(row + 1) * self.ngroups];
+        let c = si * 16;
+        let first = c / self.group;
+        let last = (c + 15).min(self.w.cols - 1) / self.group;
+        let mut v = _mm512_set1_ps(sc[first]);
+        if last > first {
+            let col = _mm512_add_epi32(_mm512_set1_epi32(c as i32), ci(&IOTA));
+            for (g, &s) in sc.iter().enumerate().take(last + 1).skip(first + 1) {
+                let m = _mm512_cmpge_epu32_mask(col, _mm512_set1_epi32((g * self.group) as i32));
+                v = _mm512_mask_mov_ps(v, m, _mm512_set1_ps(s));
+            }
+        }
+        _mm512_permutexvar_ps(ci(&PERM), v)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(&self, p: *const u8, c: usize, s: __m512) -> __m512 {
+        // SAFETY: forwarded (caller).
+        _mm512_mul_ps(
+            _mm512_permutexvar_ps(unsafe { nib_idx(p, c) }, cf(&CODES)),
+            s,
+        )
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: __m512) -> __m512 {
+        // SAFETY: forwarded (caller); padded lanes forced to +0.
+        let code = _mm512_permutexvar_ps(unsafe { nib_idx_tail(p, c, n) }, cf(&CODES));
+        _mm512_maskz_mov_ps(nib_mask(n), _mm512_mul_ps(code, s))
+    }
+}
+
+/// One 16-column step (at column `c`) of every row of a register block against every
+/// activation row: decode the row's weights once, then one FMA per activation row.
+///
+/// # Safety
+/// `c + 16 <= cols` for rows `rp`, and the packed activations hold `c + 16` columns.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn step<D: Dec, const R: usize, const MB: usize>(
+    d: &D,
+    rp: &[*const u8; R],
+    st: &[D::S; R],
+    xp: *const f32,
+    xs: usize,
+    c: usize,
+    acc: &mut [[__m512; MB]; R],
+) {
+    for k in 0..R {
+        // SAFETY: c + 16 <= cols (caller): a whole step of row k.
+        let wv = unsafe { d.load(rp[k], c, st[k]) };
+        for (i, a) in acc[k].iter_mut().enumerate() {
+            // SAFETY: the packed activations hold c + 16 columns (caller).
+            let xv = unsafe { _mm512_loadu_ps(xp.add(i * xs + c)) };
+            *a = _mm512_fmadd_ps(wv, xv, *a);
+        }
+    }
+}
+
+/// The register-blocked kernel over one decoder.
+struct K<D>(D);
+
+impl<D: Dec> Block for K<D> {
+    const WIDE: bool = true;
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const R: usize, const MB: usize>(
+        &self,
+        r0: usize,
+        x: &XPack,
+        i0: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let d = &self.0;
+        let w = d.mat();
+        let cols = w.cols;
+        let full = cols & !15;
+        let rb = w.format.row_bytes(cols);
+        let mut rp = [w.data.as_ptr(); R];
+        for (k, p) in rp.iter_mut().enumerate() {
+            // SAFETY: row r0 + k exists (caller), so its start is inside `data`.
+            *p = unsafe { p.add((r0 + k) * rb) };
+        }
+        let xs = x.stride;
+        // SAFETY: activation rows i0..i0 + MB exist (caller).
+        let xp = unsafe { x.ptr().add(i0 * xs) };
+        let mut acc = [[_mm512_setzero_ps(); MB]; R];
+        let seg = d.seg();
+        let mut pf = Prefetch::new(w, r0 + R, R);
+        let spr = w.format.row_scales(cols);
+        let (mut c, mut si) = (0, 0);
+        while c < full {
+            let end = c + seg.min(full - c);
+            // SAFETY: rows exist; segment si starts at c < cols.
+            let mut st = [unsafe { d.state(r0, si) }; R];
+            for (k, s) in st.iter_mut().enumerate().skip(1) {
+                // SAFETY: as above.
+                *s = unsafe { d.state(r0 + k, si) };
+            }
+            for k in 0..R {
+                prefetch_scale(w, spr, r0 + R + k, si);
+            }
+            // Two steps per iteration halve the loop and prefetch overhead per step. Not for
+            // blocks of 8 activation rows: two steps' activations would not fit in registers
+            // beside 16 accumulators, and the spills cost more than the loop (measured).
+            while MB <= 4 && c + 32 <= end {
+                // SAFETY: c + 32 <= end <= full: two whole steps of every row.
+                unsafe {
+                    step(d, &rp, &st, xp, xs, c, &mut acc);
+                    step(d, &rp, &st, xp, xs, c + 16, &mut acc);
+                }
+                pf.steps(2);
+                c += 32;
+            }
+            while c < end {
+                // SAFETY: c + 16 <= end <= full: a whole step of every row.
+                unsafe { step(d, &rp, &st, xp, xs, c, &mut acc) };
+                pf.steps(1);
+                c += 16;
+            }
+            si += 1;
+        }
+        if full < cols {
+            for k in 0..R {
+                // SAFETY: the ragged step of row r0 + k, n = cols - full < 16 columns; the
+                // packed activations are zero-padded to `stride >= full + 16`.
+                let wv = unsafe {
+                    let s = d.state(r0 + k, full / seg);
+                    d.tail(rp[k], full, cols - full, s)
+                };
+                for (i, a) in acc[k].iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    let xv = unsafe { _mm512_loadu_ps(xp.add(i * xs + full)) };
+                    *a = _mm512_fmadd_ps(wv, xv, *a);
+                }
+            }
+        }
+        for (k, row) in acc.iter().enumerate() {
+            for (i, &a) in row.iter().enumerate() {
+                let a = if D::NIB {
+                    _mm512_permutexvar_ps(ci(&UNPERM), a)
+                } else {
+                    a
+                };
+                // SAFETY: inside the caller's output region.
+                unsafe { *out.add(i * stride + k) = fold(a) };
+            }
+        }
+    }
+}
+
+/// AVX-512 [`crate::driver::tile`].
+///
+/// # Safety
+/// As [`crate::driver::tile`], with the CPU supporting AVX-512F.
+pub(crate) unsafe fn tile(
+    w: &MatRef<'_>,
+    rows: Range<usize>,
+    x: &XPack,
+    out: *mut f32,
+    stride: usize,
+) {
+    let p = Plain { w: *w };
+    let spr = w.format.row_scales(w.cols);
+    // SAFETY (all arms): forwarded from this function's contract.
+    unsafe {
+        match w.format {
+            WeightFormat::F32 => run(&K(F32D(p)), rows, x, out, stride),
+            WeightFormat::Bf16 => run(&K(Bf16D(p)), rows, x, out, stride),
+            WeightFormat::F16 => run(&K(F16D(p)), rows, x, out, stride),
+            WeightFormat::Int8Row => run(&K(Int8D(p)), rows, x, out, stride),
+            WeightFormat::Int4Row => {
+                let d = Int4T {
+                    w: *w,
+                    seg: WHOLE_ROW,
+                    scales_per_row: spr,
+                };
+                run(&K(d), rows, x, out, stride)
+            }
+            WeightFormat::Int4Group { group } if group % 16 == 0 => {
+                let d = Int4T {
+                    w: *w,
+                    seg: group,
+                    scales_per_row: spr,
+                };
+                run(&K(d), rows, x, out, stride)
+            }
+            WeightFormat::Int4Group { group } => {
+                let d = Int4Any {
+                    w: *w,
+                    group,
+                    ngroups: spr,
+                };
+                run(&K(d), rows, x, out, stride)
+            }
+        }
+    }
+}
