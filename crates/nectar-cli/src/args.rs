@@ -9,6 +9,10 @@ pub struct Cli {
     /// Compute threads (default: all cores).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// Force a kernel path (scalar, avx2, avx512, neon) for measurement; every path computes
+    /// the same bits. Default: the fastest this CPU supports.
+    #[arg(long, global = true)]
+    pub isa: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

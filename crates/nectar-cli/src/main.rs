@@ -23,6 +23,12 @@ fn main() {
             std::process::exit(2);
         }
     }
+    if let Some(isa) = &cli.isa {
+        if let Err(e) = nectar_kernels::set_isa(isa) {
+            eprintln!("error: --isa: {e}");
+            std::process::exit(2);
+        }
+    }
     let result = match cli.command {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),

@@ -71,24 +71,40 @@ impl Isa {
     }
 }
 
-/// The path the public entry points use: the fastest available one, or the one named by the
-/// `NECTAR_ISA` environment variable (`scalar`, `avx2`, `avx512`, `neon`) when the CPU supports
-/// it. The override exists so a slower path can be measured or bisected in place; since every
-/// path produces the same bits it can never change results.
+static ISA: OnceLock<Isa> = OnceLock::new();
+
+/// The path the public entry points use: the fastest available one, unless [`set_isa`] chose
+/// another before the first product. The override exists so a slower path can be measured or
+/// bisected in place; since every path produces the same bits it can never change results.
 pub(crate) fn isa_detect() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let avail = Isa::available();
-        let best = *avail.last().unwrap_or(&Isa::Scalar);
-        match std::env::var("NECTAR_ISA") {
-            Ok(want) if !want.trim().is_empty() => avail
-                .iter()
-                .copied()
-                .find(|i| i.name().starts_with(want.trim()))
-                .unwrap_or(best),
-            _ => best,
-        }
-    })
+    *ISA.get_or_init(|| *Isa::available().last().unwrap_or(&Isa::Scalar))
+}
+
+/// Forces the kernel path by name (`scalar`, `avx2`, `avx512`, `neon`; a prefix of the names
+/// [`crate::isa`] reports). Must be called before the first product; fails for an unknown or
+/// unsupported path, or when another path is already in use.
+pub fn set_isa(name: &str) -> crate::Result<&'static str> {
+    let want = name.trim();
+    let avail = Isa::available();
+    let isa = avail
+        .iter()
+        .copied()
+        .find(|i| !want.is_empty() && i.name().starts_with(want))
+        .ok_or_else(|| {
+            let names: Vec<&str> = avail.iter().map(|i| i.name()).collect();
+            crate::Error::Shape(format!(
+                "kernel path `{want}` is not available here (available: {})",
+                names.join(", ")
+            ))
+        })?;
+    let chosen = *ISA.get_or_init(|| isa);
+    if chosen != isa {
+        return Err(crate::Error::Isa(format!(
+            "kernel path already fixed to `{}` before `{want}` was requested",
+            chosen.name()
+        )));
+    }
+    Ok(isa.name())
 }
 
 pub(crate) fn isa_name() -> &'static str {

@@ -24,6 +24,9 @@ pub enum Error {
         /// Unit of the counts.
         unit: &'static str,
     },
+    /// A kernel path that cannot be selected (unknown, unsupported, or another already in use).
+    #[error("{0}")]
+    Isa(String),
     /// Activation or output buffers do not match the product's shape.
     #[error("shape mismatch: {0}")]
     Shape(String),

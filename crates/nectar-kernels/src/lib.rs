@@ -18,8 +18,8 @@
 //! (`(code as f32) * scale`, exactly the reference's value) straight into the fused
 //! multiply-add, interleave 4 weight rows so the per-lane dependency chains overlap, reuse each
 //! decoded step for up to 8 activation rows, and prefetch the next row block so one core
-//! streams at DRAM speed (`driver.rs`). The path is chosen at run time ([`isa`]); the
-//! `NECTAR_ISA` environment variable can force a slower one for measurement.
+//! streams at DRAM speed (`driver.rs`). The path is chosen at run time ([`isa`]); [`set_isa`]
+//! (the CLI's `--isa`) can force a slower one for measurement.
 //!
 //! The one exception to exactness is opt-in and named for it: [`matmul_int8_act`] quantises
 //! activations to int8 and changes results (≈ 0.4 % relative RMS; `benchmarks/RESULTS.md`).
@@ -45,7 +45,7 @@ mod xpack;
 
 pub use activation::{silu, softmax_in_place, swiglu_in_place};
 pub use decode::decode_row;
-pub use dot::{dot, dot_scalar, LANES};
+pub use dot::{dot, dot_scalar, set_isa, LANES};
 pub use error::{Error, Result};
 pub use expert::{expert_swiglu, ExpertRef};
 pub use format::{MatRef, WeightFormat};
