@@ -92,7 +92,7 @@ pub fn set_isa(name: &str) -> crate::Result<&'static str> {
         .find(|i| !want.is_empty() && i.name().starts_with(want))
         .ok_or_else(|| {
             let names: Vec<&str> = avail.iter().map(|i| i.name()).collect();
-            crate::Error::Shape(format!(
+            crate::Error::Isa(format!(
                 "kernel path `{want}` is not available here (available: {})",
                 names.join(", ")
             ))
