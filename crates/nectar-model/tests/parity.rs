@@ -9,43 +9,6 @@ use nectar_model::{Glm5, MlaMode, MtpStep, NoObserver, SeqStep};
 
 const TOL: f64 = 1e-4;
 
-fn check_selections(exp: &Expected, rec: &Recorder, positions: std::ops::Range<usize>) {
-    for (layer, r) in exp.json["router"]["layers"].as_object().unwrap() {
-        let l: usize = layer.parse().unwrap();
-        for p in positions.clone() {
-            let want_ids: Vec<u32> = r["ids"][p]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            let (ids, w) = &rec.router[&(l, p)];
-            assert_eq!(ids, &want_ids, "router ids layer {l} position {p}");
-            for (a, b) in w.iter().zip(r["weights"][p].as_array().unwrap()) {
-                assert!(
-                    (*a as f64 - b.as_f64().unwrap()).abs() <= 1e-5,
-                    "router weight layer {l} pos {p}"
-                );
-            }
-        }
-    }
-    for (layer, ix) in exp.json["indexer"]["layers"].as_object().unwrap() {
-        let l: usize = layer.parse().unwrap();
-        for p in positions.clone() {
-            let want: Vec<u32> = ix["selected"][p]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            let got = rec.indexer[&(l, p)]
-                .clone()
-                .unwrap_or_else(|| (0..=p as u32).collect());
-            assert_eq!(got, want, "indexer layer {l} position {p}");
-        }
-    }
-}
-
 fn run_variant(variant: &str) {
     let dir = fixture_dir(variant);
     let model = Glm5::load(&dir.join("model")).unwrap();

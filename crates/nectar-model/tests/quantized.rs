@@ -137,35 +137,7 @@ fn run_quantized(variant: &str) {
         got.push(tok);
     }
     assert_eq!(got, generated, "{variant} int4_g32 greedy");
-    for (layer, r) in exp.json["router"]["layers"].as_object().unwrap() {
-        for p in 0..s + generated.len() - 1 {
-            let ids: Vec<u32> = r["ids"][p]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
-            assert_eq!(
-                rec.router[&(layer.parse().unwrap(), p)].0,
-                ids,
-                "{variant} router {layer} {p}"
-            );
-        }
-    }
-    for (layer, ix) in exp.json["indexer"]["layers"].as_object().unwrap() {
-        for p in 0..s + generated.len() - 1 {
-            let want: Vec<u32> = ix["selected"][p]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
-            let got = rec.indexer[&(layer.parse().unwrap(), p)]
-                .clone()
-                .unwrap_or_else(|| (0..=p as u32).collect());
-            assert_eq!(got, want, "{variant} indexer {layer} {p}");
-        }
-    }
+    check_selections(&exp, &rec, 0..s + generated.len() - 1);
 }
 
 #[test]
