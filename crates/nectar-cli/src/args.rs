@@ -410,14 +410,15 @@ pub struct ServeArgs {
     /// Context length in tokens (prompt + reply). Default: the model's, at most 4096.
     #[arg(long)]
     pub ctx_size: Option<usize>,
-    /// Requests generated at once. Only 1 until continuous batching lands.
-    #[arg(long, default_value_t = 1)]
+    /// Requests decoded together (continuous batching: one forward per step over every row, so
+    /// each routed expert is read once per layer per step).
+    #[arg(long, default_value_t = 4)]
     pub parallel: usize,
     /// Stream routed experts under this memory budget (e.g. 24G). Default: experts memory-mapped.
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// MTP speculative decoding: on, off or auto. Only off (and auto, which resolves to off) until
-    /// MTP decoding lands.
+    /// MTP speculative decoding: on, off or auto. Drafting is serial: `on` needs --parallel 1;
+    /// `auto` drafts (depth chosen by measurement) with --parallel 1 and is off otherwise.
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
 }

@@ -5,8 +5,9 @@
 //! (tokenizer); it chooses each next token (sampler), decides when to stop
 //! (stop ids and stop strings) and turns generated ids back into text as
 //! they arrive (stream decoder). A request is a [`RequestState`] stepped by
-//! a driver: [`generate`] runs one request serially; a batching scheduler
-//! will step many, one row each. Speculative decoding ([`SpecDecoder`],
+//! a driver: [`generate`] runs one request serially; a [`Batch`] steps
+//! many together, one row each, in one forward per step (continuous
+//! batching). Speculative decoding ([`SpecDecoder`],
 //! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
 //! batched forward) lives here too; sessions will. The model crate only ever
 //! sees token ids and knows nothing of text.
@@ -19,6 +20,7 @@
 
 #![deny(missing_docs)]
 
+mod batch;
 mod bundle;
 mod chat_template;
 mod error;
@@ -34,6 +36,7 @@ mod stream_decoder;
 mod strftime;
 mod tokenizer;
 
+pub use batch::{Batch, BatchOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK};
 pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};

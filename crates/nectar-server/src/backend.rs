@@ -1,17 +1,18 @@
 //! The line between HTTP and the engine: a protocol-neutral [`Backend`] trait, and
 //! [`EngineBackend`], its implementation over `nectar-engine`.
 //!
-//! This is the only file of the crate that names `nectar-engine` (or `nectar-model`). Protocol
+//! This file and `scheduler.rs` (the model thread) are the only ones of the crate that name
+//! `nectar-engine` (or `nectar-model`). Protocol
 //! code builds a [`GenRequest`] (a prompt as ids, text or chat messages plus tools; a token
 //! budget; sampling knobs; stop strings; a cancel token) and reads [`GenEvent`]s back; it never
 //! sees a tokenizer or a model.
 //!
 //! `EngineBackend` runs generation on **one dedicated OS thread that owns the model**: requests
-//! wait in a bounded queue (full → [`BackendError::QueueFull`], answered 429), one runs at a time,
-//! and each checks its cancel flag once per token. Rendering the chat template and tokenising
-//! happen on the caller's thread (the HTTP side runs them on the blocking pool) so the model thread
-//! only decodes. When continuous batching lands the thread becomes the engine's scheduler; the
-//! trait does not change.
+//! wait in a bounded queue (full → [`BackendError::QueueFull`], answered 429 with Retry-After)
+//! and up to `parallel` of them decode together, one batched forward per step (continuous
+//! batching, see `scheduler.rs`); a cancelled request leaves the batch at the next step.
+//! Rendering the chat template and tokenising happen on the caller's thread (the HTTP side runs
+//! them on the blocking pool) so the model thread only decodes.
 //!
 //! Sampling, stop strings and logprobs are the engine's (`nectar_engine::Request`): this file
 //! only maps the protocol-neutral [`Sampling`] onto `SamplingParams`. An absent knob keeps the
@@ -19,16 +20,14 @@
 //! (deterministic, like `nectar run`); the model's `generation_config.json` sampling defaults
 //! are not applied.
 
-use nectar_engine::{generate, ChatTemplate, FinishReason as EngineFinish, ModelBundle};
-use nectar_engine::{Request, SamplingParams, StopCause, Tokenizer};
+use nectar_engine::{ChatTemplate, Request, SamplingParams, Speculation, Tokenizer};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
@@ -251,8 +250,13 @@ pub struct ModelInfo {
     pub tokenizer: bool,
     /// The directory has a chat template (chat routes work).
     pub chat_template: bool,
-    /// The checkpoint carries an MTP head (not used for decoding yet).
+    /// The checkpoint carries an MTP head.
     pub mtp_head: bool,
+    /// Speculative decoding in force: `"off"`, `"on"` (MTP drafts, fixed depth) or `"auto"`
+    /// (MTP drafts, depth chosen by measurement per request).
+    pub mtp: String,
+    /// Rows that decode together (continuous batching when above 1).
+    pub parallel: usize,
     /// Experts are streamed under a memory budget (bytes), if one was given.
     pub memory_budget: Option<u64>,
 }
@@ -264,8 +268,14 @@ pub struct BackendStats {
     pub queue_depth: usize,
     /// Queue capacity (requests beyond it get 429).
     pub queue_capacity: usize,
-    /// Requests generating now.
+    /// Requests generating now (rows of the batch).
     pub active: usize,
+    /// Rows that may decode together.
+    pub parallel: usize,
+    /// Batched forward steps run.
+    pub batch_steps: u64,
+    /// Rows summed over those steps (`batch_rows / batch_steps` is the mean batch size).
+    pub batch_rows: u64,
     /// Generations that ran to a finish (cancelled ones included).
     pub requests_completed: u64,
     /// Generations that ended because the client went away.
@@ -280,6 +290,14 @@ pub struct BackendStats {
     pub busy_seconds: f64,
     /// Decode speed of the last generation.
     pub last_decode_tok_s: f64,
+    /// Tokens per second over all rows of the batch, smoothed over recent steps.
+    pub batch_tok_s: f64,
+    /// MTP drafts checked by the main model (serial speculative decoding).
+    pub mtp_drafted: u64,
+    /// MTP drafts accepted.
+    pub mtp_accepted: u64,
+    /// Main-model forwards after prefill while speculating (each verifies a round or decodes).
+    pub mtp_forwards: u64,
     /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
     pub residency: Option<Value>,
 }
@@ -359,6 +377,11 @@ pub struct EngineOptions {
     pub memory_budget: Option<u64>,
     /// Requests that may wait for the model thread.
     pub queue_capacity: usize,
+    /// Requests that decode together in one batched forward per step.
+    pub parallel: usize,
+    /// Speculative decoding (MTP drafts), serial: only with `parallel == 1`. A model without an
+    /// MTP head falls back to plain decoding when `auto` is set and fails to load otherwise.
+    pub speculation: Option<Speculation>,
 }
 
 impl EngineOptions {
@@ -369,47 +392,61 @@ impl EngineOptions {
             ctx_size: None,
             memory_budget: None,
             queue_capacity: 64,
+            parallel: 1,
+            speculation: None,
         }
     }
 }
 
 /// Default context when the flag is absent (see [`EngineOptions::ctx_size`]).
-const DEFAULT_CTX: usize = 4096;
+pub(crate) const DEFAULT_CTX: usize = 4096;
 
 /// The text side of a loaded model, shared with HTTP threads (tokenising and rendering happen
 /// there, not on the model thread).
-struct TextSide {
-    tokenizer: Option<Tokenizer>,
-    template: Option<ChatTemplate>,
-    vocab_size: usize,
-    info: ModelInfo,
-    residency: Option<Box<dyn Fn() -> Option<Value> + Send + Sync>>,
+pub(crate) struct TextSide {
+    pub(crate) tokenizer: Option<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
+    pub(crate) vocab_size: usize,
+    pub(crate) info: ModelInfo,
+    pub(crate) residency: Option<Box<dyn Fn() -> Option<Value> + Send + Sync>>,
 }
 
 /// State shared by the handle and the model thread.
-struct Shared {
-    state: watch::Sender<LoadState>,
-    text: OnceLock<TextSide>,
+pub(crate) struct Shared {
+    pub(crate) state: watch::Sender<LoadState>,
+    pub(crate) text: OnceLock<TextSide>,
     capacity: usize,
-    queued: AtomicUsize,
-    active: AtomicUsize,
-    completed: AtomicU64,
-    cancelled: AtomicU64,
-    failed: AtomicU64,
-    prompt_tokens: AtomicU64,
-    generated_tokens: AtomicU64,
-    busy_nanos: AtomicU64,
-    last_tok_s_bits: AtomicU64,
+    pub(crate) queued: AtomicUsize,
+    pub(crate) n: Counters,
+}
+
+/// The model thread's counters (see [`BackendStats`] for their meaning).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) active: AtomicUsize,
+    pub(crate) completed: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) generated_tokens: AtomicU64,
+    pub(crate) busy_nanos: AtomicU64,
+    pub(crate) last_tok_s_bits: AtomicU64,
+    pub(crate) batch_steps: AtomicU64,
+    pub(crate) batch_rows: AtomicU64,
+    pub(crate) batch_tok_s_bits: AtomicU64,
+    pub(crate) mtp_drafted: AtomicU64,
+    pub(crate) mtp_accepted: AtomicU64,
+    pub(crate) mtp_forwards: AtomicU64,
 }
 
 /// One queued generation.
-struct Job {
-    request: Request,
-    cancel: CancelToken,
-    sink: UnboundedSender<GenEvent>,
+pub(crate) struct Job {
+    pub(crate) request: Request,
+    pub(crate) cancel: CancelToken,
+    pub(crate) sink: UnboundedSender<GenEvent>,
 }
 
-/// The backend over the current engine: one model thread, a bounded queue, greedy decoding.
+/// The backend over the engine: one model thread, a bounded queue, continuous batching.
 pub struct EngineBackend {
     shared: Arc<Shared>,
     jobs: SyncSender<Job>,
@@ -437,14 +474,7 @@ impl EngineBackend {
             text: OnceLock::new(),
             capacity,
             queued: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
-            completed: AtomicU64::new(0),
-            cancelled: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            generated_tokens: AtomicU64::new(0),
-            busy_nanos: AtomicU64::new(0),
-            last_tok_s_bits: AtomicU64::new(0),
+            n: Counters::default(),
         });
         let (jobs, rx) = sync_channel::<Job>(capacity);
         let model_id = model_id_of(&opts.model_dir);
@@ -452,7 +482,7 @@ impl EngineBackend {
         let id = model_id.clone();
         std::thread::Builder::new()
             .name("nectar-model".into())
-            .spawn(move || model_thread(opts, id, thread_shared, rx))?;
+            .spawn(move || crate::scheduler::model_thread(opts, id, thread_shared, rx))?;
         Ok(EngineBackend {
             shared,
             jobs,
@@ -618,17 +648,26 @@ impl Backend for EngineBackend {
 
     fn stats(&self) -> BackendStats {
         let s = &self.shared;
+        let n = &s.n;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         BackendStats {
             queue_depth: s.queued.load(Ordering::SeqCst),
             queue_capacity: s.capacity,
-            active: s.active.load(Ordering::SeqCst),
-            requests_completed: s.completed.load(Ordering::Relaxed),
-            requests_cancelled: s.cancelled.load(Ordering::Relaxed),
-            requests_failed: s.failed.load(Ordering::Relaxed),
-            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
-            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
-            busy_seconds: s.busy_nanos.load(Ordering::Relaxed) as f64 * 1e-9,
-            last_decode_tok_s: f64::from_bits(s.last_tok_s_bits.load(Ordering::Relaxed)),
+            active: n.active.load(Ordering::SeqCst),
+            parallel: s.text.get().map_or(0, |t| t.info.parallel),
+            batch_steps: get(&n.batch_steps),
+            batch_rows: get(&n.batch_rows),
+            requests_completed: get(&n.completed),
+            requests_cancelled: get(&n.cancelled),
+            requests_failed: get(&n.failed),
+            prompt_tokens: get(&n.prompt_tokens),
+            generated_tokens: get(&n.generated_tokens),
+            busy_seconds: get(&n.busy_nanos) as f64 * 1e-9,
+            last_decode_tok_s: f64::from_bits(get(&n.last_tok_s_bits)),
+            batch_tok_s: f64::from_bits(get(&n.batch_tok_s_bits)),
+            mtp_drafted: get(&n.mtp_drafted),
+            mtp_accepted: get(&n.mtp_accepted),
+            mtp_forwards: get(&n.mtp_forwards),
             residency: s
                 .text
                 .get()
@@ -648,7 +687,7 @@ fn model_id_of(dir: &Path) -> String {
 
 /// Maps engine errors to request errors: what the client sent wrong gets a safe message;
 /// anything else is internal (its text may name server paths).
-fn engine_err(e: nectar_engine::Error) -> BackendError {
+pub(crate) fn engine_err(e: nectar_engine::Error) -> BackendError {
     use nectar_engine::Error as E;
     match e {
         E::TemplateRaised { message, .. } => BackendError::InvalidPrompt {
@@ -677,172 +716,6 @@ fn engine_err(e: nectar_engine::Error) -> BackendError {
         },
         other => BackendError::Internal(other.to_string()),
     }
-}
-
-/// Opens the model directory, with experts streamed under a budget when one is given.
-fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
-    let load = nectar_model::arch::glm5::LoadOptions {
-        memory_budget: opts.memory_budget,
-        ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
-        ..Default::default()
-    };
-    ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
-}
-
-/// The model thread: load, publish the text side, then serve jobs until every handle is gone.
-fn model_thread(opts: EngineOptions, id: String, shared: Arc<Shared>, rx: Receiver<Job>) {
-    let t0 = Instant::now();
-    let bundle = match open_bundle(&opts) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(model = %opts.model_dir.display(), error = %e, "model load failed");
-            shared.state.send_replace(LoadState::Failed(e));
-            return;
-        }
-    };
-    let max_pos = bundle
-        .model
-        .cfg
-        .raw
-        .max_position_embeddings
-        .unwrap_or(DEFAULT_CTX);
-    let ctx = opts.ctx_size.unwrap_or(max_pos.min(DEFAULT_CTX));
-    let residency = bundle.model.residency().cloned().map(|r| {
-        Box::new(move || serde_json::to_value(r.telemetry()).ok())
-            as Box<dyn Fn() -> Option<Value> + Send + Sync>
-    });
-    let side = TextSide {
-        tokenizer: bundle.tokenizer.clone(),
-        template: bundle.template.clone(),
-        vocab_size: bundle.model.vocab_size(),
-        info: ModelInfo {
-            id,
-            context_length: ctx,
-            tokenizer: bundle.tokenizer.is_some(),
-            chat_template: bundle.template.is_some(),
-            mtp_head: bundle.model.has_mtp(),
-            memory_budget: opts.memory_budget,
-        },
-        residency,
-    };
-    // `set` fails only if already set, which cannot happen: this thread is the only writer.
-    let _ = shared.text.set(side);
-    shared.state.send_replace(LoadState::Ready);
-    tracing::info!(
-        model = %opts.model_dir.display(),
-        ctx,
-        seconds = t0.elapsed().as_secs_f64(),
-        "model loaded"
-    );
-    while let Ok(job) = rx.recv() {
-        shared.queued.fetch_sub(1, Ordering::SeqCst);
-        shared.active.fetch_add(1, Ordering::SeqCst);
-        let sink = job.sink.clone();
-        let cancel = job.cancel.clone();
-        // A panic is a bug; it must still not take the model thread (and every later request)
-        // down with it.
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run_job(&bundle, job, &shared)
-        }));
-        shared.active.fetch_sub(1, Ordering::SeqCst);
-        let event = match outcome {
-            Ok(Ok(finish)) => {
-                shared.completed.fetch_add(1, Ordering::Relaxed);
-                if finish.reason == FinishReason::Cancelled || cancel.is_cancelled() {
-                    shared.cancelled.fetch_add(1, Ordering::Relaxed);
-                }
-                GenEvent::Finish(finish)
-            }
-            Ok(Err(e)) => {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error(e)
-            }
-            Err(_) => {
-                shared.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error("generation panicked".into())
-            }
-        };
-        // The receiver may be gone (client left); nothing to do then.
-        let _ = sink.send(event);
-    }
-}
-
-/// A token's logprobs with text (each id decoded alone, special tokens kept).
-fn token_logprob(tok: Option<&Tokenizer>, id: u32, lp: &nectar_engine::Logprobs) -> TokenLogprob {
-    let text = |id: u32| {
-        tok.and_then(|t| t.decode(&[id], false).ok())
-            .unwrap_or_default()
-    };
-    TokenLogprob {
-        id,
-        token: text(id),
-        logprob: lp.logprob,
-        top: lp.top.iter().map(|&(i, l)| (i, text(i), l)).collect(),
-    }
-}
-
-/// Runs one generation, streaming deltas to the job's sink; returns the finish or the cause of
-/// a failure.
-fn run_job(bundle: &ModelBundle, job: Job, shared: &Shared) -> Result<Finish, String> {
-    let prompt_tokens = job.request.prompt_ids.len();
-    if job.cancel.is_cancelled() {
-        // The client left while the request was queued: skip the work.
-        return Ok(Finish {
-            reason: FinishReason::Cancelled,
-            usage: Usage {
-                prompt_tokens,
-                completion_tokens: 0,
-            },
-            decode_tok_s: 0.0,
-        });
-    }
-    let tok = bundle.tokenizer.as_ref();
-    let stops = &bundle.stop_ids;
-    let gen = generate(bundle, &job.request, |step| {
-        // A model stop id ends the turn; it is counted in usage but is not output.
-        let output = !(step.finished.is_some() && stops.contains(&step.token));
-        let ids = if output { vec![step.token] } else { vec![] };
-        let logprobs = match (&step.logprobs, output) {
-            (Some(lp), true) => vec![token_logprob(tok, step.token, lp)],
-            _ => vec![],
-        };
-        if !(ids.is_empty() && step.text.is_empty()) {
-            let delta = GenEvent::Delta {
-                ids,
-                text: step.text.clone(),
-                logprobs,
-            };
-            if job.sink.send(delta).is_err() {
-                job.cancel.cancel();
-                return Ok(false);
-            }
-        }
-        Ok(!job.cancel.is_cancelled())
-    })
-    .map_err(|e| e.to_string())?;
-    let reason = match (gen.finish, gen.stop.clone()) {
-        (EngineFinish::Stop, Some(StopCause::String(s))) => FinishReason::StopString(s),
-        (EngineFinish::Length, _) => FinishReason::Length,
-        (EngineFinish::Cancelled, _) => FinishReason::Cancelled,
-        _ => FinishReason::Stop,
-    };
-    let s = shared;
-    s.prompt_tokens
-        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-    s.generated_tokens
-        .fetch_add(gen.tokens.len() as u64, Ordering::Relaxed);
-    let busy = (gen.prefill + gen.decode).as_nanos() as u64;
-    s.busy_nanos.fetch_add(busy, Ordering::Relaxed);
-    let tok_s = gen.decode_tok_s();
-    s.last_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
-    Ok(Finish {
-        reason,
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens: gen.tokens.len(),
-        },
-        decode_tok_s: tok_s,
-    })
 }
 
 #[cfg(test)]

@@ -57,9 +57,9 @@ fn model_entry(state: &AppState) -> Result<Value, ApiError> {
             "logprobs": true,
             "vision": false,
             "sampling": true,
-            "batching": false,
-            "parallel": state.config.parallel,
-            "mtp": state.config.mtp,
+            "batching": info.parallel > 1,
+            "parallel": info.parallel,
+            "mtp": info.mtp,
             "mtp_head_present": info.mtp_head,
         },
     }))

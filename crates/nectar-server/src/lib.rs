@@ -31,6 +31,7 @@ pub mod info;
 pub mod metrics;
 pub mod protocol;
 pub mod run;
+mod scheduler;
 pub mod sse;
 pub mod state;
 pub mod store;

@@ -170,6 +170,48 @@ impl Metrics {
             &one(format!("{:.3}", backend.last_decode_tok_s)),
         );
         metric(
+            "nectar_batch_parallel",
+            "gauge",
+            "Rows that may decode together (continuous batching).",
+            &one(backend.parallel.to_string()),
+        );
+        metric(
+            "nectar_batch_steps_total",
+            "counter",
+            "Batched forward steps run.",
+            &one(backend.batch_steps.to_string()),
+        );
+        metric(
+            "nectar_batch_rows_total",
+            "counter",
+            "Rows summed over batched steps (rows / steps = mean batch size).",
+            &one(backend.batch_rows.to_string()),
+        );
+        metric(
+            "nectar_batch_tokens_per_second",
+            "gauge",
+            "Tokens per second over all rows of the batch, smoothed over recent steps.",
+            &one(format!("{:.3}", backend.batch_tok_s)),
+        );
+        metric(
+            "nectar_mtp_drafted_total",
+            "counter",
+            "MTP drafts checked by the main model.",
+            &one(backend.mtp_drafted.to_string()),
+        );
+        metric(
+            "nectar_mtp_accepted_total",
+            "counter",
+            "MTP drafts accepted.",
+            &one(backend.mtp_accepted.to_string()),
+        );
+        metric(
+            "nectar_mtp_main_forwards_total",
+            "counter",
+            "Main-model forwards after prefill while speculating.",
+            &one(backend.mtp_forwards.to_string()),
+        );
+        metric(
             "nectar_uptime_seconds",
             "gauge",
             "Seconds since the server started.",

@@ -66,6 +66,8 @@ impl Backend for MockBackend {
             tokenizer: true,
             chat_template: true,
             mtp_head: false,
+            mtp: "off".into(),
+            parallel: 1,
             memory_budget: None,
         })
     }

@@ -4,6 +4,7 @@
 
 use crate::backend::{Backend, EngineBackend, EngineOptions, LoadState};
 use crate::state::{AppState, ServerConfig};
+use nectar_engine::{Speculation, Speculator, DEFAULT_DRAFT_TOKENS};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,9 +29,10 @@ pub struct ServeOptions {
     pub ctx_size: Option<usize>,
     /// Expert-streaming memory budget in bytes.
     pub memory_budget: Option<u64>,
-    /// Requests generated at once (must be 1 for now).
+    /// Requests decoded together (continuous batching when above 1).
     pub parallel: usize,
-    /// Speculative decoding as resolved (`off` for now).
+    /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts; serial, so only with
+    /// `parallel == 1`; `auto` falls back to off on a model without an MTP head).
     pub mtp: String,
     /// Requests that may wait for the model.
     pub queue_capacity: usize,
@@ -80,6 +82,17 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         ctx_size: opts.ctx_size,
         memory_budget: opts.memory_budget,
         queue_capacity: opts.queue_capacity,
+        parallel: opts.parallel,
+        // MTP drafting is serial: `auto` means off when rows are batched.
+        speculation: match opts.mtp.as_str() {
+            "on" | "auto" if opts.parallel <= 1 => Some(Speculation {
+                speculator: Speculator::Mtp {
+                    gamma: DEFAULT_DRAFT_TOKENS,
+                },
+                auto: opts.mtp == "auto",
+            }),
+            _ => None,
+        },
     })?;
     let mut load = backend.subscribe();
     let config = ServerConfig {

@@ -22,9 +22,10 @@ pub struct ServerConfig {
     pub listen: String,
     /// Largest accepted request body, in bytes.
     pub body_limit: usize,
-    /// Requests generated at once (1 until continuous batching lands).
+    /// Requests decoded together, as asked for (`/v1/models` reports what the model thread
+    /// resolved).
     pub parallel: usize,
-    /// Speculative decoding as resolved (`off` until MTP decoding lands).
+    /// Speculative decoding as asked for (`off`, `on`, `auto`).
     pub mtp: String,
     /// Stored Responses-API responses kept for `previous_response_id`.
     pub stored_responses: usize,

@@ -1,7 +1,8 @@
 //! The real router over the real demo model (`models/nectar-demo-glm5`), greedy decoding.
 //!
-//! One model thread is shared by every test of this file (the tests run concurrently and queue
-//! on it, which is itself part of what is tested); each test builds its own router and state.
+//! One model thread, batching up to 8 rows, is shared by every test of this file (the tests run
+//! concurrently and share its batch, which is itself part of what is tested); each test builds
+//! its own router and state.
 //! Token budgets are small: the demo decodes a few hundred tokens per second on two cores.
 
 use axum::body::Body;
@@ -23,12 +24,22 @@ const HARBOR_REF: &str = "harbor \\harbor\\ n.";
 
 fn backend() -> Arc<EngineBackend> {
     static B: OnceLock<Arc<EngineBackend>> = OnceLock::new();
-    B.get_or_init(|| Arc::new(EngineBackend::spawn(EngineOptions::new(DEMO)).unwrap()))
-        .clone()
+    B.get_or_init(|| {
+        let opts = EngineOptions {
+            parallel: 8,
+            ..EngineOptions::new(DEMO)
+        };
+        Arc::new(EngineBackend::spawn(opts).unwrap())
+    })
+    .clone()
 }
 
 async fn app() -> Router {
-    let b = backend();
+    app_over(backend()).await
+}
+
+/// A router over `b` once its model has loaded.
+async fn app_over(b: Arc<EngineBackend>) -> Router {
     let mut rx = b.subscribe();
     let state = tokio::time::timeout(
         Duration::from_secs(120),
@@ -276,7 +287,8 @@ async fn health_models_stats_and_metrics() {
     assert_eq!(m["context_length"], 4096);
     assert_eq!(m["capabilities"]["tools"], true);
     assert_eq!(m["capabilities"]["structured_output"], false);
-    assert_eq!(m["capabilities"]["batching"], false);
+    assert_eq!(m["capabilities"]["batching"], true);
+    assert_eq!(m["capabilities"]["parallel"], 8);
     assert_eq!(m["capabilities"]["mtp"], "off");
     chat_text(&app, HARBOR, 4).await;
     let (_, body) = send(&app, "GET", "/metrics", None).await;
@@ -376,10 +388,16 @@ async fn eight_concurrent_streams_equal_their_solo_outputs() {
         .iter()
         .map(|w| format!("Define the word \"{w}\"."))
         .collect();
+    // Solo: each on a server of its own that decodes one row at a time.
+    let solo_app = app_over(Arc::new(
+        EngineBackend::spawn(EngineOptions::new(DEMO)).unwrap(),
+    ))
+    .await;
     let mut solo = Vec::new();
     for p in &prompts {
-        solo.push(chat_text(&app, p, 12).await);
+        solo.push(chat_text(&solo_app, p, 12).await);
     }
+    let before = backend().stats();
     let tasks: Vec<_> = prompts
         .iter()
         .map(|p| {
@@ -392,6 +410,16 @@ async fn eight_concurrent_streams_equal_their_solo_outputs() {
         assert_eq!(t.await.unwrap(), solo[i], "stream {i} ({})", words[i]);
     }
     assert!(solo[0].starts_with(HARBOR_REF));
+    // The streams really shared forwards: more rows than steps.
+    let after = backend().stats();
+    let (steps, rows) = (
+        after.batch_steps - before.batch_steps,
+        after.batch_rows - before.batch_rows,
+    );
+    assert!(
+        rows > steps,
+        "{rows} rows in {steps} steps: nothing was batched"
+    );
 }
 
 #[tokio::test]
@@ -462,6 +490,32 @@ async fn logprobs_stop_strings_and_seeded_sampling() {
     assert_eq!(l["tokens"].as_array().unwrap().len(), 3);
     assert_eq!(l["text_offset"][0], 0);
     assert_eq!(l["top_logprobs"][0].as_object().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn mtp_speculative_serving_matches_plain_greedy_and_counts_drafts() {
+    let opts = EngineOptions {
+        speculation: Some(nectar_engine::Speculation {
+            speculator: nectar_engine::Speculator::Mtp { gamma: 2 },
+            auto: false,
+        }),
+        ..EngineOptions::new(DEMO)
+    };
+    let b = Arc::new(EngineBackend::spawn(opts).unwrap());
+    let app = app_over(b.clone()).await;
+    let (_, body) = send(&app, "GET", "/v1/models", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"][0]["capabilities"]["mtp"], "on");
+    assert_eq!(v["data"][0]["capabilities"]["batching"], false);
+    let plain = chat_text(&self::app().await, HARBOR, 16).await;
+    assert_eq!(chat_stream_text(&app, HARBOR, 16).await, plain);
+    assert_eq!(chat_text(&app, HARBOR, 16).await, plain);
+    let s = b.stats();
+    assert!(
+        s.mtp_drafted > 0 && s.mtp_accepted <= s.mtp_drafted,
+        "{s:?}"
+    );
+    assert!(s.mtp_forwards < 2 * 15, "{s:?}");
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! `nectar serve`: the OpenAI- and Anthropic-compatible HTTP server over one model.
 //!
-//! Flags are checked here and refused when the server cannot honour them yet (`--parallel` > 1,
-//! `--mtp on`), rather than accepted and silently ignored.
+//! Flags are checked here and refused when the server cannot honour them (`--mtp on` with
+//! `--parallel` > 1: MTP drafting is serial), rather than accepted and silently ignored.
 use crate::args::ServeArgs;
 use crate::demo::model_dir;
 use anyhow::{bail, Result};
@@ -13,20 +13,16 @@ const QUEUE_CAPACITY: usize = 64;
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let dir = model_dir(a.model)?;
-    if a.parallel != 1 {
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if a.mtp == "on" && a.parallel > 1 {
         bail!(
-            "--parallel {}: continuous batching is not implemented yet, so requests are generated \
-             one at a time; use --parallel 1 (others wait in a queue of {QUEUE_CAPACITY})",
+            "--mtp on drafts for one request at a time; it cannot serve --parallel {} (use \
+             --parallel 1 for MTP, or --mtp auto/off to batch rows)",
             a.parallel
         );
     }
-    let mtp = match a.mtp.as_str() {
-        "on" => bail!(
-            "--mtp on: speculative decoding with the MTP head is not implemented yet; use --mtp off \
-             (or auto, which resolves to off for now)"
-        ),
-        _ => "off".to_string(),
-    };
     if a.ctx_size == Some(0) {
         bail!("--ctx-size must be at least 1");
     }
@@ -42,7 +38,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ctx_size: a.ctx_size,
         memory_budget,
         parallel: a.parallel,
-        mtp,
+        mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,
     })?;
     Ok(())

@@ -1,0 +1,214 @@
+//! Continuous batching: each row's output is the same whether it decodes alone or beside
+//! others (greedy and seeded sampling), rows join late and leave early without disturbing the
+//! rest, and a bad request is refused without touching the live rows.
+
+use nectar_engine::{
+    generate, Batch, BatchOptions, FinishReason, ModelBundle, Request, SamplingParams,
+};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::OnceLock;
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+fn demo() -> &'static ModelBundle {
+    static B: OnceLock<ModelBundle> = OnceLock::new();
+    B.get_or_init(|| ModelBundle::open(&Path::new(ROOT).join("models/nectar-demo-glm5")).unwrap())
+}
+
+/// The demo model's reference prompts (token ids).
+fn prompts() -> Vec<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(Path::new(ROOT).join("models/nectar-demo-glm5/reference.json"))
+            .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p["input_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// What a row produced: tokens, text, finish.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Out {
+    tokens: Vec<u32>,
+    text: String,
+    finish: Option<FinishReason>,
+}
+
+/// Runs `requests` through one batch; request `i` joins at step `joins[i]`.
+fn run_batch(requests: &[Request], joins: &[usize], opts: BatchOptions) -> Vec<Out> {
+    let b = demo();
+    let tok = b.tokenizer.as_ref();
+    let mut batch = Batch::new(opts);
+    let mut outs = vec![Out::default(); requests.len()];
+    let mut step = 0;
+    while outs.iter().any(|o| o.finish.is_none()) {
+        for (i, r) in requests.iter().enumerate() {
+            if joins[i] == step {
+                batch
+                    .admit(&b.model, tok, &b.stop_ids, i as u64, r)
+                    .unwrap();
+            }
+        }
+        if !batch.is_empty() {
+            let report = batch.step(&b.model, tok).unwrap();
+            assert_eq!(report.batch_rows, report.rows.len().max(report.batch_rows));
+            for rs in report.rows {
+                let o = &mut outs[rs.id as usize];
+                o.tokens.push(rs.step.token);
+                o.text += &rs.step.text;
+                if let Some(f) = rs.step.finished {
+                    o.finish = Some(f);
+                    let s = rs.summary.expect("a finished row reports its totals");
+                    assert_eq!(s.generated, o.tokens.len());
+                }
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the batch never drained");
+    }
+    assert!(batch.is_empty());
+    outs
+}
+
+/// Each request decoded on its own by the serial driver.
+fn run_alone(r: &Request) -> Out {
+    let g = generate(demo(), r, |_| Ok(true)).unwrap();
+    Out {
+        tokens: g.tokens,
+        text: g.text,
+        finish: Some(g.finish),
+    }
+}
+
+fn requests(max_tokens: usize, params: impl Fn(usize) -> SamplingParams) -> Vec<Request> {
+    prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| Request {
+            params: params(i),
+            ..Request::new(p, max_tokens)
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_rows_match_serving_alone() {
+    let reqs = requests(24, |_| SamplingParams::default());
+    let alone: Vec<Out> = reqs.iter().map(run_alone).collect();
+    let opts = BatchOptions {
+        max_rows: reqs.len(),
+        ..BatchOptions::default()
+    };
+    // Everyone at once, and staggered joins (rows join while others decode).
+    let together = run_batch(&reqs, &vec![0; reqs.len()], opts);
+    assert_eq!(together, alone);
+    let joins: Vec<usize> = (0..reqs.len()).map(|i| i * 5).collect();
+    assert_eq!(run_batch(&reqs, &joins, opts), alone);
+}
+
+#[test]
+fn seeded_sampling_rows_match_serving_alone() {
+    let reqs = requests(16, |i| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(1000 + i as u64),
+        ..SamplingParams::default()
+    });
+    let alone: Vec<Out> = reqs.iter().map(run_alone).collect();
+    let opts = BatchOptions {
+        max_rows: reqs.len(),
+        ..BatchOptions::default()
+    };
+    assert_eq!(run_batch(&reqs, &[0, 1, 2, 3], opts), alone);
+}
+
+#[test]
+fn chunked_prefill_depends_only_on_the_row() {
+    // With prompts fed 37 tokens per step, a row beside others equals the row alone under the
+    // same chunking, and the rows still decode in the steps a long prompt is being fed.
+    let reqs = requests(12, |_| SamplingParams::default());
+    let opts = |rows| BatchOptions {
+        max_rows: rows,
+        prefill_chunk: 37,
+    };
+    let alone: Vec<Out> = reqs
+        .iter()
+        .map(|r| run_batch(std::slice::from_ref(r), &[0], opts(1)).remove(0))
+        .collect();
+    assert_eq!(run_batch(&reqs, &[0, 3, 0, 6], opts(4)), alone);
+}
+
+#[test]
+fn removed_rows_leave_the_others_untouched_and_bad_requests_are_refused() {
+    let b = demo();
+    let tok = b.tokenizer.as_ref();
+    let reqs = requests(20, |_| SamplingParams::default());
+    let alone = run_alone(&reqs[1]);
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 2,
+        ..BatchOptions::default()
+    });
+    batch
+        .admit(&b.model, tok, &b.stop_ids, 0, &reqs[0])
+        .unwrap();
+    batch
+        .admit(&b.model, tok, &b.stop_ids, 1, &reqs[1])
+        .unwrap();
+    // Full, a duplicate id, an out-of-vocabulary bias, nothing to do: all refused.
+    assert!(batch
+        .admit(&b.model, tok, &b.stop_ids, 2, &reqs[2])
+        .is_err());
+    let mut roomy = Batch::new(BatchOptions {
+        max_rows: 8,
+        ..BatchOptions::default()
+    });
+    roomy
+        .admit(&b.model, tok, &b.stop_ids, 0, &reqs[0])
+        .unwrap();
+    assert!(roomy
+        .admit(&b.model, tok, &b.stop_ids, 0, &reqs[1])
+        .is_err());
+    let bad = Request {
+        params: SamplingParams {
+            logit_bias: BTreeMap::from([(u32::MAX, 1.0)]),
+            ..SamplingParams::default()
+        },
+        ..reqs[2].clone()
+    };
+    assert!(roomy.admit(&b.model, tok, &b.stop_ids, 5, &bad).is_err());
+    let empty = Request::new(reqs[2].prompt_ids.clone(), 0);
+    assert!(roomy.admit(&b.model, tok, &b.stop_ids, 6, &empty).is_err());
+    assert_eq!(roomy.len(), 1);
+
+    let mut out = Out::default();
+    for step in 0.. {
+        if step == 3 {
+            let s = batch.remove(0).expect("row 0 is live");
+            assert_eq!(s.generated, 3);
+            assert!(batch.remove(0).is_none());
+        }
+        let report = batch.step(&b.model, tok).unwrap();
+        for rs in report.rows.into_iter().filter(|r| r.id == 1) {
+            out.tokens.push(rs.step.token);
+            out.text += &rs.step.text;
+            out.finish = rs.step.finished;
+        }
+        if out.finish.is_some() {
+            break;
+        }
+    }
+    assert_eq!(out, alone);
+    assert!(batch.is_empty());
+}

@@ -1,0 +1,454 @@
+//! The model thread: loads the model, then serves the queue.
+//!
+//! Two schedules, chosen at start:
+//! - **Continuous batching** (the default): up to `parallel` requests live in one
+//!   `nectar_engine::Batch`; every step admits waiting requests while there is room, drops rows
+//!   whose client went away, and runs one forward over all live rows (so each routed expert is
+//!   read once per layer per step, whatever the number of rows that use it). Rows stream their
+//!   deltas as they are produced and leave when finished.
+//! - **Serial speculative decoding** (`--mtp on|auto`, `parallel == 1`): one request at a time
+//!   through `generate_speculative`, the MTP head drafting and the main model verifying.
+//!
+//! A panic inside a step is a bug; it fails the requests of that step and nothing else: the
+//! thread keeps serving.
+
+use crate::backend::{
+    engine_err, CancelToken, EngineOptions, Finish, FinishReason, GenEvent, Job, LoadState,
+    ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
+};
+use nectar_engine::{
+    generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
+    RowSummary, Speculation, Step, StopCause, Tokenizer,
+};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Weight of the newest step in the smoothed batch throughput.
+const TOK_S_SMOOTHING: f64 = 0.1;
+
+/// Opens the model directory, with experts streamed under a budget when one is given.
+fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
+    let load = nectar_model::arch::glm5::LoadOptions {
+        memory_budget: opts.memory_budget,
+        ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
+        ..Default::default()
+    };
+    ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
+}
+
+/// The speculation actually in force: `auto` without an MTP head falls back to plain decoding;
+/// `on` without one is a load error.
+fn resolve_speculation(opts: &EngineOptions, has_mtp: bool) -> Result<Option<Speculation>, String> {
+    match opts.speculation {
+        Some(_) if opts.parallel > 1 => Err(format!(
+            "MTP speculative decoding runs one request at a time; it cannot serve --parallel {}",
+            opts.parallel
+        )),
+        Some(s) if !has_mtp && s.auto => Ok(None),
+        Some(_) if !has_mtp => Err("--mtp on, but the model has no MTP layer".into()),
+        other => Ok(other),
+    }
+}
+
+/// The model thread: load, publish the text side, then serve jobs until every handle is gone.
+pub(crate) fn model_thread(
+    opts: EngineOptions,
+    id: String,
+    shared: Arc<Shared>,
+    rx: Receiver<Job>,
+) {
+    let t0 = Instant::now();
+    let loaded = open_bundle(&opts).and_then(|b| {
+        let spec = resolve_speculation(&opts, b.model.has_mtp())?;
+        Ok((b, spec))
+    });
+    let (bundle, spec) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(model = %opts.model_dir.display(), error = %e, "model load failed");
+            shared.state.send_replace(LoadState::Failed(e));
+            return;
+        }
+    };
+    let max_pos = bundle
+        .model
+        .cfg
+        .raw
+        .max_position_embeddings
+        .unwrap_or(DEFAULT_CTX);
+    let ctx = opts.ctx_size.unwrap_or(max_pos.min(DEFAULT_CTX));
+    let residency = bundle.model.residency().cloned().map(|r| {
+        Box::new(move || serde_json::to_value(r.telemetry()).ok())
+            as Box<dyn Fn() -> Option<Value> + Send + Sync>
+    });
+    let mtp = match spec {
+        None => "off",
+        Some(s) if s.auto => "auto",
+        Some(_) => "on",
+    };
+    let side = TextSide {
+        tokenizer: bundle.tokenizer.clone(),
+        template: bundle.template.clone(),
+        vocab_size: bundle.model.vocab_size(),
+        info: ModelInfo {
+            id,
+            context_length: ctx,
+            tokenizer: bundle.tokenizer.is_some(),
+            chat_template: bundle.template.is_some(),
+            mtp_head: bundle.model.has_mtp(),
+            mtp: mtp.into(),
+            parallel: opts.parallel.max(1),
+            memory_budget: opts.memory_budget,
+        },
+        residency,
+    };
+    // `set` fails only if already set, which cannot happen: this thread is the only writer.
+    let _ = shared.text.set(side);
+    shared.state.send_replace(LoadState::Ready);
+    tracing::info!(
+        model = %opts.model_dir.display(),
+        ctx,
+        parallel = opts.parallel,
+        mtp,
+        seconds = t0.elapsed().as_secs_f64(),
+        "model loaded"
+    );
+    match spec {
+        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx),
+        None => serve_batched(&bundle, opts.parallel.max(1), &shared, &rx),
+    }
+}
+
+/// A live row's connection to its client.
+struct Client {
+    cancel: CancelToken,
+    sink: UnboundedSender<GenEvent>,
+}
+
+/// Continuous batching (see the module docs).
+fn serve_batched(bundle: &ModelBundle, parallel: usize, shared: &Shared, rx: &Receiver<Job>) {
+    let model = &bundle.model;
+    let tok = bundle.tokenizer.as_ref();
+    let n = &shared.n;
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: parallel,
+        ..BatchOptions::default()
+    });
+    let mut clients: HashMap<u64, Client> = HashMap::new();
+    let mut next_id = 0u64;
+    let mut tok_s = 0.0f64;
+    loop {
+        // Admit: block for work when idle; otherwise take whatever waits, up to the room left.
+        let mut closed = false;
+        while batch.has_room() {
+            let job = if batch.is_empty() {
+                rx.recv().map_err(|_| TryRecvError::Disconnected)
+            } else {
+                rx.try_recv()
+            };
+            match job {
+                Ok(job) => {
+                    shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    let id = next_id;
+                    next_id += 1;
+                    admit(bundle, &mut batch, &mut clients, id, job, shared);
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if closed && batch.is_empty() {
+            return;
+        }
+        // Rows whose client went away leave before the step.
+        let gone: Vec<u64> = clients
+            .iter()
+            .filter(|(_, c)| c.cancel.is_cancelled() || c.sink.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let (Some(s), Some(c)) = (batch.remove(id), clients.remove(&id)) {
+                n.cancelled.fetch_add(1, Ordering::Relaxed);
+                finish_row(shared, &c, FinishReason::Cancelled, &s);
+            }
+        }
+        n.active.store(batch.len(), Ordering::SeqCst);
+        if batch.is_empty() {
+            continue;
+        }
+        let outcome = catch_unwind(AssertUnwindSafe(|| batch.step(model, tok)));
+        let report = match outcome {
+            Ok(Ok(r)) => r,
+            failed => {
+                let cause = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "generation panicked".to_string(),
+                };
+                tracing::error!(error = %cause, rows = batch.len(), "batched step failed");
+                // The step's caches may be half-written: every row in it fails; later
+                // requests start clean.
+                for id in batch.clear() {
+                    if let Some(c) = clients.remove(&id) {
+                        n.failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = c.sink.send(GenEvent::Error(cause.clone()));
+                    }
+                }
+                n.active.store(0, Ordering::SeqCst);
+                continue;
+            }
+        };
+        n.batch_steps.fetch_add(1, Ordering::Relaxed);
+        n.batch_rows
+            .fetch_add(report.batch_rows as u64, Ordering::Relaxed);
+        n.busy_nanos
+            .fetch_add(report.elapsed.as_nanos() as u64, Ordering::Relaxed);
+        n.generated_tokens
+            .fetch_add(report.rows.len() as u64, Ordering::Relaxed);
+        if !report.rows.is_empty() {
+            let now = report.rows.len() as f64 / report.elapsed.as_secs_f64().max(1e-9);
+            tok_s = if tok_s == 0.0 {
+                now
+            } else {
+                tok_s + TOK_S_SMOOTHING * (now - tok_s)
+            };
+            n.batch_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
+        }
+        for rs in report.rows {
+            let Some(c) = clients.get(&rs.id) else {
+                continue;
+            };
+            let delivered = send_step(bundle, &c.sink, &rs.step);
+            if let (Some(summary), Some(c)) = (rs.summary, clients.get(&rs.id)) {
+                let reason = finish_reason(summary.finish, summary.stop.clone());
+                finish_row(shared, c, reason, &summary);
+                clients.remove(&rs.id);
+            } else if !delivered {
+                // The client is gone: the row leaves at the top of the next step.
+                c.cancel.cancel();
+            }
+        }
+        n.active.store(batch.len(), Ordering::SeqCst);
+    }
+}
+
+/// Puts a job into the batch, or answers it at once (cancelled while queued, or refused).
+fn admit(
+    bundle: &ModelBundle,
+    batch: &mut Batch,
+    clients: &mut HashMap<u64, Client>,
+    id: u64,
+    job: Job,
+    shared: &Shared,
+) {
+    let n = &shared.n;
+    let prompt_tokens = job.request.prompt_ids.len();
+    if job.cancel.is_cancelled() {
+        // The client left while the request was queued: skip the work.
+        n.completed.fetch_add(1, Ordering::Relaxed);
+        n.cancelled.fetch_add(1, Ordering::Relaxed);
+        let _ = job.sink.send(GenEvent::Finish(Finish {
+            reason: FinishReason::Cancelled,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+            },
+            decode_tok_s: 0.0,
+        }));
+        return;
+    }
+    let admitted = catch_unwind(AssertUnwindSafe(|| {
+        batch.admit(
+            &bundle.model,
+            bundle.tokenizer.as_ref(),
+            &bundle.stop_ids,
+            id,
+            &job.request,
+        )
+    }));
+    match admitted {
+        Ok(Ok(())) => {
+            n.prompt_tokens
+                .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+            clients.insert(
+                id,
+                Client {
+                    cancel: job.cancel,
+                    sink: job.sink,
+                },
+            );
+        }
+        refused => {
+            // The HTTP side validated the request already; this is a bug or a race.
+            let cause = match refused {
+                Ok(Err(e)) => engine_err(e).to_string(),
+                _ => "admission panicked".into(),
+            };
+            n.failed.fetch_add(1, Ordering::Relaxed);
+            let _ = job.sink.send(GenEvent::Error(cause));
+        }
+    }
+}
+
+/// Sends a row's last event and counts it.
+fn finish_row(shared: &Shared, c: &Client, reason: FinishReason, s: &RowSummary) {
+    let n = &shared.n;
+    n.completed.fetch_add(1, Ordering::Relaxed);
+    let tok_s = s.decode_tok_s();
+    n.last_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
+    let _ = c.sink.send(GenEvent::Finish(Finish {
+        reason,
+        usage: Usage {
+            prompt_tokens: s.prompt_tokens,
+            completion_tokens: s.generated,
+        },
+        decode_tok_s: tok_s,
+    }));
+}
+
+/// The protocol-neutral finish of an engine finish and its stop cause.
+fn finish_reason(finish: Option<EngineFinish>, stop: Option<StopCause>) -> FinishReason {
+    match (finish, stop) {
+        (Some(EngineFinish::Stop), Some(StopCause::String(s))) => FinishReason::StopString(s),
+        (Some(EngineFinish::Length), _) => FinishReason::Length,
+        (Some(EngineFinish::Cancelled), _) => FinishReason::Cancelled,
+        _ => FinishReason::Stop,
+    }
+}
+
+/// Streams one step's output to its client; `false` when the client is gone.
+fn send_step(bundle: &ModelBundle, sink: &UnboundedSender<GenEvent>, step: &Step) -> bool {
+    let tok = bundle.tokenizer.as_ref();
+    // A model stop id ends the turn; it is counted in usage but is not output.
+    let output = !(step.finished.is_some() && bundle.stop_ids.contains(&step.token));
+    let ids = if output { vec![step.token] } else { vec![] };
+    let logprobs = match (&step.logprobs, output) {
+        (Some(lp), true) => vec![token_logprob(tok, step.token, lp)],
+        _ => vec![],
+    };
+    if ids.is_empty() && step.text.is_empty() {
+        return !sink.is_closed();
+    }
+    sink.send(GenEvent::Delta {
+        ids,
+        text: step.text.clone(),
+        logprobs,
+    })
+    .is_ok()
+}
+
+/// A token's logprobs with text (each id decoded alone, special tokens kept).
+fn token_logprob(tok: Option<&Tokenizer>, id: u32, lp: &nectar_engine::Logprobs) -> TokenLogprob {
+    let text = |id: u32| {
+        tok.and_then(|t| t.decode(&[id], false).ok())
+            .unwrap_or_default()
+    };
+    TokenLogprob {
+        id,
+        token: text(id),
+        logprob: lp.logprob,
+        top: lp.top.iter().map(|&(i, l)| (i, text(i), l)).collect(),
+    }
+}
+
+/// Serial speculative decoding: one request at a time (see the module docs).
+fn serve_speculative(
+    bundle: &ModelBundle,
+    spec: &Speculation,
+    shared: &Shared,
+    rx: &Receiver<Job>,
+) {
+    let n = &shared.n;
+    while let Ok(job) = rx.recv() {
+        shared.queued.fetch_sub(1, Ordering::SeqCst);
+        n.active.store(1, Ordering::SeqCst);
+        let sink = job.sink.clone();
+        let cancel = job.cancel.clone();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            run_speculative(bundle, spec, job, shared)
+        }));
+        n.active.store(0, Ordering::SeqCst);
+        let event = match outcome {
+            Ok(Ok(finish)) => {
+                n.completed.fetch_add(1, Ordering::Relaxed);
+                if finish.reason == FinishReason::Cancelled || cancel.is_cancelled() {
+                    n.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                GenEvent::Finish(finish)
+            }
+            Ok(Err(e)) => {
+                n.failed.fetch_add(1, Ordering::Relaxed);
+                GenEvent::Error(e)
+            }
+            Err(_) => {
+                n.failed.fetch_add(1, Ordering::Relaxed);
+                GenEvent::Error("generation panicked".into())
+            }
+        };
+        // The receiver may be gone (client left); nothing to do then.
+        let _ = sink.send(event);
+    }
+}
+
+/// Runs one request with speculation, streaming deltas; returns the finish or the cause of a
+/// failure.
+fn run_speculative(
+    bundle: &ModelBundle,
+    spec: &Speculation,
+    job: Job,
+    shared: &Shared,
+) -> Result<Finish, String> {
+    let n = &shared.n;
+    let request: &Request = &job.request;
+    let prompt_tokens = request.prompt_ids.len();
+    if job.cancel.is_cancelled() {
+        return Ok(Finish {
+            reason: FinishReason::Cancelled,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+            },
+            decode_tok_s: 0.0,
+        });
+    }
+    let gen = generate_spec(bundle, request, Some(spec), |step| {
+        if !send_step(bundle, &job.sink, step) {
+            job.cancel.cancel();
+        }
+        Ok(!job.cancel.is_cancelled())
+    })
+    .map_err(|e| e.to_string())?;
+    let reason = finish_reason(Some(gen.finish), gen.stop.clone());
+    n.prompt_tokens
+        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+    n.generated_tokens
+        .fetch_add(gen.tokens.len() as u64, Ordering::Relaxed);
+    let busy: Duration = gen.prefill + gen.decode;
+    n.busy_nanos
+        .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+    if let Some(s) = &gen.spec {
+        n.mtp_drafted.fetch_add(s.drafted as u64, Ordering::Relaxed);
+        n.mtp_accepted
+            .fetch_add(s.accepted as u64, Ordering::Relaxed);
+        n.mtp_forwards
+            .fetch_add(s.main_forwards as u64, Ordering::Relaxed);
+    }
+    let tok_s = gen.decode_tok_s();
+    n.last_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
+    Ok(Finish {
+        reason,
+        usage: Usage {
+            prompt_tokens,
+            completion_tokens: gen.tokens.len(),
+        },
+        decode_tok_s: tok_s,
+    })
+}
