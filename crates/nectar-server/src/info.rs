@@ -129,6 +129,20 @@ pub async fn stats(State(state): State<AppState>) -> Response {
             "tokens_per_second": tok_s,
             "last_decode_tokens_per_second": b.last_decode_tok_s,
         },
+        "batch": {
+            "parallel": b.parallel,
+            "steps": b.batch_steps,
+            "rows": b.batch_rows,
+            "mean_rows": if b.batch_steps > 0 { b.batch_rows as f64 / b.batch_steps as f64 } else { 0.0 },
+            "tokens_per_second": b.batch_tok_s,
+        },
+        "mtp": {
+            "mode": state.backend.info().map(|i| i.mtp),
+            "drafted": b.mtp_drafted,
+            "accepted": b.mtp_accepted,
+            "acceptance_rate": if b.mtp_drafted > 0 { b.mtp_accepted as f64 / b.mtp_drafted as f64 } else { 0.0 },
+            "main_forwards": b.mtp_forwards,
+        },
         "stored_responses": state.responses.len(),
         "residency": b.residency,
     }))

@@ -1,0 +1,313 @@
+"""The real `nectar serve` on the demo model, driven by the official OpenAI and Anthropic SDKs.
+
+Run by `crates/nectar-cli/tests/sdk.rs`, which starts the server (with an API key, 8 rows of
+continuous batching) and passes its address in NECTAR_BASE_URL and the key in NECTAR_API_KEY.
+Decoding is greedy unless a test says otherwise, so outputs are deterministic.
+"""
+
+import json
+import os
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import anthropic
+import openai
+
+BASE = os.environ["NECTAR_BASE_URL"]  # http://127.0.0.1:PORT
+KEY = os.environ["NECTAR_API_KEY"]
+MODEL = "nectar-demo-glm5"
+HARBOR = 'Define the word "harbor".'
+# The demo's reference greedy answer to HARBOR starts with this.
+HARBOR_REF = "harbor \\harbor\\ n."
+
+
+def oai(key=KEY):
+    return openai.OpenAI(base_url=BASE + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ant(key=KEY):
+    return anthropic.Anthropic(base_url=BASE, api_key=key, max_retries=0, timeout=120)
+
+
+def chat(client, content, max_tokens, **kw):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        **kw,
+    )
+    return r
+
+
+def chat_stream_text(client, content, max_tokens):
+    text = ""
+    usage = None
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+    return text, usage
+
+
+def stats():
+    req = urllib.request.Request(BASE + "/stats", headers={"Authorization": "Bearer " + KEY})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+class OpenAIChat(unittest.TestCase):
+    def test_models_lists_the_demo(self):
+        models = oai().models.list()
+        ids = [m.id for m in models.data]
+        self.assertEqual(ids, [MODEL])
+
+    def test_non_streaming_matches_the_reference(self):
+        r = chat(oai(), HARBOR, 12)
+        msg = r.choices[0].message
+        self.assertTrue(msg.content.startswith(HARBOR_REF), msg.content)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.completion_tokens, 12)
+        self.assertGreater(r.usage.prompt_tokens, 0)
+
+    def test_streaming_equals_non_streaming(self):
+        whole = chat(oai(), HARBOR, 12).choices[0].message.content
+        text, usage = chat_stream_text(oai(), HARBOR, 12)
+        self.assertEqual(text, whole)
+        self.assertEqual(usage.completion_tokens, 12)
+
+    def test_seeded_sampling_is_reproducible(self):
+        a = chat(oai(), HARBOR, 8, temperature=1.0, seed=11).choices[0].message.content
+        b = chat(oai(), HARBOR, 8, temperature=1.0, seed=11).choices[0].message.content
+        self.assertEqual(a, b)
+
+    def test_stop_string(self):
+        r = chat(oai(), HARBOR, 12, stop=["\\"])
+        self.assertEqual(r.choices[0].message.content, "harbor ")
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_tool_results_in_the_conversation_are_accepted(self):
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "Look a word up in the dictionary.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"word": {"type": "string"}},
+                        "required": ["word"],
+                    },
+                },
+            }
+        ]
+        messages = [
+            {"role": "user", "content": HARBOR},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"word": "harbor"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "a sheltered port"},
+        ]
+        r = oai().chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, max_tokens=8
+        )
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length", "tool_calls"))
+        self.assertGreater(r.usage.prompt_tokens, chat(oai(), HARBOR, 1).usage.prompt_tokens)
+
+    def test_eight_concurrent_streams_equal_their_solo_outputs(self):
+        words = ["harbor", "anchor", "river", "mountain", "lantern", "garden", "window", "silver"]
+        prompts = ['Define the word "%s".' % w for w in words]
+        solo = [chat(oai(), p, 16).choices[0].message.content for p in prompts]
+        before = stats()["batch"]
+        results = [None] * len(prompts)
+
+        def worker(i):
+            results[i] = chat_stream_text(oai(), prompts[i], 16)[0]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results, solo)
+        after = stats()["batch"]
+        rows = after["rows"] - before["rows"]
+        steps = after["steps"] - before["steps"]
+        self.assertGreater(rows, steps, "the streams never shared a forward")
+
+    def test_client_disconnect_mid_stream_then_healthy(self):
+        cancelled = stats()["requests"]["cancelled"]
+        stream = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Write a very long story."}],
+            max_tokens=3000,
+            stream=True,
+        )
+        got = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                got += 1
+            if got >= 3:
+                break
+        stream.close()
+        deadline = time.time() + 30
+        while stats()["requests"]["cancelled"] == cancelled:
+            self.assertLess(time.time(), deadline, "the generation was not cancelled")
+            time.sleep(0.05)
+        self.assertTrue(chat(oai(), HARBOR, 6).choices[0].message.content.startswith("harbor"))
+
+
+class OpenAICompletionsAndResponses(unittest.TestCase):
+    def test_completions_text_prompt(self):
+        r = oai().completions.create(model=MODEL, prompt="And God said", max_tokens=5)
+        self.assertEqual(r.usage.completion_tokens, 5)
+        self.assertTrue(r.choices[0].text)
+
+    def test_responses_previous_response_id(self):
+        c = oai()
+        first = c.responses.create(model=MODEL, input=HARBOR, max_output_tokens=8)
+        self.assertEqual(first.status, "incomplete")
+        self.assertTrue(first.output_text.startswith("harbor"), first.output_text)
+        second = c.responses.create(
+            model=MODEL,
+            input="And the word anchor?",
+            previous_response_id=first.id,
+            max_output_tokens=8,
+        )
+        self.assertTrue(second.output_text)
+        # The second turn's prompt holds the first exchange.
+        self.assertGreater(
+            second.usage.input_tokens, first.usage.input_tokens + first.usage.output_tokens
+        )
+        fetched = c.responses.retrieve(first.id)
+        self.assertEqual(fetched.output_text, first.output_text)
+
+    def test_responses_streaming_events(self):
+        kinds = []
+        text = ""
+        last = None
+        stream = oai().responses.create(
+            model=MODEL, input=HARBOR, max_output_tokens=8, stream=True
+        )
+        for ev in stream:
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                text += ev.delta
+            last = ev
+        self.assertEqual(kinds[:2], ["response.created", "response.in_progress"])
+        self.assertIn("response.output_text.done", kinds)
+        # The token budget ran out: the official terminal event for that is `incomplete`.
+        self.assertEqual(last.type, "response.incomplete")
+        self.assertEqual(last.response.incomplete_details.reason, "max_output_tokens")
+        self.assertEqual(last.response.output_text, text)
+
+
+class AnthropicMessages(unittest.TestCase):
+    def test_messages_and_stream(self):
+        m = ant().messages.create(
+            model=MODEL, max_tokens=12, messages=[{"role": "user", "content": HARBOR}]
+        )
+        self.assertEqual(m.stop_reason, "max_tokens")
+        text = "".join(b.text for b in m.content if b.type == "text")
+        self.assertTrue(text.startswith(HARBOR_REF), text)
+        with ant().messages.stream(
+            model=MODEL, max_tokens=12, messages=[{"role": "user", "content": HARBOR}]
+        ) as s:
+            streamed = "".join(s.text_stream)
+            final = s.get_final_message()
+        self.assertEqual(streamed, text)
+        self.assertEqual(final.usage.output_tokens, 12)
+
+    def test_tool_use_and_tool_result_blocks(self):
+        tools = [
+            {
+                "name": "lookup",
+                "description": "Look a word up in the dictionary.",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"word": {"type": "string"}},
+                    "required": ["word"],
+                },
+            }
+        ]
+        messages = [
+            {"role": "user", "content": HARBOR},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"word": "harbor"}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a sheltered port"}
+                ],
+            },
+        ]
+        m = ant().messages.create(model=MODEL, max_tokens=8, tools=tools, messages=messages)
+        self.assertIn(m.stop_reason, ("end_turn", "max_tokens", "tool_use", "stop_sequence"))
+        n = ant().messages.count_tokens(model=MODEL, tools=tools, messages=messages)
+        self.assertEqual(n.input_tokens, m.usage.input_tokens)
+
+    def test_count_tokens(self):
+        msgs = [{"role": "user", "content": HARBOR}]
+        n = ant().messages.count_tokens(model=MODEL, messages=msgs)
+        m = ant().messages.create(model=MODEL, max_tokens=1, messages=msgs)
+        self.assertEqual(n.input_tokens, m.usage.input_tokens)
+        self.assertGreater(n.input_tokens, 3)
+
+
+class Errors(unittest.TestCase):
+    def test_wrong_key_is_refused_by_both_sdks(self):
+        with self.assertRaises(openai.AuthenticationError):
+            chat(oai("wrong-key"), HARBOR, 1)
+        with self.assertRaises(anthropic.AuthenticationError):
+            ant("wrong-key").messages.create(
+                model=MODEL, max_tokens=1, messages=[{"role": "user", "content": HARBOR}]
+            )
+
+    def test_malformed_json_is_400_in_each_family_shape(self):
+        for path, key in (("/v1/chat/completions", "error"), ("/v1/messages", "error")):
+            req = urllib.request.Request(
+                BASE + path,
+                data=b'{"model": "x", "messages": [',
+                headers={"Content-Type": "application/json", "Authorization": "Bearer " + KEY},
+                method="POST",
+            )
+            with self.assertRaises(urllib.error.HTTPError) as cm:
+                urllib.request.urlopen(req, timeout=30)
+            self.assertEqual(cm.exception.code, 400)
+            body = json.load(cm.exception)
+            self.assertIn("message", body[key])
+        # The SDK surfaces a bad parameter as a 400 naming it.
+        with self.assertRaises(openai.BadRequestError) as cm:
+            chat(oai(), HARBOR, 4, temperature=-1)
+        self.assertIn("temperature", str(cm.exception))
+
+    def test_context_overflow_names_the_numbers(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            oai().completions.create(model=MODEL, prompt=[100] * 5000, max_tokens=1)
+        self.assertIn("5000", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
