@@ -14,6 +14,12 @@
 //!   slot becomes a working slot (roles swap, bytes never move). Misses that are not promoted
 //!   are dropped (bypass) and their working slots freed.
 //! - Lowering a layer's capacity evicts its coldest slots at once and stays lowered.
+//! - A **prefetch** (a predicted request for a layer not yet reached) is a read of its own class:
+//!   it takes a free working slot only if the key is absent and one is free, touches nothing, and
+//!   counts as neither hit nor miss. A later request for the key is a prefetch hit and turns it
+//!   into an ordinary miss of that wave (promoted at the safe point like any other); a prefetch
+//!   nobody requested by its layer's safe point is dropped without evicting anything — a wrong
+//!   prediction costs a read, never a cached expert.
 use std::collections::HashMap;
 
 /// A routed expert: (layer, expert).
@@ -75,6 +81,12 @@ pub enum Event {
     },
     /// A miss was not kept (bypass).
     Bypass(ExpertKey),
+    /// A prefetch started loading.
+    Prefetch(ExpertKey),
+    /// A request found its key prefetched (loaded or loading).
+    PrefetchHit(ExpertKey),
+    /// A prefetch nobody requested was dropped at its layer's safe point.
+    PrefetchDropped(ExpertKey),
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +95,8 @@ struct Slot {
     key: Option<ExpertKey>,
     last_use: u64,
     wave: u64,
+    /// A prefetched working slot not yet requested.
+    prefetch: bool,
 }
 
 /// The policy state for all layers.
@@ -123,6 +137,7 @@ impl Policy {
                 key: Some(k),
                 last_use: 0,
                 wave: 0,
+                prefetch: false,
             });
         }
         for (l, &c) in capacity.iter().enumerate() {
@@ -132,6 +147,7 @@ impl Policy {
                     key: None,
                     last_use: 0,
                     wave: 0,
+                    prefetch: false,
                 });
             }
         }
@@ -141,6 +157,7 @@ impl Policy {
                 key: None,
                 last_use: 0,
                 wave: 0,
+                prefetch: false,
             });
         }
         let wave = vec![1; capacity.len()];
@@ -214,7 +231,11 @@ impl Policy {
             let slot = &mut self.slots[s];
             slot.last_use = self.clock;
             slot.wave = self.wave[key.layer as usize];
-            events.push(Event::Hit(key));
+            if std::mem::take(&mut slot.prefetch) {
+                events.push(Event::PrefetchHit(key));
+            } else {
+                events.push(Event::Hit(key));
+            }
             return Ok(Access::Hit(s));
         }
         let s = self
@@ -227,11 +248,45 @@ impl Policy {
             key: Some(key),
             last_use: self.clock,
             wave: self.wave[key.layer as usize],
+            prefetch: false,
         };
         self.map.insert(key, s);
         self.wave_misses.push((key, s));
         events.push(Event::Miss(key));
         Ok(Access::Miss(s))
+    }
+
+    /// Prefetches `key` (see the module docs): `Some(working slot)` to load it into, or `None`
+    /// when it is already resident or loading, `limit` unrequested prefetches are outstanding,
+    /// or no working slot is free (prefetch is best effort). Keeping `limit` within the slots
+    /// beyond a wave's need means a prefetch never starves a wave.
+    pub fn prefetch(
+        &mut self,
+        key: ExpertKey,
+        limit: usize,
+        events: &mut Vec<Event>,
+    ) -> Result<Option<usize>, PolicyError> {
+        if key.layer as usize >= self.capacity.len() {
+            return Err(PolicyError::UnknownLayer(key.layer));
+        }
+        if self.map.contains_key(&key) || self.slots.iter().filter(|s| s.prefetch).count() >= limit
+        {
+            return Ok(None);
+        }
+        let Some(s) = self.slots.iter().position(|s| s.role == Role::Free) else {
+            return Ok(None);
+        };
+        self.slots[s] = Slot {
+            role: Role::Working,
+            key: Some(key),
+            last_use: self.clock,
+            wave: 0,
+            prefetch: true,
+        };
+        self.map.insert(key, s);
+        self.wave_misses.push((key, s));
+        events.push(Event::Prefetch(key));
+        Ok(Some(s))
     }
 
     /// Forgets a miss whose load failed (its working slot becomes free again).
@@ -242,6 +297,7 @@ impl Policy {
         if self.slots[slot].role == Role::Working {
             self.slots[slot].role = Role::Free;
         }
+        self.slots[slot].prefetch = false;
         self.wave_misses.retain(|(_, s)| *s != slot);
     }
 
@@ -262,6 +318,17 @@ impl Policy {
             .into_iter()
             .partition(|(k, _)| k.layer == l32);
         self.wave_misses = rest;
+        // Prefetches nobody requested leave without touching the LRU.
+        let (unused, misses): (Vec<_>, Vec<_>) = misses
+            .into_iter()
+            .partition(|&(_, ws)| self.slots[ws].prefetch);
+        for (key, ws) in unused {
+            self.slots[ws].prefetch = false;
+            self.map.remove(&key);
+            self.slots[ws].key = None;
+            self.slots[ws].role = Role::Free;
+            events.push(Event::PrefetchDropped(key));
+        }
         let cap = self.capacity[layer];
         let wave = self.wave[layer];
         let mut done = 0usize;

@@ -28,6 +28,10 @@ pub struct ResidencyConfig {
     pub lru_per_layer: Vec<usize>,
     /// Working slots for the misses of one wave (Colibri uses 64).
     pub working_slots: usize,
+    /// Extra working slots for prefetches ([`Residency::prefetch`]); 0 turns prefetch off. At
+    /// most this many unrequested prefetches are outstanding, so a wave always finds its
+    /// `working_slots`.
+    pub prefetch_slots: usize,
     /// I/O worker threads.
     pub io_threads: usize,
     /// Experts pinned for the life of the process (loaded at startup).
@@ -79,6 +83,7 @@ pub struct Residency {
     tx: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
     working: usize,
+    prefetch_slots: usize,
 }
 
 impl std::fmt::Debug for Residency {
@@ -120,7 +125,11 @@ impl Residency {
                 )));
             }
         }
-        let policy = Policy::new(caps, cfg.working_slots.max(1), &cfg.pinned);
+        let policy = Policy::new(
+            caps,
+            cfg.working_slots.max(1) + cfg.prefetch_slots,
+            &cfg.pinned,
+        );
         let n = policy.n_slots();
         let slab = Slab::new(n, slot_bytes)
             .ok_or_else(|| Error::Setup(format!("cannot allocate {n} slots of {slot_bytes} B")))?;
@@ -173,6 +182,7 @@ impl Residency {
             tx: Some(tx),
             workers,
             working: cfg.working_slots.max(1),
+            prefetch_slots: cfg.prefetch_slots,
         };
         r.load_pinned()?;
         Ok(r)
@@ -272,6 +282,41 @@ impl Residency {
         Ok(out)
     }
 
+    /// Starts loading predicted experts of `layer` ahead of their request (best effort: keys
+    /// already resident or loading, and keys beyond the free prefetch slots, are skipped).
+    /// Nothing is leased: a later [`Residency::acquire`] of a key is a prefetch hit (waiting
+    /// only for the rest of its read); a key nobody acquires by the layer's safe point is
+    /// dropped without evicting anything. Returns how many reads started.
+    pub fn prefetch(&self, layer: usize, experts: &[u32]) -> Result<usize> {
+        if self.prefetch_slots == 0 {
+            return Ok(0);
+        }
+        let mut st = self.lock();
+        let mut started = 0;
+        for &e in experts {
+            if self
+                .inner
+                .layouts
+                .get(layer)
+                .is_none_or(|l| e as usize >= l.len())
+            {
+                return Err(Error::Setup(format!(
+                    "layer {layer} expert {e} is not a streamed expert"
+                )));
+            }
+            let key = ExpertKey::new(layer, e as usize);
+            let mut events = std::mem::take(&mut st.events);
+            let slot = st.policy.prefetch(key, self.prefetch_slots, &mut events);
+            st.events = events;
+            if let Some(s) = slot? {
+                st.slots[s].status = Status::Loading;
+                self.submit(&mut st, s, key);
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
     /// The safe point after a wave of every layer (see [`Residency::end_wave_layer`]).
     pub fn end_wave(&self) -> Result<()> {
         for l in 0..self.inner.layouts.len() {
@@ -324,6 +369,13 @@ impl Residency {
                 Event::Miss(k) => st.stats.layers[layer(k)].misses += 1,
                 Event::Evict { evicted, .. } => st.stats.layers[layer(evicted)].evictions += 1,
                 Event::Bypass(k) => st.stats.layers[layer(k)].bypasses += 1,
+                Event::Prefetch(k) => st.stats.layers[layer(k)].prefetched += 1,
+                Event::PrefetchHit(k) => {
+                    let l = &mut st.stats.layers[layer(k)];
+                    l.hits += 1;
+                    l.prefetch_hits += 1;
+                }
+                Event::PrefetchDropped(k) => st.stats.layers[layer(k)].prefetch_dropped += 1,
             }
         }
         st.events = events;

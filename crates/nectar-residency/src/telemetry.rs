@@ -13,6 +13,12 @@ pub struct LayerStats {
     pub evictions: u64,
     /// Misses not admitted to the cache.
     pub bypasses: u64,
+    /// Prefetch reads started.
+    pub prefetched: u64,
+    /// Requests served by a prefetch (also counted in `hits`: no demand read was needed).
+    pub prefetch_hits: u64,
+    /// Prefetches nobody requested (a wasted read; nothing was evicted for them).
+    pub prefetch_dropped: u64,
 }
 
 /// A snapshot of the residency counters.

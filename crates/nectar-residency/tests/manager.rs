@@ -162,6 +162,7 @@ fn cfg(cap: usize, working: usize) -> ResidencyConfig {
     ResidencyConfig {
         lru_per_layer: vec![cap; 4],
         working_slots: working,
+        prefetch_slots: 0,
         io_threads: 3,
         pinned: vec![],
         mlock: false,
@@ -382,4 +383,99 @@ fn next_layer_requests_overlap_this_layers_safe_point() {
     r.end_wave_layer(1).unwrap();
     let t = r.telemetry();
     assert_eq!((t.occupancy.lru, t.occupancy.free), (4, 8));
+}
+
+fn cfg_prefetch(cap: usize, working: usize, prefetch: usize) -> ResidencyConfig {
+    ResidencyConfig {
+        prefetch_slots: prefetch,
+        ..cfg(cap, working)
+    }
+}
+
+#[test]
+fn prefetched_experts_serve_requests_with_the_right_bytes() {
+    let (io, layouts) = setup(2, 8);
+    let file = io.files[0].clone();
+    let io = Arc::new(io);
+    let r = Residency::new(cfg_prefetch(4, 4, 4), layouts.clone(), io.clone()).unwrap();
+    assert_eq!(r.prefetch(1, &[2, 3, 5]).unwrap(), 3);
+    // Already loading: nothing new starts.
+    assert_eq!(r.prefetch(1, &[2]).unwrap(), 0);
+    let leases: Vec<_> = r
+        .acquire(1, &[2, 3])
+        .unwrap()
+        .into_iter()
+        .map(|p| p.wait().unwrap())
+        .collect();
+    for l in &leases {
+        check_lease(l, &layouts, &file);
+    }
+    drop(leases);
+    r.end_wave_layer(1).unwrap();
+    // Only the prefetches read: expert 2 in one coalesced read, 3 and 5 in three each.
+    assert_eq!(
+        io.reads.load(Ordering::SeqCst),
+        7,
+        "served without new reads"
+    );
+    let t = r.telemetry();
+    let l1 = &t.layers[1];
+    assert_eq!(
+        (l1.prefetched, l1.prefetch_hits, l1.prefetch_dropped),
+        (3, 2, 1)
+    );
+    assert_eq!((l1.hits, l1.misses), (2, 0));
+    // The used prefetches were promoted into the LRU; the unused one left.
+    assert_eq!(t.occupancy.lru, 2);
+    assert_eq!(
+        t.occupancy.free, 8,
+        "promotion swaps roles: the working bank is whole"
+    );
+    let p = r.acquire(1, &[2, 3]).unwrap();
+    assert!(p.iter().all(|p| p.is_ready()));
+    drop(p);
+    r.end_wave_layer(1).unwrap();
+    assert_eq!(r.telemetry().layers[1].hits, 4);
+}
+
+#[test]
+fn a_wrong_prefetch_evicts_nothing_and_never_starves_a_wave() {
+    let (io, layouts) = setup(1, 16);
+    let io = Arc::new(io);
+    // Two LRU slots, a wave of 4, two prefetch slots.
+    let r = Residency::new(cfg_prefetch(2, 4, 2), layouts, io).unwrap();
+    let warm = |r: &Residency, ids: &[u32]| {
+        let p = r.acquire(0, ids).unwrap();
+        drop(p.into_iter().map(|p| p.wait().unwrap()).collect::<Vec<_>>());
+        r.end_wave_layer(0).unwrap();
+    };
+    warm(&r, &[0, 1]);
+    // Prefetch is capped at its slots; all three predictions are wrong.
+    assert_eq!(r.prefetch(0, &[7, 8, 9]).unwrap(), 2);
+    // A full wave of four misses still finds its working slots.
+    warm(&r, &[10, 11, 12, 13]);
+    let t = r.telemetry();
+    assert_eq!(t.layers[0].prefetch_dropped, 2);
+    assert_eq!(t.layers[0].prefetch_hits, 0);
+    // The LRU holds what the waves admitted, never the wrong predictions.
+    let p = r.acquire(0, &[12, 13]).unwrap();
+    assert!(
+        p.iter().all(|p| p.is_ready()),
+        "the last wave's experts stayed"
+    );
+    drop(p);
+    r.end_wave_layer(0).unwrap();
+    let before = r.telemetry().layers[0].evictions;
+    assert_eq!(r.prefetch(0, &[3, 4]).unwrap(), 2);
+    r.end_wave_layer(0).unwrap();
+    assert_eq!(
+        r.telemetry().layers[0].evictions,
+        before,
+        "a dropped prefetch evicts nothing"
+    );
+    assert_eq!(r.telemetry().occupancy.free, 6);
+    // Without prefetch slots, prefetch is off.
+    let (io, layouts) = setup(1, 4);
+    let off = Residency::new(cfg(2, 4), layouts, Arc::new(io)).unwrap();
+    assert_eq!(off.prefetch(0, &[1, 2]).unwrap(), 0);
 }

@@ -167,6 +167,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
     let rc = ResidencyConfig {
         lru_per_layer: vec![a.slots; layouts.len()],
         working_slots: a.working,
+        prefetch_slots: 0,
         io_threads: a.io_threads,
         pinned: Vec::new(),
         mlock: false,

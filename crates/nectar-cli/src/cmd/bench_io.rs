@@ -85,6 +85,7 @@ fn managed(
     let cfg = ResidencyConfig {
         lru_per_layer: vec![1; layouts.len()],
         working_slots: wave,
+        prefetch_slots: 0,
         io_threads: threads,
         pinned: Vec::new(),
         mlock: false,

@@ -171,6 +171,7 @@ pub(super) fn setup(
     let rc = ResidencyConfig {
         lru_per_layer: vec![plan.lru_per_layer; n + 1],
         working_slots: opts.working_slots,
+        prefetch_slots: 0,
         io_threads: opts.io_threads,
         pinned: Vec::new(),
         mlock: false,
