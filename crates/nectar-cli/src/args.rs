@@ -54,6 +54,11 @@ pub struct RunArgs {
     /// I/O threads reading experts (with --memory-budget).
     #[arg(long, default_value_t = 3)]
     pub io_threads: usize,
+    /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
+    /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
+    /// predicted experts into their own slots, with --memory-budget). Never changes the output.
+    #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
+    pub prefetch: String,
     /// Prompt text (default: a short sample prompt).
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids instead of text (no tokenizer needed).

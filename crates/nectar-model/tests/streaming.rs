@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use nectar_format::convert::{convert, ConvertParams};
-use nectar_model::arch::glm5::LoadOptions;
+use nectar_model::arch::glm5::{LoadOptions, Prefetch};
 use nectar_model::{Glm5, NoObserver, SeqStep};
 use std::path::Path;
 
@@ -105,6 +105,41 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         if lru == 1 {
             let ev: u64 = t.layers.iter().map(|l| l.evictions).sum();
             assert!(ev > 0);
+        }
+    }
+    // Next-layer prediction: `measure` and `pilot` (prefetch) never change a bit; the predictor
+    // names most chosen experts, and prefetches serve real requests.
+    for mode in [Prefetch::Measure, Prefetch::Pilot] {
+        let o = LoadOptions {
+            prefetch: mode,
+            ..base.clone()
+        };
+        let m = Glm5::load_with(
+            out.path(),
+            &LoadOptions {
+                memory_budget: Some(budget_for(out.path(), 3, &o)),
+                ..o
+            },
+        )
+        .unwrap();
+        assert_eq!(run(&m, &prompt, 12), want, "{mode:?} changed the logits");
+        let s = m.pilot_stats();
+        // 7 predicted MoE layers × (40 prompt rows + 12 steps) × top-4.
+        assert_eq!(s.chosen, 7 * 52 * 4);
+        assert!(s.recall() > 0.5, "recall {:.3}", s.recall());
+        let t = m.residency().unwrap().telemetry();
+        let (hits, dropped) = t.layers.iter().fold((0, 0), |(h, d), l| {
+            (h + l.prefetch_hits, d + l.prefetch_dropped)
+        });
+        if mode == Prefetch::Pilot {
+            assert!(s.issued > 0 && hits > 0, "{s:?}, {hits} prefetch hits");
+            assert_eq!(
+                s.issued,
+                hits + dropped,
+                "every prefetch is used or dropped"
+            );
+        } else {
+            assert_eq!((s.issued, hits, dropped), (0, 0, 0));
         }
     }
     // A budget below the floor is refused with the equation.

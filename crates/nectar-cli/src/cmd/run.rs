@@ -6,7 +6,7 @@ use nectar_engine::{
     generate_spec, Generation, Logprobs, ModelBundle, Request, SamplingParams, SpecStats,
     Speculation, Speculator, StopCause, Tokenizer, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
 };
-use nectar_model::arch::glm5::LoadOptions;
+use nectar_model::arch::glm5::{LoadOptions, PilotStats, Prefetch};
 use nectar_residency::rss::RssGuard;
 use nectar_residency::Telemetry;
 use serde_json::{json, Value};
@@ -25,6 +25,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         memory_budget: budget,
         ctx_size: a.ctx_size,
         io_threads: a.io_threads,
+        prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
         ..Default::default()
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
@@ -86,6 +87,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         if let Some(s) = &gen.spec {
             out["stats"]["mtp"] = serde_json::to_value(s)?;
         }
+        if bundle.model.prefetch != Prefetch::Off {
+            out["stats"]["prefetch"] = prefetch_json(&bundle, residency.as_ref());
+        }
         writeln!(stdout, "{out}")?;
     } else {
         writeln!(stdout)?;
@@ -117,6 +121,12 @@ pub fn run(a: RunArgs) -> Result<()> {
                 t.reads,
                 t.disk_seconds,
                 t.wait_seconds
+            );
+        }
+        if bundle.model.prefetch != Prefetch::Off {
+            eprintln!(
+                "{}",
+                prefetch_summary(&bundle.model.pilot_stats(), residency.as_ref())
             );
         }
     }
@@ -180,6 +190,44 @@ fn spec_summary(s: &SpecStats) -> String {
         );
     }
     line + "]"
+}
+
+/// Next-layer prediction figures: recall, and what the prefetches did.
+fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
+    let s = bundle.model.pilot_stats();
+    let (hits, dropped) = prefetch_counts(t);
+    json!({
+        "mode": bundle.model.prefetch.as_str(),
+        "recall": s.recall(),
+        "chosen": s.chosen,
+        "predicted_right": s.predicted_right,
+        "candidates": s.candidates,
+        "issued": s.issued,
+        "prefetch_hits": hits,
+        "prefetch_dropped": dropped,
+    })
+}
+
+/// Prefetches used and dropped, over every layer.
+fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64) {
+    t.map_or((0, 0), |t| {
+        t.layers.iter().fold((0, 0), |(h, d), l| {
+            (h + l.prefetch_hits, d + l.prefetch_dropped)
+        })
+    })
+}
+
+fn prefetch_summary(s: &PilotStats, t: Option<&Telemetry>) -> String {
+    let (hits, dropped) = prefetch_counts(t);
+    format!(
+        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped]",
+        100.0 * s.recall(),
+        s.predicted_right,
+        s.chosen,
+        s.issued,
+        hits,
+        dropped
+    )
 }
 
 /// Residency figures for `--json`: hit rate, bytes read, occupancy and the plan.

@@ -70,16 +70,54 @@ impl DecoderLayer {
         mode: MlaMode,
         obs: &mut dyn Observer,
     ) -> Result<()> {
-        let m = layout.rows.len();
+        self.attend(x, layout, caches, sel, rope, mode, obs)?;
+        self.feed_forward(x, layout.rows.len(), obs, None)
+    }
+
+    /// The attention half: `x ← x + Attn(norm(x))`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        x: &mut [f32],
+        layout: &Layout,
+        caches: &mut [&mut LayerCache],
+        sel: &mut [Option<Vec<u32>>],
+        rope: &RopeTable,
+        mode: MlaMode,
+        obs: &mut dyn Observer,
+    ) -> Result<()> {
         let h = self.norm_rows(x, &self.input_norm);
         let a = self
             .attn
             .forward(self.index, &h, layout, caches, sel, rope, mode, obs)?;
         add(x, &a);
+        Ok(())
+    }
+
+    /// The MLP half: `x ← x + Mlp(norm(x))` for `m` rows. `after_reads` runs once this layer's
+    /// expert reads are queued (at once for dense and resident layers): the next layer's
+    /// prefetch goes there so it never delays this layer's own reads.
+    pub fn feed_forward(
+        &self,
+        x: &mut [f32],
+        m: usize,
+        obs: &mut dyn Observer,
+        after_reads: Option<&mut dyn FnMut() -> Result<()>>,
+    ) -> Result<()> {
         let h2 = self.norm_rows(x, &self.post_norm);
-        let f = self.mlp.forward(self.index, &h2, m, obs)?;
+        let f = self.mlp.forward(self.index, &h2, m, obs, after_reads)?;
         add(x, &f);
         Ok(())
+    }
+
+    /// This layer's expert choice per row if its MLP input were `x` (a residual stream of `m`
+    /// rows): the next-layer prediction of [`super::pilot`]. `None` for a dense layer.
+    pub fn predict(&self, x: &[f32], m: usize) -> Result<Option<Vec<Vec<u32>>>> {
+        let Mlp::Moe(moe) = &self.mlp else {
+            return Ok(None);
+        };
+        let h = self.norm_rows(x, &self.post_norm);
+        Ok(Some(moe.route(&h, m)?.into_iter().map(|r| r.ids).collect()))
     }
 
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {

@@ -15,6 +15,7 @@ mod layer;
 mod layout;
 mod moe;
 mod mtp;
+mod pilot;
 mod streaming;
 
 pub use attention::MlaMode;
@@ -24,6 +25,7 @@ pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
+pub use pilot::{PilotStats, Prefetch};
 pub use streaming::{expert_layouts, plan_memory, LoadOptions};
 
 use crate::blocks::{Embedding, Linear, Loader};
@@ -36,7 +38,7 @@ use mtp::Mtp;
 use nectar_format::Catalog;
 use nectar_kernels::{matmul, rms_norm, RopeTable};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One sequence's part of a main forward: its cache and the tokens to append.
 #[derive(Debug)]
@@ -72,6 +74,9 @@ pub struct Glm5 {
     rope: RopeTable,
     /// MLA form selection (tests force each form).
     pub mla_mode: MlaMode,
+    /// Next-layer expert prediction (see [`Prefetch`]); from [`LoadOptions::prefetch`].
+    pub prefetch: Prefetch,
+    pilot: Mutex<PilotStats>,
     catalog: Arc<Catalog>,
     streaming: Option<streaming::Streaming>,
 }
@@ -115,6 +120,8 @@ impl Glm5 {
             rope: RopeTable::new(r.qk_rope_head_dim, cfg.rope_theta),
             layers,
             mla_mode: MlaMode::Auto,
+            prefetch: opts.prefetch,
+            pilot: Mutex::new(PilotStats::default()),
             catalog: catalog.clone(),
             streaming,
             cfg,
@@ -171,11 +178,15 @@ impl Glm5 {
         {
             self.embed.row(t, xr)?;
         }
-        let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
+        let m = layout.rows.len();
+        let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
+        let mut stats = PilotStats::default();
+        // The prediction for the layer about to run (made during the previous one).
+        let mut predicted: Option<Vec<Vec<u32>>> = None;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut caches: Vec<&mut LayerCache> =
                 steps.iter_mut().map(|s| &mut s.cache.layers[l]).collect();
-            layer.forward(
+            layer.attend(
                 &mut x,
                 &layout,
                 &mut caches,
@@ -184,9 +195,49 @@ impl Glm5 {
                 self.mla_mode,
                 obs,
             )?;
+            let next = self.layers.get(l + 1);
+            let next_pred = match (self.prefetch, next) {
+                (Prefetch::Off, _) | (_, None) => None,
+                (_, Some(n)) => n.predict(&x, m)?,
+            };
+            let target = match (self.prefetch, next, &next_pred) {
+                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p)),
+                _ => None,
+            };
+            let mut issue = || -> Result<()> {
+                if let Some(((res, tier), p)) = &target {
+                    let ids = pilot::union(p);
+                    stats.candidates += ids.len() as u64;
+                    stats.issued += res.prefetch(*tier, &ids)? as u64;
+                }
+                Ok(())
+            };
+            let mut tap = RouteTap {
+                inner: obs,
+                layer: l,
+                routes: vec![Vec::new(); if predicted.is_some() { m } else { 0 }],
+            };
+            layer.feed_forward(&mut x, m, &mut tap, Some(&mut issue))?;
+            if let Some(p) = predicted.take() {
+                let (n, right) = pilot::score(&p, &tap.routes);
+                stats.chosen += n;
+                stats.predicted_right += right;
+            }
+            predicted = next_pred;
             obs.layer_output(l, &x);
         }
+        if self.prefetch != Prefetch::Off {
+            self.pilot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(&stats);
+        }
         Ok(self.final_norm(&x, &self.norm))
+    }
+
+    /// Next-layer prediction counts since load (all zero with [`Prefetch::Off`]).
+    pub fn pilot_stats(&self) -> PilotStats {
+        *self.pilot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn final_norm(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
@@ -313,4 +364,29 @@ pub struct ClassBytes {
     pub indexer: usize,
     /// Bytes of one main routed expert.
     pub per_expert: usize,
+}
+
+/// Passes everything on, and keeps the routes of one layer (to score a prediction).
+struct RouteTap<'a> {
+    inner: &'a mut dyn Observer,
+    layer: usize,
+    /// One entry per row when recording, else empty.
+    routes: Vec<Vec<u32>>,
+}
+
+impl Observer for RouteTap<'_> {
+    fn layer_output(&mut self, layer: usize, x: &[f32]) {
+        self.inner.layer_output(layer, x);
+    }
+    fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
+        if layer == self.layer {
+            if let Some(r) = self.routes.get_mut(row) {
+                *r = ids.to_vec();
+            }
+        }
+        self.inner.router(layer, row, ids, weights);
+    }
+    fn indexer(&mut self, layer: usize, row: usize, full: bool, selected: Option<&[u32]>) {
+        self.inner.indexer(layer, row, full, selected);
+    }
 }

@@ -224,6 +224,7 @@ impl Moe {
         m: usize,
         row0: usize,
         obs: &mut dyn Observer,
+        mut after_reads: Option<&mut dyn FnMut() -> Result<()>>,
     ) -> Result<Vec<f32>> {
         let hidden = x.len() / m.max(1);
         let routes = self.route(x, m)?;
@@ -255,6 +256,9 @@ impl Moe {
         let mut shared = None;
         match &self.experts {
             Experts::Resident(experts) => {
+                if let Some(f) = after_reads.take() {
+                    f()?;
+                }
                 for (e, rows) in &union {
                     let y = experts[*e as usize].forward(&gather(rows), rows.len())?;
                     scatter(rows, &y);
@@ -271,6 +275,9 @@ impl Moe {
                     let ids: Vec<u32> = wave.iter().map(|(e, _)| *e).collect();
                     let result = (|| -> Result<()> {
                         let pending = residency.acquire(*tier, &ids)?;
+                        if let Some(f) = after_reads.take() {
+                            f()?;
+                        }
                         let (ready, waiting): (Vec<_>, Vec<_>) = pending
                             .into_iter()
                             .zip(wave)
@@ -302,6 +309,9 @@ impl Moe {
                 }
             }
         }
+        if let Some(f) = after_reads.take() {
+            f()?;
+        }
         let shared = match shared {
             Some(s) => s,
             None => self.shared.forward(x, m)?,
@@ -332,17 +342,38 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// Runs the MLP for `m` rows.
+    /// Runs the MLP for `m` rows; `after_reads` runs once the layer's expert reads are queued
+    /// (see [`super::layer::DecoderLayer::feed_forward`]).
     pub fn forward(
         &self,
         layer: usize,
         x: &[f32],
         m: usize,
         obs: &mut dyn Observer,
+        mut after_reads: Option<&mut dyn FnMut() -> Result<()>>,
     ) -> Result<Vec<f32>> {
         match self {
-            Mlp::Dense(d) => d.forward(x, m),
-            Mlp::Moe(moe) => moe.forward(layer, x, m, 0, obs),
+            Mlp::Dense(d) => {
+                if let Some(f) = after_reads.take() {
+                    f()?;
+                }
+                d.forward(x, m)
+            }
+            Mlp::Moe(moe) => moe.forward(layer, x, m, 0, obs, after_reads),
+        }
+    }
+
+    /// The expert cache and tier of a MoE layer whose experts are streamed.
+    pub fn streamed(&self) -> Option<(&Arc<Residency>, usize)> {
+        match self {
+            Mlp::Moe(Moe {
+                experts:
+                    Experts::Streamed {
+                        residency, layer, ..
+                    },
+                ..
+            }) => Some((residency, *layer)),
+            _ => None,
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct LoadOptions {
     pub direct_io: bool,
     /// Process reserve in the memory equation (allocator, thread stacks, tokenizer, server).
     pub runtime_reserve: u64,
+    /// Next-layer expert prediction; `Pilot` with a budget adds `2 × top-k` prefetch slots to
+    /// the working bank (counted in the memory plan).
+    pub prefetch: super::Prefetch,
 }
 
 impl Default for LoadOptions {
@@ -38,6 +41,7 @@ impl Default for LoadOptions {
             working_slots: 64,
             direct_io: true,
             runtime_reserve: 128 << 20,
+            prefetch: super::Prefetch::Off,
         }
     }
 }
@@ -104,7 +108,7 @@ pub(super) fn plan_inputs(
         slot_bytes,
         sparse_layers: cfg.dense.iter().filter(|d| !**d).count() + usize::from(mtp),
         experts_per_layer: r.n_routed_experts,
-        working_slots: opts.working_slots,
+        working_slots: opts.working_slots + prefetch_slots(cfg, opts),
         pinned_slots: 0,
         mtp_slots: 0,
         kv_bytes_per_token: kv,
@@ -171,7 +175,7 @@ pub(super) fn setup(
     let rc = ResidencyConfig {
         lru_per_layer: vec![plan.lru_per_layer; n + 1],
         working_slots: opts.working_slots,
-        prefetch_slots: 0,
+        prefetch_slots: prefetch_slots(cfg, opts),
         io_threads: opts.io_threads,
         pinned: Vec::new(),
         mlock: false,
@@ -183,6 +187,14 @@ pub(super) fn setup(
         expert_bytes,
         counts,
     })
+}
+
+/// Slots reserved for next-layer prefetches: two layers' worth of one row's experts.
+fn prefetch_slots(cfg: &Config, opts: &LoadOptions) -> usize {
+    match opts.prefetch {
+        super::Prefetch::Pilot => 2 * cfg.raw.num_experts_per_tok,
+        _ => 0,
+    }
 }
 
 fn residency_err(e: nectar_residency::Error) -> Error {
