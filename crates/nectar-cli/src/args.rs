@@ -330,10 +330,18 @@ pub struct BenchDecodeArgs {
     /// Working slots.
     #[arg(long, default_value_t = 64)]
     pub working: usize,
-    /// `none`, or `oracle`: request the next layer's experts (known from the route source)
-    /// before computing this one — the perfect-prediction upper bound for prefetch.
-    #[arg(long, default_value = "none")]
+    /// `none`; `oracle`: prefetch the next layer's experts (known from the route source) while
+    /// computing this one — the perfect-prediction upper bound; `pilot` (with `--routes
+    /// trace`): prefetch what the trace model's real next-layer predictor names for each row.
+    #[arg(long, default_value = "none", value_parser = ["none", "oracle", "pilot"])]
     pub prefetch: String,
+    /// Prefetch only the first N experts of each guess (the predictor's most confident; 0 =
+    /// all).
+    #[arg(long, default_value_t = 0)]
+    pub prefetch_top: usize,
+    /// The model that produced the trace, for `--prefetch pilot` (default: the demo model).
+    #[arg(long)]
+    pub predictor: Option<PathBuf>,
     /// Seconds for the raw-disk measurement that sets the disk-bound ceiling.
     #[arg(long, default_value_t = 3.0)]
     pub raw_seconds: f64,

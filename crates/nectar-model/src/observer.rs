@@ -11,6 +11,9 @@ pub trait Observer {
     /// The key positions `row` attends to at `layer` (`None`: all of `0..=pos`), and whether this
     /// layer computed them (`full`) or reused the previous full layer's selection.
     fn indexer(&mut self, _layer: usize, _row: usize, _full: bool, _selected: Option<&[u32]>) {}
+    /// The next-layer prediction for `row` at MoE layer `layer` (made from the previous
+    /// layer's post-attention state; only with prediction on, see `Prefetch`).
+    fn predicted(&mut self, _layer: usize, _row: usize, _ids: &[u32]) {}
 }
 
 /// An observer that ignores everything.

@@ -115,8 +115,29 @@ pub fn uniform(e: usize, k: usize, rng: &mut Rng) -> Vec<u32> {
     out
 }
 
-/// Reads an `int8` `.npy` array (version 1 or 2, C order): returns shape and data.
+/// Reads a C-order int8 `.npy` array (the trace format): `(shape, data)`.
 pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
+    let (shape, data) = read_npy(bytes, &["'|i1'", "'i1'"], 1)?;
+    Ok((shape, data.iter().map(|b| *b as i8).collect()))
+}
+
+/// Reads a C-order little-endian uint16 `.npy` array (the traces' token ids): `(shape, data)`.
+pub fn read_npy_u16(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u16>), String> {
+    let (shape, data) = read_npy(bytes, &["'<u2'"], 2)?;
+    Ok((
+        shape,
+        data.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect(),
+    ))
+}
+
+/// The shape and raw data bytes of a C-order `.npy` array whose dtype is one of `dtypes`.
+fn read_npy<'a>(
+    bytes: &'a [u8],
+    dtypes: &[&str],
+    elem: usize,
+) -> Result<(Vec<usize>, &'a [u8]), String> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err("not a .npy file".into());
     }
@@ -130,8 +151,8 @@ pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
     };
     let header = std::str::from_utf8(bytes.get(off..off + hlen).ok_or("truncated .npy header")?)
         .map_err(|_| "non-UTF-8 .npy header")?;
-    if !header.contains("'|i1'") && !header.contains("'i1'") {
-        return Err(format!("expected int8 data, header {header}"));
+    if !dtypes.iter().any(|d| header.contains(d)) {
+        return Err(format!("expected dtype {}, header {header}", dtypes[0]));
     }
     if header.contains("'fortran_order': True") {
         return Err("fortran-order arrays are not supported".into());
@@ -148,11 +169,11 @@ pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("bad shape `{shape_s}`")))
         .collect::<Result<_, _>>()?;
-    let n: usize = shape.iter().product();
+    let n: usize = shape.iter().product::<usize>() * elem;
     let data = bytes
         .get(off + hlen..off + hlen + n)
         .ok_or("truncated .npy data")?;
-    Ok((shape, data.iter().map(|b| *b as i8).collect()))
+    Ok((shape, data))
 }
 
 /// Hit rate of Belady-OPT with bypass for one layer: `steps[t]` is the set of experts requested
@@ -246,5 +267,13 @@ mod tests {
         assert_eq!(shape, [2, 3]);
         assert_eq!(d, [1, 2, 3, -1, 5, 6]);
         assert!(read_npy_i8(&b[..20]).is_err());
+        assert!(read_npy_u16(&b).unwrap_err().contains("<u2"));
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let h = "{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }         \n";
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        b.extend([1u8, 0, 0, 1, 0xff, 0xff]);
+        assert_eq!(read_npy_u16(&b).unwrap(), (vec![3], vec![1, 256, 65535]));
+        assert!(read_npy_u16(&b[..b.len() - 1]).is_err());
     }
 }

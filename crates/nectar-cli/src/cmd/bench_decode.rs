@@ -15,14 +15,95 @@ use nectar_kernels::{matmul, swiglu_in_place, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, Config};
 use nectar_residency::io::{ExpertIo, FileIo};
 use nectar_residency::sim::{belady_bypass, read_npy_i8, uniform, Rng, ZipfLayer};
-use nectar_residency::{Pending, Residency, ResidencyConfig};
+use nectar_residency::{Residency, ResidencyConfig};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Where the routes come from, and (with `--prefetch pilot`) the real predictor's guesses.
+struct Routes {
+    /// `[token][moe layer] → experts`.
+    routes: Vec<Vec<Vec<u32>>>,
+    /// `[token][moe layer] → predicted experts` (pilot only).
+    predicted: Option<Vec<Vec<Vec<u32>>>>,
+    /// Description.
+    source: String,
+    /// Predictor figures for the JSON (pilot only).
+    pilot: serde_json::Value,
+}
+
 /// Routes `[token][moe layer] → experts`.
 fn routes(
+    a: &BenchDecodeArgs,
+    n_layers: usize,
+    experts: usize,
+    k: usize,
+    tokens: usize,
+) -> Result<Routes> {
+    let (routes, source) = route_source(a, n_layers, experts, k, tokens)?;
+    if a.prefetch != "pilot" {
+        return Ok(Routes {
+            routes,
+            predicted: None,
+            source,
+            pilot: serde_json::Value::Null,
+        });
+    }
+    anyhow::ensure!(
+        a.routes == "trace",
+        "--prefetch pilot needs --routes trace: predictions come from the trace's model"
+    );
+    let (dir, (shape, data)) = trace(a)?;
+    let model = crate::demo::model_dir(a.predictor.clone())?;
+    let p = super::bench_pilot::predictions(&dir, "decode", &model, &data, &shape)?;
+    let (t_all, main) = (shape[0], (shape[1] - 1).max(1));
+    let predicted = (0..tokens)
+        .map(|t| {
+            (0..n_layers)
+                .map(|l| {
+                    p.predicted[t % t_all][l % main]
+                        .iter()
+                        .map(|&e| e % experts as u32)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    Ok(Routes {
+        routes,
+        predicted: Some(predicted),
+        source,
+        pilot: json!({
+            "predictor": model,
+            "recall": p.recall,
+            "route_agreement_with_trace": p.route_agreement,
+        }),
+    })
+}
+
+/// The trace directory and its `decode.experts.npy` (`[T, layers, k]`).
+fn trace(a: &BenchDecodeArgs) -> Result<(PathBuf, (Vec<usize>, Vec<i8>))> {
+    let dir = a.trace.clone().unwrap_or_else(|| {
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/traces/demo"
+        ))
+    });
+    let path = dir.join("decode.experts.npy");
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (shape, data) =
+        read_npy_i8(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    anyhow::ensure!(
+        shape.len() == 3,
+        "{}: expected [T, layers, k]",
+        path.display()
+    );
+    Ok((dir, (shape, data)))
+}
+
+/// Routes `[token][moe layer] → experts` from the chosen source, and its description.
+fn route_source(
     a: &BenchDecodeArgs,
     n_layers: usize,
     experts: usize,
@@ -54,22 +135,8 @@ fn routes(
             ))
         }
         "trace" => {
-            let dir = a.trace.clone().unwrap_or_else(|| {
-                PathBuf::from(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/../../tests/fixtures/traces/demo"
-                ))
-            });
+            let (dir, (shape, data)) = trace(a)?;
             let path = dir.join("decode.experts.npy");
-            let bytes =
-                std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            let (shape, data) =
-                read_npy_i8(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            anyhow::ensure!(
-                shape.len() == 3,
-                "{}: expected [T, layers, k]",
-                path.display()
-            );
             let (t_all, tl, tk) = (shape[0], shape[1], shape[2]);
             // The last trace layer is the demo's MTP layer; main layers map onto ours in turn.
             let main = (tl - 1).max(1);
@@ -139,7 +206,37 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
     let k = cfg.raw.num_experts_per_tok;
     let hidden = cfg.raw.hidden_size;
     let total = a.warmup + a.tokens;
-    let (routes, source) = routes(&a, moe.len(), experts, k, total)?;
+    let Routes {
+        routes,
+        predicted,
+        source,
+        pilot,
+    } = routes(&a, moe.len(), experts, k, total)?;
+    anyhow::ensure!(
+        ["none", "oracle", "pilot"].contains(&a.prefetch.as_str()),
+        "unknown --prefetch `{}` (none, oracle or pilot)",
+        a.prefetch
+    );
+    // What to prefetch for (token, layer): the truth (oracle) or the real prediction (pilot).
+    let top = |g: &[u32]| -> Vec<u32> {
+        let n = if a.prefetch_top == 0 {
+            g.len()
+        } else {
+            a.prefetch_top.min(g.len())
+        };
+        g[..n].to_vec()
+    };
+    let guess = |t: usize, li: usize| -> Option<Vec<u32>> {
+        let g: Option<&Vec<u32>> = match a.prefetch.as_str() {
+            "oracle" => routes.get(t).and_then(|r| r.get(li)),
+            "pilot" => predicted
+                .as_ref()
+                .and_then(|p| p.get(t))
+                .and_then(|r| r.get(li)),
+            _ => None,
+        };
+        g.map(|g| top(g))
+    };
     // The offline optimum on the same requests and capacity.
     let (mut bh, mut br) = (0u64, 0u64);
     for li in 0..moe.len() {
@@ -167,7 +264,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
     let rc = ResidencyConfig {
         lru_per_layer: vec![a.slots; layouts.len()],
         working_slots: a.working,
-        prefetch_slots: 0,
+        prefetch_slots: if a.prefetch == "none" { 0 } else { 2 * k },
         io_threads: a.io_threads,
         pinned: Vec::new(),
         mlock: false,
@@ -178,12 +275,15 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         .collect();
     let mut spine_out = vec![0.0f32; spine_rows];
     let (mut compute_s, mut t_start, mut tel0) = (0.0f64, Instant::now(), res.telemetry());
-    let mut prefetched: Option<Vec<Pending>> = None;
     for (t, tok) in routes.iter().enumerate() {
         if t == a.warmup {
             t_start = Instant::now();
             compute_s = 0.0;
             tel0 = res.telemetry();
+        }
+        // The first MoE layer's guess comes from the dense layer before it, at the token's start.
+        if let Some(g) = guess(t, 0) {
+            res.prefetch(moe[0], &g)?;
         }
         for (li, &l) in moe.iter().enumerate() {
             let c0 = Instant::now();
@@ -191,19 +291,10 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
             let spine = MatRef::new(g64, spine_rows, hidden, sb, ss)?;
             matmul(&spine, &x, 1, &mut spine_out)?;
             compute_s += c0.elapsed().as_secs_f64();
-            let pending = match prefetched.take() {
-                Some(p) => p,
-                None => res.acquire(l, &tok[li])?,
-            };
-            if a.prefetch == "oracle" && moe.len() > 1 {
-                let (nt, nl) = if li + 1 < moe.len() {
-                    (t, li + 1)
-                } else {
-                    (t + 1, 0)
-                };
-                if let Some(next) = routes.get(nt) {
-                    prefetched = Some(res.acquire(moe[nl], &next[nl])?);
-                }
+            let pending = res.acquire(l, &tok[li])?;
+            // The next layer's guess is issued once this layer's own reads are queued.
+            if let Some(g) = guess(t, li + 1) {
+                res.prefetch(moe[li + 1], &g)?;
             }
             let (ready, waiting): (Vec<_>, Vec<_>) =
                 pending.into_iter().partition(|p| p.is_ready());
@@ -216,7 +307,6 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
             res.end_wave_layer(l)?;
         }
     }
-    drop(prefetched);
     let wall = t_start.elapsed().as_secs_f64();
     let tel = res.telemetry();
     let tokens = a.tokens as f64;
@@ -237,6 +327,13 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         .iter()
         .fold((0u64, 0u64), |(h, m), l| (h + l.hits, m + l.misses));
     let hit = h as f64 / (h + m).max(1) as f64;
+    let (ph, pd, pi) = tel.layers.iter().fold((0u64, 0u64, 0u64), |(h, d, i), l| {
+        (
+            h + l.prefetch_hits,
+            d + l.prefetch_dropped,
+            i + l.prefetched,
+        )
+    });
     let out = json!({
         "bench": "decode",
         "model": a.model,
@@ -248,6 +345,11 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         "tokens": a.tokens,
         "warmup": a.warmup,
         "prefetch": a.prefetch,
+        "prefetch_top": a.prefetch_top,
+        "prefetch_issued": pi,
+        "prefetch_hits": ph,
+        "prefetch_dropped": pd,
+        "pilot": pilot,
         "io_threads": a.io_threads,
         "threads": rayon::current_num_threads(),
         "spine_mb_per_layer": a.spine_mb,

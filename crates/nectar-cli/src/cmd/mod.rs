@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod bench_decode;
 pub mod bench_io;
+pub mod bench_pilot;
 pub mod convert;
 pub mod fit;
 pub mod inspect;

@@ -200,6 +200,11 @@ impl Glm5 {
                 (Prefetch::Off, _) | (_, None) => None,
                 (_, Some(n)) => n.predict(&x, m)?,
             };
+            if let Some(p) = &next_pred {
+                for (row, ids) in p.iter().enumerate() {
+                    obs.predicted(l + 1, row, ids);
+                }
+            }
             let target = match (self.prefetch, next, &next_pred) {
                 (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p)),
                 _ => None,
@@ -388,5 +393,8 @@ impl Observer for RouteTap<'_> {
     }
     fn indexer(&mut self, layer: usize, row: usize, full: bool, selected: Option<&[u32]>) {
         self.inner.indexer(layer, row, full, selected);
+    }
+    fn predicted(&mut self, layer: usize, row: usize, ids: &[u32]) {
+        self.inner.predicted(layer, row, ids);
     }
 }
