@@ -82,8 +82,11 @@ fn routes(
     })
 }
 
+/// A `.npy` array: shape and data.
+type Npy = (Vec<usize>, Vec<i8>);
+
 /// The trace directory and its `decode.experts.npy` (`[T, layers, k]`).
-fn trace(a: &BenchDecodeArgs) -> Result<(PathBuf, (Vec<usize>, Vec<i8>))> {
+fn trace(a: &BenchDecodeArgs) -> Result<(PathBuf, Npy)> {
     let dir = a.trace.clone().unwrap_or_else(|| {
         PathBuf::from(concat!(
             env!("CARGO_MANIFEST_DIR"),

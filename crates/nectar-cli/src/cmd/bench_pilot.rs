@@ -121,8 +121,8 @@ pub fn predictions(
             }],
             &mut obs,
         )?;
-        for r in 0..n {
-            for i in 0..layers {
+        for (r, (pred, routed)) in obs.predicted.iter_mut().zip(&obs.routed).enumerate() {
+            for (i, (p, got)) in pred.iter_mut().zip(routed).enumerate() {
                 let base = ((start + r) * tl + i) * tk;
                 let truth: Vec<u32> = experts[base..base + tk]
                     .iter()
@@ -130,15 +130,9 @@ pub fn predictions(
                     .map(|&e| e as u32)
                     .collect();
                 chosen += truth.len() as u64;
-                named += truth
-                    .iter()
-                    .filter(|e| obs.predicted[r][i].contains(e))
-                    .count() as u64;
-                agreed += truth
-                    .iter()
-                    .filter(|e| obs.routed[r][i].contains(e))
-                    .count() as u64;
-                predicted[start + r][i] = std::mem::take(&mut obs.predicted[r][i]);
+                named += truth.iter().filter(|e| p.contains(e)).count() as u64;
+                agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
+                predicted[start + r][i] = std::mem::take(p);
             }
         }
     }
