@@ -4,9 +4,11 @@ mod common;
 use common::*;
 use nectar_format::convert::{convert, ConvertParams};
 use nectar_model::arch::glm5::{LoadOptions, Prefetch};
-use nectar_model::{Glm5, NoObserver, SeqStep};
+use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 use std::path::Path;
 
+/// Greedy logits of the prompt and `steps` decode steps, then the MTP head's draft logits over
+/// the prompt (when the model has one).
 fn run(model: &Glm5, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut c = model.new_cache();
     let hd = model.hidden_size();
@@ -20,6 +22,21 @@ fn run(model: &Glm5, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
         )
         .unwrap();
     let mut out = vec![model.logits(&h[h.len() - hd..]).unwrap()];
+    let mut drafts = None;
+    if model.has_mtp() {
+        let n = prompt.len() - 1;
+        let hm = model
+            .mtp_forward(
+                &mut [MtpStep {
+                    cache: &mut c,
+                    hidden: &h[..n * hd],
+                    next_tokens: &prompt[1..],
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
+        drafts = Some(model.mtp_logits(&hm).unwrap());
+    }
     for _ in 0..steps {
         let t = argmax(out.last().unwrap());
         let h = model
@@ -33,6 +50,7 @@ fn run(model: &Glm5, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
             .unwrap();
         out.push(model.logits(&h).unwrap());
     }
+    out.extend(drafts);
     out
 }
 
@@ -92,6 +110,22 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         );
         let t = m.residency().unwrap().telemetry();
         assert!(t.bytes_read > 0 && t.reads > 0);
+        // The MTP layer (int8 experts, wider than the int4 main ones) has its own tier, with
+        // slots of its own size, and its experts were streamed too.
+        let mtp = m.mtp_residency().expect("the demo has an MTP layer");
+        let main = m.residency().unwrap();
+        assert!(
+            mtp.slot_bytes() > main.slot_bytes() * 3 / 2,
+            "{} vs {}",
+            mtp.slot_bytes(),
+            main.slot_bytes()
+        );
+        assert!(mtp.telemetry().reads > 0);
+        assert_eq!(
+            t.layers[8].hits + t.layers[8].misses,
+            0,
+            "MTP experts use their own tier"
+        );
         assert!(
             t.occupancy.lru <= lru * 8,
             "at most {lru} slots in each of 8 MoE tiers"

@@ -1,11 +1,14 @@
 //! The memory equation: what a budget buys after everything that must stay resident.
 //!
 //! ```text
-//! budget ≥ spine + working·slot + pinned·slot + MTP tier·slot + KV(ctx) + prefill transients
-//!          + runtime reserve + safety margin + Σ_layers LRU(layer)·slot
+//! budget ≥ spine + working·slot + pinned·slot + MTP working·mtp_slot + KV(ctx)
+//!          + prefill transients + runtime reserve + safety margin
+//!          + LRU·(sparse_layers·slot + mtp_slot)
 //! ```
-//! The LRU capacity is what remains, divided evenly over the sparse layers. A budget that cannot
-//! hold one LRU slot per sparse layer is refused with the whole equation in the message.
+//! The LRU capacity is what remains, divided evenly over the sparse layers — and the MTP layer,
+//! whose tier has the same capacity at its own slot size (Colibri's int8 MTP experts are ~1.8×
+//! the int4 main ones; sizing every slot for them would waste ~44 % of each main slot). A budget
+//! that cannot hold one LRU slot per sparse layer is refused with the whole equation.
 use crate::error::{Error, Result};
 use serde::Serialize;
 
@@ -16,17 +19,19 @@ pub struct PlanInputs {
     pub budget: u64,
     /// Resident (non-expert) bytes by class, e.g. ("attention", n).
     pub spine: Vec<(String, u64)>,
-    /// Bytes of one slot.
+    /// Bytes of one slot of the main layers.
     pub slot_bytes: u64,
-    /// Sparse (MoE) layers with an LRU tier.
+    /// Sparse (MoE) main layers with an LRU tier (the MTP layer is not counted here).
     pub sparse_layers: usize,
+    /// Bytes of one slot of the MTP layer's tier (0: no MTP layer is streamed).
+    pub mtp_slot_bytes: u64,
     /// Experts per layer (more LRU slots than this would never be used).
     pub experts_per_layer: usize,
     /// Working slots.
     pub working_slots: usize,
     /// Pinned slots.
     pub pinned_slots: usize,
-    /// Slots of the MTP layer's own tier.
+    /// Working slots of the MTP layer's own tier (its LRU is sized like a main layer's).
     pub mtp_slots: usize,
     /// Compressed KV bytes per token (MLA latent + rope key per layer + indexer keys).
     pub kv_bytes_per_token: u64,
@@ -73,8 +78,8 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
     }
     if p.mtp_slots > 0 {
         terms.push((
-            format!("MTP tier ({} slots)", p.mtp_slots),
-            p.mtp_slots as u64 * p.slot_bytes,
+            format!("MTP working bank ({} slots)", p.mtp_slots),
+            p.mtp_slots as u64 * p.mtp_slot_bytes,
         ));
     }
     terms.push((
@@ -85,12 +90,13 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
     terms.push(("runtime reserve".into(), p.runtime_reserve));
     terms.push(("safety margin (2 %)".into(), safety_margin(p.budget)));
     let fixed: u64 = terms.iter().map(|t| t.1).sum();
-    let per_slot_row = p.sparse_layers.max(1) as u64 * p.slot_bytes.max(1);
+    let per_slot_row = p.sparse_layers.max(1) as u64 * p.slot_bytes.max(1) + p.mtp_slot_bytes;
     let lru =
         (p.budget.saturating_sub(fixed) / per_slot_row).min(p.experts_per_layer.max(1) as u64);
     let lru_bytes = lru * per_slot_row;
+    let mtp = if p.mtp_slot_bytes > 0 { " + MTP" } else { "" };
     terms.push((
-        format!("LRU ({lru} slots × {} sparse layers)", p.sparse_layers),
+        format!("LRU ({lru} slots × {} sparse layers{mtp})", p.sparse_layers),
         lru_bytes,
     ));
     let plan = Plan {
@@ -168,6 +174,7 @@ mod tests {
             spine: vec![("attention".into(), 1000)],
             slot_bytes: 100,
             sparse_layers: 3,
+            mtp_slot_bytes: 0,
             experts_per_layer: 256,
             working_slots: 4,
             pinned_slots: 0,
@@ -191,6 +198,21 @@ mod tests {
         assert!(
             e.contains("working bank") && e.contains("budget") && e.contains("one LRU slot"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn the_mtp_tier_has_its_own_slot_size() {
+        let mut p = inputs(10_000);
+        p.mtp_slot_bytes = 180;
+        p.mtp_slots = 2;
+        // fixed = 1500 + 2 × 180 + 200; per LRU row: 3 × 100 + 180.
+        let plan = plan(&p).unwrap();
+        assert_eq!(plan.lru_per_layer, (10_000 - 1500 - 360 - 200) / 480);
+        let text = render(&plan, p.budget);
+        assert!(
+            text.contains("MTP working bank (2 slots)") && text.contains("+ MTP"),
+            "{text}"
         );
     }
 

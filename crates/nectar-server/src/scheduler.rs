@@ -83,9 +83,15 @@ pub(crate) fn model_thread(
         .max_position_embeddings
         .unwrap_or(DEFAULT_CTX);
     let ctx = opts.ctx_size.unwrap_or(max_pos.min(DEFAULT_CTX));
+    let mtp_tier = bundle.model.mtp_residency().cloned();
     let residency = bundle.model.residency().cloned().map(|r| {
-        Box::new(move || serde_json::to_value(r.telemetry()).ok())
-            as Box<dyn Fn() -> Option<Value> + Send + Sync>
+        Box::new(move || {
+            let mut v = serde_json::to_value(r.telemetry()).ok()?;
+            if let Some(m) = &mtp_tier {
+                v["mtp_tier"] = serde_json::to_value(m.telemetry()).ok()?;
+            }
+            Some(v)
+        }) as Box<dyn Fn() -> Option<Value> + Send + Sync>
     });
     let mtp = match spec {
         None => "off",

@@ -243,6 +243,15 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "wait_seconds": t.wait_seconds,
         "occupancy": t.occupancy,
         "rss_shrinks": t.rss_shrinks,
+        "mtp_tier": bundle.model.mtp_residency().map(|m| {
+            let t = m.telemetry();
+            json!({
+                "slot_bytes": m.slot_bytes(),
+                "hit_rate": t.hit_rate(),
+                "gb_read": t.bytes_read as f64 / 1e9,
+                "reads": t.reads,
+            })
+        }),
     })
 }
 

@@ -134,6 +134,13 @@ impl Glm5 {
         self.streaming.as_ref().map(|s| &s.residency)
     }
 
+    /// The MTP layer's expert tier, when experts are streamed and the model has an MTP layer.
+    pub fn mtp_residency(&self) -> Option<&Arc<nectar_residency::Residency>> {
+        self.streaming
+            .as_ref()
+            .and_then(|s| s.mtp_residency.as_ref())
+    }
+
     /// The memory plan, when experts are streamed.
     pub fn memory_plan(&self) -> Option<&nectar_residency::planner::Plan> {
         self.streaming.as_ref().map(|s| &s.plan)

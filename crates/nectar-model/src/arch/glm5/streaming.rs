@@ -1,5 +1,6 @@
-//! Setting up streamed experts: the memory plan for a budget and the expert cache that serves
-//! every MoE layer (main layers and the MTP layer's own tier).
+//! Setting up streamed experts: the memory plan for a budget and the expert caches that serve
+//! the MoE layers — one for the main layers, and the MTP layer's own tier with its own slot size
+//! (converted MTP experts are int8, about twice the int4 main ones).
 use super::moe::Experts;
 use super::{inventory, Config};
 use crate::error::{Error, Result};
@@ -49,25 +50,43 @@ impl Default for LoadOptions {
 /// Largest prompt chunk the plan reserves transient buffers for.
 const PREFILL_CHUNK: u64 = 512;
 
-/// The plan and the cache for a budget.
+/// The plan and the caches for a budget.
 #[derive(Debug)]
 pub(super) struct Streaming {
     pub plan: Plan,
+    /// The main layers' cache.
     pub residency: Arc<Residency>,
+    /// The MTP layer's tier (when the model has a streamed MTP layer).
+    pub mtp_residency: Option<Arc<Residency>>,
     expert_bytes: Vec<usize>,
     counts: Vec<usize>,
+    mtp_layer: usize,
 }
 
 impl Streaming {
     /// The streamed-expert source of MoE layer `layer` (MTP: `num_hidden_layers`).
     pub fn experts(&self, layer: usize) -> Option<Experts> {
+        let residency = if layer == self.mtp_layer {
+            self.mtp_residency.clone()?
+        } else {
+            self.residency.clone()
+        };
         (self.counts.get(layer).copied().unwrap_or(0) > 0).then(|| Experts::Streamed {
-            residency: self.residency.clone(),
+            residency,
             layer,
             expert_bytes: self.expert_bytes[layer],
             count: self.counts[layer],
         })
     }
+}
+
+/// Largest slot of the main layers and of the MTP layer (0 where there is none).
+fn slot_sizes(layouts: &[Vec<SlotLayout>], n: usize) -> (u64, u64) {
+    let max = |ls: &[Vec<SlotLayout>]| ls.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
+    (
+        max(&layouts[..n.min(layouts.len())]) as u64,
+        max(layouts.get(n..).unwrap_or(&[])) as u64,
+    )
 }
 
 /// The inputs of the memory equation for this model (no weight bytes are read).
@@ -76,7 +95,7 @@ pub(super) fn plan_inputs(
     cat: &Catalog,
     budget: u64,
     opts: &LoadOptions,
-    slot_bytes: u64,
+    (slot_bytes, mtp_slot_bytes): (u64, u64),
     mtp: bool,
 ) -> PlanInputs {
     let r = &cfg.raw;
@@ -106,11 +125,12 @@ pub(super) fn plan_inputs(
         budget,
         spine: spine.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         slot_bytes,
-        sparse_layers: cfg.dense.iter().filter(|d| !**d).count() + usize::from(mtp),
+        sparse_layers: cfg.dense.iter().filter(|d| !**d).count(),
+        mtp_slot_bytes: if mtp { mtp_slot_bytes } else { 0 },
         experts_per_layer: r.n_routed_experts,
         working_slots: opts.working_slots + prefetch_slots(cfg, opts),
         pinned_slots: 0,
-        mtp_slots: 0,
+        mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size,
         prefill_transients: transients,
@@ -161,32 +181,63 @@ pub(super) fn setup(
         .get(&format!("model.layers.{n}.eh_proj.weight"))
         .is_some();
     let layouts = layouts(cfg, cat, mtp)?;
-    let slot_bytes = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0) as u64;
-    let plan =
-        plan(&plan_inputs(cfg, cat, budget, opts, slot_bytes, mtp)).map_err(residency_err)?;
+    let sizes = slot_sizes(&layouts, n);
+    let plan = plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp)).map_err(residency_err)?;
     let paths: Vec<_> = cat.shards().iter().map(|s| s.path.clone()).collect();
-    let io = FileIo::open(&paths, opts.direct_io)
-        .map_err(|e| Error::Input(format!("opening shards: {e}")))?;
+    let io: Arc<FileIo> = Arc::new(
+        FileIo::open(&paths, opts.direct_io)
+            .map_err(|e| Error::Input(format!("opening shards: {e}")))?,
+    );
     let expert_bytes = layouts
         .iter()
         .map(|l| l.first().map_or(0, |x| x.payload as usize))
         .collect();
     let counts = layouts.iter().map(Vec::len).collect();
-    let rc = ResidencyConfig {
+    // Each cache sees only its own layers (the others are empty), so its slab is sized by them.
+    let only = |keep: &dyn Fn(usize) -> bool| -> Vec<Vec<SlotLayout>> {
+        let mut ls = layouts.clone();
+        for (l, x) in ls.iter_mut().enumerate() {
+            if !keep(l) {
+                x.clear();
+            }
+        }
+        ls
+    };
+    let rc = |working: usize, prefetch: usize| ResidencyConfig {
         lru_per_layer: vec![plan.lru_per_layer; n + 1],
-        working_slots: opts.working_slots,
-        prefetch_slots: prefetch_slots(cfg, opts),
+        working_slots: working,
+        prefetch_slots: prefetch,
         io_threads: opts.io_threads,
         pinned: Vec::new(),
         mlock: false,
     };
-    let residency = Arc::new(Residency::new(rc, layouts, Arc::new(io)).map_err(residency_err)?);
+    let residency = Residency::new(
+        rc(opts.working_slots, prefetch_slots(cfg, opts)),
+        only(&|l| l < n),
+        io.clone(),
+    )
+    .map_err(residency_err)?;
+    let mtp_residency = if mtp && !layouts[n].is_empty() {
+        let r = Residency::new(rc(mtp_working(cfg), 0), only(&|l| l == n), io)
+            .map_err(residency_err)?;
+        Some(Arc::new(r))
+    } else {
+        None
+    };
     Ok(Streaming {
         plan,
-        residency,
+        residency: Arc::new(residency),
+        mtp_residency,
         expert_bytes,
         counts,
+        mtp_layer: n,
     })
+}
+
+/// Working slots of the MTP tier: one row's experts per wave (a verified run's MTP catch-up
+/// of several rows goes in waves of this size).
+fn mtp_working(cfg: &Config) -> usize {
+    cfg.raw.num_experts_per_tok
 }
 
 /// Slots reserved for next-layer prefetches: two layers' worth of one row's experts.
@@ -214,9 +265,9 @@ pub fn plan_memory(
         .get(&format!("model.layers.{n}.eh_proj.weight"))
         .is_some();
     let layouts = layouts(&cfg, &cat, mtp)?;
-    let slot_bytes = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0) as u64;
+    let sizes = slot_sizes(&layouts, n);
     let budget = opts.memory_budget.unwrap_or(0);
-    let inputs = plan_inputs(&cfg, &cat, budget, opts, slot_bytes, mtp);
+    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp);
     let p = plan(&inputs).map_err(residency_err);
     Ok((inputs, p))
 }
