@@ -403,6 +403,9 @@ pub struct SynthArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Add an MTP layer (int8 routed experts, as `nectar convert` writes them by default).
+    #[arg(long)]
+    pub mtp: bool,
 }
 
 /// `nectar serve`.

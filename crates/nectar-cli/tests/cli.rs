@@ -311,3 +311,50 @@ fn bench_decode_replays_the_trace_with_the_real_predictor() {
         "a perfect guess is never wasted"
     );
 }
+
+#[test]
+fn synth_mtp_under_a_budget_auto_turns_drafting_off() {
+    // A synthetic model with an MTP layer (int8 experts, their own tier) has random weights, so
+    // its drafts are never accepted: `auto` must measure that and stop drafting, and `on` must
+    // still produce exactly the tokens of `off`.
+    let dir = tempfile::tempdir().unwrap();
+    let synth = dir.path().join("tiny-mtp");
+    let s = synth.to_str().unwrap();
+    let (ok, _, err) = nectar(&[
+        "synth", "--preset", "tiny", "--layers", "2", "--mtp", "--out", s,
+    ]);
+    assert!(ok, "{err}");
+    let run = |mtp: &str| {
+        let (ok, out, err) = nectar(&[
+            "run",
+            "--model",
+            s,
+            "--prompt-ids",
+            "1,2,3,4",
+            "--max-tokens",
+            "80",
+            "--memory-budget",
+            "200M",
+            "--mtp",
+            mtp,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let off = run("off");
+    let on = run("on");
+    assert_eq!(on["tokens"], off["tokens"]);
+    assert!(on["stats"]["mtp"]["drafted"].as_u64().unwrap() > 0);
+    let tier = &on["stats"]["residency"]["mtp_tier"];
+    assert!(tier["reads"].as_u64().unwrap() > 0, "{tier}");
+    assert!(
+        tier["slot_bytes"].as_u64().unwrap() > 0,
+        "the MTP tier has its own slots: {tier}"
+    );
+    let auto = run("auto");
+    assert_eq!(auto["tokens"], off["tokens"]);
+    let m = &auto["stats"]["mtp"];
+    assert_eq!(m["final_gamma"], 0, "{m}");
+    assert!(!m["decisions"].as_array().unwrap().is_empty());
+}

@@ -37,6 +37,9 @@ pub struct SynthSpec {
     pub group: usize,
     /// Random seed.
     pub seed: u64,
+    /// Add an MTP layer (`model.layers.{layers}.*`, in `out-mtp-00001.safetensors`) whose
+    /// routed experts are int8 per-row, as the converter's default writes them.
+    pub mtp: bool,
 }
 
 impl SynthSpec {
@@ -57,6 +60,7 @@ impl SynthSpec {
             indexer: (32, 128, 2048),
             group: 64,
             seed: 1,
+            mtp: false,
         }
     }
 
@@ -76,6 +80,7 @@ impl SynthSpec {
             indexer: (4, 32, 16),
             group: 64,
             seed: 1,
+            mtp: false,
         }
     }
 
@@ -115,7 +120,7 @@ impl SynthSpec {
             "rope_parameters": {"rope_theta": 8000000.0, "rope_type": "default"},
             "rms_norm_eps": 1e-5,
             "tie_word_embeddings": false,
-            "num_nextn_predict_layers": 0,
+            "num_nextn_predict_layers": usize::from(self.mtp),
             "eos_token_id": [self.vocab - 3, self.vocab - 2, self.vocab - 1],
             "max_position_embeddings": 1048576,
             "nectar_synthetic": {"seed": self.seed, "group_size": self.group}
@@ -154,7 +159,44 @@ struct Planned {
     scales_of: Option<usize>, // for `.qs`: the column count of its matrix
 }
 
-fn tensors_of_layer(s: &SynthSpec, l: usize, full_indexer: bool) -> Vec<Planned> {
+/// The MTP layer: a decoder layer (full indexer, int8 experts) plus its glue.
+fn tensors_of_mtp(s: &SynthSpec) -> Vec<Planned> {
+    let l = s.layers;
+    let h = s.hidden;
+    let mut out = tensors_of_layer(s, l, true, true);
+    for n in ["enorm", "hnorm", "shared_head.norm"] {
+        out.push(Planned {
+            name: format!("model.layers.{l}.{n}.weight"),
+            dtype: DType::BF16,
+            shape: vec![h],
+            fill: Fill::Ones,
+            scales_of: None,
+        });
+    }
+    let name = format!("model.layers.{l}.eh_proj.weight");
+    out.push(Planned {
+        name: format!("{name}.qs"),
+        dtype: DType::F32,
+        shape: vec![h],
+        fill: Fill::Int8,
+        scales_of: Some(2 * h),
+    });
+    out.push(Planned {
+        name,
+        dtype: DType::I8,
+        shape: vec![h, 2 * h],
+        fill: Fill::Int8,
+        scales_of: None,
+    });
+    out
+}
+
+fn tensors_of_layer(
+    s: &SynthSpec,
+    l: usize,
+    full_indexer: bool,
+    int8_experts: bool,
+) -> Vec<Planned> {
     let h = s.hidden;
     let (dn, dr, dv) = s.head_dims;
     let p = |n: &str| format!("model.layers.{l}.{n}");
@@ -257,7 +299,12 @@ fn tensors_of_layer(s: &SynthSpec, l: usize, full_indexer: bool) -> Vec<Planned>
             ("up_proj", s.inter, h),
             ("down_proj", h, s.inter),
         ] {
-            mats.push((p(&format!("mlp.experts.{e}.{proj}.weight")), r, c, false));
+            mats.push((
+                p(&format!("mlp.experts.{e}.{proj}.weight")),
+                r,
+                c,
+                int8_experts,
+            ));
         }
     }
     for (name, rows, cols, int8) in mats {
@@ -451,7 +498,7 @@ pub fn synth(
         let path = out.join(format!("out-{:05}.safetensors", l + 1));
         write_shard(
             &path,
-            tensors_of_layer(spec, l, is_full),
+            tensors_of_layer(spec, l, is_full, false),
             spec.seed,
             &mut |n| {
                 done += n;
@@ -463,6 +510,11 @@ pub fn synth(
     let path = out.join(format!("out-{:05}.safetensors", spec.layers + 1));
     write_shard(&path, globals(spec), spec.seed, &mut |_| {})?;
     files.push(path);
+    if spec.mtp {
+        let path = out.join("out-mtp-00001.safetensors");
+        write_shard(&path, tensors_of_mtp(spec), spec.seed, &mut |_| {})?;
+        files.push(path);
+    }
     let cfg = serde_json::to_vec_pretty(&spec.config()).expect("config serialises");
     write_atomic_pub(&out.join("config.json"), &cfg)?;
     Ok(files)

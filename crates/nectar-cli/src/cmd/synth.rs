@@ -11,6 +11,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         other => anyhow::bail!("unknown preset `{other}` (glm52 or tiny)"),
     };
     spec.seed = a.seed;
+    spec.mtp = a.mtp;
     let total = spec.layers as u64 * spec.experts as u64 * spec.expert_bytes();
     eprintln!(
         "writing {} MoE layers × {} experts × {:.1} MB = {:.2} GB of routed experts to {}",
