@@ -3,6 +3,7 @@
 //! by any model whose hashes differ, naming the part that differs.
 
 use super::error::SessionError;
+use nectar_format::Catalog;
 use nectar_model::Glm5;
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -25,6 +26,11 @@ pub struct ModelIdentity {
 impl ModelIdentity {
     /// The identity of `model`, loaded from `dir`.
     pub fn of(dir: &Path, model: &Glm5) -> Result<ModelIdentity, SessionError> {
+        Self::of_catalog(dir, model.catalog())
+    }
+
+    /// The identity of the model in `dir` whose tensors `cat` lists.
+    pub fn of_catalog(dir: &Path, cat: &Catalog) -> Result<ModelIdentity, SessionError> {
         let file_hash = |name: &str, required: bool| -> Result<Hash, SessionError> {
             let p = dir.join(name);
             match std::fs::read(&p) {
@@ -33,7 +39,6 @@ impl ModelIdentity {
                 Err(e) => Err(SessionError::io(&p, e)),
             }
         };
-        let cat = model.catalog();
         let mut entries: Vec<_> = cat.tensors().collect();
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         let mut h = Sha256::new();
