@@ -59,6 +59,14 @@ pub struct RunArgs {
     /// predicted experts into their own slots, with --memory-budget). Never changes the output.
     #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
     pub prefetch: String,
+    /// Session file: restored (identity-checked) when it exists, the prompt's common prefix
+    /// with it reused, and saved back crash-safely with the prompt and output.
+    #[arg(long, value_name = "FILE", help_heading = "Session")]
+    pub session: Option<PathBuf>,
+    /// Session file format: by the file name (`*.coli_kv`, `*.coli_kv.N`: Colibri), `nectar`
+    /// or `coli-kv`.
+    #[arg(long, value_enum, default_value_t = SessionFormatArg::Auto, help_heading = "Session")]
+    pub session_format: SessionFormatArg,
     /// Prompt text (default: a short sample prompt).
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids instead of text (no tokenizer needed).
@@ -156,6 +164,17 @@ pub struct RunArgs {
     /// the last N tokens. Not with --mtp on/auto.
     #[arg(long, value_name = "N", help_heading = "Speculation")]
     pub prompt_lookup: Option<usize>,
+}
+
+/// `nectar run --session-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SessionFormatArg {
+    /// `.coli_kv` for `*.coli_kv` and `*.coli_kv.N`, else Nectar's format.
+    Auto,
+    /// Nectar's session format (every cache, model identity, checksum).
+    Nectar,
+    /// Colibri's `.coli_kv` v1 (main caches; identity in a `.nectar-id` sidecar).
+    ColiKv,
 }
 
 /// `nectar run --mtp`.

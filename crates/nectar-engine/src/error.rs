@@ -165,6 +165,10 @@ pub enum Error {
     #[error("speculative decoding: {0}")]
     Speculation(String),
 
+    /// A session could not be saved, restored or reused (names the file).
+    #[error(transparent)]
+    Session(#[from] crate::session::SessionError),
+
     /// The caller passed a value the chat template cannot take.
     #[error("invalid chat input `{field}`: {reason}")]
     InvalidChatInput {

@@ -12,7 +12,7 @@ use crate::request_state::{RequestState, Step};
 use crate::sampler::Logprobs;
 use crate::spec::SpecStats;
 use crate::tokenizer::Tokenizer;
-use nectar_model::{Glm5, NoObserver, SeqStep};
+use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
 use std::time::{Duration, Instant};
 
 /// What one generation produced and how long it took.
@@ -80,9 +80,27 @@ pub fn generate_with(
     tokenizer: Option<&Tokenizer>,
     stop_ids: &[u32],
     request: &Request,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    let mut cache = model.new_cache();
+    generate_cached(model, tokenizer, stop_ids, request, &mut cache, on_step)
+}
+
+/// [`generate_with`] continuing from `cache`, which holds the first
+/// `cache.len()` prompt tokens (a session's reused prefix; fewer than the
+/// whole prompt, so the last prompt token runs for the first logits). Only
+/// the rest of the prompt runs; on return the cache holds every token but
+/// the last generated one.
+pub fn generate_cached(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    cache: &mut SeqCache,
     mut on_step: impl FnMut(&Step) -> Result<bool>,
 ) -> Result<Generation> {
     let mut state = RequestState::new(request, stop_ids, model.vocab_size(), tokenizer)?;
+    state.skip_cached(cache.len())?;
     let mut out = Generation {
         tokens: Vec::new(),
         text: String::new(),
@@ -90,19 +108,18 @@ pub fn generate_with(
         finish: FinishReason::Length,
         stop: None,
         seed: state.sampler().seed(),
-        prompt_tokens: request.prompt_ids.len(),
+        prompt_tokens: request.prompt_ids.len() - cache.len(),
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
     };
-    let mut cache = model.new_cache();
     let hd = model.hidden_size();
     let t0 = Instant::now();
     let mut t1 = None;
     while let Some(input) = state.pending_input() {
         let h = model.forward(
             &mut [SeqStep {
-                cache: &mut cache,
+                cache: &mut *cache,
                 tokens: input,
             }],
             &mut NoObserver,

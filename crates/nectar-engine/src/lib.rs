@@ -9,7 +9,8 @@
 //! many together, one row each, in one forward per step (continuous
 //! batching). Speculative decoding ([`SpecDecoder`],
 //! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
-//! batched forward) lives here too; sessions will. The model crate only ever
+//! batched forward) lives here too, and so do sessions ([`Session`]: caches
+//! kept between turns with prefix reuse, saved and restored crash-safely). The model crate only ever
 //! sees token ids and knows nothing of text.
 //!
 //! The decision a newcomer would question: greedy decoding goes through the
@@ -30,6 +31,7 @@ mod py_json;
 mod request;
 mod request_state;
 mod sampler;
+mod session;
 mod spec;
 mod stop;
 mod stream_decoder;
@@ -40,17 +42,21 @@ pub use batch::{Batch, BatchOptions, RowStep, RowSummary, StepReport, DEFAULT_PR
 pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
-pub use generate::{generate, generate_greedy, generate_with, Generation};
+pub use generate::{generate, generate_cached, generate_greedy, generate_with, Generation};
 pub use request::{FinishReason, Request, StopCause};
 pub use request_state::{RequestState, Step, Verified};
 pub use sampler::{
     argmax, distribution, log_softmax, logprobs, process_logits, Distribution, Logprobs, Sampled,
     Sampler, SamplingParams, TokenHistory, MAX_TOP_LOGPROBS,
 };
+pub use session::{
+    coli_kv, format as session_format, hex, Loaded, ModelIdentity, Reuse, Session, SessionError,
+    SessionFormat,
+};
 pub use spec::{
-    generate_spec, generate_speculative, lookup, verify_draft, AutoDecision, AutoGamma, Drafter,
-    MtpDrafter, PromptLookup, Proposals, Round, SpecDecoder, SpecStats, Speculation, Speculator,
-    Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
+    generate_spec, generate_speculative, generate_speculative_cached, lookup, verify_draft,
+    AutoDecision, AutoGamma, Drafter, MtpDrafter, PromptLookup, Proposals, Round, SpecDecoder,
+    SpecStats, Speculation, Speculator, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;

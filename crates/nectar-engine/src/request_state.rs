@@ -92,6 +92,22 @@ impl RequestState {
         })
     }
 
+    /// Marks the first `n` prompt tokens as already in the model's cache (a
+    /// session's reused prefix), so [`Self::pending_input`] starts after
+    /// them. Only before the first step, and at least the last prompt token
+    /// must remain to produce the first logits.
+    pub fn skip_cached(&mut self, n: usize) -> Result<()> {
+        let prompt = self.history.tokens().len() - self.history.generated().len();
+        if self.fed != 0 || !self.history.generated().is_empty() || n >= prompt {
+            return Err(Error::Request(format!(
+                "{n} cached tokens for a {prompt}-token prompt (at most {} before the first step)",
+                prompt.saturating_sub(1)
+            )));
+        }
+        self.fed = n;
+        Ok(())
+    }
+
     /// The tokens the model must run before the next [`Self::on_logits`]:
     /// the whole prompt at first, then the last sampled token; `None` once
     /// the request has finished.

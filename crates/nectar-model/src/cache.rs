@@ -2,6 +2,8 @@
 //! the normalised MLA latent, the rotated rope key and (on full-indexer layers) the indexer key.
 //! Never full K/V. Kept in f32 so that decode reproduces the reference exactly.
 
+use crate::error::{Error, Result};
+
 /// One layer's cache for one sequence.
 #[derive(Debug, Clone, Default)]
 pub struct LayerCache {
@@ -35,6 +37,36 @@ impl LayerCache {
         self.len += 1;
     }
 
+    /// A cache rebuilt from its parts (a restored session): `len` tokens of `latent_dim` latent,
+    /// `rope_dim` rope-key and `index_dim` (0: no indexer) indexer-key values each. Refused
+    /// when a buffer's length disagrees, so a restored cache is as well-formed as a computed one.
+    pub fn from_parts(
+        len: usize,
+        [latent_dim, rope_dim, index_dim]: [usize; 3],
+        latent: Vec<f32>,
+        k_pe: Vec<f32>,
+        index_k: Vec<f32>,
+    ) -> Result<Self> {
+        for (what, v, d) in [
+            ("latent", &latent, latent_dim),
+            ("k_pe", &k_pe, rope_dim),
+            ("index_k", &index_k, index_dim),
+        ] {
+            if Some(v.len()) != len.checked_mul(d) {
+                return Err(Error::Input(format!(
+                    "cache {what}: {} values for {len} tokens of width {d}",
+                    v.len()
+                )));
+            }
+        }
+        Ok(LayerCache {
+            latent,
+            k_pe,
+            index_k,
+            len,
+        })
+    }
+
     /// Drops every token at position ≥ `len` (speculative rollback), releasing memory when the
     /// cache shrinks to less than half of its capacity.
     pub fn truncate(&mut self, len: usize) {
@@ -60,6 +92,19 @@ impl LayerCache {
     pub fn bytes(&self) -> usize {
         (self.latent.capacity() + self.k_pe.capacity() + self.index_k.capacity()) * 4
     }
+}
+
+/// The width of every cache a model keeps per token: what a saved cache must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheDims {
+    /// `kv_lora_rank`: the latent width.
+    pub latent: usize,
+    /// `qk_rope_head_dim`: the rope-key width.
+    pub rope: usize,
+    /// Per main layer, the indexer-key width (0 on layers that reuse another layer's selection).
+    pub index: Vec<usize>,
+    /// The MTP layer's indexer-key width (0 without an indexer); `None` without an MTP layer.
+    pub mtp_index: Option<usize>,
 }
 
 /// All caches of one sequence: the main layers and the MTP layer.
@@ -122,5 +167,14 @@ mod tests {
         assert!(c.bytes() < before / 10);
         c.truncate(10);
         assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn from_parts_checks_every_buffer() {
+        let c = LayerCache::from_parts(2, [2, 1, 0], vec![0.0; 4], vec![1.0; 2], vec![]).unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.k_pe, [1.0, 1.0]);
+        let e = LayerCache::from_parts(2, [2, 1, 3], vec![0.0; 4], vec![1.0; 2], vec![0.0; 5]);
+        assert!(e.unwrap_err().to_string().contains("index_k"));
     }
 }

@@ -20,6 +20,6 @@ mod observer;
 
 pub use arch::glm5::{Glm5, MlaMode, MtpStep, SeqStep};
 pub use arch::Arch;
-pub use cache::{LayerCache, SeqCache};
+pub use cache::{CacheDims, LayerCache, SeqCache};
 pub use error::{Error, Result};
 pub use observer::{NoObserver, Observer};

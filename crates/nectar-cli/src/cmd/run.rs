@@ -58,8 +58,12 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     }
+    let mut session = match &a.session {
+        Some(p) => Some(super::session::open(p, a.session_format, &bundle)?),
+        None => None,
+    };
     let stops: Vec<u32> = bundle.stop_ids.iter().chain(&a.stop_id).copied().collect();
-    let gen = generate_spec(&bundle, &request, spec.as_ref(), |step| {
+    let on_step = |step: &nectar_engine::Step| {
         // After each step every expert lease is released: a safe point for the RSS guard.
         if let (Some(g), Some(r)) = (guard.as_mut(), bundle.model.residency()) {
             g.check(r, layers)
@@ -77,7 +81,20 @@ pub fn run(a: RunArgs) -> Result<()> {
         Ok(write!(stdout, "{piece}")
             .and_then(|_| stdout.flush())
             .is_ok())
-    })?;
+    };
+    let (gen, reuse) = match session.as_mut() {
+        Some(s) => {
+            let (g, r) = s
+                .session
+                .generate_spec(&bundle, &request, spec.as_ref(), on_step)?;
+            s.save(&bundle)?;
+            (g, Some(r))
+        }
+        None => (
+            generate_spec(&bundle, &request, spec.as_ref(), on_step)?,
+            None,
+        ),
+    };
     let residency = bundle.model.residency().map(|r| r.telemetry());
     if a.json {
         let mut out = json_output(&prompt_ids, &request, &gen, tok)?;
@@ -89,6 +106,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         if bundle.model.prefetch != Prefetch::Off {
             out["stats"]["prefetch"] = prefetch_json(&bundle, residency.as_ref());
+        }
+        if let (Some(s), Some(r)) = (&session, &reuse) {
+            out["session"] = s.json(r, prompt_ids.len());
         }
         writeln!(stdout, "{out}")?;
     } else {
@@ -111,6 +131,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         );
         if let Some(s) = gen.spec.as_ref().filter(|s| s.mode != "off") {
             eprintln!("{}", spec_summary(s));
+        }
+        if let (Some(s), Some(r)) = (&session, &reuse) {
+            eprintln!("{}", s.summary(r, prompt_ids.len()));
         }
         if let (Some(t), Some(plan)) = (&residency, bundle.model.memory_plan()) {
             eprintln!(

@@ -97,6 +97,28 @@ impl<'a> SpecDecoder<'a> {
         })
     }
 
+    /// Continues from `cache`, which holds the first `cache.len()` prompt
+    /// tokens (a session's reused prefix) and, for an MTP drafter, exactly as
+    /// many MTP rows: only the rest of the prompt runs in the prefill. Before
+    /// the first round only.
+    pub fn with_cache(mut self, cache: SeqCache) -> Result<Self> {
+        if self.prefilled {
+            return Err(Error::Request(
+                "a cache can only be given before the prefill".into(),
+            ));
+        }
+        self.state.skip_cached(cache.len())?;
+        self.cache = cache;
+        Ok(self)
+    }
+
+    /// The caches, holding every token of the request but the last one
+    /// generated (rows of rejected drafts are rolled back in every round,
+    /// the last included).
+    pub fn into_cache(self) -> SeqCache {
+        self.cache
+    }
+
     /// True once the request has finished.
     pub fn finished(&self) -> bool {
         self.state.finished().is_some()
@@ -174,9 +196,11 @@ impl<'a> SpecDecoder<'a> {
         )?;
         let logits = model.logits(&h)?;
         let v = self.state.verify(&logits, &drafts, &q, self.tokenizer)?;
-        if !self.finished() {
-            // Roll back exactly: keep x and the accepted drafts.
-            let kept = v.accepted + 1;
+        {
+            // Roll back exactly: keep x and the accepted drafts (when the
+            // request finished inside the run, the rows up to its last
+            // token), so the cache stays a valid prefix to resume from.
+            let kept = v.steps.len();
             self.cache.truncate(n + kept);
             let next: Vec<u32> = v.steps.iter().map(|s| s.token).collect();
             if let Some(d) = self.drafter.as_mut() {

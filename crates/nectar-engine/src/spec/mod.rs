@@ -32,7 +32,7 @@ pub use decoder::{Round, SpecDecoder};
 pub use drafter::{Drafter, Proposals};
 pub use lookup::{lookup, PromptLookup};
 pub use mtp::MtpDrafter;
-pub use run::{generate_spec, generate_speculative};
+pub use run::{generate_spec, generate_speculative, generate_speculative_cached};
 pub use stats::SpecStats;
 pub use verify::{verify_draft, Verdict};
 

@@ -9,11 +9,11 @@ use super::stats::SpecStats;
 use super::{Speculation, Speculator};
 use crate::bundle::ModelBundle;
 use crate::error::Result;
-use crate::generate::{generate_with, Generation};
+use crate::generate::{generate_cached, Generation};
 use crate::request::{FinishReason, Request};
 use crate::request_state::Step;
 use crate::tokenizer::Tokenizer;
-use nectar_model::Glm5;
+use nectar_model::{Glm5, SeqCache};
 use std::time::{Duration, Instant};
 
 /// [`generate_speculative`] with `bundle`'s model, tokenizer and stop set.
@@ -43,10 +43,29 @@ pub fn generate_speculative(
     stop_ids: &[u32],
     request: &Request,
     spec: Option<&Speculation>,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    let mut cache = model.new_cache();
+    generate_speculative_cached(
+        model, tokenizer, stop_ids, request, spec, &mut cache, on_step,
+    )
+}
+
+/// [`generate_speculative`] continuing from `cache`, which holds the first
+/// `cache.len()` prompt tokens (see [`crate::generate_cached`]; with MTP
+/// drafting also exactly as many MTP rows). On return (also on error, then
+/// possibly emptied) the cache holds every token but the last generated one.
+pub fn generate_speculative_cached(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    spec: Option<&Speculation>,
+    cache: &mut SeqCache,
     mut on_step: impl FnMut(&Step) -> Result<bool>,
 ) -> Result<Generation> {
     let Some(spec) = spec else {
-        let mut g = generate_with(model, tokenizer, stop_ids, request, on_step)?;
+        let mut g = generate_cached(model, tokenizer, stop_ids, request, cache, on_step)?;
         let total = (g.prefill + g.decode).as_secs_f64().max(1e-9);
         g.spec = Some(SpecStats::plain(
             g.tokens.len(),
@@ -68,7 +87,8 @@ pub fn generate_speculative(
         Some(drafter),
         spec.max_draft(),
         spec.auto,
-    )?;
+    )?
+    .with_cache(std::mem::take(cache))?;
     let mut out = Generation {
         tokens: Vec::new(),
         text: String::new(),
@@ -76,7 +96,7 @@ pub fn generate_speculative(
         finish: FinishReason::Length,
         stop: None,
         seed: dec.state().sampler().seed(),
-        prompt_tokens: request.prompt_ids.len(),
+        prompt_tokens: request.prompt_ids.len() - dec.cache().len(),
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
@@ -111,10 +131,12 @@ pub fn generate_speculative(
         out.finish = dec.state().finished().unwrap_or(FinishReason::Length);
         out.stop = dec.state().stop_cause().cloned();
     }
-    out.spec = Some(dec.stats(
+    let stats = dec.stats(
         out.tokens.len(),
         (out.prefill + out.decode).as_secs_f64(),
         out.decode.as_secs_f64(),
-    ));
+    );
+    out.spec = Some(stats);
+    *cache = dec.into_cache();
     Ok(out)
 }

@@ -29,7 +29,7 @@ pub use pilot::{PilotStats, Prefetch};
 pub use streaming::{expert_layouts, plan_memory, LoadOptions};
 
 use crate::blocks::{Embedding, Linear, Loader};
-use crate::cache::{LayerCache, SeqCache};
+use crate::cache::{CacheDims, LayerCache, SeqCache};
 use crate::error::{Error, Result};
 use crate::observer::Observer;
 use layer::DecoderLayer;
@@ -154,6 +154,21 @@ impl Glm5 {
     /// A fresh cache for one sequence.
     pub fn new_cache(&self) -> SeqCache {
         SeqCache::new(self.layers.len())
+    }
+
+    /// The per-token width of every cache this model fills (what a saved cache must match).
+    pub fn cache_dims(&self) -> CacheDims {
+        let index = |a: &attention::Attention| {
+            a.indexer
+                .as_ref()
+                .map_or(0, |_| self.cfg.raw.index_head_dim)
+        };
+        CacheDims {
+            latent: self.cfg.raw.kv_lora_rank,
+            rope: self.cfg.raw.qk_rope_head_dim,
+            index: self.layers.iter().map(|l| index(&l.attn)).collect(),
+            mtp_index: self.mtp.as_ref().map(|m| index(&m.layer.attn)),
+        }
     }
 
     /// True when the checkpoint has an MTP layer.
