@@ -401,6 +401,10 @@ pub struct FitArgs {
     /// Context length to reserve KV cache for.
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Sequences decoded together (`nectar serve --parallel`): KV and prompt transients are
+    /// reserved for each.
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

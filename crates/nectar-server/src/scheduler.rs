@@ -37,6 +37,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
     let load = nectar_model::arch::glm5::LoadOptions {
         memory_budget: opts.memory_budget,
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
+        sequences: opts.parallel.max(1),
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())

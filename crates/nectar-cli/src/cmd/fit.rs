@@ -30,6 +30,7 @@ pub fn run(a: FitArgs) -> Result<()> {
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
+        sequences: a.parallel.max(1),
         ..Default::default()
     };
     let (inputs, plan) = plan_memory(&dir, &opts)?;

@@ -20,6 +20,9 @@ pub struct LoadOptions {
     pub memory_budget: Option<u64>,
     /// Context length the plan reserves KV for.
     pub ctx_size: usize,
+    /// Sequences decoded together (a server's `--parallel`): the plan reserves KV for
+    /// `ctx_size` tokens and a prompt chunk's transients for each.
+    pub sequences: usize,
     /// I/O worker threads.
     pub io_threads: usize,
     /// Working slots (misses per wave).
@@ -38,6 +41,7 @@ impl Default for LoadOptions {
         LoadOptions {
             memory_budget: None,
             ctx_size: 4096,
+            sequences: 1,
             io_threads: 3,
             working_slots: 64,
             direct_io: true,
@@ -132,8 +136,8 @@ pub(super) fn plan_inputs(
         pinned_slots: 0,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
-        ctx: opts.ctx_size,
-        prefill_transients: transients,
+        ctx: opts.ctx_size * opts.sequences.max(1),
+        prefill_transients: transients * opts.sequences.max(1) as u64,
         runtime_reserve: opts.runtime_reserve,
     }
 }
