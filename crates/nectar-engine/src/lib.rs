@@ -8,7 +8,9 @@
 //! a driver: [`generate`] runs one request serially; a batching scheduler
 //! will step many, one row each. Speculative decoding ([`SpecDecoder`],
 //! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
-//! batched forward) lives here too; sessions will. The model crate only ever
+//! batched forward) lives here too, and so does structured output
+//! ([`GrammarSpec`] on a [`Request`]: JSON schema, JSON object, regex or
+//! Lark grammar, through `llguidance`); sessions will. The model crate only ever
 //! sees token ids and knows nothing of text.
 //!
 //! The decision a newcomer would question: greedy decoding goes through the
@@ -23,6 +25,7 @@ mod bundle;
 mod chat_template;
 mod error;
 mod generate;
+mod grammar;
 mod jinja_env;
 mod py_json;
 mod request;
@@ -38,6 +41,7 @@ pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_greedy, generate_with, Generation};
+pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarSpec};
 pub use request::{FinishReason, Request, StopCause};
 pub use request_state::{RequestState, Step, Verified};
 pub use sampler::{

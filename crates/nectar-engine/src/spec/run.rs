@@ -77,6 +77,7 @@ pub fn generate_speculative(
         stop: None,
         seed: dec.state().sampler().seed(),
         prompt_tokens: request.prompt_ids.len(),
+        forced_tokens: 0,
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
@@ -105,6 +106,7 @@ pub fn generate_speculative(
         }
     }
     out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
+    out.forced_tokens = dec.state().forced_tokens();
     if cut {
         out.finish = FinishReason::Cancelled;
     } else {

@@ -1,0 +1,51 @@
+//! Structured output: constrain generation to a JSON schema, any JSON
+//! object, a regular expression or a Lark grammar, with `llguidance`.
+//!
+//! Three layers, one concern each:
+//!
+//! - [`tok_env`]: the model's vocabulary as byte strings (llguidance's token
+//!   environment), built from our own tokenizer;
+//! - [`GrammarCompiler`]: the per-tokenizer parser factory, built once and
+//!   cached (the token trie and its bias slices are the expensive part);
+//! - [`GrammarMatcher`]: one request's parser state: the mask of allowed
+//!   ids, advancing over chosen tokens, forced tokens, rollback.
+//!
+//! [`crate::RequestState`] owns the matcher: the mask is applied before
+//! sampling (the sampler's `allowed` step, after bias and penalties), the
+//! matcher advances on every emitted token, and a grammar that is complete
+//! and allows nothing but end of sequence ends the request with
+//! [`crate::FinishReason::Stop`] ([`crate::StopCause::Grammar`]).
+
+mod compiler;
+mod matcher;
+mod tok_env;
+
+pub use compiler::GrammarCompiler;
+pub use matcher::GrammarMatcher;
+
+/// What the output must match. Protocol-neutral: an API layer translates
+/// its own field (e.g. OpenAI's `response_format`) into one of these.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrammarSpec {
+    /// A JSON document valid against this JSON Schema.
+    JsonSchema(serde_json::Value),
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// Text fully matching this regular expression (Rust `regex` syntax as
+    /// llguidance accepts it; anchored at both ends).
+    Regex(String),
+    /// Text in the language of this Lark grammar (llguidance's dialect).
+    Lark(String),
+}
+
+impl GrammarSpec {
+    /// The request parameter a bad spec is reported under
+    /// ([`crate::Error::InvalidParam`]).
+    pub fn param(&self) -> &'static str {
+        match self {
+            GrammarSpec::JsonSchema(_) | GrammarSpec::JsonObject => "json_schema",
+            GrammarSpec::Regex(_) => "regex",
+            GrammarSpec::Lark(_) => "grammar",
+        }
+    }
+}
