@@ -171,7 +171,11 @@ impl RequestState {
             // The masked distribution is a point mass on the forced token.
             let logprobs = self.sampler.params().logprobs.map(|n| Logprobs {
                 logprob: 0.0,
-                top: if n > 0 { vec![(token, 0.0)] } else { Vec::new() },
+                top: if n > 0 {
+                    vec![(token, 0.0)]
+                } else {
+                    Vec::new()
+                },
             });
             self.forced += 1;
             steps.push(self.emit(token, logprobs, true, tokenizer)?);

@@ -90,10 +90,10 @@ impl GrammarCompiler {
                         reason: "a JSON schema must be an object or a boolean".into(),
                     });
                 }
-                TopLevelGrammar::from_json_schema(schema.clone())
+                TopLevelGrammar::from_json_schema(compact(schema.clone()))
             }
             GrammarSpec::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
             GrammarSpec::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
@@ -107,4 +107,17 @@ impl GrammarCompiler {
             })?;
         GrammarMatcher::new(parser, self.vocab_size, spec.param())
     }
+}
+
+/// JSON output is compact (`{"a":1,"b":[2,3]}`) unless the schema sets its
+/// own llguidance options (`"x-guidance"`). llguidance's default allows any
+/// whitespace between tokens, and a model may then emit whitespace until
+/// `max_tokens` (the demo model does, greedily): a valid prefix that never
+/// completes.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
+    }
+    schema
 }
