@@ -18,7 +18,7 @@
 //! stays exactly what plain decoding would have built.
 
 use crate::error::{Error, Result};
-use crate::grammar::{GrammarCompiler, GrammarMatcher};
+use crate::grammar::GrammarMatcher;
 use crate::request::{FinishReason, Request, StopCause};
 use crate::sampler::{Distribution, Logprobs, Sampler, TokenHistory};
 use crate::spec::{verify_draft, Verdict};
@@ -94,12 +94,7 @@ impl RequestState {
             .collect();
         stop_ids.sort_unstable();
         stop_ids.dedup();
-        let grammar = match (&request.grammar, tokenizer) {
-            (Some(spec), Some(tok)) => Some(
-                GrammarCompiler::for_tokenizer(tok, vocab_size, model_stop_ids)?.compile(spec)?,
-            ),
-            _ => None,
-        };
+        let grammar = request.compile_grammar(tokenizer, vocab_size, model_stop_ids)?;
         Ok(RequestState {
             sampler: Sampler::new(request.params.clone(), vocab_size)?,
             history: TokenHistory::new(&request.prompt_ids),

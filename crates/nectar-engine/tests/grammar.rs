@@ -426,10 +426,18 @@ fn bad_grammars_are_invalid_params_naming_the_parameter() {
     ];
     for (grammar, want) in cases {
         let req = request("x", grammar.clone(), 8, greedy());
-        let err = generate(bundle(), &req, |_| Ok(true)).unwrap_err();
-        match err {
-            Error::InvalidParam { param, .. } => assert_eq!(param, want, "{grammar:?}"),
-            e => panic!("{grammar:?}: {e}"),
+        // Refused up front (what an API layer calls before streaming), and
+        // by the driver.
+        let b = bundle();
+        let early = req
+            .compile_grammar(b.tokenizer.as_ref(), b.model.vocab_size(), &b.stop_ids)
+            .unwrap_err();
+        let late = generate(b, &req, |_| Ok(true)).unwrap_err();
+        for err in [early, late] {
+            match err {
+                Error::InvalidParam { param, .. } => assert_eq!(param, want, "{grammar:?}"),
+                e => panic!("{grammar:?}: {e}"),
+            }
         }
     }
     // Without a tokenizer there are no bytes to match.

@@ -4,6 +4,7 @@ pub mod bench_decode;
 pub mod bench_io;
 pub mod convert;
 pub mod fit;
+pub mod grammar;
 pub mod inspect;
 pub mod logits;
 pub mod run;

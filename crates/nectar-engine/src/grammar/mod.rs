@@ -23,6 +23,10 @@ mod tok_env;
 pub use compiler::GrammarCompiler;
 pub use matcher::GrammarMatcher;
 
+use crate::error::Result;
+use crate::request::Request;
+use crate::tokenizer::Tokenizer;
+
 /// What the output must match. Protocol-neutral: an API layer translates
 /// its own field (e.g. OpenAI's `response_format`) into one of these.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +50,33 @@ impl GrammarSpec {
             GrammarSpec::JsonSchema(_) | GrammarSpec::JsonObject => "json_schema",
             GrammarSpec::Regex(_) => "regex",
             GrammarSpec::Lark(_) => "grammar",
+        }
+    }
+}
+
+impl Request {
+    /// Compiles the request's grammar for a model with `vocab_size` logits
+    /// per row and eos set `model_stop_ids` (the compiler is cached on
+    /// `tokenizer`, so only the first call per tokenizer is slow). `None`
+    /// without a grammar. An API layer calls it with [`Request::validate`]
+    /// to refuse a bad schema, regex or grammar before streaming starts;
+    /// [`crate::RequestState::new`] calls it too.
+    pub fn compile_grammar(
+        &self,
+        tokenizer: Option<&Tokenizer>,
+        vocab_size: usize,
+        model_stop_ids: &[u32],
+    ) -> Result<Option<GrammarMatcher>> {
+        let Some(spec) = &self.grammar else {
+            return Ok(None);
+        };
+        self.validate(vocab_size, tokenizer.is_some())?;
+        match tokenizer {
+            Some(tok) => Ok(Some(
+                GrammarCompiler::for_tokenizer(tok, vocab_size, model_stop_ids)?.compile(spec)?,
+            )),
+            // `validate` refuses a grammar without a tokenizer.
+            None => Ok(None),
         }
     }
 }
