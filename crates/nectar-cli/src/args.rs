@@ -18,6 +18,9 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the largest variant (`run`'s many
+// flags) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Generate text (greedy by default). Without --model, uses the built-in demo model.
