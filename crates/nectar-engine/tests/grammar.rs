@@ -457,3 +457,22 @@ fn bad_grammars_are_invalid_params_naming_the_parameter() {
         "{err}"
     );
 }
+
+#[test]
+fn the_compiler_is_built_once_per_tokenizer() {
+    use nectar_engine::GrammarCompiler;
+    use std::sync::Arc;
+    let b = bundle();
+    let tok = b.tokenizer().unwrap();
+    let vocab = b.model.vocab_size();
+    let first = GrammarCompiler::for_tokenizer(tok, vocab, &b.stop_ids).unwrap();
+    let mut reordered = b.stop_ids.clone();
+    reordered.reverse();
+    let again = GrammarCompiler::for_tokenizer(tok, vocab, &reordered).unwrap();
+    assert!(Arc::ptr_eq(&first, &again));
+    // Clones share the cache; another eos set gets its own compiler.
+    let cloned = GrammarCompiler::for_tokenizer(&tok.clone(), vocab, &b.stop_ids).unwrap();
+    assert!(Arc::ptr_eq(&first, &cloned));
+    let other = GrammarCompiler::for_tokenizer(tok, vocab, &b.stop_ids[..1]).unwrap();
+    assert!(!Arc::ptr_eq(&first, &other));
+}

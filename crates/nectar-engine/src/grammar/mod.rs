@@ -80,3 +80,27 @@ impl Request {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_state_can_move_between_threads_and_the_compiler_is_shared() {
+        // A scheduler owns requests on its thread and shares the tokenizer
+        // (which caches the compiler) between threads.
+        fn send<T: Send>() {}
+        fn send_sync<T: Send + Sync>() {}
+        send::<crate::RequestState>();
+        send::<GrammarMatcher>();
+        send_sync::<GrammarCompiler>();
+        send_sync::<Tokenizer>();
+    }
+
+    #[test]
+    fn params_name_the_request_field() {
+        assert_eq!(GrammarSpec::JsonObject.param(), "json_schema");
+        assert_eq!(GrammarSpec::Regex("a".into()).param(), "regex");
+        assert_eq!(GrammarSpec::Lark("start: \"a\"".into()).param(), "grammar");
+    }
+}
