@@ -18,6 +18,9 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per process: the size of the largest variant (`run`'s many
+// flags) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Generate text (greedy by default). Without --model, uses the built-in demo model.
@@ -164,6 +167,24 @@ pub struct RunArgs {
     /// the last N tokens. Not with --mtp on/auto.
     #[arg(long, value_name = "N", help_heading = "Speculation")]
     pub prompt_lookup: Option<usize>,
+    /// Structured output: the text is a JSON document valid against the JSON Schema in FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Structured output",
+          conflicts_with_all = ["json_object", "regex", "grammar"])]
+    pub json_schema: Option<PathBuf>,
+    /// Structured output: the text is a JSON object.
+    #[arg(long, help_heading = "Structured output", conflicts_with_all = ["regex", "grammar"])]
+    pub json_object: bool,
+    /// Structured output: the text fully matches PATTERN.
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        help_heading = "Structured output",
+        conflicts_with = "grammar"
+    )]
+    pub regex: Option<String>,
+    /// Structured output: the text is in the language of the Lark grammar in FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Structured output")]
+    pub grammar: Option<PathBuf>,
 }
 
 /// `nectar run --session-format`.

@@ -95,8 +95,8 @@ impl RowSummary {
 /// What [`Batch::step`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepReport {
-    /// One entry per row that produced a token this step (a row still feeding its prompt
-    /// produces none).
+    /// One entry per token produced this step, in order: a row's grammar-forced tokens, then
+    /// its sampled one (a row still feeding its prompt produces none).
     pub rows: Vec<RowStep>,
     /// Rows in the forward.
     pub batch_rows: usize,
@@ -198,6 +198,38 @@ impl Batch {
     pub fn step(&mut self, model: &Glm5, tokenizer: Option<&Tokenizer>) -> Result<StepReport> {
         let t0 = Instant::now();
         let chunk = self.opts.prefill_chunk;
+        // Tokens a row's grammar forces are emitted now and join its pending input, so this
+        // step's forward runs them with the last sampled token (a row inside its prompt is not
+        // at a token boundary and forces nothing yet).
+        let mut rows_out = Vec::new();
+        for row in &mut self.rows {
+            if row.fed_in_input == 0 {
+                for step in row.state.fast_forward(tokenizer)? {
+                    row.first_token.get_or_insert(t0);
+                    rows_out.push(RowStep {
+                        id: row.id,
+                        step,
+                        summary: None,
+                    });
+                }
+            }
+        }
+        // A forced run can finish a row (its grammar completes): it leaves before the forward.
+        for rs in &mut rows_out {
+            if rs.step.finished.is_some() {
+                if let Some(i) = self.rows.iter().position(|r| r.id == rs.id) {
+                    rs.summary = Some(summary(&self.rows.remove(i), t0));
+                }
+            }
+        }
+        if self.rows.is_empty() {
+            return Ok(StepReport {
+                rows: rows_out,
+                batch_rows: 0,
+                tokens: 0,
+                elapsed: t0.elapsed(),
+            });
+        }
         // Which slice of each row's pending input runs now, and whether it completes it.
         let mut plan: Vec<(usize, usize, bool)> = Vec::with_capacity(self.rows.len());
         for row in &self.rows {
@@ -239,7 +271,7 @@ impl Batch {
         let vocab = model.vocab_size();
         let now = Instant::now();
         let mut report = StepReport {
-            rows: Vec::new(),
+            rows: rows_out,
             batch_rows: self.rows.len(),
             tokens: offset,
             elapsed: Duration::ZERO,

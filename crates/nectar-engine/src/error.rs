@@ -169,6 +169,12 @@ pub enum Error {
     #[error(transparent)]
     Session(#[from] crate::session::SessionError),
 
+    /// Structured output failed while generating (the grammar rejected a
+    /// token it should have allowed, or its parser hit a limit). A grammar
+    /// that does not compile is [`Error::InvalidParam`] instead.
+    #[error("structured output: {0}")]
+    Grammar(String),
+
     /// The caller passed a value the chat template cannot take.
     #[error("invalid chat input `{field}`: {reason}")]
     InvalidChatInput {

@@ -34,6 +34,9 @@ pub struct Generation {
     pub seed: u64,
     /// Prompt tokens processed.
     pub prompt_tokens: usize,
+    /// Tokens the grammar forced: emitted without sampling, run through the
+    /// model together with the token before them (0 without a grammar).
+    pub forced_tokens: usize,
     /// Time to process the prompt (including the first token's logits).
     pub prefill: Duration,
     /// Time for the remaining decode steps.
@@ -109,6 +112,7 @@ pub fn generate_cached(
         stop: None,
         seed: state.sampler().seed(),
         prompt_tokens: request.prompt_ids.len() - cache.len(),
+        forced_tokens: 0,
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
@@ -116,7 +120,16 @@ pub fn generate_cached(
     let hd = model.hidden_size();
     let t0 = Instant::now();
     let mut t1 = None;
-    while let Some(input) = state.pending_input() {
+    loop {
+        // Forced tokens first: they join the pending input, so the forward
+        // below runs them together with the last sampled token.
+        let forced = state.fast_forward(tokenizer)?;
+        if !report(&mut out, &mut state, forced, &mut on_step)? {
+            break;
+        }
+        let Some(input) = state.pending_input() else {
+            break;
+        };
         let h = model.forward(
             &mut [SeqStep {
                 cache: &mut *cache,
@@ -130,17 +143,34 @@ pub fn generate_cached(
             out.prefill = t0.elapsed();
             t1 = Some(Instant::now());
         }
+        report(&mut out, &mut state, vec![step], &mut on_step)?;
+    }
+    out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
+    out.forced_tokens = state.forced_tokens();
+    out.finish = state.finished().unwrap_or(FinishReason::Length);
+    out.stop = state.stop_cause().cloned();
+    Ok(out)
+}
+
+/// Adds `steps` to `out` and shows them to `on_step`; a `false` from it
+/// cancels the request and drops the steps after it. Returns whether to go
+/// on.
+fn report(
+    out: &mut Generation,
+    state: &mut RequestState,
+    steps: Vec<Step>,
+    on_step: &mut impl FnMut(&Step) -> Result<bool>,
+) -> Result<bool> {
+    for step in steps {
         out.tokens.push(step.token);
         out.text += &step.text;
         out.logprobs.extend(step.logprobs.iter().cloned());
         if !on_step(&step)? {
             state.cancel();
+            return Ok(false);
         }
     }
-    out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
-    out.finish = state.finished().unwrap_or(FinishReason::Length);
-    out.stop = state.stop_cause().cloned();
-    Ok(out)
+    Ok(true)
 }
 
 /// Greedy ids-only generation from `prompt` until an id of `stop_ids` or

@@ -10,7 +10,9 @@
 //! batching). Speculative decoding ([`SpecDecoder`],
 //! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
 //! batched forward) lives here too, and so do sessions ([`Session`]: caches
-//! kept between turns with prefix reuse, saved and restored crash-safely). The model crate only ever
+//! kept between turns with prefix reuse, saved and restored crash-safely)
+//! and structured output ([`GrammarSpec`] on a [`Request`]: JSON schema,
+//! JSON object, regex or Lark grammar, through `llguidance`). The model crate only ever
 //! sees token ids and knows nothing of text.
 //!
 //! The decision a newcomer would question: greedy decoding goes through the
@@ -26,6 +28,7 @@ mod bundle;
 mod chat_template;
 mod error;
 mod generate;
+mod grammar;
 mod jinja_env;
 mod py_json;
 mod request;
@@ -43,6 +46,7 @@ pub use bundle::ModelBundle;
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_cached, generate_greedy, generate_with, Generation};
+pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarSpec};
 pub use request::{FinishReason, Request, StopCause};
 pub use request_state::{RequestState, Step, Verified};
 pub use sampler::{

@@ -1,6 +1,7 @@
 //! What a generation request asks for, and how one ends.
 
 use crate::error::{Error, Result};
+use crate::grammar::GrammarSpec;
 use crate::sampler::SamplingParams;
 use serde::Serialize;
 
@@ -22,6 +23,10 @@ pub struct Request {
     /// Ids that end generation besides the model's eos set (which is always
     /// in force and never filtered).
     pub extra_stop_ids: Vec<u32>,
+    /// Structured output: the text must match this (JSON schema, any JSON
+    /// object, regex, Lark grammar). Needs a tokenizer; compiled when the
+    /// request starts, so a bad one fails before any work.
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl Request {
@@ -33,6 +38,7 @@ impl Request {
             max_tokens,
             stop_strings: Vec::new(),
             extra_stop_ids: Vec::new(),
+            grammar: None,
         }
     }
 
@@ -53,6 +59,13 @@ impl Request {
             return bad(
                 "stop",
                 "stop strings need a tokenizer (the model directory has no tokenizer.json)".into(),
+            );
+        }
+        if let (Some(g), false) = (&self.grammar, has_tokenizer) {
+            return bad(
+                g.param(),
+                "structured output needs a tokenizer (the model directory has no tokenizer.json)"
+                    .into(),
             );
         }
         Ok(())
@@ -95,4 +108,7 @@ pub enum StopCause {
     Token(u32),
     /// This stop string appeared in the text (which ends before it).
     String(String),
+    /// The structured-output grammar was complete and allowed nothing but
+    /// the end of the output (no stop token is generated for it).
+    Grammar,
 }

@@ -7,8 +7,18 @@
 //! back the last row's logits ([`RequestState::on_logits`]). Nothing here
 //! touches the model, so the same state serves the serial driver and a
 //! batching scheduler that steps many requests, one row each.
+//!
+//! Structured output: with a grammar ([`Request::grammar`]) the state owns
+//! its matcher. Every row is sampled under the grammar's mask, every emitted
+//! token advances it, a complete grammar ends the request, and tokens the
+//! grammar forces are emitted without sampling by
+//! [`RequestState::fast_forward`]. A forced token still has to go through
+//! the model: it joins [`RequestState::pending_input`], so the next forward
+//! runs the last sampled token and the forced run together, and the cache
+//! stays exactly what plain decoding would have built.
 
 use crate::error::{Error, Result};
+use crate::grammar::GrammarMatcher;
 use crate::request::{FinishReason, Request, StopCause};
 use crate::sampler::{Distribution, Logprobs, Sampler, TokenHistory};
 use crate::spec::{verify_draft, Verdict};
@@ -29,6 +39,9 @@ pub struct Step {
     pub logprobs: Option<Logprobs>,
     /// Set on the request's last step.
     pub finished: Option<FinishReason>,
+    /// The grammar forced this token: it was emitted without sampling (its
+    /// logprob is 0, the masked distribution being a point mass).
+    pub forced: bool,
 }
 
 /// What [`RequestState::verify`] produced for one round.
@@ -57,6 +70,10 @@ pub struct RequestState {
     matcher: StopMatcher,
     finished: Option<FinishReason>,
     stop: Option<StopCause>,
+    /// Structured output's parser state, when the request has a grammar.
+    grammar: Option<GrammarMatcher>,
+    /// Tokens emitted by [`Self::fast_forward`] (not sampled).
+    forced: usize,
 }
 
 impl RequestState {
@@ -77,6 +94,7 @@ impl RequestState {
             .collect();
         stop_ids.sort_unstable();
         stop_ids.dedup();
+        let grammar = request.compile_grammar(tokenizer, vocab_size, model_stop_ids)?;
         Ok(RequestState {
             sampler: Sampler::new(request.params.clone(), vocab_size)?,
             history: TokenHistory::new(&request.prompt_ids),
@@ -89,6 +107,8 @@ impl RequestState {
             matcher: StopMatcher::new(request.stop_strings.iter().cloned())?,
             finished: (request.max_tokens == 0).then_some(FinishReason::Length),
             stop: None,
+            grammar,
+            forced: 0,
         })
     }
 
@@ -109,8 +129,9 @@ impl RequestState {
     }
 
     /// The tokens the model must run before the next [`Self::on_logits`]:
-    /// the whole prompt at first, then the last sampled token; `None` once
-    /// the request has finished.
+    /// the whole prompt at first, then the last sampled token (followed by
+    /// any tokens [`Self::fast_forward`] emitted); `None` once the request
+    /// has finished.
     pub fn pending_input(&self) -> Option<&[u32]> {
         match self.finished {
             Some(_) => None,
@@ -121,8 +142,9 @@ impl RequestState {
     /// Takes the logits of the last row the model ran for
     /// [`Self::pending_input`], chooses the next token and advances: stop
     /// tokens, stop strings and `max_tokens` are checked here. `allowed` is
-    /// the structured-output mask (see [`crate::process_logits`]);
-    /// `tokenizer` must be the one given to [`Self::new`].
+    /// an extra mask (see [`crate::process_logits`]), combined with the
+    /// request's grammar mask when it has one; `tokenizer` must be the one
+    /// given to [`Self::new`].
     pub fn on_logits(
         &mut self,
         logits: &[f32],
@@ -132,8 +154,110 @@ impl RequestState {
         if self.finished.is_some() {
             return Err(Error::Request("the request has already finished".into()));
         }
-        let sampled = self.sampler.sample(logits, &self.history, allowed)?;
-        self.emit(sampled.token, sampled.logprobs, tokenizer)
+        let mask = self.mask(allowed)?;
+        let sampled = self
+            .sampler
+            .sample(logits, &self.history, mask.as_deref().or(allowed))?;
+        self.fed = self.history.tokens().len();
+        self.emit(sampled.token, sampled.logprobs, false, tokenizer)
+    }
+
+    /// Emits the tokens the grammar forces from here (none without a
+    /// grammar, or when the next token is a real choice), each through the
+    /// same stop and `max_tokens` checks as a sampled one. Call it before
+    /// running [`Self::pending_input`]: the forced tokens join the pending
+    /// input, so one forward runs them all and its last row gives the
+    /// logits for the next sampled token. Skipping it is still correct
+    /// (the mask then allows only the forced token), one forward per token.
+    pub fn fast_forward(&mut self, tokenizer: Option<&Tokenizer>) -> Result<Vec<Step>> {
+        let forced = match (&self.finished, self.grammar.as_mut()) {
+            (None, Some(g)) => g.forced()?,
+            _ => return Ok(Vec::new()),
+        };
+        let mut steps = Vec::with_capacity(forced.len());
+        for token in forced {
+            if self.finished.is_some() {
+                break;
+            }
+            // The masked distribution is a point mass on the forced token.
+            let logprobs = self.sampler.params().logprobs.map(|n| Logprobs {
+                logprob: 0.0,
+                top: if n > 0 {
+                    vec![(token, 0.0)]
+                } else {
+                    Vec::new()
+                },
+            });
+            self.forced += 1;
+            steps.push(self.emit(token, logprobs, true, tokenizer)?);
+        }
+        Ok(steps)
+    }
+
+    /// The mask to sample under: the grammar's (plus every request stop id
+    /// while the grammar could end), combined with `allowed`; `None` when
+    /// neither applies.
+    pub(crate) fn mask(&mut self, allowed: Option<&[bool]>) -> Result<Option<Vec<bool>>> {
+        let Some(g) = self.grammar.as_mut() else {
+            return Ok(None);
+        };
+        let mut mask = g.mask()?;
+        // The grammar's eos set is the model's; extra stop ids end the
+        // request too, so they are allowed exactly when the eos set is.
+        if g.is_complete() || g.is_accepting()? {
+            for &id in &self.stop_ids {
+                if let Some(m) = mask.get_mut(id as usize) {
+                    *m = true;
+                }
+            }
+        }
+        if let Some(a) = allowed {
+            if a.len() != mask.len() {
+                return Err(Error::ShapeMismatch {
+                    what: "allowed mask",
+                    expected: mask.len(),
+                    found: a.len(),
+                });
+            }
+            mask.iter_mut().zip(a).for_each(|(m, &ok)| *m &= ok);
+        }
+        Ok(Some(mask))
+    }
+
+    /// Whether the grammar allows `token` next (always, without one); a
+    /// stop token is allowed when the grammar could end here.
+    pub(crate) fn grammar_allows(&mut self, token: u32) -> Result<bool> {
+        let stop = self.stop_ids.binary_search(&token).is_ok();
+        match self.grammar.as_mut() {
+            None => Ok(true),
+            Some(g) if stop => Ok(g.is_complete() || g.is_accepting()?),
+            Some(g) => g.allows(token),
+        }
+    }
+
+    /// Advances the grammar over a draft; stop tokens are not consumed.
+    /// Returns whether it advanced (what [`Self::grammar_rollback`] undoes).
+    pub(crate) fn grammar_advance(&mut self, token: u32) -> Result<bool> {
+        match self.grammar.as_mut() {
+            Some(g) if self.stop_ids.binary_search(&token).is_err() => {
+                g.advance(token)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Undoes `n` draft advances.
+    pub(crate) fn grammar_rollback(&mut self, n: usize) -> Result<()> {
+        match self.grammar.as_mut() {
+            Some(g) if n > 0 => g.rollback(n),
+            _ => Ok(()),
+        }
+    }
+
+    /// Tokens emitted without sampling because the grammar forced them.
+    pub fn forced_tokens(&self) -> usize {
+        self.forced
     }
 
     /// Verifies one round of speculative drafts: `logits` holds one row per
@@ -142,14 +266,16 @@ impl RequestState {
     /// drawn from (`None`: proposed deterministically, a point mass).
     ///
     /// Each row's target distribution is the one plain decoding would sample
-    /// from at that position (same processing, the history up to it), and
+    /// from at that position (same processing, the history up to it, the
+    /// grammar's mask in the state it has there: it advances over each
+    /// accepted draft, never over a rejected one), and
     /// each draft is checked by standard rejection sampling
     /// ([`crate::verify_draft`]; greedy: exact match with the argmax). The
     /// accepted drafts, then the correction (first rejection) or the bonus
     /// token (all accepted), go through the same stop, text and `max_tokens`
     /// checks as [`Self::on_logits`], so a stop inside the accepted run ends
     /// the request exactly where plain decoding would; later rows are
-    /// ignored. With no drafts this is [`Self::on_logits`] without a mask.
+    /// ignored. With no drafts this is [`Self::on_logits`] with no extra mask.
     pub fn verify(
         &mut self,
         logits: &[f32],
@@ -180,7 +306,10 @@ impl RequestState {
             accepted: 0,
         };
         for (j, row) in logits.chunks_exact(vocab).enumerate() {
-            let (processed, p) = self.sampler.distribution(row, &self.history, None)?;
+            let mask = self.mask(None)?;
+            let (processed, p) = self
+                .sampler
+                .distribution(row, &self.history, mask.as_deref())?;
             let (token, last) = match drafts.get(j) {
                 Some(&d) => match verify_draft(&mut self.sampler, &p, q[j].as_ref(), d) {
                     Verdict::Accepted => {
@@ -192,7 +321,8 @@ impl RequestState {
                 None => (self.sampler.draw(&p), true),
             };
             let logprobs = self.sampler.logprobs_of(&processed, token);
-            let step = self.emit(token, logprobs, tokenizer)?;
+            self.fed = self.history.tokens().len();
+            let step = self.emit(token, logprobs, false, tokenizer)?;
             let finished = step.finished.is_some();
             out.steps.push(step);
             if last || finished {
@@ -202,15 +332,20 @@ impl RequestState {
         Ok(out)
     }
 
-    /// Records `token` as generated and runs the end checks: a stop token,
-    /// a stop string in the decoded text, `max_tokens`.
+    /// Records `token` as generated, advances the grammar and runs the end
+    /// checks: a stop token, a stop string in the decoded text, a complete
+    /// grammar, `max_tokens` (in that order, so output that completes the
+    /// grammar on its last allowed token is a `Stop`, not a `Length`). The
+    /// caller sets `fed` (a forced token leaves it: the model has not run
+    /// the tokens before it yet).
     fn emit(
         &mut self,
         token: u32,
         logprobs: Option<Logprobs>,
+        forced: bool,
         tokenizer: Option<&Tokenizer>,
     ) -> Result<Step> {
-        self.fed = self.history.tokens().len();
+        self.grammar_advance(token)?;
         self.history.push(token);
         let mut text = String::new();
         if self.stop_ids.binary_search(&token).is_ok() {
@@ -222,6 +357,11 @@ impl RequestState {
                 let piece = dec.push(need(tokenizer)?, token)?;
                 text = self.scan(&piece);
             }
+            if self.finished.is_none() && self.grammar.as_ref().is_some_and(|g| g.is_complete()) {
+                self.stop = Some(StopCause::Grammar);
+                self.finished = Some(FinishReason::Stop);
+                text += &self.flush(tokenizer)?;
+            }
             if self.finished.is_none() && self.history.generated().len() >= self.max_tokens {
                 self.finished = Some(FinishReason::Length);
                 text += &self.flush(tokenizer)?;
@@ -232,6 +372,7 @@ impl RequestState {
             text,
             logprobs,
             finished: self.finished,
+            forced,
         })
     }
 

@@ -2,6 +2,9 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::grammar::GrammarCompiler;
 
 use crate::error::{Error, Result};
 
@@ -15,6 +18,9 @@ use crate::error::{Error, Result};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// The structured-output compiler, built on first use (it walks the
+    /// whole vocabulary) and shared by clones.
+    grammar: Arc<OnceLock<Arc<GrammarCompiler>>>,
 }
 
 impl fmt::Debug for Tokenizer {
@@ -45,6 +51,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             path: path.to_path_buf(),
+            grammar: Arc::default(),
         })
     }
 
@@ -101,6 +108,17 @@ impl Tokenizer {
     /// model's embedding may be larger (padded); ids past this are not text.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The wrapped HF tokenizer (the grammar's token environment reads
+    /// its decoder and added tokens).
+    pub(crate) fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// Where [`GrammarCompiler::for_tokenizer`] caches its compiler.
+    pub(crate) fn grammar_cache(&self) -> &OnceLock<Arc<GrammarCompiler>> {
+        &self.grammar
     }
 
     /// Fail on the first id that has no vocabulary entry.

@@ -617,6 +617,8 @@ impl Backend for EngineBackend {
             max_tokens,
             stop_strings: req.stop,
             extra_stop_ids: Vec::new(),
+            // `response_format` is not wired yet (structured output's own change).
+            grammar: None,
         };
         // Refuse a bad knob now, as a 400, rather than as a failure after the stream started.
         let text = self.text()?;

@@ -5,6 +5,7 @@ pub mod bench_io;
 pub mod bench_pilot;
 pub mod convert;
 pub mod fit;
+pub mod grammar;
 pub mod inspect;
 pub mod logits;
 pub mod run;

@@ -43,10 +43,11 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     };
-    let request = request(&a, prompt_ids.clone());
+    let request = request(&a, prompt_ids.clone())?;
     let tok = bundle.tokenizer.as_ref();
     // Refuse bad flags before echoing the prompt.
     request.validate(bundle.model.vocab_size(), tok.is_some())?;
+    request.compile_grammar(tok, bundle.model.vocab_size(), &bundle.stop_ids)?;
     warn_unused_knobs(&request.params);
     let spec = speculation(&a)?;
     let mut stdout = std::io::stdout().lock();
@@ -279,8 +280,8 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
 }
 
 /// The engine request the flags describe (validated by the engine).
-fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> Request {
-    Request {
+fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> Result<Request> {
+    Ok(Request {
         prompt_ids,
         params: SamplingParams {
             temperature: a.temperature,
@@ -298,7 +299,8 @@ fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> Request {
         max_tokens: a.max_tokens,
         stop_strings: a.stop.clone(),
         extra_stop_ids: a.stop_id.clone(),
-    }
+        grammar: super::grammar::spec(a)?,
+    })
 }
 
 /// Truncation knobs and the seed do nothing at temperature 0; say so rather
@@ -326,7 +328,8 @@ fn json_output(
     let stop_reason = match &gen.stop {
         Some(StopCause::Token(id)) => json!(id),
         Some(StopCause::String(s)) => json!(s),
-        None => Value::Null,
+        // A complete grammar ends the output without a stop token or string.
+        Some(StopCause::Grammar) | None => Value::Null,
     };
     let mut out = json!({
         "prompt_ids": prompt_ids,
@@ -337,6 +340,7 @@ fn json_output(
         "stats": {
             "prompt_tokens": gen.prompt_tokens,
             "generated_tokens": gen.tokens.len(),
+            "forced_tokens": gen.forced_tokens,
             "prefill_tok_s": gen.prefill_tok_s(),
             "decode_tok_s": gen.decode_tok_s(),
             "threads": rayon::current_num_threads(),

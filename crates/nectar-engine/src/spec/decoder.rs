@@ -15,8 +15,9 @@ use std::time::Instant;
 /// What one [`SpecDecoder::round`] produced.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Round {
-    /// The tokens that became output, in order (the prefill's first token,
-    /// or the accepted drafts then the correction or bonus token).
+    /// The tokens that became output, in order: any tokens the grammar
+    /// forced, then the prefill's first token, or the accepted drafts then
+    /// the correction or bonus token.
     pub steps: Vec<Step>,
     /// Drafts the main model checked this round.
     pub drafted: usize,
@@ -34,6 +35,13 @@ pub struct Round {
 /// token; the main cache is truncated to exactly the kept rows and the
 /// drafter is told which rows were kept. With greedy sampling the output is
 /// therefore token-identical to plain decoding.
+///
+/// Structured output: drafts are drawn and checked under the grammar
+/// ([`Proposals`]), verification samples each row under its mask, and the
+/// grammar advances only over kept tokens. Tokens the grammar forces are
+/// emitted at the start of a round ([`RequestState::fast_forward`]); that
+/// round then drafts nothing and runs the pending tokens in one forward,
+/// exactly as plain decoding does, so greedy output still matches it.
 pub struct SpecDecoder<'a> {
     model: &'a Glm5,
     tokenizer: Option<&'a Tokenizer>,
@@ -144,14 +152,31 @@ impl<'a> SpecDecoder<'a> {
         self.drafter.as_ref().map_or("off", |d| d.name())
     }
 
-    /// Runs the prefill (the first call) or one speculative round.
+    /// Runs the prefill (the first call) or one speculative round, after
+    /// emitting any tokens the grammar forces.
     pub fn round(&mut self) -> Result<Round> {
         if self.finished() {
             return Err(Error::Request("the request has already finished".into()));
         }
-        if !self.prefilled {
-            return self.prefill();
-        }
+        let mut steps = self.state.fast_forward(self.tokenizer)?;
+        let mut round = if self.finished() {
+            Round {
+                steps: Vec::new(),
+                drafted: 0,
+                accepted: 0,
+            }
+        } else if !self.prefilled || !steps.is_empty() {
+            self.run_pending()?
+        } else {
+            self.speculate()?
+        };
+        steps.append(&mut round.steps);
+        round.steps = steps;
+        Ok(round)
+    }
+
+    /// One round: draft, verify, keep the accepted prefix.
+    fn speculate(&mut self) -> Result<Round> {
         let (model, hd) = (self.model, self.model.hidden_size());
         let n = self.cache.len();
         let last = match self.state.pending_input() {
@@ -235,23 +260,25 @@ impl<'a> SpecDecoder<'a> {
         })
     }
 
-    /// The whole prompt in one forward, the first token from its last row;
-    /// the drafter sees every prompt row.
-    fn prefill(&mut self) -> Result<Round> {
+    /// Every pending token in one forward — the prompt (the prefill), or
+    /// the last token and a forced run — and the next token from its last
+    /// row, as plain decoding does; the drafter sees every row.
+    fn run_pending(&mut self) -> Result<Round> {
         let hd = self.model.hidden_size();
-        let prompt = self.state.pending_input().unwrap_or_default().to_vec();
+        let pending = self.state.pending_input().unwrap_or_default().to_vec();
         let h = self.model.forward(
             &mut [SeqStep {
                 cache: &mut self.cache,
-                tokens: &prompt,
+                tokens: &pending,
             }],
             &mut NoObserver,
         )?;
+        self.c.main_forwards += usize::from(self.prefilled);
         let logits = self.model.logits(&h[h.len() - hd..])?;
         let step = self.state.on_logits(&logits, None, self.tokenizer)?;
         self.prefilled = true;
         if let (false, Some(d)) = (self.finished(), self.drafter.as_mut()) {
-            let mut next = prompt[1..].to_vec();
+            let mut next = pending[1..].to_vec();
             next.push(step.token);
             d.observe(&mut self.cache, &h, &next)?;
         }

@@ -51,6 +51,12 @@ pub trait Drafter {
 /// Proposed tokens join the request's history while the round is drafted,
 /// so a draft distribution sees the same penalties plain decoding would at
 /// that position; the history is restored when the proposals are dropped.
+///
+/// With structured output the request's grammar follows the drafts the
+/// same way: a sampled draft is drawn under the grammar's mask (so its
+/// distribution matches the masked target's support), a pushed draft the
+/// grammar rejects ends the round's drafts (it and every later push are
+/// dropped), and the grammar is rolled back with the history.
 #[derive(Debug)]
 pub struct Proposals<'a> {
     state: &'a mut RequestState,
@@ -59,6 +65,10 @@ pub struct Proposals<'a> {
     max: usize,
     tokens: Vec<u32>,
     q: Vec<Option<Distribution>>,
+    /// Grammar advances made while drafting (what the drop undoes).
+    advanced: usize,
+    /// A pushed draft was rejected by the grammar: nothing more is taken.
+    closed: bool,
 }
 
 impl<'a> Proposals<'a> {
@@ -71,12 +81,19 @@ impl<'a> Proposals<'a> {
             max,
             tokens: Vec::with_capacity(max),
             q: Vec::with_capacity(max),
+            advanced: 0,
+            closed: false,
         }
     }
 
-    /// The most drafts this round may have.
+    /// The most drafts this round may have (once the grammar rejected a
+    /// pushed draft, the drafts already taken).
     pub fn max(&self) -> usize {
-        self.max
+        if self.closed {
+            self.tokens.len()
+        } else {
+            self.max
+        }
     }
 
     /// Drafts proposed so far.
@@ -96,30 +113,41 @@ impl<'a> Proposals<'a> {
 
     /// Proposes a draft drawn from `logits` (one row over the vocabulary)
     /// with the request's own sampling (bias, penalties, temperature,
-    /// truncation; the argmax when greedy) and its RNG; the distribution is
-    /// kept for the rejection test.
+    /// truncation, the grammar's mask; the argmax when greedy) and its RNG;
+    /// the distribution is kept for the rejection test.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         self.room()?;
+        let mask = self.state.mask(None)?;
         let (history, sampler) = self.state.draft_parts();
-        let (_, dist) = sampler.distribution(logits, history, None)?;
+        let (_, dist) = sampler.distribution(logits, history, mask.as_deref())?;
         let token = sampler.draw(&dist);
         history.push(token);
+        self.advanced += usize::from(self.state.grammar_advance(token)?);
         self.tokens.push(token);
         self.q.push(Some(dist));
         Ok(token)
     }
 
     /// Proposes `token` deterministically (a point-mass draft distribution).
+    /// A token the request's grammar does not allow here is dropped and
+    /// ends the round's drafts (verification would reject it anyway).
     pub fn push(&mut self, token: u32) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
         self.room()?;
-        let (history, sampler) = self.state.draft_parts();
-        if token as usize >= sampler.vocab_size() {
+        let vocab = self.state.sampler().vocab_size();
+        if token as usize >= vocab {
             return Err(Error::Speculation(format!(
-                "drafted token {token} is outside the vocabulary of {}",
-                sampler.vocab_size()
+                "drafted token {token} is outside the vocabulary of {vocab}"
             )));
         }
-        history.push(token);
+        if !self.state.grammar_allows(token)? {
+            self.closed = true;
+            return Ok(());
+        }
+        self.advanced += usize::from(self.state.grammar_advance(token)?);
+        self.state.draft_parts().0.push(token);
         self.tokens.push(token);
         self.q.push(None);
         Ok(())
@@ -148,5 +176,8 @@ impl Drop for Proposals<'_> {
     fn drop(&mut self) {
         let generated = self.generated;
         self.state.draft_parts().0.truncate_generated(generated);
+        // Drop cannot return the error; a failed rollback leaves the
+        // matcher in its error state, which the next mask reports.
+        let _ = self.state.grammar_rollback(self.advanced);
     }
 }

@@ -97,6 +97,7 @@ pub fn generate_speculative_cached(
         stop: None,
         seed: dec.state().sampler().seed(),
         prompt_tokens: request.prompt_ids.len() - dec.cache().len(),
+        forced_tokens: 0,
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
@@ -125,6 +126,7 @@ pub fn generate_speculative_cached(
         }
     }
     out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
+    out.forced_tokens = dec.state().forced_tokens();
     if cut {
         out.finish = FinishReason::Cancelled;
     } else {
