@@ -20,7 +20,7 @@
 //! (deterministic, like `nectar run`); the model's `generation_config.json` sampling defaults
 //! are not applied.
 
-use nectar_engine::{ChatTemplate, Request, SamplingParams, Speculation, Tokenizer};
+use nectar_engine::{ChatTemplate, GrammarSpec, Request, SamplingParams, Speculation, Tokenizer};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -148,6 +148,27 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, String, f32)>,
 }
 
+/// A constraint on the output's form (structured output), protocol-neutral.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under this schema.
+    JsonSchema(Value),
+    /// Text in this Lark grammar (llguidance's dialect; `%json {…}` embeds a schema).
+    Lark(String),
+}
+
+impl Constraint {
+    fn to_spec(&self) -> GrammarSpec {
+        match self {
+            Constraint::JsonObject => GrammarSpec::JsonObject,
+            Constraint::JsonSchema(v) => GrammarSpec::JsonSchema(v.clone()),
+            Constraint::Lark(g) => GrammarSpec::Lark(g.clone()),
+        }
+    }
+}
+
 /// One generation request, protocol-neutral.
 #[derive(Debug, Clone)]
 pub struct GenRequest {
@@ -160,6 +181,8 @@ pub struct GenRequest {
     pub sampling: Sampling,
     /// Extra stop strings; the model's own stop ids always apply too.
     pub stop: Vec<String>,
+    /// Constrain the output (structured output, forced tool calls).
+    pub constraint: Option<Constraint>,
     /// Cancel flag, checked once per token.
     pub cancel: CancelToken,
 }
@@ -407,6 +430,7 @@ pub(crate) struct TextSide {
     pub(crate) tokenizer: Option<Tokenizer>,
     pub(crate) template: Option<ChatTemplate>,
     pub(crate) vocab_size: usize,
+    pub(crate) stop_ids: Vec<u32>,
     pub(crate) info: ModelInfo,
     pub(crate) residency: Option<Box<dyn Fn() -> Option<Value> + Send + Sync>>,
 }
@@ -617,13 +641,16 @@ impl Backend for EngineBackend {
             max_tokens,
             stop_strings: req.stop,
             extra_stop_ids: Vec::new(),
-            // `response_format` is not wired yet (structured output's own change).
-            grammar: None,
+            grammar: req.constraint.as_ref().map(Constraint::to_spec),
         };
-        // Refuse a bad knob now, as a 400, rather than as a failure after the stream started.
+        // Refuse a bad knob or grammar now, as a 400, rather than as a failure after the stream
+        // started (the compiled grammar is cached per tokenizer, so this costs one parse).
         let text = self.text()?;
         request
             .validate(text.vocab_size, text.tokenizer.is_some())
+            .map_err(engine_err)?;
+        request
+            .compile_grammar(text.tokenizer.as_ref(), text.vocab_size, &text.stop_ids)
             .map_err(engine_err)?;
         let job = Job {
             request,
@@ -764,6 +791,7 @@ mod tests {
             max_tokens: Some(1),
             sampling: Sampling::default(),
             stop: vec![],
+            constraint: None,
             cancel: CancelToken::new(),
         };
         assert!(matches!(

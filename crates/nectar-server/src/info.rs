@@ -53,7 +53,7 @@ fn model_entry(state: &AppState) -> Result<Value, ApiError> {
             "tools": chat,
             "thinking": chat,
             "streaming": true,
-            "structured_output": false,
+            "structured_output": info.tokenizer,
             "logprobs": true,
             "vision": false,
             "sampling": true,

@@ -709,7 +709,7 @@ async fn count_tokens_and_models_and_metrics() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "mock-model");
-    assert_eq!(v["data"][0]["capabilities"]["structured_output"], false);
+    assert_eq!(v["data"][0]["capabilities"]["structured_output"], true);
     assert_eq!(v["data"][0]["capabilities"]["mtp"], "off");
     let (st, hs, body) = call(&app, "GET", "/metrics", None, &[]).await;
     assert_eq!(st, StatusCode::OK);

@@ -103,6 +103,7 @@ pub(crate) fn model_thread(
         tokenizer: bundle.tokenizer.clone(),
         template: bundle.template.clone(),
         vocab_size: bundle.model.vocab_size(),
+        stop_ids: bundle.stop_ids.clone(),
         info: ModelInfo {
             id,
             context_length: ctx,
@@ -325,6 +326,7 @@ fn finish_row(shared: &Shared, c: &Client, reason: FinishReason, s: &RowSummary)
 fn finish_reason(finish: Option<EngineFinish>, stop: Option<StopCause>) -> FinishReason {
     match (finish, stop) {
         (Some(EngineFinish::Stop), Some(StopCause::String(s))) => FinishReason::StopString(s),
+        // A stop id, or the grammar completing: the model's turn ended.
         (Some(EngineFinish::Length), _) => FinishReason::Length,
         (Some(EngineFinish::Cancelled), _) => FinishReason::Cancelled,
         _ => FinishReason::Stop,

@@ -286,7 +286,7 @@ async fn health_models_stats_and_metrics() {
     assert_eq!(m["id"], "nectar-demo-glm5");
     assert_eq!(m["context_length"], 4096);
     assert_eq!(m["capabilities"]["tools"], true);
-    assert_eq!(m["capabilities"]["structured_output"], false);
+    assert_eq!(m["capabilities"]["structured_output"], true);
     assert_eq!(m["capabilities"]["batching"], true);
     assert_eq!(m["capabilities"]["parallel"], 8);
     assert_eq!(m["capabilities"]["mtp"], "off");
@@ -542,4 +542,112 @@ async fn memory_budget_streams_experts_and_reports_residency() {
         .map(|l| l["misses"].as_u64().unwrap())
         .sum();
     assert!(misses > 0, "{}", v["residency"]);
+}
+
+#[tokio::test]
+async fn json_schema_output_parses_and_forced_tool_calls_round_trip() {
+    let app = app().await;
+    let schema = json!({
+        "type": "object",
+        "properties": {"word": {"type": "string", "maxLength": 16}, "letters": {"type": "integer", "minimum": 1, "maximum": 30}},
+        "required": ["word", "letters"],
+        "additionalProperties": false
+    });
+    // Chat: response_format json_schema, greedy and sampled.
+    for temperature in [0.0, 1.0] {
+        let mut body = chat_body(HARBOR, 60);
+        body["temperature"] = json!(temperature);
+        body["seed"] = json!(3);
+        body["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "w", "schema": schema}});
+        let v = post_json(&app, "/v1/chat/completions", body).await;
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let out: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(out["word"].is_string(), "{out}");
+        let n = out["letters"].as_i64().unwrap();
+        assert!((1..=30).contains(&n), "{out}");
+    }
+    // Chat: json_object — always an object in the making; complete when the model ends it.
+    let mut body = chat_body(HARBOR, 40);
+    body["response_format"] = json!({"type": "json_object"});
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{text}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+    // Responses: text.format json_schema.
+    let v = post_json(
+        &app,
+        "/v1/responses",
+        json!({"input": HARBOR, "max_output_tokens": 60,
+               "text": {"format": {"type": "json_schema", "name": "w", "schema": schema}}}),
+    )
+    .await;
+    assert_eq!(v["status"], "completed", "{v}");
+    let text = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "message")
+        .unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        serde_json::from_str::<Value>(&text).unwrap().is_object(),
+        "{text}"
+    );
+    // A bad schema is a 400 naming the parameter, before any generation.
+    let mut body = chat_body(HARBOR, 8);
+    body["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": 12}}});
+    let (st, raw) = send(&app, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{raw}");
+    // A forced tool call: the model must call `lookup`; then the tool result goes back.
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 12}, "limit": {"type": "integer", "minimum": 1, "maximum": 9}},
+                       "required": ["word", "limit"]}}}]);
+    let mut body = chat_body(HARBOR, 80);
+    body["tools"] = tools.clone();
+    body["tool_choice"] = json!({"type": "function", "function": {"name": "lookup"}});
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["word"].is_string() && args["limit"].is_i64(), "{args}");
+    let mut body = chat_body(HARBOR, 6);
+    body["tools"] = tools;
+    body["messages"] = json!([
+        {"role": "user", "content": HARBOR},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "a sheltered port"}
+    ]);
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    assert!(v["choices"][0]["message"]["content"].is_string(), "{v}");
+    // Anthropic: tool_choice any.
+    let v = post_json(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 80, "tool_choice": {"type": "any"},
+               "tools": [{"name": "lookup", "input_schema": {"type": "object", "properties": {"word": {"type": "string", "maxLength": 12}}, "required": ["word"]}}],
+               "messages": [{"role": "user", "content": HARBOR}]}),
+    )
+    .await;
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    let block = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap();
+    assert_eq!(block["name"], "lookup");
+    assert!(block["input"]["word"].is_string(), "{block}");
 }

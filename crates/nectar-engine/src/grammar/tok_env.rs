@@ -8,9 +8,11 @@
 //!   written in the GPT-2 byte-to-unicode alphabet, mapped back here;
 //! - byte fallback (SentencePiece style): `<0xNN>` is that byte, and the
 //!   decoder's space character (`▁`) is a space;
-//! - added tokens: special ones (flagged, or of the form `<...>`) are
-//!   marked with [`TokTrie::SPECIAL_TOKEN_MARKER`], so no grammar can
-//!   produce them as text; others are their literal content;
+//! - added tokens: those flagged special are marked with
+//!   [`TokTrie::SPECIAL_TOKEN_MARKER`], so no grammar can produce them as
+//!   text; others (GLM's `<think>`, `<tool_call>`, …) are their literal
+//!   content (unlike `toktrie_hf_tokenizers`, which also hides every
+//!   `<...>` token);
 //! - ids the model has past the tokenizer's vocabulary (a padded embedding)
 //!   become unreachable special placeholders;
 //! - the eos set is the model's stop ids, so a complete grammar allows
@@ -58,11 +60,15 @@ pub(crate) fn build(tokenizer: &Tokenizer, vocab_size: usize, eos: &[u32]) -> Re
     let mut specials = HashSet::new();
     let mut words: Vec<Vec<u8>> = vec![Vec::new(); vocab_size];
     for (id, added) in hf.get_added_tokens_decoder() {
-        let c = &added.content;
-        if added.special || (c.starts_with('<') && c.ends_with('>')) {
+        // Only tokens the tokenizer flags special are kept out of text. GLM's
+        // `<think>`, `<tool_call>`, `<arg_key>`… are added but not special:
+        // the model writes them as text, tokenising that text yields them
+        // (forced-token fast-forward does), and grammars must match them as
+        // their bytes.
+        if added.special {
             specials.insert(id);
         } else if let Some(w) = words.get_mut(id as usize) {
-            *w = c.clone().into_bytes();
+            *w = added.content.clone().into_bytes();
         }
     }
     let chars = byte_level_chars();

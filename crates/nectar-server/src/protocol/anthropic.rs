@@ -15,6 +15,7 @@ use crate::backend::{CancelToken, Finish, FinishReason, GenRequest, Prompt, Samp
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{backend_error, Generation, OutputEvent, OutputMode};
 use crate::glm_tools::{Piece, ToolCall};
+use crate::protocol::constraint::{self, ToolChoice};
 use crate::protocol::{function_tool, new_id, parse_body, validate_sampling};
 use crate::sse;
 use crate::state::AppState;
@@ -74,6 +75,8 @@ pub struct MessagesRequest {
 struct Converted {
     prompt: Prompt,
     tools: bool,
+    /// A forced tool call's grammar (`tool_choice` any/tool).
+    constraint: Option<crate::backend::Constraint>,
 }
 
 /// Translates the conversation (shared by `messages` and `count_tokens`).
@@ -107,24 +110,9 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
         }
     }
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
-    let tools_on = match req
-        .tool_choice
-        .as_ref()
-        .and_then(|c| c.get("type"))
-        .and_then(Value::as_str)
-    {
-        None | Some("auto") => !tools.is_empty(),
-        Some("none") => false,
-        Some(other) => {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                format!(
-                    "tool_choice `{other}` is not supported yet: forcing a tool call needs \
-                     constrained decoding; use auto or none"
-                ),
-            ))
-        }
-    };
+    let choice = ToolChoice::anthropic(req.tool_choice.as_ref())?;
+    let resolved = constraint::resolve(&choice, &tools, None, "tool_choice")?;
+    let tools_on = resolved.tools_on;
     let enable_thinking = match req
         .thinking
         .as_ref()
@@ -145,9 +133,10 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
         prompt: Prompt::Chat {
             messages: Value::Array(messages),
             tools: tools_on.then(|| Value::Array(tools)),
-            enable_thinking,
+            enable_thinking: resolved.enable_thinking(enable_thinking),
         },
         tools: tools_on,
+        constraint: resolved.constraint,
     })
 }
 
@@ -396,6 +385,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             max_tokens: Some(max_tokens),
             sampling,
             stop,
+            constraint: c.constraint,
             cancel: CancelToken::new(),
         },
         OutputMode::Chat { tools: c.tools },

@@ -3,6 +3,7 @@
 //! streaming event sequence of that API. Helpers shared by all of them are here.
 
 pub mod anthropic;
+pub mod constraint;
 pub mod openai_chat;
 pub mod openai_completions;
 pub mod responses;

@@ -11,6 +11,7 @@ use crate::backend::{CancelToken, GenRequest, Prompt, Sampling, Usage};
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{openai_finish_reason, Generation, OutputEvent, OutputMode};
 use crate::glm_tools::{Piece, ToolCall};
+use crate::protocol::constraint::{self, ToolChoice};
 use crate::protocol::{
     chat_logprob, content_text, function_tool, new_id, parse_body, parse_logit_bias, unix_now,
     validate_max_tokens, validate_sampling, StopField,
@@ -40,7 +41,7 @@ pub struct ChatRequest {
     /// `auto` (default) or `none`.
     #[serde(default)]
     pub tool_choice: Option<Value>,
-    /// Only `{"type":"text"}` until constrained decoding lands.
+    /// `text`, `json_object` or `json_schema` (see `protocol::constraint`).
     #[serde(default)]
     pub response_format: Option<Value>,
     /// Stop strings.
@@ -246,7 +247,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
             "`top_logprobs` must be between 0 and 20",
         ));
     }
-    check_response_format(req.response_format.as_ref())?;
+    let format = constraint::response_format(req.response_format.as_ref())?;
     let tools = req.tools.unwrap_or_default();
     for (i, t) in tools.iter().enumerate() {
         if t.kind != "function" {
@@ -262,22 +263,20 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
             ));
         }
     }
-    let tools_on =
-        tool_choice_allows_tools(req.tool_choice.as_ref(), "tool_choice")? && !tools.is_empty();
-    let tool_values = tools_on.then(|| {
-        Value::Array(
-            tools
-                .iter()
-                .map(|t| {
-                    function_tool(
-                        &t.function.name,
-                        t.function.description.as_ref(),
-                        t.function.parameters.as_ref(),
-                    )
-                })
-                .collect(),
-        )
-    });
+    let template_tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            function_tool(
+                &t.function.name,
+                t.function.description.as_ref(),
+                t.function.parameters.as_ref(),
+            )
+        })
+        .collect();
+    let choice = ToolChoice::openai(req.tool_choice.as_ref(), "tool_choice")?;
+    let resolved = constraint::resolve(&choice, &template_tools, format, "tool_choice")?;
+    let tools_on = resolved.tools_on;
+    let tool_values = tools_on.then(|| Value::Array(template_tools));
     let messages = chat_messages(&req.messages)?;
     let enable_thinking = req
         .chat_template_kwargs
@@ -285,6 +284,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
         .and_then(|k| k.get("enable_thinking"))
         .and_then(Value::as_bool)
         .or_else(|| req.reasoning_effort.as_deref().map(|e| e != "none"));
+    let enable_thinking = resolved.enable_thinking(enable_thinking);
     let sampling = Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -317,6 +317,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
             max_tokens,
             sampling,
             stop,
+            constraint: resolved.constraint,
             cancel: CancelToken::new(),
         },
         tools: tools_on,
@@ -328,37 +329,6 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
     })
-}
-
-/// `response_format`: only plain text until constrained decoding (grammar) lands.
-pub fn check_response_format(rf: Option<&Value>) -> ApiResult<()> {
-    match rf.and_then(|v| v.get("type")).and_then(Value::as_str) {
-        None | Some("text") => Ok(()),
-        Some(other) => Err(ApiError::invalid_param(
-            "response_format",
-            format!(
-                "response_format `{other}` is not supported yet: structured output needs \
-                 constrained decoding, which this server does not have yet"
-            ),
-        )),
-    }
-}
-
-/// `tool_choice`: `auto` (default) lets the model decide, `none` hides the tools. Forcing a call
-/// (`required`, a named function) needs constrained decoding and is refused rather than ignored.
-pub fn tool_choice_allows_tools(choice: Option<&Value>, param: &str) -> ApiResult<bool> {
-    match choice {
-        None | Some(Value::Null) => Ok(true),
-        Some(Value::String(s)) if s == "auto" => Ok(true),
-        Some(Value::String(s)) if s == "none" => Ok(false),
-        Some(other) => Err(ApiError::invalid_param(
-            param,
-            format!(
-                "tool_choice {other} is not supported yet: forcing a tool call needs constrained \
-                 decoding; use \"auto\" or \"none\""
-            ),
-        )),
-    }
 }
 
 /// OpenAI messages → chat-template messages (text content, `developer` as `system`).
@@ -580,13 +550,19 @@ mod tests {
         );
         assert!(with("logprobs", json!(true)).is_none());
         assert_eq!(
-            with("response_format", json!({"type": "json_object"})).as_deref(),
+            with("response_format", json!({"type": "json_schema"})).as_deref(),
             Some("response_format")
         );
+        assert_eq!(
+            with("response_format", json!({"type": "xml"})).as_deref(),
+            Some("response_format")
+        );
+        // Forcing a call without tools, or naming a function that is not offered.
         assert_eq!(
             with("tool_choice", json!("required")).as_deref(),
             Some("tool_choice")
         );
+        assert!(with("response_format", json!({"type": "json_object"})).is_none());
         assert_eq!(
             with("temperature", json!(-1)).as_deref(),
             Some("temperature")

@@ -210,6 +210,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             max_tokens,
             sampling,
             stop,
+            constraint: None,
             cancel: CancelToken::new(),
         },
         OutputMode::Raw,

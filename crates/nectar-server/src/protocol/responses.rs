@@ -19,7 +19,7 @@ use crate::backend::{CancelToken, FinishReason, GenRequest, Prompt, Sampling, Us
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{Generation, OutputEvent, OutputMode};
 use crate::glm_tools::{Piece, ToolCall};
-use crate::protocol::openai_chat::tool_choice_allows_tools;
+use crate::protocol::constraint::{self, ToolChoice};
 use crate::protocol::{
     content_text, function_tool, new_id, parse_body, unix_now, validate_max_tokens,
     validate_sampling,
@@ -398,26 +398,11 @@ impl Storing {
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: ResponsesRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
-    if let Some(fmt) = req
-        .text
-        .as_ref()
-        .and_then(|t| t.get("format"))
-        .and_then(|f| f.get("type"))
-        .and_then(Value::as_str)
-    {
-        if fmt != "text" {
-            return Err(ApiError::invalid_param(
-                "text.format",
-                format!(
-                    "text format `{fmt}` is not supported yet: structured output needs \
-                     constrained decoding, which this server does not have yet"
-                ),
-            ));
-        }
-    }
+    let format = constraint::text_format(req.text.as_ref())?;
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
-    let tools_on =
-        tool_choice_allows_tools(req.tool_choice.as_ref(), "tool_choice")? && !tools.is_empty();
+    let choice = ToolChoice::openai(req.tool_choice.as_ref(), "tool_choice")?;
+    let resolved = constraint::resolve(&choice, &tools, format, "tool_choice")?;
+    let tools_on = resolved.tools_on;
     let mut conversation = match &req.previous_response_id {
         Some(prev) => match state.responses.get(prev) {
             Some(r) => r.conversation,
@@ -457,11 +442,12 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             prompt: Prompt::Chat {
                 messages: Value::Array(messages),
                 tools: tools_on.then(|| Value::Array(tools)),
-                enable_thinking: effort.as_deref().map(|e| e != "none"),
+                enable_thinking: resolved.enable_thinking(effort.as_deref().map(|e| e != "none")),
             },
             max_tokens,
             sampling,
             stop: vec![],
+            constraint: resolved.constraint,
             cancel: CancelToken::new(),
         },
         OutputMode::Chat { tools: tools_on },
