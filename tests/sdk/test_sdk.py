@@ -96,7 +96,7 @@ class OpenAIChat(unittest.TestCase):
         self.assertEqual(r.choices[0].message.content, "harbor ")
         self.assertEqual(r.choices[0].finish_reason, "stop")
 
-    def test_tool_results_in_the_conversation_are_accepted(self):
+    def test_tool_call_round_trip(self):
         tools = [
             {
                 "type": "function",
@@ -105,32 +105,68 @@ class OpenAIChat(unittest.TestCase):
                     "description": "Look a word up in the dictionary.",
                     "parameters": {
                         "type": "object",
-                        "properties": {"word": {"type": "string"}},
-                        "required": ["word"],
+                        "properties": {
+                            "word": {"type": "string", "maxLength": 12},
+                            "limit": {"type": "integer", "minimum": 1, "maximum": 9},
+                        },
+                        "required": ["word", "limit"],
                     },
                 },
             }
         ]
-        messages = [
-            {"role": "user", "content": HARBOR},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "lookup", "arguments": '{"word": "harbor"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "a sheltered port"},
-        ]
+        messages = [{"role": "user", "content": HARBOR}]
         r = oai().chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "lookup"}},
+            max_tokens=80,
+        )
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        call = r.choices[0].message.tool_calls[0]
+        self.assertEqual(call.function.name, "lookup")
+        args = json.loads(call.function.arguments)
+        self.assertIsInstance(args["word"], str)
+        self.assertTrue(1 <= args["limit"] <= 9, args)
+        # The client runs the tool and sends the result back.
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": "a sheltered port"})
+        final = oai().chat.completions.create(
             model=MODEL, messages=messages, tools=tools, max_tokens=8
         )
-        self.assertIn(r.choices[0].finish_reason, ("stop", "length", "tool_calls"))
-        self.assertGreater(r.usage.prompt_tokens, chat(oai(), HARBOR, 1).usage.prompt_tokens)
+        self.assertIsInstance(final.choices[0].message.content, str)
+        self.assertGreater(final.usage.prompt_tokens, r.usage.prompt_tokens)
+
+    def test_json_schema_output_parses_and_validates(self):
+        schema = {
+            "type": "object",
+            "properties": {
+                "word": {"type": "string", "maxLength": 16},
+                "letters": {"type": "integer", "minimum": 1, "maximum": 30},
+                "kind": {"type": "string", "enum": ["noun", "verb"]},
+            },
+            "required": ["word", "letters", "kind"],
+            "additionalProperties": False,
+        }
+        for temperature in (0.0, 1.0):
+            r = chat(
+                oai(),
+                HARBOR,
+                80,
+                temperature=temperature,
+                seed=5,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "word", "schema": schema, "strict": True},
+                },
+            )
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+            v = json.loads(r.choices[0].message.content)
+            self.assertEqual(set(v), {"word", "letters", "kind"})
+            self.assertIsInstance(v["word"], str)
+            self.assertLessEqual(len(v["word"]), 16)
+            self.assertTrue(1 <= v["letters"] <= 30)
+            self.assertIn(v["kind"], ("noun", "verb"))
 
     def test_eight_concurrent_streams_equal_their_solo_outputs(self):
         words = ["harbor", "anchor", "river", "mountain", "lantern", "garden", "window", "silver"]
@@ -267,6 +303,42 @@ class AnthropicMessages(unittest.TestCase):
         self.assertIn(m.stop_reason, ("end_turn", "max_tokens", "tool_use", "stop_sequence"))
         n = ant().messages.count_tokens(model=MODEL, tools=tools, messages=messages)
         self.assertEqual(n.input_tokens, m.usage.input_tokens)
+
+    def test_forced_tool_use_round_trip(self):
+        tools = [
+            {
+                "name": "lookup",
+                "description": "Look a word up in the dictionary.",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"word": {"type": "string", "maxLength": 12}},
+                    "required": ["word"],
+                },
+            }
+        ]
+        messages = [{"role": "user", "content": HARBOR}]
+        m = ant().messages.create(
+            model=MODEL,
+            max_tokens=80,
+            tools=tools,
+            tool_choice={"type": "tool", "name": "lookup"},
+            messages=messages,
+        )
+        self.assertEqual(m.stop_reason, "tool_use")
+        use = [b for b in m.content if b.type == "tool_use"][0]
+        self.assertEqual(use.name, "lookup")
+        self.assertIsInstance(use.input["word"], str)
+        messages.append({"role": "assistant", "content": [b.model_dump() for b in m.content]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": "a sheltered port"}
+                ],
+            }
+        )
+        final = ant().messages.create(model=MODEL, max_tokens=8, tools=tools, messages=messages)
+        self.assertIn(final.stop_reason, ("end_turn", "max_tokens"))
 
     def test_count_tokens(self):
         msgs = [{"role": "user", "content": HARBOR}]
