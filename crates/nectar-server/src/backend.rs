@@ -282,6 +282,9 @@ pub struct ModelInfo {
     pub parallel: usize,
     /// Experts are streamed under a memory budget (bytes), if one was given.
     pub memory_budget: Option<u64>,
+    /// The memory equation for that budget (`{"terms": [[name, bytes]…], "lru_per_layer",
+    /// "slack"}`), when experts are streamed.
+    pub memory_plan: Option<Value>,
 }
 
 /// Counters of the backend, for `/stats` and `/metrics`.

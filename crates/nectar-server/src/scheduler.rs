@@ -113,6 +113,10 @@ pub(crate) fn model_thread(
             mtp: mtp.into(),
             parallel: opts.parallel.max(1),
             memory_budget: opts.memory_budget,
+            memory_plan: bundle
+                .model
+                .memory_plan()
+                .and_then(|p| serde_json::to_value(p).ok()),
         },
         residency,
     };

@@ -535,6 +535,16 @@ async fn memory_budget_streams_experts_and_reports_residency() {
     let (_, body) = send(&app, "GET", "/stats", None).await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["model_info"]["memory_budget"], 1u64 << 30);
+    // The memory equation the budget was planned with.
+    let plan = &v["model_info"]["memory_plan"];
+    assert!(plan["lru_per_layer"].as_u64().unwrap() >= 1, "{plan}");
+    let terms = plan["terms"].as_array().unwrap();
+    assert!(
+        terms
+            .iter()
+            .any(|t| t[0].as_str().unwrap().starts_with("KV cache")),
+        "{plan}"
+    );
     let misses: u64 = v["residency"]["layers"]
         .as_array()
         .unwrap()

@@ -260,6 +260,9 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "memory_budget": budget,
         "lru_per_layer": bundle.model.memory_plan().map(|p| p.lru_per_layer),
         "hit_rate": t.hit_rate(),
+        // Expert requests (hits + misses) over all layers: ÷ main forwards ÷ MoE layers is the
+        // per-layer expert union a forward needs (it grows with the rows of a verify).
+        "requests": t.layers.iter().map(|l| l.hits + l.misses).sum::<u64>(),
         "gb_read": t.bytes_read as f64 / 1e9,
         "reads": t.reads,
         "read_errors": t.read_errors,
@@ -272,6 +275,7 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
             json!({
                 "slot_bytes": m.slot_bytes(),
                 "hit_rate": t.hit_rate(),
+                "requests": t.layers.iter().map(|l| l.hits + l.misses).sum::<u64>(),
                 "gb_read": t.bytes_read as f64 / 1e9,
                 "reads": t.reads,
             })
