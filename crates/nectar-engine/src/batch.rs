@@ -16,6 +16,7 @@
 //! row itself, never on its neighbours.
 
 use crate::error::{Error, Result};
+use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::request::{FinishReason, Request, StopCause};
 use crate::request_state::{RequestState, Step};
 use crate::tokenizer::Tokenizer;
@@ -32,6 +33,9 @@ pub struct BatchOptions {
     pub max_rows: usize,
     /// Tokens at most that one row feeds per step while it works through its prompt.
     pub prefill_chunk: usize,
+    /// Keep finished conversations' caches, up to this many tokens in all, so a request that
+    /// continues one runs only its new tokens (see [`PrefixCache`]); 0 keeps none.
+    pub keep_tokens: usize,
 }
 
 impl Default for BatchOptions {
@@ -39,6 +43,7 @@ impl Default for BatchOptions {
         BatchOptions {
             max_rows: 1,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            keep_tokens: 0,
         }
     }
 }
@@ -111,6 +116,7 @@ pub struct StepReport {
 pub struct Batch {
     opts: BatchOptions,
     rows: Vec<Row>,
+    kept: PrefixCache,
 }
 
 impl Batch {
@@ -120,8 +126,10 @@ impl Batch {
             opts: BatchOptions {
                 max_rows: opts.max_rows.max(1),
                 prefill_chunk: opts.prefill_chunk.max(1),
+                keep_tokens: opts.keep_tokens,
             },
             rows: Vec::new(),
+            kept: PrefixCache::new(opts.keep_tokens),
         }
     }
 
@@ -160,17 +168,25 @@ impl Batch {
         if self.rows.iter().any(|r| r.id == id) {
             return Err(Error::Request(format!("row id {id} is already live")));
         }
-        let state = RequestState::new(request, model_stop_ids, model.vocab_size(), tokenizer)?;
+        let mut state = RequestState::new(request, model_stop_ids, model.vocab_size(), tokenizer)?;
         if state.finished().is_some() {
             return Err(Error::InvalidParam {
                 param: "max_tokens",
                 reason: "must be at least 1".into(),
             });
         }
+        // A request that continues a kept conversation starts from its cache.
+        let cache = match self.kept.take(&request.prompt_ids) {
+            Some(c) => {
+                state.skip_cached(c.len())?;
+                c
+            }
+            None => model.new_cache(),
+        };
         self.rows.push(Row {
             id,
             state,
-            cache: model.new_cache(),
+            cache,
             fed_in_input: 0,
             prompt_tokens: request.prompt_ids.len(),
             admitted: Instant::now(),
@@ -183,6 +199,22 @@ impl Batch {
     pub fn remove(&mut self, id: u64) -> Option<RowSummary> {
         let i = self.rows.iter().position(|r| r.id == id)?;
         Some(summary(&self.rows.remove(i), Instant::now()))
+    }
+
+    /// Kept conversations and what they saved.
+    pub fn kept(&self) -> PrefixCacheStats {
+        self.kept.stats()
+    }
+
+    /// A finished row leaves: its totals, and its cache kept for a continuing request.
+    fn finish(&mut self, i: usize, now: Instant) -> RowSummary {
+        let row = self.rows.remove(i);
+        let s = summary(&row, now);
+        let n = row.cache.len();
+        if let Some(tokens) = row.state.history().tokens().get(..n) {
+            self.kept.put(tokens.to_vec(), row.prompt_tokens, row.cache);
+        }
+        s
     }
 
     /// Takes every row out (after a failed step, when their caches can no longer be trusted);
@@ -218,7 +250,7 @@ impl Batch {
         for rs in &mut rows_out {
             if rs.step.finished.is_some() {
                 if let Some(i) = self.rows.iter().position(|r| r.id == rs.id) {
-                    rs.summary = Some(summary(&self.rows.remove(i), t0));
+                    rs.summary = Some(self.finish(i, t0));
                 }
             }
         }
@@ -298,7 +330,7 @@ impl Batch {
         for rs in &mut report.rows {
             if rs.step.finished.is_some() {
                 if let Some(i) = self.rows.iter().position(|r| r.id == rs.id) {
-                    rs.summary = Some(summary(&self.rows.remove(i), now));
+                    rs.summary = Some(self.finish(i, now));
                 }
             }
         }

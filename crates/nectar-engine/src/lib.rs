@@ -30,6 +30,7 @@ mod error;
 mod generate;
 mod grammar;
 mod jinja_env;
+mod prefix_cache;
 mod py_json;
 mod request;
 mod request_state;
@@ -47,6 +48,7 @@ pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_cached, generate_greedy, generate_with, Generation};
 pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarSpec};
+pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use request::{FinishReason, Request, StopCause};
 pub use request_state::{RequestState, Step, Verified};
 pub use sampler::{

@@ -173,6 +173,7 @@ fn chunked_prefill_depends_only_on_the_row() {
     let opts = |rows| BatchOptions {
         max_rows: rows,
         prefill_chunk: 37,
+        ..BatchOptions::default()
     };
     let alone: Vec<Out> = reqs
         .iter()
@@ -242,4 +243,50 @@ fn removed_rows_leave_the_others_untouched_and_bad_requests_are_refused() {
     }
     assert_eq!(out, alone);
     assert!(batch.is_empty());
+}
+
+#[test]
+fn a_continued_conversation_reuses_its_kept_cache() {
+    // Turn 1, then turn 2 = turn 1's prompt + its output + a new user line: with kept caches
+    // turn 2 runs only its new tokens and decodes the same greedy tokens as from scratch.
+    let b = demo();
+    let tok = b.tokenizer.as_ref();
+    let first = Request::new(prompts()[1].clone(), 12);
+    let turn1 = run_alone(&first);
+    let mut next = first.prompt_ids.clone();
+    next.extend(&turn1.tokens);
+    next.extend(
+        tok.unwrap()
+            .encode("\nAnd the word anchor?", false)
+            .unwrap(),
+    );
+    let second = Request::new(next.clone(), 12);
+    let fresh = run_alone(&second);
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 2,
+        keep_tokens: 4096,
+        ..BatchOptions::default()
+    });
+    let run = |batch: &mut Batch, id: u64, r: &Request| {
+        batch.admit(&b.model, tok, &b.stop_ids, id, r).unwrap();
+        let mut out = Out::default();
+        while out.finish.is_none() {
+            for rs in batch.step(&b.model, tok).unwrap().rows {
+                out.tokens.push(rs.step.token);
+                out.text += &rs.step.text;
+                out.finish = rs.step.finished;
+            }
+        }
+        out
+    };
+    assert_eq!(run(&mut batch, 0, &first), turn1);
+    assert_eq!(run(&mut batch, 1, &second), fresh);
+    let kept = batch.kept();
+    assert_eq!(kept.hits, 1);
+    // Turn 1's prompt and all its output but the last token were not run again.
+    let reusable = (first.prompt_ids.len() + turn1.tokens.len() - 1) as u64;
+    assert_eq!(kept.reused_tokens, reusable);
+    // A repeated prompt is not a continuation: it starts fresh (and stays bit-identical).
+    assert_eq!(run(&mut batch, 2, &second), fresh);
+    assert_eq!(batch.kept().hits, 1);
 }

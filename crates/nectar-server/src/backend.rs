@@ -318,6 +318,15 @@ pub struct BackendStats {
     pub last_decode_tok_s: f64,
     /// Tokens per second over all rows of the batch, smoothed over recent steps.
     pub batch_tok_s: f64,
+    /// Finished conversations kept in memory so a request continuing one runs only its new
+    /// tokens.
+    pub sessions: usize,
+    /// Tokens their caches hold.
+    pub session_tokens: usize,
+    /// Requests that continued a kept conversation.
+    pub session_hits: u64,
+    /// Prompt tokens those requests did not run again.
+    pub session_reused_tokens: u64,
     /// MTP drafts checked by the main model (serial speculative decoding).
     pub mtp_drafted: u64,
     /// MTP drafts accepted.
@@ -464,6 +473,10 @@ pub(crate) struct Counters {
     pub(crate) mtp_drafted: AtomicU64,
     pub(crate) mtp_accepted: AtomicU64,
     pub(crate) mtp_forwards: AtomicU64,
+    pub(crate) sessions: AtomicUsize,
+    pub(crate) session_tokens: AtomicUsize,
+    pub(crate) session_hits: AtomicU64,
+    pub(crate) session_reused: AtomicU64,
 }
 
 /// One queued generation.
@@ -700,6 +713,10 @@ impl Backend for EngineBackend {
             mtp_drafted: get(&n.mtp_drafted),
             mtp_accepted: get(&n.mtp_accepted),
             mtp_forwards: get(&n.mtp_forwards),
+            sessions: n.sessions.load(Ordering::Relaxed),
+            session_tokens: n.session_tokens.load(Ordering::Relaxed),
+            session_hits: get(&n.session_hits),
+            session_reused_tokens: get(&n.session_reused),
             residency: s
                 .text
                 .get()

@@ -143,6 +143,12 @@ pub async fn stats(State(state): State<AppState>) -> Response {
             "acceptance_rate": if b.mtp_drafted > 0 { b.mtp_accepted as f64 / b.mtp_drafted as f64 } else { 0.0 },
             "main_forwards": b.mtp_forwards,
         },
+        "sessions": {
+            "kept": b.sessions,
+            "tokens": b.session_tokens,
+            "continued_requests": b.session_hits,
+            "reused_prompt_tokens": b.session_reused_tokens,
+        },
         "stored_responses": state.responses.len(),
         "residency": b.residency,
     }))

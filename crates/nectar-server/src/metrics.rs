@@ -194,6 +194,18 @@ impl Metrics {
             &one(format!("{:.3}", backend.batch_tok_s)),
         );
         metric(
+            "nectar_sessions_kept",
+            "gauge",
+            "Finished conversations kept in memory for requests that continue them.",
+            &one(backend.sessions.to_string()),
+        );
+        metric(
+            "nectar_session_reused_tokens_total",
+            "counter",
+            "Prompt tokens not run again because a request continued a kept conversation.",
+            &one(backend.session_reused_tokens.to_string()),
+        );
+        metric(
             "nectar_mtp_drafted_total",
             "counter",
             "MTP drafts checked by the main model.",

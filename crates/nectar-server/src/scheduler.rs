@@ -37,7 +37,8 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
     let load = nectar_model::arch::glm5::LoadOptions {
         memory_budget: opts.memory_budget,
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
-        sequences: opts.parallel.max(1),
+        // The rows, and the conversations kept for continuing requests.
+        sequences: opts.parallel.max(1) + 1,
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
@@ -133,7 +134,7 @@ pub(crate) fn model_thread(
     );
     match spec {
         Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx),
-        None => serve_batched(&bundle, opts.parallel.max(1), &shared, &rx),
+        None => serve_batched(&bundle, opts.parallel.max(1), ctx, &shared, &rx),
     }
 }
 
@@ -144,12 +145,21 @@ struct Client {
 }
 
 /// Continuous batching (see the module docs).
-fn serve_batched(bundle: &ModelBundle, parallel: usize, shared: &Shared, rx: &Receiver<Job>) {
+fn serve_batched(
+    bundle: &ModelBundle,
+    parallel: usize,
+    ctx: usize,
+    shared: &Shared,
+    rx: &Receiver<Job>,
+) {
     let model = &bundle.model;
     let tok = bundle.tokenizer.as_ref();
     let n = &shared.n;
+    // Finished conversations are kept up to one context's worth of tokens (the memory plan
+    // reserves one sequence beyond the rows for them).
     let mut batch = Batch::new(BatchOptions {
         max_rows: parallel,
+        keep_tokens: ctx,
         ..BatchOptions::default()
     });
     let mut clients: HashMap<u64, Client> = HashMap::new();
@@ -249,6 +259,12 @@ fn serve_batched(bundle: &ModelBundle, parallel: usize, shared: &Shared, rx: &Re
             }
         }
         n.active.store(batch.len(), Ordering::SeqCst);
+        let kept = batch.kept();
+        n.sessions.store(kept.sessions, Ordering::Relaxed);
+        n.session_tokens.store(kept.tokens, Ordering::Relaxed);
+        n.session_hits.store(kept.hits, Ordering::Relaxed);
+        n.session_reused
+            .store(kept.reused_tokens, Ordering::Relaxed);
     }
 }
 

@@ -661,3 +661,33 @@ async fn json_schema_output_parses_and_forced_tool_calls_round_trip() {
     assert_eq!(block["name"], "lookup");
     assert!(block["input"]["word"].is_string(), "{block}");
 }
+
+#[tokio::test]
+async fn a_continued_chat_reuses_the_kept_conversation() {
+    let app = app().await;
+    let first = json!([{"role": "user", "content": "Define the word \"meadow\"."}]);
+    let mut body = chat_body("", 10);
+    body["messages"] = first.clone();
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = backend().stats();
+    let mut turn2 = first.as_array().unwrap().clone();
+    turn2.push(json!({"role": "assistant", "content": answer}));
+    turn2.push(json!({"role": "user", "content": "And the word \"valley\"?"}));
+    let mut body = chat_body("", 6);
+    body["messages"] = Value::Array(turn2);
+    let v = post_json(&app, "/v1/chat/completions", body).await;
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    let after = backend().stats();
+    assert!(after.session_hits > before.session_hits, "{after:?}");
+    assert!(after.session_reused_tokens > before.session_reused_tokens);
+    let (_, body) = send(&app, "GET", "/stats", None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        v["sessions"]["continued_requests"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+}
