@@ -141,6 +141,35 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             assert!(ev > 0);
         }
     }
+    // Batch-union: two rows routed to the same experts request each expert once per layer, so
+    // a forward over both asks the cache exactly what a forward over one does.
+    let requests = |rows: usize| {
+        let m = Glm5::load_with(
+            out.path(),
+            &LoadOptions {
+                memory_budget: Some(budget_for(out.path(), 3, &base)),
+                ..base.clone()
+            },
+        )
+        .unwrap();
+        let mut caches: Vec<_> = (0..rows).map(|_| m.new_cache()).collect();
+        let mut steps: Vec<SeqStep<'_>> = caches
+            .iter_mut()
+            .map(|c| SeqStep {
+                cache: c,
+                tokens: &prompt[..1],
+            })
+            .collect();
+        m.forward(&mut steps, &mut NoObserver).unwrap();
+        let t = m.residency().unwrap().telemetry();
+        t.layers.iter().map(|l| l.hits + l.misses).sum::<u64>()
+    };
+    assert_eq!(requests(2), requests(1));
+    assert_eq!(
+        requests(1),
+        7 * 4,
+        "7 MoE layers × top-4, each expert requested once"
+    );
     // Next-layer prediction: `measure` and `pilot` (prefetch) never change a bit; the predictor
     // names most chosen experts, and prefetches serve real requests.
     for mode in [Prefetch::Measure, Prefetch::Pilot] {
