@@ -62,6 +62,17 @@ pub struct RunArgs {
     /// predicted experts into their own slots, with --memory-budget). Never changes the output.
     #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
     pub prefetch: String,
+    /// Pinned experts (with --memory-budget): `auto` pins the most used experts of the model
+    /// directory's usage ledger (`.coli_usage`) by Colibri's auto rule, `off` pins none, a FILE
+    /// names a ledger to pin from (trusted even if another engine wrote it).
+    #[arg(long, default_value = "auto")]
+    pub pin: String,
+    /// Bytes of pinned experts (e.g. 10G) instead of the auto rule.
+    #[arg(long)]
+    pub pin_size: Option<String>,
+    /// Do not add this run's expert selections to the model directory's `.coli_usage`.
+    #[arg(long)]
+    pub no_usage_save: bool,
     /// Session file: restored (identity-checked) when it exists, the prompt's common prefix
     /// with it reused, and saved back crash-safely with the prompt and output.
     #[arg(long, value_name = "FILE", help_heading = "Session")]

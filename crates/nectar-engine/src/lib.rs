@@ -41,6 +41,7 @@ mod stop;
 mod stream_decoder;
 mod strftime;
 mod tokenizer;
+mod usage_log;
 
 pub use batch::{Batch, BatchOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK};
 pub use bundle::ModelBundle;
@@ -67,3 +68,4 @@ pub use spec::{
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;
 pub use tokenizer::Tokenizer;
+pub use usage_log::{pin_request, UsageLog, LEDGER_FILE};

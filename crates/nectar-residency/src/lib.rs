@@ -24,6 +24,7 @@ pub mod rss;
 pub mod sim;
 mod slab;
 mod telemetry;
+pub mod usage;
 
 pub use error::{Error, Result};
 pub use policy::ExpertKey;

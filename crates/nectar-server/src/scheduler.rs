@@ -18,7 +18,7 @@ use crate::backend::{
 };
 use nectar_engine::{
     generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
-    RowSummary, Speculation, Step, StopCause, Tokenizer,
+    RowSummary, Speculation, Step, StopCause, Tokenizer, UsageLog, LEDGER_FILE,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -34,7 +34,20 @@ const TOK_S_SMOOTHING: f64 = 0.1;
 
 /// Opens the model directory, with experts streamed under a budget when one is given.
 fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
+    // With a budget, the hottest experts of the model's usage ledger are pinned (auto rule).
+    let pin = match opts.memory_budget {
+        Some(_) => {
+            let (req, warning) = nectar_engine::pin_request(&opts.model_dir, None, None)
+                .map_err(|e| e.to_string())?;
+            if let Some(w) = warning {
+                tracing::warn!(warning = %w, "not pinning");
+            }
+            req
+        }
+        None => None,
+    };
     let load = nectar_model::arch::glm5::LoadOptions {
+        pin,
         memory_budget: opts.memory_budget,
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
         // The rows, and the conversations kept for continuing requests.
@@ -132,9 +145,44 @@ pub(crate) fn model_thread(
         seconds = t0.elapsed().as_secs_f64(),
         "model loaded"
     );
+    let mut usage = Ledger::new(&bundle);
     match spec {
-        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx),
-        None => serve_batched(&bundle, opts.parallel.max(1), ctx, &shared, &rx),
+        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx, &mut usage),
+        None => serve_batched(&bundle, opts.parallel.max(1), ctx, &shared, &rx, &mut usage),
+    }
+    usage.flush(&bundle);
+}
+
+/// How often finished requests' expert selections are added to the usage ledger.
+const USAGE_FLUSH: Duration = Duration::from_secs(10);
+
+/// The model directory's usage ledger, updated at most every [`USAGE_FLUSH`] and at exit.
+struct Ledger {
+    log: UsageLog,
+    last: Instant,
+}
+
+impl Ledger {
+    fn new(bundle: &ModelBundle) -> Ledger {
+        Ledger {
+            log: UsageLog::new(&bundle.model, bundle.dir.join(LEDGER_FILE)),
+            last: Instant::now(),
+        }
+    }
+
+    /// Flushes when the interval has passed.
+    fn tick(&mut self, bundle: &ModelBundle) {
+        if self.last.elapsed() >= USAGE_FLUSH {
+            self.flush(bundle);
+        }
+    }
+
+    /// The ledger is derived state: a failure is logged, never served to a client.
+    fn flush(&mut self, bundle: &ModelBundle) {
+        self.last = Instant::now();
+        if let Err(e) = self.log.flush(&bundle.model) {
+            tracing::warn!(error = %e, "usage ledger not updated");
+        }
     }
 }
 
@@ -151,6 +199,7 @@ fn serve_batched(
     ctx: usize,
     shared: &Shared,
     rx: &Receiver<Job>,
+    usage: &mut Ledger,
 ) {
     let model = &bundle.model;
     let tok = bundle.tokenizer.as_ref();
@@ -253,6 +302,7 @@ fn serve_batched(
                 let reason = finish_reason(summary.finish, summary.stop.clone());
                 finish_row(shared, c, reason, &summary);
                 clients.remove(&rs.id);
+                usage.tick(bundle);
             } else if !delivered {
                 // The client is gone: the row leaves at the top of the next step.
                 c.cancel.cancel();
@@ -394,6 +444,7 @@ fn serve_speculative(
     spec: &Speculation,
     shared: &Shared,
     rx: &Receiver<Job>,
+    usage: &mut Ledger,
 ) {
     let n = &shared.n;
     while let Ok(job) = rx.recv() {
@@ -424,6 +475,7 @@ fn serve_speculative(
         };
         // The receiver may be gone (client left); nothing to do then.
         let _ = sink.send(event);
+        usage.tick(bundle);
     }
 }
 

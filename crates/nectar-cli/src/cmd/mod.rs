@@ -12,3 +12,4 @@ pub mod run;
 pub mod serve;
 pub mod session;
 pub mod synth;
+pub mod usage;

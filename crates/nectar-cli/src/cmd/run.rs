@@ -26,6 +26,10 @@ pub fn run(a: RunArgs) -> Result<()> {
         ctx_size: a.ctx_size,
         io_threads: a.io_threads,
         prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
+        pin: match budget {
+            Some(_) => super::usage::pin_request(&dir, &a.pin, a.pin_size.as_deref())?,
+            None => None,
+        },
         ..Default::default()
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
@@ -96,6 +100,9 @@ pub fn run(a: RunArgs) -> Result<()> {
             None,
         ),
     };
+    if !a.no_usage_save {
+        super::usage::save(&dir, &bundle.model);
+    }
     let residency = bundle.model.residency().map(|r| r.telemetry());
     if a.json {
         let mut out = json_output(&prompt_ids, &request, &gen, tok)?;
@@ -270,6 +277,7 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "wait_seconds": t.wait_seconds,
         "occupancy": t.occupancy,
         "rss_shrinks": t.rss_shrinks,
+        "pinned": t.occupancy.pinned,
         "mtp_tier": bundle.model.mtp_residency().map(|m| {
             let t = m.telemetry();
             json!({

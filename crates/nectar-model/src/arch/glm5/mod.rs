@@ -26,7 +26,7 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
-pub use streaming::{expert_layouts, plan_memory, LoadOptions};
+pub use streaming::{expert_layouts, plan_memory, LoadOptions, PinRequest};
 
 use crate::blocks::{Embedding, Linear, Loader};
 use crate::cache::{CacheDims, LayerCache, SeqCache};
@@ -260,6 +260,19 @@ impl Glm5 {
                 .add(&stats);
         }
         Ok(self.final_norm(&x, &self.norm))
+    }
+
+    /// Routed-expert selections since load, per MoE layer (the MTP layer is
+    /// `num_hidden_layers`): `(layer, count per expert)`, the usage ledger's records.
+    pub fn expert_usage(&self) -> Vec<(usize, Vec<u64>)> {
+        let main = self.layers.iter().enumerate().map(|(l, x)| (l, &x.mlp));
+        let mtp = self.mtp.iter().map(|m| (self.layers.len(), &m.layer.mlp));
+        main.chain(mtp)
+            .filter_map(|(l, mlp)| match mlp {
+                Mlp::Moe(m) => Some((l, m.usage())),
+                Mlp::Dense(_) => None,
+            })
+            .collect()
     }
 
     /// Next-layer prediction counts since load (all zero with [`Prefetch::Off`]).

@@ -4,6 +4,7 @@ use crate::error::Result;
 use crate::observer::Observer;
 use nectar_kernels::{matmul, swiglu_in_place, MatRef};
 use nectar_residency::Residency;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// ε of the router's weight renormalisation.
@@ -91,6 +92,9 @@ pub struct Moe {
     top_k: usize,
     norm_topk: bool,
     scaling: f32,
+    /// Selections per expert since load (one per row and chosen expert, before the union):
+    /// what the usage ledger records.
+    usage: Vec<AtomicU64>,
 }
 
 impl Moe {
@@ -121,6 +125,7 @@ impl Moe {
             top_k: r.num_experts_per_tok,
             norm_topk: r.norm_topk_prob,
             scaling: r.routed_scaling_factor,
+            usage: (0..r.n_routed_experts).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -153,6 +158,14 @@ impl Moe {
             routed,
             self.router.bytes() + self.shared.bytes() + self.bias.len() * 4,
         )
+    }
+
+    /// Selections per expert since load.
+    pub fn usage(&self) -> Vec<u64> {
+        self.usage
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Bytes of one routed expert.
@@ -230,6 +243,11 @@ impl Moe {
         let routes = self.route(x, m)?;
         for (i, r) in routes.iter().enumerate() {
             obs.router(layer, row0 + i, &r.ids, &r.weights);
+            for &e in &r.ids {
+                if let Some(c) = self.usage.get(e as usize) {
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         let k = self.top_k;
         let mut union: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();

@@ -9,7 +9,7 @@ use nectar_format::Catalog;
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::{plan as slot_plan, SlotLayout};
 use nectar_residency::planner::{plan, Plan, PlanInputs};
-use nectar_residency::{Residency, ResidencyConfig};
+use nectar_residency::{ExpertKey, Residency, ResidencyConfig};
 use std::sync::Arc;
 
 /// How a model is loaded.
@@ -34,7 +34,25 @@ pub struct LoadOptions {
     /// Next-layer expert prediction; `Pilot` with a budget adds `2 × top-k` prefetch slots to
     /// the working bank (counted in the memory plan).
     pub prefetch: super::Prefetch,
+    /// Pin the hottest main-layer experts of a usage ledger at startup (with a budget).
+    pub pin: Option<PinRequest>,
 }
+
+/// Which experts to pin: the most selected of `ledger`, in `bytes` of slots — or, when `bytes`
+/// is `None`, Colibri's auto rule: with at least 5,000 recorded selections, half the LRU bytes
+/// scaled by the ledger's confidence `min(1, selections / 200,000)`.
+#[derive(Debug, Clone)]
+pub struct PinRequest {
+    /// The usage ledger.
+    pub ledger: nectar_residency::usage::Ledger,
+    /// Bytes of pinned slots; `None` for the auto rule.
+    pub bytes: Option<u64>,
+}
+
+/// Fewest recorded selections before the auto rule pins anything.
+const AUTOPIN_MIN_HISTORY: u64 = 5_000;
+/// Selections at which the auto rule's confidence reaches 1.
+const AUTOPIN_FULL_HISTORY: f64 = 200_000.0;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -47,6 +65,7 @@ impl Default for LoadOptions {
             direct_io: true,
             runtime_reserve: 128 << 20,
             prefetch: super::Prefetch::Off,
+            pin: None,
         }
     }
 }
@@ -101,6 +120,7 @@ pub(super) fn plan_inputs(
     opts: &LoadOptions,
     (slot_bytes, mtp_slot_bytes): (u64, u64),
     mtp: bool,
+    pinned: usize,
 ) -> PlanInputs {
     let r = &cfg.raw;
     let n = r.num_hidden_layers;
@@ -133,7 +153,7 @@ pub(super) fn plan_inputs(
         mtp_slot_bytes: if mtp { mtp_slot_bytes } else { 0 },
         experts_per_layer: r.n_routed_experts,
         working_slots: opts.working_slots + prefetch_slots(cfg, opts),
-        pinned_slots: 0,
+        pinned_slots: pinned,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size * opts.sequences.max(1),
@@ -186,7 +206,24 @@ pub(super) fn setup(
         .is_some();
     let layouts = layouts(cfg, cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
-    let plan = plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp)).map_err(residency_err)?;
+    let mut plan =
+        plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0)).map_err(residency_err)?;
+    let pinned = match &opts.pin {
+        Some(req) => pins(req, &plan, &layouts, n, sizes.0),
+        None => Vec::new(),
+    };
+    if !pinned.is_empty() {
+        plan = nectar_residency::planner::plan(&plan_inputs(
+            cfg,
+            cat,
+            budget,
+            opts,
+            sizes,
+            mtp,
+            pinned.len(),
+        ))
+        .map_err(residency_err)?;
+    }
     let paths: Vec<_> = cat.shards().iter().map(|s| s.path.clone()).collect();
     let io: Arc<FileIo> = Arc::new(
         FileIo::open(&paths, opts.direct_io)
@@ -207,22 +244,22 @@ pub(super) fn setup(
         }
         ls
     };
-    let rc = |working: usize, prefetch: usize| ResidencyConfig {
+    let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>| ResidencyConfig {
         lru_per_layer: vec![plan.lru_per_layer; n + 1],
         working_slots: working,
         prefetch_slots: prefetch,
         io_threads: opts.io_threads,
-        pinned: Vec::new(),
+        pinned,
         mlock: false,
     };
     let residency = Residency::new(
-        rc(opts.working_slots, prefetch_slots(cfg, opts)),
+        rc(opts.working_slots, prefetch_slots(cfg, opts), pinned),
         only(&|l| l < n),
         io.clone(),
     )
     .map_err(residency_err)?;
     let mtp_residency = if mtp && !layouts[n].is_empty() {
-        let r = Residency::new(rc(mtp_working(cfg), 0), only(&|l| l == n), io)
+        let r = Residency::new(rc(mtp_working(cfg), 0, Vec::new()), only(&|l| l == n), io)
             .map_err(residency_err)?;
         Some(Arc::new(r))
     } else {
@@ -235,6 +272,37 @@ pub(super) fn setup(
         expert_bytes,
         counts,
         mtp_layer: n,
+    })
+}
+
+/// The main-layer experts to pin for `req` under `plan` (before pins): the hottest that exist.
+fn pins(
+    req: &PinRequest,
+    plan: &Plan,
+    layouts: &[Vec<SlotLayout>],
+    n: usize,
+    slot: u64,
+) -> Vec<ExpertKey> {
+    let lru_bytes = plan
+        .terms
+        .iter()
+        .find(|(k, _)| k.starts_with("LRU"))
+        .map_or(0, |t| t.1);
+    let total = req.ledger.total();
+    let bytes = req.bytes.unwrap_or_else(|| {
+        if total < AUTOPIN_MIN_HISTORY {
+            return 0;
+        }
+        let conf = (total as f64 / AUTOPIN_FULL_HISTORY).min(1.0);
+        (lru_bytes as f64 * 0.5 * conf) as u64
+    });
+    let count = (bytes / slot.max(1)) as usize;
+    req.ledger.hottest(count, |k| {
+        let l = k.layer as usize;
+        l < n
+            && layouts
+                .get(l)
+                .is_some_and(|x| (k.expert as usize) < x.len())
     })
 }
 
@@ -271,7 +339,7 @@ pub fn plan_memory(
     let layouts = layouts(&cfg, &cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
     let budget = opts.memory_budget.unwrap_or(0);
-    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp);
+    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp, 0);
     let p = plan(&inputs).map_err(residency_err);
     Ok((inputs, p))
 }

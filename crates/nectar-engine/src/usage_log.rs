@@ -1,0 +1,108 @@
+//! The model directory's usage ledger (`.coli_usage`), kept up to date with this process's
+//! expert selections: each [`UsageLog::flush`] re-reads the file (another process may have
+//! written it), adds the selections made since the last flush, and writes it back atomically.
+//! The ledger feeds the pinned tier at the next start (see `PinRequest`).
+
+use nectar_model::arch::glm5::{Config, PinRequest};
+use nectar_model::Glm5;
+use nectar_residency::policy::ExpertKey;
+use nectar_residency::usage::{Ledger, UsageError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The ledger's file name in a model directory (Colibri's).
+pub const LEDGER_FILE: &str = ".coli_usage";
+
+/// A model's usage ledger on disk and what this process has already added to it.
+#[derive(Debug)]
+pub struct UsageLog {
+    path: PathBuf,
+    n_layers: u32,
+    n_experts: u32,
+    model_type: String,
+    saved: HashMap<usize, Vec<u64>>,
+}
+
+impl UsageLog {
+    /// The ledger at `path` for `model`.
+    pub fn new(model: &Glm5, path: PathBuf) -> UsageLog {
+        let r = &model.cfg.raw;
+        UsageLog {
+            path,
+            n_layers: r.num_hidden_layers as u32,
+            n_experts: r.n_routed_experts as u32,
+            model_type: r.model_type.clone().unwrap_or_else(|| "glm_moe_dsa".into()),
+            saved: HashMap::new(),
+        }
+    }
+
+    /// The ledger file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the ledger (empty when the file does not exist). `trusted` accepts a ledger from
+    /// another engine (a file the user named).
+    pub fn load(&self, trusted: bool) -> Result<Ledger, UsageError> {
+        let mut l = Ledger::new(self.n_layers, self.n_experts, &self.model_type);
+        l.load_into(&self.path, trusted)?;
+        Ok(l)
+    }
+
+    /// Adds the selections `model` made since the last flush to the file. Returns how many were
+    /// added. A ledger that cannot be read (foreign, other dimensions, damaged) is left as it
+    /// is, and the error says why.
+    pub fn flush(&mut self, model: &Glm5) -> Result<u64, UsageError> {
+        let now = model.expert_usage();
+        let mut ledger = None;
+        let mut added = 0;
+        for (layer, counts) in &now {
+            let before = self.saved.get(layer);
+            for (e, &c) in counts.iter().enumerate() {
+                let d = c - before.and_then(|b| b.get(e)).copied().unwrap_or(0);
+                if d == 0 {
+                    continue;
+                }
+                if ledger.is_none() {
+                    ledger = Some(self.load(false)?);
+                }
+                if let Some(l) = ledger.as_mut() {
+                    l.add(ExpertKey::new(*layer, e), d);
+                }
+                added += d;
+            }
+        }
+        if let Some(l) = ledger {
+            l.save(&self.path)?;
+        }
+        self.saved = now.into_iter().collect();
+        Ok(added)
+    }
+}
+
+/// The pin request for the model in `dir` from a usage ledger: `file` names one explicitly
+/// (trusted even if another engine wrote it; an unreadable one is an error), `None` uses the
+/// directory's `.coli_usage`, where an unreadable or foreign ledger is derived state: `Ok(None)`
+/// and the reason in the `String`. `bytes` replaces Colibri's auto rule.
+pub fn pin_request(
+    dir: &Path,
+    file: Option<&Path>,
+    bytes: Option<u64>,
+) -> crate::Result<(Option<PinRequest>, Option<String>)> {
+    let cfg = Config::from_dir(dir)?;
+    let r = &cfg.raw;
+    let mut ledger = Ledger::new(
+        r.num_hidden_layers as u32,
+        r.n_routed_experts as u32,
+        r.model_type.as_deref().unwrap_or("glm_moe_dsa"),
+    );
+    let (path, trusted) = match file {
+        Some(f) => (f.to_path_buf(), true),
+        None => (dir.join(LEDGER_FILE), false),
+    };
+    match ledger.load_into(&path, trusted) {
+        Ok(()) => Ok((Some(PinRequest { ledger, bytes }), None)),
+        Err(e) if !trusted => Ok((None, Some(e.to_string()))),
+        Err(e) => Err(crate::Error::Request(e.to_string())),
+    }
+}
