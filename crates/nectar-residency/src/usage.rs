@@ -16,6 +16,7 @@ use crate::policy::ExpertKey;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The ledger format version this code reads and writes.
 pub const VERSION: u64 = 1;
@@ -244,12 +245,15 @@ impl Ledger {
             path: path.display().to_string(),
             source,
         };
-        // A name of this process's own: two processes saving at once must not share a temp file.
+        // A name of this save's own: two processes (or two threads) saving at once must not
+        // share a temp file.
+        static SAVES: AtomicU64 = AtomicU64::new(0);
         let tmp = path.with_file_name(format!(
-            "{}.{}.tmp",
+            "{}.{}.{}.tmp",
             path.file_name()
                 .map_or("ledger".into(), |n| n.to_string_lossy()),
-            std::process::id()
+            std::process::id(),
+            SAVES.fetch_add(1, Ordering::Relaxed)
         ));
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(self.render().as_bytes()).map_err(io)?;
