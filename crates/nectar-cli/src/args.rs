@@ -62,6 +62,10 @@ pub struct RunArgs {
     /// predicted experts into their own slots, with --memory-budget). Never changes the output.
     #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
     pub prefetch: String,
+    /// Admission of misses into a full layer (with --memory-budget): `frequency` (only a miss
+    /// whose decayed request count beats the weakest resident's; half-life 64 tokens) or `lru`.
+    #[arg(long, default_value = "frequency", value_parser = ["lru", "frequency"])]
+    pub admission: String,
     /// Pinned experts (with --memory-budget): `auto` pins the most used experts of the model
     /// directory's usage ledger (`.coli_usage`) by Colibri's auto rule, `off` pins none, a FILE
     /// names a ledger to pin from (trusted even if another engine wrote it).
@@ -386,6 +390,13 @@ pub struct BenchDecodeArgs {
     /// trace`): prefetch what the trace model's real next-layer predictor names for each row.
     #[arg(long, default_value = "none", value_parser = ["none", "oracle", "pilot"])]
     pub prefetch: String,
+    /// Admission of misses into a full layer: `lru` (always, evict the least recently used)
+    /// or `frequency` (only a miss whose decayed request count beats the weakest resident's).
+    #[arg(long, default_value = "frequency", value_parser = ["lru", "frequency"])]
+    pub admission: String,
+    /// Half-life of the frequency score, in waves (tokens) of the layer.
+    #[arg(long, default_value_t = 64.0)]
+    pub half_life: f64,
     /// Prefetch only the first N experts of each guess (the predictor's most confident; 0 =
     /// all).
     #[arg(long, default_value_t = 0)]

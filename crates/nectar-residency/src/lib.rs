@@ -27,7 +27,7 @@ mod telemetry;
 pub mod usage;
 
 pub use error::{Error, Result};
-pub use policy::ExpertKey;
+pub use policy::{Admission, ExpertKey};
 pub use residency::{Lease, Pending, Residency, ResidencyConfig};
 pub use slab::{Slab, ALIGN};
 pub use telemetry::{LayerStats, Occupancy, Telemetry};

@@ -14,6 +14,12 @@
 //!   slot becomes a working slot (roles swap, bytes never move). Misses that are not promoted
 //!   are dropped (bypass) and their working slots freed.
 //! - Lowering a layer's capacity evicts its coldest slots at once and stays lowered.
+//! - With [`Admission::Frequency`] (opt-in; the default is plain LRU) every request also adds
+//!   one to the key's score, which halves every `half_life` waves of its layer. A full layer
+//!   then evicts its lowest-scoring untouched slot (ties: least recently used), and only for a
+//!   miss that scores higher; otherwise the miss is bypassed. One-off experts no longer push
+//!   out experts that keep coming back (`specs/lessons.md` §26-27: a decayed-frequency
+//!   admission simulated at 0.76–0.91 of Belady where LRU reaches 0.64–0.77).
 //! - A **prefetch** (a predicted request for a layer not yet reached) is a read of its own class:
 //!   it takes a free working slot only if the key is absent and one is free, touches nothing, and
 //!   counts as neither hit nor miss. A later request for the key is a prefetch hit and turns it
@@ -99,9 +105,30 @@ struct Slot {
     prefetch: bool,
 }
 
+/// How a full layer decides whether a miss enters its cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admission {
+    /// Always, evicting the least recently used (the reference policy).
+    Lru,
+    /// Only when the miss's decayed request count beats the weakest resident's.
+    Frequency {
+        /// Waves (of the key's layer) after which a score has halved.
+        half_life: f64,
+    },
+}
+
+/// A key's decayed request count, as of a wave of its layer.
+#[derive(Debug, Clone, Copy)]
+struct Score {
+    value: f64,
+    wave: u64,
+}
+
 /// The policy state for all layers.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    admission: Admission,
+    scores: HashMap<ExpertKey, Score>,
     slots: Vec<Slot>,
     map: HashMap<ExpertKey, usize>,
     capacity: Vec<usize>,
@@ -162,12 +189,40 @@ impl Policy {
         }
         let wave = vec![1; capacity.len()];
         Policy {
+            admission: Admission::Lru,
+            scores: HashMap::new(),
             slots,
             map,
             capacity,
             clock: 0,
             wave,
             wave_misses: Vec::new(),
+        }
+    }
+
+    /// The same policy with `admission` (see [`Admission`]).
+    pub fn with_admission(mut self, admission: Admission) -> Policy {
+        self.admission = admission;
+        self
+    }
+
+    /// `key`'s score at its layer's current wave (0 when never requested or under LRU).
+    fn score(&self, key: ExpertKey) -> f64 {
+        match (self.admission, self.scores.get(&key)) {
+            (Admission::Frequency { half_life }, Some(s)) => {
+                let age = self.wave[key.layer as usize].saturating_sub(s.wave) as f64;
+                s.value * 0.5f64.powf(age / half_life.max(1e-9))
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Counts one request of `key` (frequency admission only).
+    fn bump(&mut self, key: ExpertKey) {
+        if let Admission::Frequency { .. } = self.admission {
+            let value = self.score(key) + 1.0;
+            let wave = self.wave[key.layer as usize];
+            self.scores.insert(key, Score { value, wave });
         }
     }
 
@@ -227,6 +282,7 @@ impl Policy {
             return Err(PolicyError::UnknownLayer(key.layer));
         }
         self.clock += 1;
+        self.bump(key);
         if let Some(&s) = self.map.get(&key) {
             let slot = &mut self.slots[s];
             slot.last_use = self.clock;
@@ -338,18 +394,28 @@ impl Policy {
                 self.drop_working(ws, key, events);
                 continue;
             }
-            // An empty LRU position of the layer, else the coldest untouched one.
+            // An empty LRU position of the layer, else the coldest untouched one (under
+            // frequency admission: the lowest-scoring, and only if the miss scores higher).
             let empty = self
                 .slots
                 .iter()
                 .position(|s| s.role == Role::Lru(l32) && s.key.is_none());
             let target = empty.or_else(|| {
-                self.slots
+                let untouched = self
+                    .slots
                     .iter()
                     .enumerate()
-                    .filter(|(_, s)| s.role == Role::Lru(l32) && s.wave != wave)
-                    .min_by_key(|(i, s)| (s.last_use, *i))
-                    .map(|(i, _)| i)
+                    .filter(|(_, s)| s.role == Role::Lru(l32) && s.wave != wave);
+                match self.admission {
+                    Admission::Lru => untouched
+                        .min_by_key(|(i, s)| (s.last_use, *i))
+                        .map(|(i, _)| i),
+                    Admission::Frequency { .. } => untouched
+                        .map(|(i, s)| (i, s.key.map_or(0.0, |k| self.score(k)), s.last_use))
+                        .min_by(|a, b| a.1.total_cmp(&b.1).then((a.2, a.0).cmp(&(b.2, b.0))))
+                        .filter(|&(_, victim, _)| self.score(key) > victim)
+                        .map(|(i, _, _)| i),
+                }
             });
             let Some(t) = target else {
                 self.drop_working(ws, key, events);

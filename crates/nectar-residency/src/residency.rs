@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::io::ExpertIo;
 use crate::layout::SlotLayout;
-use crate::policy::{Access, Event, ExpertKey, Policy};
+use crate::policy::{Access, Admission, Event, ExpertKey, Policy};
 use crate::slab::Slab;
 use crate::telemetry::{LayerStats, Occupancy, Telemetry};
 use nectar_kernels::MatRef;
@@ -38,6 +38,8 @@ pub struct ResidencyConfig {
     pub pinned: Vec<ExpertKey>,
     /// `mlock` the slab (fails with a clear error when RLIMIT_MEMLOCK is too low).
     pub mlock: bool,
+    /// How a full layer admits misses (default: LRU).
+    pub admission: Admission,
 }
 
 #[derive(Debug, Clone)]
@@ -129,7 +131,8 @@ impl Residency {
             caps,
             cfg.working_slots.max(1) + cfg.prefetch_slots,
             &cfg.pinned,
-        );
+        )
+        .with_admission(cfg.admission);
         let n = policy.n_slots();
         let slab = Slab::new(n, slot_bytes)
             .ok_or_else(|| Error::Setup(format!("cannot allocate {n} slots of {slot_bytes} B")))?;

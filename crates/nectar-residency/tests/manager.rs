@@ -166,6 +166,7 @@ fn cfg(cap: usize, working: usize) -> ResidencyConfig {
         io_threads: 3,
         pinned: vec![],
         mlock: false,
+        admission: nectar_residency::Admission::Lru,
     }
 }
 

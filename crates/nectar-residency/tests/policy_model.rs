@@ -1,6 +1,6 @@
 //! The policy state machine against a small, independent reference model of the same rules,
 //! on proptest-generated traces: identical hit / miss / evict / bypass sequences.
-use nectar_residency::policy::{Event, ExpertKey, Policy};
+use nectar_residency::policy::{Admission, Event, ExpertKey, Policy};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
@@ -114,4 +114,62 @@ proptest! {
             prop_assert_eq!(p.free_working(), 16);
         }
     }
+}
+
+/// One wave of `experts` on layer 0: the events it produced.
+fn wave(p: &mut Policy, experts: &[usize]) -> Vec<Event> {
+    let mut ev = Vec::new();
+    for &e in experts {
+        p.access(ExpertKey::new(0, e), &mut ev).unwrap();
+    }
+    p.end_wave(&mut ev);
+    ev
+}
+
+#[test]
+fn frequency_admission_keeps_recurring_experts_over_one_offs() {
+    let freq = Admission::Frequency { half_life: 8.0 };
+    let resident = |p: &Policy, e: usize| p.lookup(ExpertKey::new(0, e)).is_some();
+    for admission in [Admission::Lru, freq] {
+        let mut p = Policy::new(vec![2], 4, &[]).with_admission(admission);
+        // Experts 1 and 2 recur; then a stream of one-offs.
+        for _ in 0..4 {
+            wave(&mut p, &[1, 2]);
+        }
+        for one_off in 10..14 {
+            let ev = wave(&mut p, &[one_off]);
+            if admission == freq {
+                assert!(
+                    ev.contains(&Event::Bypass(ExpertKey::new(0, one_off))),
+                    "{ev:?}"
+                );
+            }
+        }
+        let kept = resident(&p, 1) && resident(&p, 2);
+        // LRU lets the one-offs push the recurring pair out; frequency admission does not.
+        assert_eq!(kept, admission == freq, "{admission:?}");
+    }
+    // Scores decay: once the pair stops recurring, a new recurring expert gets in.
+    let mut p = Policy::new(vec![2], 4, &[]).with_admission(freq);
+    for _ in 0..4 {
+        wave(&mut p, &[1, 2]);
+    }
+    let mut admitted = false;
+    for _ in 0..64 {
+        let ev = wave(&mut p, &[7]);
+        if ev
+            .iter()
+            .any(|e| matches!(e, Event::Evict { admitted, .. } if admitted.expert == 7))
+        {
+            admitted = true;
+            break;
+        }
+    }
+    assert!(admitted && resident(&p, 7));
+    // Under frequency admission an empty slot always takes a miss.
+    let mut p = Policy::new(vec![2], 4, &[]).with_admission(freq);
+    assert!(wave(&mut p, &[3])
+        .iter()
+        .all(|e| !matches!(e, Event::Bypass(_))));
+    assert!(resident(&p, 3));
 }

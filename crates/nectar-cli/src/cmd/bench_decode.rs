@@ -271,6 +271,12 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         io_threads: a.io_threads,
         pinned: Vec::new(),
         mlock: false,
+        admission: match a.admission.as_str() {
+            "frequency" => nectar_residency::Admission::Frequency {
+                half_life: a.half_life,
+            },
+            _ => nectar_residency::Admission::Lru,
+        },
     };
     let res = Residency::new(rc, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
     let x: Vec<f32> = (0..hidden)
@@ -347,6 +353,8 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         "experts_per_token": k,
         "tokens": a.tokens,
         "warmup": a.warmup,
+        "admission": a.admission,
+        "half_life": a.half_life,
         "prefetch": a.prefetch,
         "prefetch_top": a.prefetch_top,
         "prefetch_issued": pi,

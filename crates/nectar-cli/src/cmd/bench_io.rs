@@ -89,6 +89,7 @@ fn managed(
         io_threads: threads,
         pinned: Vec::new(),
         mlock: false,
+        admission: nectar_residency::Admission::Lru,
     };
     let r = Residency::new(cfg, layouts.to_vec(), io.clone() as Arc<dyn ExpertIo>)?;
     let moe: Vec<usize> = (0..layouts.len())

@@ -36,7 +36,14 @@ pub struct LoadOptions {
     pub prefetch: super::Prefetch,
     /// Pin the hottest main-layer experts of a usage ledger at startup (with a budget).
     pub pin: Option<PinRequest>,
+    /// How a full layer admits misses (default: decayed-frequency admission, half-life 64
+    /// tokens, measured at 0.91 of Belady on the demo trace where LRU reaches 0.78).
+    pub admission: nectar_residency::Admission,
 }
+
+/// The default admission: decayed frequency with a 64-wave half-life (`benchmarks/RESULTS.md`).
+pub const DEFAULT_ADMISSION: nectar_residency::Admission =
+    nectar_residency::Admission::Frequency { half_life: 64.0 };
 
 /// Which experts to pin: the most selected of `ledger`, in `bytes` of slots — or, when `bytes`
 /// is `None`, Colibri's auto rule: with at least 5,000 recorded selections, half the LRU bytes
@@ -66,6 +73,7 @@ impl Default for LoadOptions {
             runtime_reserve: 128 << 20,
             prefetch: super::Prefetch::Off,
             pin: None,
+            admission: DEFAULT_ADMISSION,
         }
     }
 }
@@ -251,6 +259,7 @@ pub(super) fn setup(
         io_threads: opts.io_threads,
         pinned,
         mlock: false,
+        admission: opts.admission,
     };
     let residency = Residency::new(
         rc(opts.working_slots, prefetch_slots(cfg, opts), pinned),
