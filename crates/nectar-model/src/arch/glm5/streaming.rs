@@ -25,7 +25,8 @@ pub struct LoadOptions {
     pub sequences: usize,
     /// I/O worker threads.
     pub io_threads: usize,
-    /// Working slots (misses per wave).
+    /// Working slots at most (misses per wave): the bank is sized from the batch, `2 × top-k ×
+    /// sequences` (at least 16), up to this cap.
     pub working_slots: usize,
     /// Use direct I/O where the filesystem allows it.
     pub direct_io: bool,
@@ -160,7 +161,7 @@ pub(super) fn plan_inputs(
         sparse_layers: cfg.dense.iter().filter(|d| !**d).count(),
         mtp_slot_bytes: if mtp { mtp_slot_bytes } else { 0 },
         experts_per_layer: r.n_routed_experts,
-        working_slots: opts.working_slots + prefetch_slots(cfg, opts),
+        working_slots: working_slots(cfg, opts) + prefetch_slots(cfg, opts),
         pinned_slots: pinned,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
@@ -262,7 +263,7 @@ pub(super) fn setup(
         admission: opts.admission,
     };
     let residency = Residency::new(
-        rc(opts.working_slots, prefetch_slots(cfg, opts), pinned),
+        rc(working_slots(cfg, opts), prefetch_slots(cfg, opts), pinned),
         only(&|l| l < n),
         io.clone(),
     )
@@ -319,6 +320,17 @@ fn pins(
 /// of several rows goes in waves of this size).
 fn mtp_working(cfg: &Config) -> usize {
     cfg.raw.num_experts_per_tok
+}
+
+/// Fewest working slots: a prompt chunk's union still loads 16 experts per wave.
+const MIN_WORKING: usize = 16;
+
+/// The working bank: room for the misses of a decode step of every sequence twice over (a
+/// verify or a forced run widens the union), at least [`MIN_WORKING`], at most the cap. A
+/// prompt chunk's wider union is served in several waves; every slot not spent here is LRU.
+fn working_slots(cfg: &Config, opts: &LoadOptions) -> usize {
+    let need = 2 * cfg.raw.num_experts_per_tok * opts.sequences.max(1);
+    need.max(MIN_WORKING).min(opts.working_slots.max(1))
 }
 
 /// Slots reserved for next-layer prefetches: two layers' worth of one row's experts.
