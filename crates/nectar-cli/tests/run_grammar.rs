@@ -1,22 +1,6 @@
 //! `nectar run` structured-output flags end to end on the demo model.
-use std::process::Command;
-
-fn nectar(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nectar"))
-        .args(["--threads", "2"])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
+mod common;
+use common::{json, nectar};
 
 #[test]
 fn json_schema_file_gives_valid_json() {

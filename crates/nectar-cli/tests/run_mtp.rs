@@ -1,41 +1,11 @@
 //! `nectar run --mtp on|off|auto` and `--prompt-lookup`: same greedy output
 //! as plain decoding, telemetry in `--json` stats, conflicting flags refused.
-use std::path::PathBuf;
-use std::process::Command;
-
-fn nectar(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nectar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
+mod common;
+use common::{code_long, json, nectar};
 
 /// The demo's `code_long` reference prompt as `--prompt-ids`.
 fn prompt() -> String {
-    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .join("models/nectar-demo-glm5/reference.json");
-    let v = json(&std::fs::read_to_string(path).unwrap());
-    let p = v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "code_long")
-        .unwrap();
-    let ids: Vec<String> = p["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+    let ids: Vec<String> = code_long().iter().map(u64::to_string).collect();
     ids.join(",")
 }
 

@@ -1,43 +1,8 @@
 //! `nectar run --session FILE`: the second run reuses the first run's caches (reported in
 //! `--json`) and prints what a run without a session prints; `.coli_kv` by file name; a damaged
 //! file is refused with its name.
-use std::path::PathBuf;
-use std::process::Command;
-
-fn nectar(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nectar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
-}
-
-/// The demo's `code_long` reference prompt.
-fn prompt() -> Vec<u64> {
-    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .join("models/nectar-demo-glm5/reference.json");
-    let v = json(&std::fs::read_to_string(path).unwrap());
-    let p = v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "code_long")
-        .unwrap();
-    p["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
+mod common;
+use common::{code_long as prompt, json, nectar};
 
 fn ids(v: &[u64]) -> String {
     v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")

@@ -11,11 +11,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const KEY: &str = "sdk-test-key";
+mod common;
+use common::root;
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
+const KEY: &str = "sdk-test-key";
 
 /// Kills the server however the test ends.
 struct Server(Child);
