@@ -245,23 +245,23 @@ impl Residency {
         self.inner.slab.bytes()
     }
 
+    /// The key of expert `e` of `layer`, if this cache streams it.
+    fn streamed_key(&self, layer: usize, e: u32) -> Result<ExpertKey> {
+        match self.inner.layouts.get(layer) {
+            Some(l) if (e as usize) < l.len() => Ok(ExpertKey::new(layer, e as usize)),
+            _ => Err(Error::Setup(format!(
+                "layer {layer} expert {e} is not a streamed expert"
+            ))),
+        }
+    }
+
     /// Requests `experts` of `layer` for one wave (at most [`Residency::max_wave`] of them may
     /// miss). Hits are ready at once; misses start loading now.
     pub fn acquire(&self, layer: usize, experts: &[u32]) -> Result<Vec<Pending>> {
         let mut st = self.lock();
         let mut out = Vec::with_capacity(experts.len());
         for &e in experts {
-            let key = ExpertKey::new(layer, e as usize);
-            if self
-                .inner
-                .layouts
-                .get(layer)
-                .is_none_or(|l| e as usize >= l.len())
-            {
-                return Err(Error::Setup(format!(
-                    "layer {layer} expert {e} is not a streamed expert"
-                )));
-            }
+            let key = self.streamed_key(layer, e)?;
             let mut events = std::mem::take(&mut st.events);
             let access = st.policy.access(key, &mut events);
             st.events = events;
@@ -297,17 +297,7 @@ impl Residency {
         let mut st = self.lock();
         let mut started = 0;
         for &e in experts {
-            if self
-                .inner
-                .layouts
-                .get(layer)
-                .is_none_or(|l| e as usize >= l.len())
-            {
-                return Err(Error::Setup(format!(
-                    "layer {layer} expert {e} is not a streamed expert"
-                )));
-            }
-            let key = ExpertKey::new(layer, e as usize);
+            let key = self.streamed_key(layer, e)?;
             let mut events = std::mem::take(&mut st.events);
             let slot = st.policy.prefetch(key, self.prefetch_slots, &mut events);
             st.events = events;
