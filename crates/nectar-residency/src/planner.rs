@@ -50,6 +50,8 @@ pub struct Plan {
     pub terms: Vec<(String, u64)>,
     /// LRU slots per sparse layer.
     pub lru_per_layer: usize,
+    /// Bytes of all LRU slots (every sparse layer's, and the MTP tier's).
+    pub lru_bytes: u64,
     /// Bytes left over after the LRU.
     pub slack: u64,
 }
@@ -102,6 +104,7 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
     let plan = Plan {
         slack: p.budget.saturating_sub(fixed + lru_bytes),
         lru_per_layer: lru as usize,
+        lru_bytes,
         terms,
     };
     if lru < 1 && p.sparse_layers > 0 {
@@ -191,6 +194,7 @@ mod tests {
         // fixed = 1000 + 400 + 100 + 2 % of budget
         let p = plan(&inputs(10_000)).unwrap();
         assert_eq!(p.lru_per_layer, (10_000 - 1500 - 200) / 300);
+        assert_eq!(p.lru_bytes, p.lru_per_layer as u64 * 300);
         let mut few = inputs(10_000);
         few.experts_per_layer = 5;
         assert_eq!(plan(&few).unwrap().lru_per_layer, 5);

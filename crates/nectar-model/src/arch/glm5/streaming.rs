@@ -293,11 +293,7 @@ fn pins(
     n: usize,
     slot: u64,
 ) -> Vec<ExpertKey> {
-    let lru_bytes = plan
-        .terms
-        .iter()
-        .find(|(k, _)| k.starts_with("LRU"))
-        .map_or(0, |t| t.1);
+    let lru_bytes = plan.lru_bytes;
     let total = req.ledger.total();
     let bytes = req.bytes.unwrap_or_else(|| {
         if total < AUTOPIN_MIN_HISTORY {
