@@ -159,6 +159,18 @@ impl Batch {
         id: u64,
         request: &Request,
     ) -> Result<()> {
+        let state = RequestState::new(request, model_stop_ids, model.vocab_size(), tokenizer)?;
+        self.admit_state(model, id, state)
+    }
+
+    /// [`Batch::admit`] for a request whose state was prepared already (validated and its
+    /// grammar compiled, e.g. on a server's request thread so a bad request is refused there).
+    pub fn admit_state(&mut self, model: &Glm5, id: u64, mut state: RequestState) -> Result<()> {
+        if !state.generated().is_empty() {
+            return Err(Error::Request(format!(
+                "row {id}: only a request that has not started can join a batch"
+            )));
+        }
         if !self.has_room() {
             return Err(Error::Request(format!(
                 "the batch is full ({} rows)",
@@ -168,15 +180,16 @@ impl Batch {
         if self.rows.iter().any(|r| r.id == id) {
             return Err(Error::Request(format!("row id {id} is already live")));
         }
-        let mut state = RequestState::new(request, model_stop_ids, model.vocab_size(), tokenizer)?;
         if state.finished().is_some() {
             return Err(Error::InvalidParam {
                 param: "max_tokens",
                 reason: "must be at least 1".into(),
             });
         }
-        // A request that continues a kept conversation starts from its cache.
-        let cache = match self.kept.take(&request.prompt_ids) {
+        // A request that continues a kept conversation starts from its cache (before the
+        // first step the history is the prompt).
+        let prompt_tokens = state.history().tokens().len();
+        let cache = match self.kept.take(state.history().tokens()) {
             Some(c) => {
                 state.skip_cached(c.len())?;
                 c
@@ -188,7 +201,7 @@ impl Batch {
             state,
             cache,
             fed_in_input: 0,
-            prompt_tokens: request.prompt_ids.len(),
+            prompt_tokens,
             admitted: Instant::now(),
             first_token: None,
         });

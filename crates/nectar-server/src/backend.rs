@@ -20,7 +20,9 @@
 //! (deterministic, like `nectar run`); the model's `generation_config.json` sampling defaults
 //! are not applied.
 
-use nectar_engine::{ChatTemplate, GrammarSpec, Request, SamplingParams, Speculation, Tokenizer};
+use nectar_engine::{
+    ChatTemplate, GrammarSpec, Request, RequestState, SamplingParams, Speculation, Tokenizer,
+};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -481,6 +483,9 @@ pub(crate) struct Counters {
 
 /// One queued generation.
 pub(crate) struct Job {
+    /// The prepared state (batched decoding).
+    pub(crate) state: RequestState,
+    /// The request itself (serial speculative decoding builds its own state from it).
     pub(crate) request: Request,
     pub(crate) cancel: CancelToken,
     pub(crate) sink: UnboundedSender<GenEvent>,
@@ -660,15 +665,18 @@ impl Backend for EngineBackend {
             grammar: req.constraint.as_ref().map(Constraint::to_spec),
         };
         // Refuse a bad knob or grammar now, as a 400, rather than as a failure after the stream
-        // started (the compiled grammar is cached per tokenizer, so this costs one parse).
+        // started: the request's whole state (sampler, stops, compiled grammar) is built here
+        // and travels to the model thread, which only decodes.
         let text = self.text()?;
-        request
-            .validate(text.vocab_size, text.tokenizer.is_some())
-            .map_err(engine_err)?;
-        request
-            .compile_grammar(text.tokenizer.as_ref(), text.vocab_size, &text.stop_ids)
-            .map_err(engine_err)?;
+        let state = RequestState::new(
+            &request,
+            &text.stop_ids,
+            text.vocab_size,
+            text.tokenizer.as_ref(),
+        )
+        .map_err(engine_err)?;
         let job = Job {
+            state,
             request,
             cancel: req.cancel,
             sink,

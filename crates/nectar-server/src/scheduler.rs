@@ -344,13 +344,7 @@ fn admit(
         return;
     }
     let admitted = catch_unwind(AssertUnwindSafe(|| {
-        batch.admit(
-            &bundle.model,
-            bundle.tokenizer.as_ref(),
-            &bundle.stop_ids,
-            id,
-            &job.request,
-        )
+        batch.admit_state(&bundle.model, id, job.state)
     }));
     match admitted {
         Ok(Ok(())) => {
