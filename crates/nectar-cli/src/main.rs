@@ -14,12 +14,17 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Some(n) = cli.threads {
+    // The thread that runs the model is worker 0 of the compute pool, so every parallel kernel
+    // call forks from inside the pool: handing each call to a pool thread and parking the caller
+    // cost two futex round trips per matrix (a tenth of decode time on the demo model). The
+    // server's model thread builds its own pool the same way; its main thread only runs HTTP.
+    if !matches!(cli.command, args::Command::Serve(_)) {
         if let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
+            .num_threads(cli.threads.unwrap_or(0))
+            .use_current_thread()
             .build_global()
         {
-            eprintln!("error: cannot start {n} compute threads: {e}");
+            eprintln!("error: cannot start the compute threads: {e}");
             std::process::exit(2);
         }
     }
@@ -37,7 +42,7 @@ fn main() {
         args::Command::Convert(a) => cmd::convert::run(a),
         args::Command::Fit(a) => cmd::fit::run(a),
         args::Command::Synth(a) => cmd::synth::run(a),
-        args::Command::Serve(a) => cmd::serve::run(a),
+        args::Command::Serve(a) => cmd::serve::run(a, cli.threads),
     };
     if let Err(e) = result {
         // A closed stdout (`nectar run | head`) is not an error.

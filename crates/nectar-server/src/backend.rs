@@ -419,6 +419,9 @@ pub struct EngineOptions {
     /// Speculative decoding (MTP drafts), serial: only with `parallel == 1`. A model without an
     /// MTP head falls back to plain decoding when `auto` is set and fails to load otherwise.
     pub speculation: Option<Speculation>,
+    /// Compute threads (`None`: one per core). The model thread is one of them (see
+    /// `scheduler::model_thread`).
+    pub threads: Option<usize>,
 }
 
 impl EngineOptions {
@@ -431,6 +434,7 @@ impl EngineOptions {
             queue_capacity: 64,
             parallel: 1,
             speculation: None,
+            threads: None,
         }
     }
 }

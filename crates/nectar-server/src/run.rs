@@ -36,6 +36,8 @@ pub struct ServeOptions {
     pub mtp: String,
     /// Requests that may wait for the model.
     pub queue_capacity: usize,
+    /// Compute threads of the model (`None`: one per core).
+    pub threads: Option<usize>,
 }
 
 /// Why the server stopped with an error.
@@ -82,6 +84,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         ctx_size: opts.ctx_size,
         memory_budget: opts.memory_budget,
         queue_capacity: opts.queue_capacity,
+        threads: opts.threads,
         parallel: opts.parallel,
         // MTP drafting is serial: `auto` means off when rows are batched.
         speculation: match opts.mtp.as_str() {

@@ -79,6 +79,23 @@ pub(crate) fn model_thread(
     rx: Receiver<Job>,
 ) {
     let t0 = Instant::now();
+    // This thread becomes worker 0 of its own compute pool, so the kernels' parallel calls fork
+    // from inside the pool instead of handing every matrix to another thread and parking (see
+    // the CLI's main). The pool lives as long as the thread (rayon leaks such a pool's registry
+    // by design; there is one per model thread).
+    let _pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads.unwrap_or(0))
+        .thread_name(|i| format!("nectar-compute-{i}"))
+        .use_current_thread()
+        .build()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let e = format!("cannot start the compute threads: {e}");
+            shared.state.send_replace(LoadState::Failed(e));
+            return;
+        }
+    };
     let loaded = open_bundle(&opts).and_then(|b| {
         let spec = resolve_speculation(&opts, b.model.has_mtp())?;
         Ok((b, spec))

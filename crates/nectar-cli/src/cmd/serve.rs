@@ -11,7 +11,7 @@ use nectar_server::ServeOptions;
 /// Requests that may wait for the model thread before new ones get 429.
 const QUEUE_CAPACITY: usize = 64;
 
-pub fn run(a: ServeArgs) -> Result<()> {
+pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
     let dir = model_dir(a.model)?;
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
@@ -40,6 +40,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         parallel: a.parallel,
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,
+        threads,
     })?;
     Ok(())
 }

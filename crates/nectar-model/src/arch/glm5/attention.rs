@@ -16,7 +16,7 @@ use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::{decode_row, dot, rms_norm, softmax_in_place, RopeTable};
+use nectar_kernels::{decode_row, dot, matmul_rows, rms_norm, softmax_in_place, RopeTable};
 use rayon::prelude::*;
 
 /// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
@@ -244,10 +244,10 @@ impl Attention {
                 *ol += pt * l;
             }
         }
-        for (i, o) in out.iter_mut().enumerate() {
-            decode_row(&kvb, base + self.dn + i, &mut w);
-            *o = dot(&w, &o_lat);
-        }
+        // o = W_UV[h] · o_lat: the fused kernel computes each element as the canonical
+        // `dot(decode_row(W, r), o_lat)` without materialising the rows.
+        let rows = base + self.dn..base + self.dn + self.dv;
+        matmul_rows(&kvb, rows, &o_lat, out).expect("W_UV rows lie inside kv_b (checked at load)");
     }
 
     #[allow(clippy::too_many_arguments)]
