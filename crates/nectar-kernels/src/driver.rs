@@ -11,8 +11,10 @@ use crate::xpack::{Layout, XPack};
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// Weight bytes each parallel task covers at least: small enough to balance two to a few dozen
-/// cores on one matrix, large enough that scheduling costs nothing next to the stream.
+/// Work each parallel task covers at least, in weight bytes × activation rows: small enough to
+/// balance two to a few dozen cores on one matrix, large enough that scheduling costs nothing
+/// next to the stream. Counting activation rows lets a prefill chunk (hundreds of rows) split a
+/// small matrix that a single decode row leaves on one thread.
 const TASK_BYTES: usize = 64 * 1024;
 
 /// Weight rows per register block (and the row granularity of tasks).
@@ -194,14 +196,17 @@ unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 
-/// Splits `rows` into tasks of whole row blocks covering at least [`TASK_BYTES`] of weights
-/// each and runs `f` on every task in parallel (on the current rayon pool).
+/// Splits `rows` into tasks of whole row blocks covering at least [`TASK_BYTES`] of work each
+/// (`row_bytes` of weights per row, applied to `m` activation rows) and runs `f` on every task
+/// in parallel (on the current rayon pool).
 pub(crate) fn par_rows(
     rows: Range<usize>,
     row_bytes: usize,
+    m: usize,
     f: impl Fn(Range<usize>) + Sync + Send,
 ) {
-    let per = (TASK_BYTES / row_bytes.max(1)).max(1).div_ceil(ROW_BLOCK) * ROW_BLOCK;
+    let work = row_bytes.saturating_mul(m.max(1)).max(1);
+    let per = (TASK_BYTES / work).max(1).div_ceil(ROW_BLOCK) * ROW_BLOCK;
     let n = rows.len().div_ceil(per);
     if n <= 1 {
         f(rows);
@@ -232,7 +237,7 @@ pub(crate) unsafe fn par_tile(
     debug_assert!(y.len() >= (x.m - 1) * stride + rows.len());
     let base = rows.start;
     let out = SharedOut(y.as_mut_ptr());
-    par_rows(rows, w.format.row_bytes(w.cols), |t| {
+    par_rows(rows, w.format.row_bytes(w.cols), x.m, |t| {
         // SAFETY: task `t` writes only its own rows' elements of `y` (disjoint from every other
         // task's); the rest is forwarded from this function's contract.
         unsafe { tile(isa, w, t.clone(), x, out.get().add(t.start - base), stride) }

@@ -76,7 +76,7 @@ pub(crate) fn expert_swiglu_with(
     let mut h = PoolBuf::zeroed(m * inter);
     let hp = SharedOut(h.as_mut_ptr());
     let row_bytes = gate.format.row_bytes(hidden) + up.format.row_bytes(hidden);
-    par_rows(0..inter, row_bytes, |t| {
+    par_rows(0..inter, row_bytes, m, |t| {
         let n = t.len();
         let mut gu = PoolBuf::zeroed(2 * m * n);
         let (g, u) = gu.split_at_mut(m * n);

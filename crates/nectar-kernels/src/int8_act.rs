@@ -236,7 +236,7 @@ pub(crate) fn matmul_int8_act_with(
     let qp = QPack::new(x, m, w, block);
     let out = SharedOut(y.as_mut_ptr());
     let rows = w.rows;
-    par_rows(0..rows, w.format.row_bytes(w.cols), |t| {
+    par_rows(0..rows, w.format.row_bytes(w.cols), m, |t| {
         #[cfg(target_arch = "x86_64")]
         if vnni {
             // SAFETY: VNNI was detected; `w` is validated; rows t exist; the task owns the

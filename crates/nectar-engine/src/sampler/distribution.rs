@@ -117,25 +117,16 @@ pub fn distribution(params: &SamplingParams, processed: &[f32]) -> Result<Distri
         cand.select_nth_unstable_by(params.top_k - 1, by_score);
         cand.truncate(params.top_k);
     }
-    cand.sort_unstable_by(by_score);
+    let z_max = cand.iter().map(|c| c.1).fold(f64::NEG_INFINITY, f64::max);
+    if params.top_p < 1.0 {
+        let keep = top_p_prefix(&mut cand, z_max, params.top_p);
+        cand.truncate(keep);
+    } else {
+        cand.sort_unstable_by(by_score);
+    }
     // Unnormalised probabilities relative to the best token (which gets 1).
-    let z_max = cand[0].1;
     for c in cand.iter_mut() {
         c.1 = (c.1 - z_max).exp();
-    }
-    if params.top_p < 1.0 {
-        let total: f64 = cand.iter().map(|c| c.1).sum();
-        let target = f64::from(params.top_p) * total;
-        let mut cum = 0.0;
-        let mut keep = cand.len();
-        for (i, c) in cand.iter().enumerate() {
-            cum += c.1;
-            if cum >= target {
-                keep = i + 1;
-                break;
-            }
-        }
-        cand.truncate(keep);
     }
     if params.min_p > 0.0 {
         // Relative to the best (whose weight is exactly 1), so no
@@ -149,6 +140,36 @@ pub fn distribution(params: &SamplingParams, processed: &[f32]) -> Result<Distri
         c.1 /= total;
     }
     Ok(Distribution { candidates: cand })
+}
+
+/// First window the top-p prefix is looked for in (grown 4× while it falls short).
+const TOP_P_WINDOW: usize = 256;
+
+/// Sorts the shortest prefix of `cand` (by [`by_score`]) whose weight `exp(z - z_max)` reaches
+/// `top_p` of the total and returns its length. Only that prefix is ordered: windows of the
+/// best candidates are selected in O(n) and sorted, growing until the prefix fits, instead of
+/// sorting the whole vocabulary (155K entries for GLM-5) for every token.
+fn top_p_prefix(cand: &mut [(u32, f64)], z_max: f64, top_p: f32) -> usize {
+    let total: f64 = cand.iter().map(|c| (c.1 - z_max).exp()).sum();
+    let target = f64::from(top_p) * total;
+    let mut k = TOP_P_WINDOW.min(cand.len());
+    loop {
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, by_score);
+        }
+        cand[..k].sort_unstable_by(by_score);
+        let mut cum = 0.0;
+        for (i, c) in cand[..k].iter().enumerate() {
+            cum += (c.1 - z_max).exp();
+            if cum >= target {
+                return i + 1;
+            }
+        }
+        if k == cand.len() {
+            return k;
+        }
+        k = (k * 4).min(cand.len());
+    }
 }
 
 /// A logit that can be drawn: not NaN and not masked to `-inf`.
@@ -244,6 +265,41 @@ mod tests {
         assert_eq!(keep(0.8), [0, 1, 2]);
         assert_eq!(keep(1.0), [0, 1, 2, 3]);
         assert_eq!(keep(1e-6), [0]);
+    }
+
+    /// The windowed top-p search keeps exactly the prefix a full sort keeps, whether the prefix
+    /// fits the first window or needs it grown (flat and peaked logits over a large vocabulary).
+    #[test]
+    fn windowed_top_p_equals_the_full_sort() {
+        let mut s = 0x9e3779b97f4a7c15u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for (spread, top_p) in [(0.1f64, 0.9f32), (8.0, 0.95), (2.0, 0.5), (0.01, 0.999)] {
+            // Quantised logits so that ties occur and the id tie-break is exercised.
+            let logits: Vec<f32> = (0..20_000)
+                .map(|_| ((rnd() * spread * 64.0).round() / 64.0) as f32)
+                .collect();
+            let d = distribution(&params(1.0, 0, top_p, 0.0), &logits).unwrap();
+            let mut full: Vec<(u32, f64)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, f64::from(l)))
+                .collect();
+            full.sort_unstable_by(by_score);
+            let w: Vec<f64> = full.iter().map(|c| (c.1 - full[0].1).exp()).collect();
+            let target = f64::from(top_p) * w.iter().sum::<f64>();
+            let mut cum = 0.0;
+            let keep = w.iter().position(|x| {
+                cum += x;
+                cum >= target
+            });
+            let want: Vec<u32> = full[..keep.unwrap() + 1].iter().map(|c| c.0).collect();
+            assert_eq!(ids(&d), want, "spread {spread} top_p {top_p}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@ use crate::error::Result;
 use crate::observer::Observer;
 use nectar_kernels::{matmul, swiglu_in_place, MatRef};
 use nectar_residency::Residency;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -277,9 +278,22 @@ impl Moe {
                 if let Some(f) = after_reads.take() {
                     f()?;
                 }
-                for (e, rows) in &union {
-                    let y = experts[*e as usize].forward(&gather(rows), rows.len())?;
-                    scatter(rows, &y);
+                // Experts (and the shared expert) are independent: computed in parallel, one
+                // task each, then placed by (row, slot) — the sums below run in a fixed order.
+                let (ys_union, sh) = rayon::join(
+                    || {
+                        union
+                            .par_iter()
+                            .map(|(e, rows)| {
+                                experts[*e as usize].forward(&gather(rows), rows.len())
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                    || self.shared.forward(x, m),
+                );
+                shared = Some(sh?);
+                for ((_, rows), y) in union.iter().zip(ys_union) {
+                    scatter(rows, &y?);
                 }
             }
             Experts::Streamed {
@@ -300,15 +314,30 @@ impl Moe {
                             .into_iter()
                             .zip(wave)
                             .partition(|(p, _)| p.is_ready());
-                        for (p, (_, rows)) in ready {
-                            let lease = p.wait()?;
-                            scatter(
-                                rows,
-                                &swiglu_mats(&lease.mats()?, &gather(rows), rows.len())?,
-                            );
+                        // Resident experts and the shared expert in parallel while misses load.
+                        let (ys_ready, sh) = rayon::join(
+                            || {
+                                ready
+                                    .into_par_iter()
+                                    .map(|(p, (_, rows))| {
+                                        let y = (|| -> Result<Vec<f32>> {
+                                            let lease = p.wait()?;
+                                            swiglu_mats(&lease.mats()?, &gather(rows), rows.len())
+                                        })();
+                                        (rows, y)
+                                    })
+                                    .collect::<Vec<_>>()
+                            },
+                            || match shared.is_none() {
+                                true => self.shared.forward(x, m).map(Some),
+                                false => Ok(None),
+                            },
+                        );
+                        if let Some(s) = sh? {
+                            shared = Some(s);
                         }
-                        if shared.is_none() {
-                            shared = Some(self.shared.forward(x, m)?);
+                        for (rows, y) in ys_ready {
+                            scatter(rows, &y?);
                         }
                         for (p, (_, rows)) in waiting {
                             let lease = p.wait()?;
