@@ -379,6 +379,11 @@ pub struct BenchDecodeArgs {
     /// Emulated resident spine read per layer and token, in MB.
     #[arg(long, default_value_t = 127.0)]
     pub spine_mb: f64,
+    /// The part of --spine-mb that is the shared expert (GLM-5.2: 21.2 MB at int4 g64), read
+    /// while the layer's misses load, as the model's MoE block does; the rest (attention) runs
+    /// before the router. 0 puts the whole spine before the router.
+    #[arg(long, default_value_t = 21.2)]
+    pub shared_mb: f64,
     /// I/O threads.
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,

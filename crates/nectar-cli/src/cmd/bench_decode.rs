@@ -4,7 +4,9 @@
 //!
 //! Per token and MoE layer: a GEMV over an emulated resident spine slice (`--spine-mb`, 127 MB by
 //! default: GLM-5.2's 9.5 GB spine read ÷ 75 layers), then the layer's routed experts through the
-//! residency manager (hits first, misses as they land) and their SwiGLU at M = 1. The ceiling is
+//! residency manager and their SwiGLU at M = 1, in the model's order: hits first, then the shared
+//! expert's part of the spine (`--shared-mb`, 21.2 MB) while the misses load, then each miss as it
+//! lands. The ceiling is
 //! computed from the same run: disk-bound tok/s = raw read GB/s (measured here) ÷ GB read per
 //! token; compute-bound tok/s = 1 ÷ measured compute seconds per token. `ratio` = achieved tok/s ÷
 //! min(disk-bound, compute-bound).
@@ -249,17 +251,32 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         br += r;
     }
     let belady = bh as f64 / br.max(1) as f64;
-    // Emulated spine slice per layer (int4 g64, random).
+    // Emulated spine slice per layer (int4 g64, random): the part before the router (attention)
+    // and the shared expert, which the model computes while the layer's misses load.
+    anyhow::ensure!(
+        (0.0..=a.spine_mb).contains(&a.shared_mb),
+        "--shared-mb {} must lie within --spine-mb {}",
+        a.shared_mb,
+        a.spine_mb
+    );
     let g64 = WeightFormat::Int4Group { group: 64 };
-    let spine_rows =
-        ((a.spine_mb * 1e6) as usize / (g64.row_bytes(hidden) + g64.row_scales(hidden) * 4)).max(1);
-    let spines: Vec<(Vec<u8>, Vec<f32>)> = moe
+    let rows_of = |mb: f64| {
+        ((mb * 1e6) as usize / (g64.row_bytes(hidden) + g64.row_scales(hidden) * 4)).max(1)
+    };
+    let (pre_rows, shared_rows) = (rows_of(a.spine_mb - a.shared_mb), rows_of(a.shared_mb));
+    let slice = |rows: usize, seed: u64| {
+        (
+            random_bytes(rows * g64.row_bytes(hidden), seed),
+            vec![0.01f32; rows * g64.row_scales(hidden)],
+        )
+    };
+    let spines: Vec<[(Vec<u8>, Vec<f32>); 2]> = moe
         .iter()
         .map(|&l| {
-            (
-                random_bytes(spine_rows * g64.row_bytes(hidden), l as u64 + 7),
-                vec![0.01f32; spine_rows * g64.row_scales(hidden)],
-            )
+            [
+                slice(pre_rows, l as u64 + 7),
+                slice(shared_rows, l as u64 + 1007),
+            ]
         })
         .collect();
     let io = Arc::new(FileIo::open(&paths, true)?);
@@ -282,7 +299,12 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
     let x: Vec<f32> = (0..hidden)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
-    let mut spine_out = vec![0.0f32; spine_rows];
+    let mut spine_out = vec![0.0f32; pre_rows.max(shared_rows)];
+    let gemv = |(b, s): &(Vec<u8>, Vec<f32>), out: &mut [f32]| -> Result<()> {
+        let w = MatRef::new(g64, s.len() / g64.row_scales(hidden), hidden, b, s)?;
+        matmul(&w, &x, 1, &mut out[..w.rows])?;
+        Ok(())
+    };
     let (mut compute_s, mut t_start, mut tel0) = (0.0f64, Instant::now(), res.telemetry());
     for (t, tok) in routes.iter().enumerate() {
         if t == a.warmup {
@@ -296,9 +318,8 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         }
         for (li, &l) in moe.iter().enumerate() {
             let c0 = Instant::now();
-            let (sb, ss) = &spines[li];
-            let spine = MatRef::new(g64, spine_rows, hidden, sb, ss)?;
-            matmul(&spine, &x, 1, &mut spine_out)?;
+            let [pre, shared] = &spines[li];
+            gemv(pre, &mut spine_out)?;
             compute_s += c0.elapsed().as_secs_f64();
             let pending = res.acquire(l, &tok[li])?;
             // The next layer's guess is issued once this layer's own reads are queued.
@@ -307,11 +328,24 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
             }
             let (ready, waiting): (Vec<_>, Vec<_>) =
                 pending.into_iter().partition(|p| p.is_ready());
-            for p in ready.into_iter().chain(waiting) {
+            let expert = |p: nectar_residency::Pending, compute_s: &mut f64| -> Result<()> {
                 let lease = p.wait()?;
                 let c0 = Instant::now();
                 std::hint::black_box(swiglu(&lease.mats()?, &x)?);
+                *compute_s += c0.elapsed().as_secs_f64();
+                Ok(())
+            };
+            // The model's order: resident experts, the shared expert, then misses as they land.
+            for p in ready {
+                expert(p, &mut compute_s)?;
+            }
+            if a.shared_mb > 0.0 {
+                let c0 = Instant::now();
+                gemv(shared, &mut spine_out)?;
                 compute_s += c0.elapsed().as_secs_f64();
+            }
+            for p in waiting {
+                expert(p, &mut compute_s)?;
             }
             res.end_wave_layer(l)?;
         }
@@ -364,6 +398,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         "io_threads": a.io_threads,
         "threads": rayon::current_num_threads(),
         "spine_mb_per_layer": a.spine_mb,
+        "shared_mb_per_layer": a.shared_mb,
         "tok_s": tok_s,
         "hit_rate": hit,
         "belady_hit_rate": belady,
