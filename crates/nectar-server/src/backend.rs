@@ -422,6 +422,8 @@ pub struct EngineOptions {
     /// Compute threads (`None`: one per core). The model thread is one of them (see
     /// `scheduler::model_thread`).
     pub threads: Option<usize>,
+    /// How streamed experts are read (with a budget).
+    pub io: nectar_model::arch::glm5::IoBackend,
 }
 
 impl EngineOptions {
@@ -435,6 +437,7 @@ impl EngineOptions {
             parallel: 1,
             speculation: None,
             threads: None,
+            io: Default::default(),
         }
     }
 }
