@@ -1,6 +1,5 @@
 //! Command-line flags: declared once here, with their defaults and help text.
 use clap::{Args, Parser, Subcommand};
-use nectar_residency::io::IoBackend;
 use std::path::PathBuf;
 
 /// Nectar: a runtime for giant mixture-of-experts LLMs (GLM-5.x) on small-RAM machines.
@@ -58,11 +57,6 @@ pub struct RunArgs {
     /// I/O threads reading experts (with --memory-budget).
     #[arg(long, default_value_t = 3)]
     pub io_threads: usize,
-    /// How experts are read from disk (with --memory-budget): `pread` (one positioned read per
-    /// range from the I/O threads) or `uring` (io_uring, each range split into chunks in flight
-    /// together; Linux builds with the `io-uring` feature).
-    #[arg(long, default_value = "pread")]
-    pub io: IoBackend,
     /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
     /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
     /// predicted experts into their own slots, with --memory-budget). Never changes the output.
@@ -355,16 +349,6 @@ pub struct BenchIoArgs {
     /// Repetitions (arms alternate; the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Residency arms to measure: `pread`, `uring` or `both` (raw pread is always measured; the
-    /// uring arm needs a Linux build with the `io-uring` feature).
-    #[arg(long, default_value = "both", value_parser = ["pread", "uring", "both"])]
-    pub io: String,
-    /// io_uring arm: bytes per submitted read, in KiB (a 4 KiB multiple).
-    #[arg(long, default_value_t = 256)]
-    pub uring_chunk_kib: usize,
-    /// io_uring arm: reads in flight per I/O thread.
-    #[arg(long, default_value_t = 32)]
-    pub uring_depth: u32,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -398,9 +382,6 @@ pub struct BenchDecodeArgs {
     /// I/O threads.
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
-    /// How the residency reads experts: `pread` or `uring` (the raw-disk ceiling stays pread).
-    #[arg(long, default_value = "pread")]
-    pub io: IoBackend,
     /// Working slots.
     #[arg(long, default_value_t = 64)]
     pub working: usize,
@@ -522,9 +503,4 @@ pub struct ServeArgs {
     /// `auto` drafts (depth chosen by measurement) with --parallel 1 and is off otherwise.
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
-    /// How experts are read from disk (with --memory-budget): `pread` (one positioned read per
-    /// range from the I/O threads) or `uring` (io_uring, each range split into chunks in flight
-    /// together; Linux builds with the `io-uring` feature).
-    #[arg(long, default_value = "pread")]
-    pub io: IoBackend,
 }

@@ -218,44 +218,6 @@ fn bad_inputs_fail_cleanly() {
 }
 
 #[test]
-fn bench_io_measures_raw_pread_and_uring_residency_arms() {
-    let dir = tempfile::tempdir().unwrap();
-    let synth = dir.path().join("tiny");
-    let m = synth.to_str().unwrap();
-    let (ok, _, err) = nectar(&["synth", "--preset", "tiny", "--layers", "2", "--out", m]);
-    assert!(ok, "{err}");
-    let (ok, out, err) = nectar(&[
-        "bench",
-        "io",
-        "--model",
-        m,
-        "--threads",
-        "1",
-        "--seconds",
-        "0.1",
-        "--repeats",
-        "2",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let j = json(&out);
-    assert!(j["raw_gbps"].as_f64().unwrap() > 0.0, "{j}");
-    assert!(j["residency_gbps"].as_f64().unwrap() > 0.0, "{j}");
-    assert!(j["ratio"].as_f64().unwrap() > 0.0, "{j}");
-    assert_eq!(j["runs_gbps"]["pread"].as_array().unwrap().len(), 2, "{j}");
-    // Either the uring arm ran, or the JSON says why it could not.
-    match j["uring_gbps"].as_f64() {
-        Some(u) => assert!(u > 0.0 && j["uring_error"].is_null(), "{j}"),
-        None => assert!(
-            j["uring_error"].as_str().unwrap().contains("io_uring"),
-            "{j}"
-        ),
-    }
-    let (ok, _, err) = nectar(&["bench", "decode", "--model", m, "--io", "mmap"]);
-    assert!(!ok && err.contains("pread or uring"), "{err}");
-}
-
-#[test]
 fn bench_decode_replays_the_trace_with_the_real_predictor() {
     let dir = tempfile::tempdir().unwrap();
     let synth = dir.path().join("tiny");

@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 use nectar_format::convert::{convert, ConvertParams};
-use nectar_model::arch::glm5::{IoBackend, LoadOptions, Prefetch};
+use nectar_model::arch::glm5::{LoadOptions, Prefetch};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 use std::path::Path;
 
@@ -140,20 +140,6 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             let ev: u64 = t.layers.iter().map(|l| l.evictions).sum();
             assert!(ev > 0);
         }
-    }
-    // The io_uring backend streams the same bits (skipped where the build or kernel lacks it).
-    let uring = Glm5::load_with(
-        out.path(),
-        &LoadOptions {
-            memory_budget: Some(budget_for(out.path(), 1, &base)),
-            io: IoBackend::Uring,
-            ..base.clone()
-        },
-    );
-    match uring {
-        Ok(m) => assert_eq!(run(&m, &prompt, 12), want, "io_uring: streamed logits"),
-        Err(e) if e.to_string().contains("io_uring") => eprintln!("skipping io_uring: {e}"),
-        Err(e) => panic!("{e}"),
     }
     // Batch-union: two rows routed to the same experts request each expert once per layer, so
     // a forward over both asks the cache exactly what a forward over one does.

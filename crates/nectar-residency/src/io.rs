@@ -4,90 +4,9 @@
 //! filesystem that refuses it gets a buffered handle whose pages are dropped after each read
 //! (`POSIX_FADV_DONTNEED`). macOS: `F_NOCACHE`. Short reads are resumed; a read that ends before
 //! the bytes the expert needs is an error naming the file and offset.
-//!
-//! Two backends share those rules: [`FileIo`] (one `pread` per range, the default) and, on Linux
-//! with the `io-uring` feature, [`UringIo`] (each range split into chunks that are in flight
-//! together). [`IoBackend`] names them for `--io`.
 use crate::layout::ReadOp;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-#[cfg(all(target_os = "linux", feature = "io-uring"))]
-mod uring;
-#[cfg(all(target_os = "linux", feature = "io-uring"))]
-pub use uring::UringIo;
-
-/// Which system interface moves expert bytes (`--io`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IoBackend {
-    /// One positioned read (`pread`) per range, issued by the I/O worker pool.
-    #[default]
-    Pread,
-    /// io_uring: each range split into aligned chunks submitted together (Linux, feature
-    /// `io-uring`).
-    Uring,
-}
-
-impl std::str::FromStr for IoBackend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "pread" => Ok(IoBackend::Pread),
-            "uring" => Ok(IoBackend::Uring),
-            _ => Err(format!("unknown I/O backend `{s}` (pread or uring)")),
-        }
-    }
-}
-
-impl std::fmt::Display for IoBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            IoBackend::Pread => "pread",
-            IoBackend::Uring => "uring",
-        })
-    }
-}
-
-/// Opens the shards for `backend` (`direct` as in [`FileIo::open`]). `Uring` fails with a message
-/// naming the cause where this build or this kernel has no io_uring.
-pub fn open(
-    paths: &[PathBuf],
-    direct: bool,
-    backend: IoBackend,
-) -> std::io::Result<Arc<dyn ExpertIo>> {
-    match backend {
-        IoBackend::Pread => Ok(Arc::new(FileIo::open(paths, direct)?)),
-        IoBackend::Uring => open_uring(paths, direct, None),
-    }
-}
-
-/// Opens the shards for the io_uring backend with `(chunk bytes, depth)` instead of the
-/// defaults; in every build, so callers need no `cfg` (it fails where there is no backend).
-#[cfg(all(target_os = "linux", feature = "io-uring"))]
-pub fn open_uring(
-    paths: &[PathBuf],
-    direct: bool,
-    tuning: Option<(usize, u32)>,
-) -> std::io::Result<Arc<dyn ExpertIo>> {
-    let (chunk, depth) = tuning.unwrap_or((uring::DEFAULT_CHUNK, uring::DEFAULT_DEPTH));
-    Ok(Arc::new(UringIo::open_with(paths, direct, chunk, depth)?))
-}
-
-/// Opens the shards for the io_uring backend with `(chunk bytes, depth)` instead of the
-/// defaults; in every build, so callers need no `cfg` (it fails where there is no backend).
-#[cfg(not(all(target_os = "linux", feature = "io-uring")))]
-pub fn open_uring(
-    _paths: &[PathBuf],
-    _direct: bool,
-    _tuning: Option<(usize, u32)>,
-) -> std::io::Result<Arc<dyn ExpertIo>> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "this build has no io_uring backend (Linux only, cargo feature `io-uring` of \
-         nectar-residency); use --io pread",
-    ))
-}
 
 /// Where expert bytes come from (a trait so tests can inject short reads, EIO and delays).
 pub trait ExpertIo: Send + Sync {
@@ -211,22 +130,12 @@ fn read_fully(f: &File, dst: &mut [u8], off: u64, needed: usize) -> std::io::Res
     Ok(got)
 }
 
-impl FileIo {
-    /// Reads `op` the way every backend must: `direct` moves bytes over the shard's O_DIRECT
-    /// handle (returning how many arrived before the end of the file); a direct transfer the
-    /// filesystem refuses (EINVAL) is redone buffered, a direct read that stops short of
-    /// `op.needed` is resumed buffered, and shards without a direct handle read buffered and
-    /// drop their pages afterwards.
-    fn read_via(
-        &self,
-        op: &ReadOp,
-        dst: &mut [u8],
-        direct: impl FnOnce(&File, &mut [u8], u64, usize) -> std::io::Result<usize>,
-    ) -> std::io::Result<()> {
+impl ExpertIo for FileIo {
+    fn read(&self, op: &ReadOp, dst: &mut [u8]) -> std::io::Result<()> {
         let s = &self.shards[op.shard];
         let mut got = None;
         if let Some(d) = &s.direct {
-            match direct(d, dst, op.file_offset, op.needed) {
+            match read_fully(d, dst, op.file_offset, op.needed) {
                 Ok(n) => got = Some(n),
                 // Some filesystems accept O_DIRECT at open but refuse the transfer.
                 Err(e) if e.raw_os_error() == Some(22) => {}
@@ -260,12 +169,6 @@ impl FileIo {
             ));
         }
         Ok(())
-    }
-}
-
-impl ExpertIo for FileIo {
-    fn read(&self, op: &ReadOp, dst: &mut [u8]) -> std::io::Result<()> {
-        self.read_via(op, dst, read_fully)
     }
 
     fn path(&self, shard: usize) -> &Path {

@@ -422,8 +422,6 @@ pub struct EngineOptions {
     /// Compute threads (`None`: one per core). The model thread is one of them (see
     /// `scheduler::model_thread`).
     pub threads: Option<usize>,
-    /// How streamed experts are read (with a budget).
-    pub io: nectar_model::arch::glm5::IoBackend,
 }
 
 impl EngineOptions {
@@ -437,7 +435,6 @@ impl EngineOptions {
             parallel: 1,
             speculation: None,
             threads: None,
-            io: Default::default(),
         }
     }
 }

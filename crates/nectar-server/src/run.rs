@@ -38,8 +38,6 @@ pub struct ServeOptions {
     pub queue_capacity: usize,
     /// Compute threads of the model (`None`: one per core).
     pub threads: Option<usize>,
-    /// How streamed experts are read (with a budget).
-    pub io: nectar_model::arch::glm5::IoBackend,
 }
 
 /// Why the server stopped with an error.
@@ -87,7 +85,6 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         memory_budget: opts.memory_budget,
         queue_capacity: opts.queue_capacity,
         threads: opts.threads,
-        io: opts.io,
         parallel: opts.parallel,
         // MTP drafting is serial: `auto` means off when rows are batched.
         speculation: match opts.mtp.as_str() {

@@ -52,7 +52,6 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
         // The rows, and the conversations kept for continuing requests.
         sequences: opts.parallel.max(1) + 1,
-        io: opts.io,
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())

@@ -13,7 +13,7 @@ use crate::args::BenchDecodeArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, swiglu_in_place, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, Config};
-use nectar_residency::io::{ExpertIo, FileIo, IoBackend};
+use nectar_residency::io::{ExpertIo, FileIo};
 use nectar_residency::sim::{belady_bypass, read_npy_i8, uniform, Rng, ZipfLayer};
 use nectar_residency::{Residency, ResidencyConfig};
 use serde_json::json;
@@ -278,12 +278,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
             _ => nectar_residency::Admission::Lru,
         },
     };
-    // The ceiling above is raw pread; the residency reads with the chosen backend.
-    let res_io: Arc<dyn ExpertIo> = match a.io {
-        IoBackend::Pread => io.clone(),
-        IoBackend::Uring => nectar_residency::io::open(&paths, true, a.io)?,
-    };
-    let res = Residency::new(rc, layouts.clone(), res_io)?;
+    let res = Residency::new(rc, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
     let x: Vec<f32> = (0..hidden)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -367,7 +362,6 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         "prefetch_dropped": pd,
         "pilot": pilot,
         "io_threads": a.io_threads,
-        "io": a.io.to_string(),
         "threads": rayon::current_num_threads(),
         "spine_mb_per_layer": a.spine_mb,
         "tok_s": tok_s,

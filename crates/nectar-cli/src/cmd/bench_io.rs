@@ -1,9 +1,7 @@
 //! `nectar bench io`: expert loads through the residency manager vs raw positioned reads of the
 //! same files at the same request size, measured in the same run (`specs/performance.md` §6,
 //! Bench A). Both arms use direct I/O where the filesystem allows it, so the page cache does
-//! not flatter either; arms alternate (their order rotates each repetition) and the median
-//! repetition is reported. The residency arm runs once per I/O backend (`pread`, and `uring`
-//! where the build and the kernel have it) over the same worker count.
+//! not flatter either; arms alternate (ABAB) and the median repetition is reported.
 use crate::args::BenchIoArgs;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::expert_layouts;
@@ -78,7 +76,7 @@ pub(crate) fn raw(
 /// Manager arm: waves of `wave` random experts of one layer (one LRU slot per layer, so nearly
 /// every request misses), each acquired, awaited and released at a safe point.
 fn managed(
-    io: &Arc<dyn ExpertIo>,
+    io: &Arc<FileIo>,
     layouts: &[Vec<SlotLayout>],
     threads: usize,
     wave: usize,
@@ -93,7 +91,7 @@ fn managed(
         mlock: false,
         admission: nectar_residency::Admission::Lru,
     };
-    let r = Residency::new(cfg, layouts.to_vec(), io.clone())?;
+    let r = Residency::new(cfg, layouts.to_vec(), io.clone() as Arc<dyn ExpertIo>)?;
     let moe: Vec<usize> = (0..layouts.len())
         .filter(|&l| !layouts[l].is_empty())
         .collect();
@@ -125,19 +123,6 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         a.model.display()
     );
     let io = Arc::new(FileIo::open(&paths, true)?);
-    let pread_io: Arc<dyn ExpertIo> = io.clone();
-    // An unavailable io_uring is part of the result (null arm, reason), not a failed bench,
-    // unless it was the only arm asked for.
-    let (uring_io, uring_error) = if a.io == "pread" {
-        (None, None)
-    } else {
-        let tuning = Some((a.uring_chunk_kib * 1024, a.uring_depth));
-        match nectar_residency::io::open_uring(&paths, true, tuning) {
-            Ok(u) => (Some(u), None),
-            Err(e) if a.io == "both" => (None, Some(e.to_string())),
-            Err(e) => return Err(e.into()),
-        }
-    };
     let request = layouts
         .iter()
         .flatten()
@@ -145,38 +130,17 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         .max()
         .unwrap_or(0);
     let threads = a.threads;
-    let mut arms: Vec<(&str, Option<&Arc<dyn ExpertIo>>)> = vec![("raw", None)];
-    if a.io != "uring" {
-        arms.push(("pread", Some(&pread_io)));
+    let (mut raws, mut mans) = (Vec::new(), Vec::new());
+    for _ in 0..a.repeats.max(1) {
+        raws.push(raw(&io, &layouts, threads, a.seconds)?);
+        mans.push(managed(&io, &layouts, threads, a.wave, a.seconds)?);
     }
-    if let Some(u) = &uring_io {
-        arms.push(("uring", Some(u)));
-    }
-    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
-    for rep in 0..a.repeats.max(1) {
-        for k in 0..arms.len() {
-            let i = (k + rep) % arms.len();
-            let gbps = match arms[i].1 {
-                None => raw(&io, &layouts, threads, a.seconds)?,
-                Some(x) => managed(x, &layouts, threads, a.wave, a.seconds)?,
-            };
-            runs[i].push(gbps);
-        }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
+    let median = |v: &mut Vec<f64>| {
         v.sort_by(|x, y| x.total_cmp(y));
         v[v.len() / 2]
     };
-    let arm = |name: &str| {
-        arms.iter()
-            .position(|(n, _)| *n == name)
-            .map(|i| median(&runs[i]))
-    };
-    let raw_gbps = arm("raw").unwrap_or(0.0);
-    let (man_gbps, uring_gbps) = (arm("pread"), arm("uring"));
-    let ratio = man_gbps.map(|m| m / raw_gbps.max(1e-12));
-    let uring_vs_pread = uring_gbps.zip(man_gbps).map(|(u, m)| u / m.max(1e-12));
+    let (raw_gbps, man_gbps) = (median(&mut raws), median(&mut mans));
+    let ratio = man_gbps / raw_gbps.max(1e-12);
     let out = json!({
         "bench": "io",
         "model": a.model,
@@ -190,29 +154,14 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         "raw_gbps": raw_gbps,
         "residency_gbps": man_gbps,
         "ratio": ratio,
-        "uring_gbps": uring_gbps,
-        "uring_ratio": uring_gbps.map(|u| u / raw_gbps.max(1e-12)),
-        "uring_vs_pread": uring_vs_pread,
-        "uring_chunk_bytes": a.uring_chunk_kib * 1024,
-        "uring_depth": a.uring_depth,
-        "uring_error": uring_error,
-        "runs_gbps": arms.iter().zip(&runs).map(|((n, _), v)| (n.to_string(), json!(v)))
-            .collect::<serde_json::Map<_, _>>(),
     });
     if a.json {
         println!("{out}");
     } else {
-        let show = |x: Option<f64>| x.map_or("-".to_string(), |g| format!("{g:.3} GB/s"));
         println!(
-            "expert loads at {:.1} MB requests, {threads} threads: raw pread {raw_gbps:.3} GB/s, \
-             residency over pread {}, over io_uring {}",
-            request as f64 / 1e6,
-            show(man_gbps),
-            show(uring_gbps),
+            "expert loads: residency {man_gbps:.2} GB/s vs raw pread {raw_gbps:.2} GB/s at {:.1} MB requests, {threads} threads: ratio {ratio:.3}",
+            request as f64 / 1e6
         );
-        if let Some(e) = uring_error {
-            println!("io_uring arm skipped: {e}");
-        }
     }
     Ok(())
 }

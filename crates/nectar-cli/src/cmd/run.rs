@@ -25,7 +25,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         memory_budget: budget,
         ctx_size: a.ctx_size,
         io_threads: a.io_threads,
-        io: a.io,
         prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
         admission: match a.admission.as_str() {
             "lru" => nectar_residency::Admission::Lru,

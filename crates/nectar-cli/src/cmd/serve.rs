@@ -39,7 +39,6 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         memory_budget,
         parallel: a.parallel,
         mtp: a.mtp,
-        io: a.io,
         queue_capacity: QUEUE_CAPACITY,
         threads,
     })?;

@@ -25,7 +25,6 @@ pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
-pub use nectar_residency::io::IoBackend;
 pub use pilot::{PilotStats, Prefetch};
 pub use streaming::{expert_layouts, plan_memory, LoadOptions, PinRequest, DEFAULT_ADMISSION};
 

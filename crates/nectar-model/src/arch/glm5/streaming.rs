@@ -6,7 +6,7 @@ use super::{inventory, Config};
 use crate::error::{Error, Result};
 use nectar_format::experts::layer_extents;
 use nectar_format::Catalog;
-use nectar_residency::io::IoBackend;
+use nectar_residency::io::FileIo;
 use nectar_residency::layout::{plan as slot_plan, SlotLayout};
 use nectar_residency::planner::{plan, Plan, PlanInputs};
 use nectar_residency::{ExpertKey, Residency, ResidencyConfig};
@@ -30,8 +30,6 @@ pub struct LoadOptions {
     pub working_slots: usize,
     /// Use direct I/O where the filesystem allows it.
     pub direct_io: bool,
-    /// The system interface the I/O workers read experts with.
-    pub io: IoBackend,
     /// Process reserve in the memory equation (allocator, thread stacks, tokenizer, server).
     pub runtime_reserve: u64,
     /// Next-layer expert prediction; `Pilot` with a budget adds `2 × top-k` prefetch slots to
@@ -73,7 +71,6 @@ impl Default for LoadOptions {
             io_threads: 3,
             working_slots: 64,
             direct_io: true,
-            io: IoBackend::Pread,
             runtime_reserve: 128 << 20,
             prefetch: super::Prefetch::Off,
             pin: None,
@@ -237,8 +234,10 @@ pub(super) fn setup(
         .map_err(residency_err)?;
     }
     let paths: Vec<_> = cat.shards().iter().map(|s| s.path.clone()).collect();
-    let io = nectar_residency::io::open(&paths, opts.direct_io, opts.io)
-        .map_err(|e| Error::Input(format!("opening shards: {e}")))?;
+    let io: Arc<FileIo> = Arc::new(
+        FileIo::open(&paths, opts.direct_io)
+            .map_err(|e| Error::Input(format!("opening shards: {e}")))?,
+    );
     let expert_bytes = layouts
         .iter()
         .map(|l| l.first().map_or(0, |x| x.payload as usize))
