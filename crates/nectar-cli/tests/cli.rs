@@ -231,8 +231,8 @@ fn bench_decode_replays_the_trace_with_the_real_predictor() {
         synth.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
-    let run = |prefetch: &str| {
-        let (ok, out, err) = nectar(&[
+    let bench = |prefetch: &str, shared_mb: &str| {
+        nectar(&[
             "bench",
             "decode",
             "--model",
@@ -247,17 +247,29 @@ fn bench_decode_replays_the_trace_with_the_real_predictor() {
             "2",
             "--spine-mb",
             "1",
+            "--shared-mb",
+            shared_mb,
             "--raw-seconds",
             "0.2",
             "--prefetch",
             prefetch,
             "--json",
-        ]);
+        ])
+    };
+    let run = |prefetch: &str| {
+        let (ok, out, err) = bench(prefetch, "0.2");
         assert!(ok, "{err}");
         json(&out)
     };
+    // The shared expert is part of the spine slice: a larger one is refused, naming both flags.
+    let (ok, _, err) = bench("none", "2");
+    assert!(
+        !ok && err.contains("--shared-mb") && err.contains("--spine-mb"),
+        "{err}"
+    );
     let none = run("none");
     assert_eq!(none["prefetch_issued"], 0);
+    assert_eq!(none["shared_mb_per_layer"], 0.2);
     let pilot = run("pilot");
     let p = &pilot["pilot"];
     // Our routing reproduces the trace (recorded with transformers), and the predictor names
