@@ -77,3 +77,9 @@ impl Error {
         }
     }
 }
+
+impl From<crate::atomic::AtomicWriteError> for Error {
+    fn from(e: crate::atomic::AtomicWriteError) -> Self {
+        Error::io(e.path, e.source)
+    }
+}

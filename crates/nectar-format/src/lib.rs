@@ -14,6 +14,7 @@
 //! header is a small JSON document, so the parser is short and fuzzable.
 #![deny(missing_docs)]
 
+pub mod atomic;
 mod catalog;
 pub mod convert;
 mod dtype;

@@ -1,7 +1,7 @@
 //! `nectar synth`: a synthetic container with the real GLM-5.2 per-expert geometry and random
 //! weights, in the same layout `nectar convert` writes — how I/O and memory are benchmarked
 //! without a 370 GB download. The model loads and runs (its text is noise).
-use crate::convert::write_atomic_pub;
+use crate::atomic::write_atomic_bytes;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use std::fs::File;
@@ -516,6 +516,6 @@ pub fn synth(
         files.push(path);
     }
     let cfg = serde_json::to_vec_pretty(&spec.config()).expect("config serialises");
-    write_atomic_pub(&out.join("config.json"), &cfg)?;
+    write_atomic_bytes(&out.join("config.json"), &cfg)?;
     Ok(files)
 }

@@ -14,9 +14,7 @@
 
 use crate::policy::ExpertKey;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The ledger format version this code reads and writes.
 pub const VERSION: u64 = 1;
@@ -241,24 +239,12 @@ impl Ledger {
     /// Writes the ledger to `path` atomically (temp file in the same directory, fsync, rename):
     /// a crash leaves the old ledger or the new one.
     pub fn save(&self, path: &Path) -> Result<(), UsageError> {
-        let io = |source| UsageError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        // A name of this save's own: two processes (or two threads) saving at once must not
-        // share a temp file.
-        static SAVES: AtomicU64 = AtomicU64::new(0);
-        let tmp = path.with_file_name(format!(
-            "{}.{}.{}.tmp",
-            path.file_name()
-                .map_or("ledger".into(), |n| n.to_string_lossy()),
-            std::process::id(),
-            SAVES.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(self.render().as_bytes()).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        nectar_format::atomic::write_atomic_bytes(path, self.render().as_bytes()).map_err(|e| {
+            UsageError::Io {
+                path: e.path.display().to_string(),
+                source: e.source,
+            }
+        })
     }
 }
 

@@ -1,58 +1,18 @@
-//! Crash-safe file replacement: the new contents go to a temporary file in the same directory,
-//! which is flushed to disk before it is renamed over the old file, and the directory is synced
-//! so the rename itself survives a crash. A reader therefore sees the old file or the new one,
-//! never a mixture, whenever the process or the machine dies.
+//! Session files' I/O helpers: crash-safe replacement (the shared
+//! [`nectar_format::atomic::write_atomic`], with session errors), hashing and little-endian
+//! array reads and writes.
 
 use super::error::SessionError;
 use sha2::{Digest, Sha256};
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 
-/// Replaces `path` with what `body` writes, crash-safely (see the module docs).
+/// Replaces `path` with what `body` writes, crash-safely ([`nectar_format::atomic`]).
 pub fn write_atomic(
     path: &Path,
     body: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), SessionError> {
-    let tmp = temp_path(path);
-    let result = (|| -> std::io::Result<()> {
-        let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        body(&mut w)?;
-        let f = w.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()
-    })();
-    if let Err(e) = result {
-        // Best effort: a leftover temp file is harmless (never read) but wastes space.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(SessionError::io(&tmp, e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| SessionError::io(path, e))?;
-    sync_dir(path)
-}
-
-/// A per-process temporary name beside `path`, so that two writers never share one.
-fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
-}
-
-/// Syncs `path`'s directory so a rename into it is durable (a no-op where directories cannot be
-/// opened, e.g. Windows).
-fn sync_dir(path: &Path) -> Result<(), SessionError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    #[cfg(unix)]
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| SessionError::io(dir, e))?;
-    #[cfg(not(unix))]
-    let _ = dir;
-    Ok(())
+    nectar_format::atomic::write_atomic(path, body).map_err(|e| SessionError::io(&e.path, e.source))
 }
 
 /// A writer that hashes what passes through it (the Nectar format's trailing checksum).

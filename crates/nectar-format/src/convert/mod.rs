@@ -29,11 +29,6 @@ pub const COPIED_FILES: [&str; 6] = [
     "chat_template.jinja",
 ];
 
-/// Writes a file crash-safely (temp file, fsync, rename).
-pub fn write_atomic_pub(path: &Path, bytes: &[u8]) -> Result<()> {
-    write::write_atomic(path, bytes)
-}
-
 const PARAMS_FILE: &str = ".out-params.json";
 const PROGRESS_FILE: &str = ".out-progress.json";
 const LOCK_FILE: &str = ".convert.lock";

@@ -157,7 +157,7 @@ fn write_family(
     f.sync_all().map_err(io)?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    sync_dir(path)?;
+    crate::atomic::sync_parent(path)?;
     Ok(total)
 }
 
@@ -252,18 +252,9 @@ fn write_item(
     Ok(())
 }
 
-/// Writes `bytes` to `path` crash-safely: temp file in the same directory, fsync, rename.
+/// Writes `bytes` to `path` crash-safely ([`crate::atomic::write_atomic`]).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| Error::io(&tmp, e))?;
-    f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-    sync_dir(path)
+    crate::atomic::write_atomic_bytes(path, bytes).map_err(Error::from)
 }
 
 /// [`write_atomic`] of a JSON value.
@@ -283,16 +274,6 @@ pub(super) fn remove_stale_temps(dir: &Path) -> Result<()> {
         if p.extension().is_some_and(|x| x == "tmp") {
             std::fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
         }
-    }
-    Ok(())
-}
-
-fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    if let Some(dir) = path.parent() {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| Error::io(dir, e))?;
     }
     Ok(())
 }
