@@ -139,7 +139,9 @@ fn grammar_rows_with_forced_tokens_match_serving_alone() {
     // two plain: every row equals its solo run, and the constrained outputs parse.
     let schema = serde_json::json!({
         "type": "object",
-        "properties": {"word": {"type": "string", "maxLength": 12}, "count": {"type": "integer"}},
+        // Bounded fields, so that the document must close within the token budget.
+        "properties": {"word": {"type": "string", "maxLength": 12},
+                       "count": {"type": "integer", "minimum": 0, "maximum": 99}},
         "required": ["word", "count"],
         "additionalProperties": false
     });
@@ -157,6 +159,13 @@ fn grammar_rows_with_forced_tokens_match_serving_alone() {
     };
     let got = run_batch(&reqs, &[0, 2, 0, 1], opts);
     assert_eq!(got, alone);
+    assert!(
+        got[..2]
+            .iter()
+            .any(|o| o.finish == Some(FinishReason::Stop)),
+        "no constrained row completed its document: {:?}",
+        &got[..2]
+    );
     for o in &got[..2] {
         if o.finish == Some(FinishReason::Stop) {
             let v: Value = serde_json::from_str(&o.text).unwrap();

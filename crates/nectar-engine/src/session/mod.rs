@@ -244,10 +244,8 @@ impl Session {
             SessionFormat::ColiKv => {
                 let kv = coli_kv::read(path, id, &dims, vocab)?;
                 let (cache, recomputed) = match kv.cache {
-                    Some(mut c) => {
-                        c.mtp = model.new_cache().mtp;
-                        (c, false)
-                    }
+                    // `.coli_kv` carries no MTP rows: the cache's MTP part is empty.
+                    Some(c) => (c, false),
                     None => (recompute(model, &kv.tokens)?, true),
                 };
                 Ok(Loaded {
