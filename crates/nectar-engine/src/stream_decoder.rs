@@ -120,13 +120,7 @@ fn suffix_after<'a>(full: &'a str, prefix: &str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5");
-
-    fn demo() -> Tokenizer {
-        Tokenizer::from_file(Path::new(DEMO).join("tokenizer.json")).unwrap()
-    }
+    use crate::tokenizer::tests::demo;
 
     fn stream(tok: &Tokenizer, ids: &[u32], skip: bool) -> (Vec<String>, String) {
         let mut dec = StreamDecoder::new(skip);

@@ -135,13 +135,14 @@ impl Tokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
     const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5");
 
-    fn demo() -> Tokenizer {
+    /// The demo model's tokenizer (shared by the crate's unit tests).
+    pub(crate) fn demo() -> Tokenizer {
         Tokenizer::from_file(Path::new(DEMO).join("tokenizer.json")).unwrap()
     }
 

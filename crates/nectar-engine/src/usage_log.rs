@@ -3,7 +3,8 @@
 //! written it), adds the selections made since the last flush, and writes it back atomically.
 //! The ledger feeds the pinned tier at the next start (see `PinRequest`).
 
-use nectar_model::arch::glm5::{Config, PinRequest};
+use nectar_model::arch::glm5::{Config, PinRequest, RawConfig};
+use nectar_model::arch::Arch;
 use nectar_model::Glm5;
 use nectar_residency::policy::ExpertKey;
 use nectar_residency::usage::{Ledger, UsageError};
@@ -13,39 +14,40 @@ use std::path::{Path, PathBuf};
 /// The ledger's file name in a model directory (Colibri's).
 pub const LEDGER_FILE: &str = ".coli_usage";
 
+/// An empty ledger with the dimensions and identity of the model configured by `r`.
+fn empty_ledger(r: &RawConfig) -> Ledger {
+    Ledger::new(
+        r.num_hidden_layers as u32,
+        r.n_routed_experts as u32,
+        r.model_type
+            .as_deref()
+            .unwrap_or(Arch::GlmMoeDsa.model_type()),
+    )
+}
+
 /// A model's usage ledger on disk and what this process has already added to it.
 #[derive(Debug)]
 pub struct UsageLog {
     path: PathBuf,
-    n_layers: u32,
-    n_experts: u32,
-    model_type: String,
+    /// The model's empty ledger (dimensions and identity), cloned for each read.
+    empty: Ledger,
     saved: HashMap<usize, Vec<u64>>,
 }
 
 impl UsageLog {
     /// The ledger at `path` for `model`.
     pub fn new(model: &Glm5, path: PathBuf) -> UsageLog {
-        let r = &model.cfg.raw;
         UsageLog {
             path,
-            n_layers: r.num_hidden_layers as u32,
-            n_experts: r.n_routed_experts as u32,
-            model_type: r.model_type.clone().unwrap_or_else(|| "glm_moe_dsa".into()),
+            empty: empty_ledger(&model.cfg.raw),
             saved: HashMap::new(),
         }
     }
 
-    /// The ledger file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Reads the ledger (empty when the file does not exist). `trusted` accepts a ledger from
-    /// another engine (a file the user named).
-    pub fn load(&self, trusted: bool) -> Result<Ledger, UsageError> {
-        let mut l = Ledger::new(self.n_layers, self.n_experts, &self.model_type);
-        l.load_into(&self.path, trusted)?;
+    /// Reads the ledger (empty when the file does not exist), refusing a foreign one.
+    fn load(&self) -> Result<Ledger, UsageError> {
+        let mut l = self.empty.clone();
+        l.load_into(&self.path, false)?;
         Ok(l)
     }
 
@@ -64,7 +66,7 @@ impl UsageLog {
                     continue;
                 }
                 if ledger.is_none() {
-                    ledger = Some(self.load(false)?);
+                    ledger = Some(self.load()?);
                 }
                 if let Some(l) = ledger.as_mut() {
                     l.add(ExpertKey::new(*layer, e), d);
@@ -89,13 +91,7 @@ pub fn pin_request(
     file: Option<&Path>,
     bytes: Option<u64>,
 ) -> crate::Result<(Option<PinRequest>, Option<String>)> {
-    let cfg = Config::from_dir(dir)?;
-    let r = &cfg.raw;
-    let mut ledger = Ledger::new(
-        r.num_hidden_layers as u32,
-        r.n_routed_experts as u32,
-        r.model_type.as_deref().unwrap_or("glm_moe_dsa"),
-    );
+    let mut ledger = empty_ledger(&Config::from_dir(dir)?.raw);
     let (path, trusted) = match file {
         Some(f) => (f.to_path_buf(), true),
         None => (dir.join(LEDGER_FILE), false),

@@ -73,11 +73,6 @@ impl GrammarCompiler {
         Ok(cache.get_or_init(|| built).clone())
     }
 
-    /// The length of a logits row (and of a mask).
-    pub fn vocab_size(&self) -> usize {
-        self.vocab_size
-    }
-
     /// Compiles `spec` for one request. A schema, regex or grammar that does
     /// not compile is [`Error::InvalidParam`] naming the parameter
     /// ([`GrammarSpec::param`]).

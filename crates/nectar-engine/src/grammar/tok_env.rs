@@ -200,13 +200,7 @@ impl TokenizerEnv for Env {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5");
-
-    fn demo() -> Tokenizer {
-        Tokenizer::from_file(Path::new(DEMO).join("tokenizer.json")).unwrap()
-    }
+    use crate::tokenizer::tests::demo;
 
     #[test]
     fn byte_level_alphabet_is_a_bijection() {

@@ -111,7 +111,7 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
     }
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
     let choice = ToolChoice::anthropic(req.tool_choice.as_ref())?;
-    let resolved = constraint::resolve(&choice, &tools, None, "tool_choice")?;
+    let resolved = constraint::resolve(&choice, &tools, None)?;
     let tools_on = resolved.tools_on;
     let enable_thinking = match req
         .thinking

@@ -39,8 +39,8 @@ pub enum ToolChoice {
 impl ToolChoice {
     /// OpenAI's forms: `"auto" | "none" | "required"`, `{"type":"function","function":{"name"}}`
     /// (Chat) or `{"type":"function","name"}` (Responses).
-    pub fn openai(v: Option<&Value>, param: &str) -> ApiResult<ToolChoice> {
-        let bad = |msg: String| Err(ApiError::invalid_param(param, msg));
+    pub fn openai(v: Option<&Value>) -> ApiResult<ToolChoice> {
+        let bad = |msg: String| Err(ApiError::invalid_param("tool_choice", msg));
         match v {
             None | Some(Value::Null) => Ok(ToolChoice::Auto),
             Some(Value::String(s)) => match s.as_str() {
@@ -112,25 +112,21 @@ pub fn resolve(
     choice: &ToolChoice,
     tools: &[Value],
     format: Option<Constraint>,
-    choice_param: &str,
 ) -> ApiResult<Resolved> {
     let forced = match choice {
         ToolChoice::Auto | ToolChoice::None => None,
         ToolChoice::Required if tools.is_empty() => {
             return Err(ApiError::invalid_param(
-                choice_param,
+                "tool_choice",
                 "tool_choice forces a tool call, but the request has no tools",
             ))
         }
         ToolChoice::Required => Some(tool_call_grammar(tools, None)?),
-        ToolChoice::Named(n) => Some(tool_call_grammar(tools, Some(n)).map_err(|mut e| {
-            e.param = Some(choice_param.to_owned());
-            e
-        })?),
+        ToolChoice::Named(n) => Some(tool_call_grammar(tools, Some(n))?),
     };
     if forced.is_some() && format.is_some() {
         return Err(ApiError::invalid_param(
-            choice_param,
+            "tool_choice",
             "a forced tool call and a structured response format cannot both apply",
         ));
     }
@@ -277,7 +273,7 @@ mod tests {
 
     #[test]
     fn choices_parse_in_each_protocol_form() {
-        let o = |v: Value| ToolChoice::openai(Some(&v), "tool_choice").unwrap();
+        let o = |v: Value| ToolChoice::openai(Some(&v)).unwrap();
         assert_eq!(o(json!("required")), ToolChoice::Required);
         assert_eq!(
             o(json!({"type": "function", "function": {"name": "f"}})),
@@ -287,7 +283,7 @@ mod tests {
             o(json!({"type": "function", "name": "g"})),
             ToolChoice::Named("g".into())
         );
-        assert!(ToolChoice::openai(Some(&json!("always")), "tool_choice").is_err());
+        assert!(ToolChoice::openai(Some(&json!("always"))).is_err());
         let a = |v: Value| ToolChoice::anthropic(Some(&v)).unwrap();
         assert_eq!(a(json!({"type": "any"})), ToolChoice::Required);
         assert_eq!(
@@ -343,18 +339,17 @@ mod tests {
             .unwrap(),
             Some(Constraint::JsonSchema(s))
         );
-        let r = resolve(&ToolChoice::Required, &[weather()], None, "tool_choice").unwrap();
+        let r = resolve(&ToolChoice::Required, &[weather()], None).unwrap();
         assert!(r.tools_on && matches!(r.constraint, Some(Constraint::Lark(_))));
         assert_eq!(r.enable_thinking(Some(true)), Some(false));
-        assert!(resolve(&ToolChoice::Required, &[], None, "tool_choice").is_err());
+        assert!(resolve(&ToolChoice::Required, &[], None).is_err());
         assert!(resolve(
             &ToolChoice::Required,
             &[weather()],
-            Some(Constraint::JsonObject),
-            "tool_choice"
+            Some(Constraint::JsonObject)
         )
         .is_err());
-        let r = resolve(&ToolChoice::None, &[weather()], None, "tool_choice").unwrap();
+        let r = resolve(&ToolChoice::None, &[weather()], None).unwrap();
         assert!(!r.tools_on && r.constraint.is_none());
     }
 }

@@ -273,8 +273,8 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
             )
         })
         .collect();
-    let choice = ToolChoice::openai(req.tool_choice.as_ref(), "tool_choice")?;
-    let resolved = constraint::resolve(&choice, &template_tools, format, "tool_choice")?;
+    let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
+    let resolved = constraint::resolve(&choice, &template_tools, format)?;
     let tools_on = resolved.tools_on;
     let tool_values = tools_on.then(|| Value::Array(template_tools));
     let messages = chat_messages(&req.messages)?;

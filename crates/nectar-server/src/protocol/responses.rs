@@ -400,8 +400,8 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
     let req: ResponsesRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
     let format = constraint::text_format(req.text.as_ref())?;
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
-    let choice = ToolChoice::openai(req.tool_choice.as_ref(), "tool_choice")?;
-    let resolved = constraint::resolve(&choice, &tools, format, "tool_choice")?;
+    let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
+    let resolved = constraint::resolve(&choice, &tools, format)?;
     let tools_on = resolved.tools_on;
     let mut conversation = match &req.previous_response_id {
         Some(prev) => match state.responses.get(prev) {

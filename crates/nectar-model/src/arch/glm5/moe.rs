@@ -328,9 +328,10 @@ impl Moe {
                                     })
                                     .collect::<Vec<_>>()
                             },
-                            || match shared.is_none() {
-                                true => self.shared.forward(x, m).map(Some),
-                                false => Ok(None),
+                            // The shared expert once per layer, in the first wave.
+                            || match shared {
+                                None => self.shared.forward(x, m).map(Some),
+                                Some(_) => Ok(None),
                             },
                         );
                         if let Some(s) = sh? {
