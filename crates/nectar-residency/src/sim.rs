@@ -121,6 +121,21 @@ pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
     Ok((shape, data.iter().map(|b| *b as i8).collect()))
 }
 
+/// Reads a C-order int8 or little-endian int16 `.npy` array of expert ids (the 32-expert traces
+/// store int8, the 256-expert ones int16): `(shape, ids)`.
+pub fn read_npy_ids(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i32>), String> {
+    if let Ok((shape, data)) = read_npy(bytes, &["'<i2'"], 2) {
+        let ids = data
+            .chunks_exact(2)
+            .map(|c| i16::from_le_bytes([c[0], c[1]]) as i32)
+            .collect();
+        return Ok((shape, ids));
+    }
+    read_npy(bytes, &["'|i1'", "'i1'"], 1)
+        .map(|(shape, data)| (shape, data.iter().map(|&b| b as i8 as i32).collect()))
+        .map_err(|e| e.replace("expected dtype '|i1'", "expected dtype '|i1' or '<i2'"))
+}
+
 /// Reads a C-order little-endian uint16 `.npy` array (the traces' token ids): `(shape, data)`.
 pub fn read_npy_u16(bytes: &[u8]) -> Result<(Vec<usize>, Vec<u16>), String> {
     let (shape, data) = read_npy(bytes, &["'<u2'"], 2)?;
@@ -275,5 +290,12 @@ mod tests {
         b.extend([1u8, 0, 0, 1, 0xff, 0xff]);
         assert_eq!(read_npy_u16(&b).unwrap(), (vec![3], vec![1, 256, 65535]));
         assert!(read_npy_u16(&b[..b.len() - 1]).is_err());
+        assert!(read_npy_ids(&b).unwrap_err().contains("'<i2'"));
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let h = "{'descr': '<i2', 'fortran_order': False, 'shape': (2,), }         \n";
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        b.extend([0xffu8, 0xff, 0xff, 0x00]);
+        assert_eq!(read_npy_ids(&b).unwrap(), (vec![2], vec![-1, 255]));
     }
 }
