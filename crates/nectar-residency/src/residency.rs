@@ -310,6 +310,13 @@ impl Residency {
         Ok(started)
     }
 
+    /// Hands the policy the token id the next step feeds the model (used by
+    /// [`crate::Admission::Predictive`], a no-op otherwise): call it once per step, before the
+    /// step's first [`Residency::acquire`].
+    pub fn observe_token(&self, token: u32) {
+        self.lock().policy.observe_token(token);
+    }
+
     /// The safe point after a wave of every layer (see [`Residency::end_wave_layer`]).
     pub fn end_wave(&self) -> Result<()> {
         for l in 0..self.inner.layouts.len() {

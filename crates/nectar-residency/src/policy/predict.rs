@@ -1,0 +1,158 @@
+//! The causal look-ahead of [`super::Admission::Predictive`]: a token history with an n-gram
+//! index (longest earlier occurrence of the current context), the routes every layer took at
+//! each history row, and per-layer expert-to-expert transition counts (row `s` → row `s + 1`).
+//! Everything here is learned online from rows already processed; nothing reads ahead.
+use std::collections::{HashMap, VecDeque};
+
+/// Context lengths tried for a match, longest first.
+pub(crate) const NGRAMS: [usize; 6] = [32, 16, 8, 4, 2, 1];
+/// Rows of look-ahead read from a match's continuation.
+pub(crate) const HORIZON: u64 = 16;
+/// Discount per row of look-ahead.
+pub(crate) const GAMMA: f64 = 0.8;
+/// Rows of history kept (tokens and routes); older matches are forgotten.
+pub(crate) const HISTORY: usize = 8192;
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Predictor {
+    /// Token of each kept row; row index `base + i`.
+    tokens: VecDeque<u32>,
+    /// Per kept row, per layer: the experts that layer requested for that row.
+    rows: VecDeque<Vec<Vec<u32>>>,
+    /// Absolute index of `tokens[0]`.
+    base: u64,
+    /// (context length, hash of the context) → absolute index of the context's last row.
+    grams: HashMap<(usize, u64), u64>,
+    /// The current row's match: the latest earlier row `p <= t - 2` ending the same context.
+    matched: Option<u64>,
+    /// (layer, from, to) → rows whose layer requested `from` followed by a row requesting `to`.
+    trans: HashMap<(u32, u32, u32), u32>,
+    /// (layer, from) → rows whose layer requested `from` and that have a successor row.
+    succ: HashMap<(u32, u32), u32>,
+    /// Per layer: the experts of the layer's previous wave.
+    prev: Vec<Option<Vec<u32>>>,
+}
+
+fn hash(tokens: impl Iterator<Item = u32>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for t in tokens {
+        h ^= t as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        h ^= h >> 29;
+    }
+    h
+}
+
+impl Predictor {
+    fn end(&self) -> u64 {
+        self.base + self.tokens.len() as u64
+    }
+
+    fn token(&self, abs: u64) -> u32 {
+        self.tokens[(abs - self.base) as usize]
+    }
+
+    /// `n` tokens ending at absolute row `last`, if all are kept.
+    fn context(&self, last: u64, n: usize) -> Option<u64> {
+        let first = (last + 1).checked_sub(n as u64)?;
+        (first >= self.base && last < self.end())
+            .then(|| hash((first..=last).map(|i| self.token(i))))
+    }
+
+    /// A new row for `token` (the token this step feeds the model).
+    pub(crate) fn observe_token(&mut self, token: u32) {
+        let t = self.end();
+        // Contexts ending at t - 2 become visible: their continuation (t - 1) is complete.
+        if let Some(q) = t.checked_sub(2) {
+            for n in NGRAMS {
+                if let Some(h) = self.context(q, n) {
+                    self.grams.insert((n, h), q);
+                }
+            }
+        }
+        self.tokens.push_back(token);
+        self.rows.push_back(Vec::new());
+        self.matched = None;
+        for n in NGRAMS {
+            let Some(h) = self.context(t, n) else {
+                continue;
+            };
+            let Some(&p) = self.grams.get(&(n, h)) else {
+                continue;
+            };
+            // Verify (hash collisions) and that the context and its continuation are kept.
+            let first = p + 1;
+            if first < self.base + n as u64 {
+                continue;
+            }
+            if (0..n as u64).all(|i| self.token(p - i) == self.token(t - i)) {
+                self.matched = Some(p);
+                break;
+            }
+        }
+        while self.tokens.len() > HISTORY {
+            self.tokens.pop_front();
+            self.rows.pop_front();
+            self.base += 1;
+        }
+        if self.grams.len() > 4 * NGRAMS.len() * HISTORY {
+            let base = self.base;
+            self.grams.retain(|_, p| *p >= base);
+        }
+    }
+
+    /// `layer`'s wave of the current row requested `cur`: learn the transitions from the
+    /// layer's previous wave and record the row.
+    pub(crate) fn learn(&mut self, layer: usize, cur: &[u32]) {
+        let l = layer as u32;
+        if self.prev.len() <= layer {
+            self.prev.resize(layer + 1, None);
+        }
+        if let Some(prev) = &self.prev[layer] {
+            for &a in prev {
+                *self.succ.entry((l, a)).or_insert(0) += 1;
+                for &b in cur {
+                    *self.trans.entry((l, a, b)).or_insert(0) += 1;
+                }
+            }
+        }
+        self.prev[layer] = Some(cur.to_vec());
+        if let Some(row) = self.rows.back_mut() {
+            if row.len() <= layer {
+                row.resize(layer + 1, Vec::new());
+            }
+            row[layer] = cur.to_vec();
+        }
+    }
+
+    /// Σ_{k=1..min(HORIZON, t-1-p)} GAMMA^(k-1) · [expert ∈ routes(p + k, layer)] for the
+    /// current row t and its match p (0 without a match).
+    pub(crate) fn lookahead(&self, layer: usize, expert: u32) -> f64 {
+        let Some(p) = self.matched else { return 0.0 };
+        let t = self.end() - 1;
+        let last = (t - 1).min(p + HORIZON);
+        let (mut sum, mut w) = (0.0, 1.0);
+        for r in p + 1..=last {
+            if r >= self.base {
+                let row = &self.rows[(r - self.base) as usize];
+                if row.get(layer).is_some_and(|x| x.contains(&expert)) {
+                    sum += w;
+                }
+            }
+            w *= GAMMA;
+        }
+        sum
+    }
+
+    /// (Σ_{a ∈ cur} N(a → expert), Σ_{a ∈ cur} n(a)) for `layer`.
+    pub(crate) fn transition(&self, layer: usize, cur: &[u32], expert: u32) -> (f64, f64) {
+        let l = layer as u32;
+        let mut num = 0u64;
+        let mut den = 0u64;
+        for &a in cur {
+            num += self.trans.get(&(l, a, expert)).copied().unwrap_or(0) as u64;
+            den += self.succ.get(&(l, a)).copied().unwrap_or(0) as u64;
+        }
+        (num as f64, den as f64)
+    }
+}
