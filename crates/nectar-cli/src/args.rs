@@ -346,7 +346,7 @@ pub struct BenchIoArgs {
     /// Seconds per arm and repetition.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
-    /// Repetitions (arms alternate; the median is reported).
+    /// Repetitions (the three arms rotate their order; the median of each is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Print JSON.
@@ -363,11 +363,12 @@ pub struct BenchDecodeArgs {
     /// LRU slots per layer.
     #[arg(long, default_value_t = 12)]
     pub slots: usize,
-    /// Route source: uniform, zipf (temporal locality) or trace (the demo model's recorded
-    /// routing, `tests/fixtures/traces/demo`, or `--trace DIR`).
+    /// Route source: uniform, zipf (temporal locality) or trace (recorded routing at GLM-5.2's
+    /// expert shape, 256 experts top-8: `tests/fixtures/traces/route256`, or `--trace DIR`).
     #[arg(long, default_value = "zipf")]
     pub routes: String,
-    /// Directory of a recorded trace (`decode.experts.npy`).
+    /// Directory of a recorded trace (`manifest.json` and `{kind}.experts.npy`). Expert ids are
+    /// used as recorded: the container needs at least the trace's experts per layer.
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Measured tokens.
@@ -406,11 +407,13 @@ pub struct BenchDecodeArgs {
     /// all).
     #[arg(long, default_value_t = 0)]
     pub prefetch_top: usize,
-    /// The model that produced the trace, for `--prefetch pilot` (default: the demo model).
+    /// The model that produced the trace, for `--prefetch pilot` (default: the model its
+    /// manifest names — the demo model, or `models/nectar-demo-glm5-e256-int4` for route256).
     #[arg(long)]
     pub predictor: Option<PathBuf>,
-    /// Seconds for the raw-disk measurement that sets the disk-bound ceiling.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds of each raw-disk sample (random whole experts, then large sequential reads),
+    /// taken between tokens through the run and excluded from its time.
+    #[arg(long, default_value_t = 0.5)]
     pub raw_seconds: f64,
     /// Route generator seed.
     #[arg(long, default_value_t = 1)]
@@ -435,6 +438,9 @@ pub struct BenchKernelsArgs {
     /// Activation rows to measure (default 1,4,32).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 32])]
     pub m: Vec<usize>,
+    /// Request size of the sequential raw arm (the device ceiling), in MiB.
+    #[arg(long, default_value_t = 32)]
+    pub seq_mib: usize,
 }
 
 /// `nectar fit`.
@@ -456,6 +462,9 @@ pub struct FitArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Which trace of the directory to replay (its decode rows only: prompt rows are prefill).
+    #[arg(long, default_value = "decode")]
+    pub trace_kind: String,
 }
 
 /// `nectar synth`.
@@ -498,6 +507,14 @@ pub struct ServeArgs {
     #[arg(long)]
     pub ctx_size: Option<usize>,
     /// Requests decoded together (continuous batching: one forward per step over every row, so
+    /// Measured tokens between raw-disk samples (samples also precede the first and follow the
+    /// last measured token).
+    #[arg(long, default_value_t = 20)]
+    pub raw_every: usize,
+    /// Bytes the emulated spine slices rotate through, in MB (0: at least 4× the last-level
+    /// cache read from sysfs, so the compute-bound figure streams from DRAM).
+    #[arg(long, default_value_t = 0.0)]
+    pub spine_pool_mb: f64,
     /// each routed expert is read once per layer per step).
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,

@@ -1,15 +1,32 @@
-//! `nectar bench io`: expert loads through the residency manager vs raw positioned reads of the
-//! same files at the same request size, measured in the same run (`specs/performance.md` §6,
-//! Bench A). Both arms use direct I/O where the filesystem allows it, so the page cache does
-//! not flatter either; arms alternate (ABAB) and the median repetition is reported.
+//! `nectar bench io`: expert loads through the residency manager against two raw arms on the
+//! same files, measured in the same run (`specs/performance.md` §6, Bench A).
+//!
+//! Method. Each repetition draws one request sequence: waves of `--wave` random experts of one
+//! random layer, sorted and deduplicated (the order in which the manager issues them). Three
+//! arms read it, their order rotated every repetition (ABC, BCA, CAB, ...):
+//!
+//! * `residency`: the waves through the residency manager (one LRU slot per layer, so nearly
+//!   every request misses), each acquired, awaited and released at a safe point;
+//! * `raw, same sequence`: the very same experts in the very same order, by the same number of
+//!   threads taking the next expert as soon as they are free (no wave barrier: an upper bound
+//!   for the manager's pattern);
+//! * `raw, sequential`: large sequential reads through every shard (`--seq-mib` per request) —
+//!   the device's ceiling.
+//!
+//! Read buffers are allocated and touched before any timed window (the manager's slabs are
+//! touched by an untimed warm-up); all arms use direct I/O where the filesystem allows it. The
+//! median repetition of each arm is reported, and `ratio` = residency ÷ the higher raw arm. A
+//! ratio above 1 means the reference is not the physical limit it claims to be: the bench then
+//! fails.
 use crate::args::BenchIoArgs;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::expert_layouts;
 use nectar_residency::io::{ExpertIo, FileIo};
-use nectar_residency::layout::SlotLayout;
+use nectar_residency::layout::{ReadOp, SlotLayout};
 use nectar_residency::{ExpertKey, Residency, ResidencyConfig, Slab};
 use serde_json::json;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,95 +40,203 @@ impl Rng {
     }
 }
 
-fn experts(layouts: &[Vec<SlotLayout>]) -> Vec<ExpertKey> {
-    layouts
-        .iter()
-        .enumerate()
-        .flat_map(|(l, v)| (0..v.len()).map(move |e| ExpertKey::new(l, e)))
+/// One raw request: the reads that fill a buffer and the payload bytes they carry.
+struct Item<'a> {
+    reads: &'a [ReadOp],
+    bytes: u64,
+}
+
+/// The raw arms: `threads` readers, each with its own buffer, allocated and touched once (never
+/// inside a timed window).
+pub(crate) struct RawReader {
+    io: Arc<FileIo>,
+    bufs: Slab,
+    /// Sequential requests covering every shard in order.
+    chunks: Vec<ReadOp>,
+    /// Bytes of one sequential request.
+    pub(crate) chunk_bytes: usize,
+}
+
+impl RawReader {
+    /// Buffers for whole experts of `layouts` and sequential requests of `chunk_mib` MiB.
+    pub(crate) fn new(
+        io: Arc<FileIo>,
+        paths: &[PathBuf],
+        layouts: &[Vec<SlotLayout>],
+        threads: usize,
+        chunk_mib: usize,
+    ) -> Result<RawReader> {
+        let chunk = chunk_mib.max(1) << 20;
+        let slot = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
+        let bufs = Slab::new(threads.max(1), slot.max(chunk)).context("allocating read buffers")?;
+        for i in 0..bufs.len() {
+            // SAFETY: no other reference to the slab exists yet.
+            unsafe { bufs.slot_mut(i) }.fill(0x5a);
+        }
+        let mut chunks = Vec::new();
+        for (shard, p) in paths.iter().enumerate() {
+            let len = std::fs::metadata(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .len();
+            let mut off = 0u64;
+            while off < len {
+                chunks.push(ReadOp {
+                    shard,
+                    file_offset: off,
+                    len: chunk,
+                    needed: (len - off).min(chunk as u64) as usize,
+                    slot_offset: 0,
+                });
+                off += chunk as u64;
+            }
+        }
+        anyhow::ensure!(!chunks.is_empty(), "no shard bytes to read");
+        Ok(RawReader {
+            io,
+            bufs,
+            chunks,
+            chunk_bytes: chunk,
+        })
+    }
+
+    /// Threads take items `start, start + 1, ...` (cyclically) in order, each as soon as it is
+    /// free, for `secs`; returns GB/s of payload read (the last items finish inside the window).
+    fn drive<'a>(
+        &self,
+        n: usize,
+        item: &(dyn Fn(usize) -> Item<'a> + Sync),
+        start: usize,
+        secs: f64,
+    ) -> Result<f64> {
+        let (cursor, bytes) = (AtomicUsize::new(0), AtomicU64::new(0));
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs_f64(secs);
+        std::thread::scope(|s| -> Result<()> {
+            let handles: Vec<_> = (0..self.bufs.len())
+                .map(|t| {
+                    let (cursor, bytes) = (&cursor, &bytes);
+                    s.spawn(move || -> Result<()> {
+                        // SAFETY: thread `t` alone uses slot `t` of the slab.
+                        let dst = unsafe { self.bufs.slot_mut(t) };
+                        while Instant::now() < deadline {
+                            let i = cursor.fetch_add(1, Ordering::Relaxed);
+                            let it = item((start + i) % n);
+                            for op in it.reads {
+                                self.io
+                                    .read(op, &mut dst[op.slot_offset..op.slot_offset + op.len])?;
+                            }
+                            bytes.fetch_add(it.bytes, Ordering::Relaxed);
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+            }
+            Ok(())
+        })?;
+        Ok(bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    }
+
+    /// Whole experts `keys` in this order (cyclically).
+    pub(crate) fn experts(
+        &self,
+        layouts: &[Vec<SlotLayout>],
+        keys: &[ExpertKey],
+        secs: f64,
+    ) -> Result<f64> {
+        anyhow::ensure!(!keys.is_empty(), "no experts to read");
+        let item = |i: usize| {
+            let k = keys[i];
+            let l = &layouts[k.layer as usize][k.expert as usize];
+            Item {
+                reads: &l.reads,
+                bytes: l.payload,
+            }
+        };
+        self.drive(keys.len(), &item, 0, secs)
+    }
+
+    /// Sequential requests through the shards from request `start` on.
+    pub(crate) fn sequential(&self, start: usize, secs: f64) -> Result<f64> {
+        let item = |i: usize| Item {
+            reads: std::slice::from_ref(&self.chunks[i]),
+            bytes: self.chunks[i].needed as u64,
+        };
+        self.drive(self.chunks.len(), &item, start, secs)
+    }
+
+    /// Sequential requests in all.
+    pub(crate) fn n_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+}
+
+/// `n` uniformly random experts of the layers `moe` (a raw-read sequence).
+pub(crate) fn random_experts(
+    layouts: &[Vec<SlotLayout>],
+    moe: &[usize],
+    n: usize,
+    seed: u64,
+) -> Vec<ExpertKey> {
+    let mut rng = Rng(seed | 1);
+    (0..n)
+        .map(|_| {
+            let l = moe[(rng.next() % moe.len() as u64) as usize];
+            ExpertKey::new(l, (rng.next() % layouts[l].len() as u64) as usize)
+        })
         .collect()
 }
 
-/// Raw arm: `threads` workers each read whole random experts into a private aligned buffer.
-pub(crate) fn raw(
-    io: &Arc<FileIo>,
-    layouts: &[Vec<SlotLayout>],
-    threads: usize,
-    secs: f64,
-) -> Result<f64> {
-    let keys = experts(layouts);
-    let slot = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
-    let bytes = AtomicU64::new(0);
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs_f64(secs);
-    std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (io, keys, bytes) = (io.clone(), &keys, &bytes);
-                s.spawn(move || -> Result<()> {
-                    let buf = Slab::new(1, slot).context("allocating a read buffer")?;
-                    let mut rng = Rng(0x9E37_79B9 + t as u64 * 7919);
-                    while Instant::now() < deadline {
-                        let k = keys[(rng.next() % keys.len() as u64) as usize];
-                        let lay = &layouts[k.layer as usize][k.expert as usize];
-                        // SAFETY: this thread owns its one-slot buffer exclusively.
-                        let dst = unsafe { buf.slot_mut(0) };
-                        for op in &lay.reads {
-                            io.read(op, &mut dst[op.slot_offset..op.slot_offset + op.len])?;
-                        }
-                        bytes.fetch_add(lay.payload, Ordering::Relaxed);
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-        }
-        Ok(())
-    })?;
-    Ok(bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64() / 1e9)
-}
-
-/// Manager arm: waves of `wave` random experts of one layer (one LRU slot per layer, so nearly
-/// every request misses), each acquired, awaited and released at a safe point.
-fn managed(
-    io: &Arc<FileIo>,
-    layouts: &[Vec<SlotLayout>],
-    threads: usize,
-    wave: usize,
-    secs: f64,
-) -> Result<f64> {
-    let cfg = ResidencyConfig {
-        lru_per_layer: vec![1; layouts.len()],
-        working_slots: wave,
-        prefetch_slots: 0,
-        io_threads: threads,
-        pinned: Vec::new(),
-        mlock: false,
-        admission: nectar_residency::Admission::Lru,
-    };
-    let r = Residency::new(cfg, layouts.to_vec(), io.clone() as Arc<dyn ExpertIo>)?;
+/// Waves of the residency arm: (layer, sorted distinct experts).
+fn waves(layouts: &[Vec<SlotLayout>], wave: usize, n: usize, seed: u64) -> Vec<(usize, Vec<u32>)> {
     let moe: Vec<usize> = (0..layouts.len())
         .filter(|&l| !layouts[l].is_empty())
         .collect();
-    let mut rng = Rng(0xC0FFEE);
+    let mut rng = Rng(seed | 1);
+    (0..n)
+        .map(|_| {
+            let l = moe[(rng.next() % moe.len() as u64) as usize];
+            let e = layouts[l].len() as u64;
+            let mut ids: Vec<u32> = (0..wave).map(|_| (rng.next() % e) as u32).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            (l, ids)
+        })
+        .collect()
+}
+
+/// Residency arm: the waves in order (cyclically) for `secs`; GB/s of expert bytes read.
+fn managed(r: &Residency, waves: &[(usize, Vec<u32>)], secs: f64) -> Result<f64> {
+    let b0 = r.telemetry().bytes_read;
     let t0 = Instant::now();
-    while t0.elapsed().as_secs_f64() < secs {
-        let l = moe[(rng.next() % moe.len() as u64) as usize];
-        let n = layouts[l].len() as u64;
-        let mut ids: Vec<u32> = (0..wave).map(|_| (rng.next() % n) as u32).collect();
-        ids.sort_unstable();
-        ids.dedup();
+    let mut i = 0;
+    while i == 0 || t0.elapsed().as_secs_f64() < secs {
+        let (l, ids) = &waves[i % waves.len()];
         let leases = r
-            .acquire(l, &ids)?
+            .acquire(*l, ids)?
             .into_iter()
             .map(|p| p.wait())
             .collect::<Result<Vec<_>, _>>()?;
         drop(leases);
         r.end_wave()?;
+        i += 1;
     }
-    Ok(r.telemetry().bytes_read as f64 / t0.elapsed().as_secs_f64() / 1e9)
+    Ok((r.telemetry().bytes_read - b0) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
+}
+
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 pub fn io(a: BenchIoArgs) -> Result<()> {
@@ -122,6 +247,11 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         "{}: no routed experts to read",
         a.model.display()
     );
+    anyhow::ensure!(
+        a.wave > 0 && a.threads > 0,
+        "--wave and --threads must be positive"
+    );
+    let load_start = load_average();
     let io = Arc::new(FileIo::open(&paths, true)?);
     let request = layouts
         .iter()
@@ -130,38 +260,96 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         .max()
         .unwrap_or(0);
     let threads = a.threads;
-    let (mut raws, mut mans) = (Vec::new(), Vec::new());
-    for _ in 0..a.repeats.max(1) {
-        raws.push(raw(&io, &layouts, threads, a.seconds)?);
-        mans.push(managed(&io, &layouts, threads, a.wave, a.seconds)?);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        v[v.len() / 2]
+    let raw = RawReader::new(io.clone(), &paths, &layouts, threads, a.seq_mib)?;
+    let cfg = ResidencyConfig {
+        lru_per_layer: vec![1; layouts.len()],
+        working_slots: a.wave,
+        prefetch_slots: 0,
+        io_threads: threads,
+        pinned: Vec::new(),
+        mlock: false,
+        admission: nectar_residency::Admission::Lru,
     };
-    let (raw_gbps, man_gbps) = (median(&mut raws), median(&mut mans));
-    let ratio = man_gbps / raw_gbps.max(1e-12);
+    let res = Residency::new(cfg, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
+    // Untimed warm-up: every working and LRU slot of the manager gets written once.
+    let warm = waves(&layouts, a.wave, 2 * layouts.len() + 4, 0xDEC0DE);
+    for (l, ids) in &warm {
+        let leases = res
+            .acquire(*l, ids)?
+            .into_iter()
+            .map(|p| p.wait())
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(leases);
+        res.end_wave()?;
+    }
+    let (mut same, mut seq, mut mans) = (Vec::new(), Vec::new(), Vec::new());
+    let reps = a.repeats.max(1);
+    for rep in 0..reps {
+        // A fresh sequence per repetition, long enough for any arm: every arm reads it from
+        // its start.
+        let w = waves(&layouts, a.wave, 4096, 0xC0FFEE + rep as u64 * 7919);
+        let keys: Vec<ExpertKey> = w
+            .iter()
+            .flat_map(|(l, ids)| ids.iter().map(move |&e| ExpertKey::new(*l, e as usize)))
+            .collect();
+        let seq_start = (rep * raw.n_chunks()) / reps;
+        for arm in 0..3 {
+            match (arm + rep) % 3 {
+                0 => same.push(raw.experts(&layouts, &keys, a.seconds)?),
+                1 => mans.push(managed(&res, &w, a.seconds)?),
+                _ => seq.push(raw.sequential(seq_start, a.seconds)?),
+            }
+        }
+    }
+    let (same_gbps, seq_gbps, man_gbps) = (median(&same), median(&seq), median(&mans));
+    let (reference, reference_arm) = if seq_gbps >= same_gbps {
+        (seq_gbps, "sequential")
+    } else {
+        (same_gbps, "same_sequence")
+    };
+    let ratio = man_gbps / reference.max(1e-12);
     let out = json!({
         "bench": "io",
         "model": a.model,
         "request_bytes": request,
+        "sequential_request_bytes": raw.chunk_bytes,
         "threads": threads,
         "wave": a.wave,
         "direct_io_shards": io.direct_count(),
         "shards": paths.len(),
         "seconds_per_arm": a.seconds,
-        "repeats": a.repeats,
-        "raw_gbps": raw_gbps,
+        "repeats": reps,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "raw_same_sequence_gbps": same_gbps,
+        "raw_sequential_gbps": seq_gbps,
         "residency_gbps": man_gbps,
+        "reference_gbps": reference,
+        "reference_arm": reference_arm,
         "ratio": ratio,
+        "repetitions": {
+            "raw_same_sequence_gbps": same,
+            "raw_sequential_gbps": seq,
+            "residency_gbps": mans,
+        },
     });
     if a.json {
         println!("{out}");
     } else {
         println!(
-            "expert loads: residency {man_gbps:.2} GB/s vs raw pread {raw_gbps:.2} GB/s at {:.1} MB requests, {threads} threads: ratio {ratio:.3}",
-            request as f64 / 1e6
+            "expert loads: residency {man_gbps:.3} GB/s; raw, same experts in the same order \
+             {same_gbps:.3} GB/s ({:.1} MB requests); raw, sequential {seq_gbps:.3} GB/s ({} MiB \
+             requests); {threads} threads: ratio {ratio:.3} of the {reference_arm} arm",
+            request as f64 / 1e6,
+            raw.chunk_bytes >> 20
         );
     }
+    anyhow::ensure!(
+        ratio <= 1.0,
+        "residency {man_gbps:.3} GB/s exceeds the higher raw arm ({reference_arm}, \
+         {reference:.3} GB/s): ratio {ratio:.3} > 1, so that reference is not the physical limit \
+         — the reference is wrong (or the disk's level drifted between arms; re-run with more \
+         --repeats)"
+    );
     Ok(())
 }

@@ -1,12 +1,12 @@
 //! Real next-layer predictions for a recorded routing trace, for `nectar bench decode --prefetch
-//! pilot`: the trace's model (the demo model by default) re-runs every conversation of the trace
+//! pilot`: the trace's model (by default the one its manifest names) re-runs every conversation of the trace
 //! with prediction on, and each row gets the experts PILOT predicted for each MoE layer from the
 //! previous layer's post-attention state. The replay then prefetches exactly what the real
 //! predictor would have, on the synth container's geometry.
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::{LoadOptions, Prefetch};
 use nectar_model::{Glm5, Observer, SeqStep};
-use nectar_residency::sim::read_npy_u16;
+use nectar_residency::trace::Trace;
 use std::path::Path;
 
 /// Predictions `[row][trace layer] → experts` (trace layer i = model MoE layer `first_moe + i`;
@@ -49,41 +49,22 @@ impl Observer for Collect {
     }
 }
 
-/// Runs `model_dir` over the `kind` trace of `trace_dir` (segments from its manifest) and
-/// returns the predictions for every row. `experts` holds the trace's `[T, layers, k]` routes.
-pub fn predictions(
-    trace_dir: &Path,
-    kind: &str,
-    model_dir: &Path,
-    experts: &[i8],
-    shape: &[usize],
-) -> Result<TracePredictions> {
-    let (t_all, tl, tk) = (shape[0], shape[1], shape[2]);
-    let tok_path = trace_dir.join(format!("{kind}.tokens.npy"));
-    let bytes =
-        std::fs::read(&tok_path).with_context(|| format!("reading {}", tok_path.display()))?;
-    let (_, tokens) =
-        read_npy_u16(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", tok_path.display()))?;
+/// Runs `model_dir` over every segment of `trace` (prompt and decoded rows, as the trace was
+/// recorded) and returns the predictions for every row.
+pub fn predictions(trace: &Trace, model_dir: &Path) -> Result<TracePredictions> {
+    let (t_all, tl) = (trace.rows, trace.layers.len());
+    let tokens = trace.tokens.as_ref().with_context(|| {
+        format!(
+            "{}: the trace has no token ids, so the predictor cannot re-run it",
+            trace.path.display()
+        )
+    })?;
+    let segments = &trace.segments;
     anyhow::ensure!(
-        tokens.len() == t_all,
-        "{}: {} tokens for {t_all} trace rows",
-        tok_path.display(),
-        tokens.len()
+        !segments.is_empty(),
+        "{}: the trace has no segments",
+        trace.path.display()
     );
-    let manifest_path = trace_dir.join("manifest.json");
-    let manifest: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(&manifest_path)
-            .with_context(|| format!("reading {}", manifest_path.display()))?,
-    )
-    .with_context(|| format!("parsing {}", manifest_path.display()))?;
-    let segments = manifest["traces"][kind]["segments"]
-        .as_array()
-        .with_context(|| {
-            format!(
-                "{}: no segments for trace `{kind}`",
-                manifest_path.display()
-            )
-        })?;
     let opts = LoadOptions {
         prefetch: Prefetch::Measure,
         ..Default::default()
@@ -91,19 +72,17 @@ pub fn predictions(
     let model = Glm5::load_with(model_dir, &opts)
         .with_context(|| format!("loading the predictor model {}", model_dir.display()))?;
     let first_moe = model.cfg.dense.iter().position(|d| !d).unwrap_or(0);
-    // The trace's last layer is the MTP layer, which the main forward does not predict.
-    let layers = tl.saturating_sub(1);
+    // Trace layers of the main model (the MTP layer is not predicted by the main forward).
+    let hidden_layers = model.cfg.raw.num_hidden_layers as u32;
+    let layers = trace.layers.iter().filter(|&&l| l < hidden_layers).count();
     let mut predicted = vec![vec![Vec::new(); tl]; t_all];
     let (mut chosen, mut named, mut agreed) = (0u64, 0u64, 0u64);
     for seg in segments {
-        let (start, end) = (
-            seg["start"].as_u64().unwrap_or(0) as usize,
-            seg["end"].as_u64().unwrap_or(0) as usize,
-        );
+        let (start, end) = (seg.start, seg.end);
         anyhow::ensure!(
             start < end && end <= t_all,
-            "{}: bad segment {seg}",
-            manifest_path.display()
+            "{}: empty segment {start}..{end}",
+            trace.path.display()
         );
         let n = end - start;
         let ids: Vec<u32> = tokens[start..end].iter().map(|&t| u32::from(t)).collect();
@@ -123,12 +102,7 @@ pub fn predictions(
         )?;
         for (r, (pred, routed)) in obs.predicted.iter_mut().zip(&obs.routed).enumerate() {
             for (i, (p, got)) in pred.iter_mut().zip(routed).enumerate() {
-                let base = ((start + r) * tl + i) * tk;
-                let truth: Vec<u32> = experts[base..base + tk]
-                    .iter()
-                    .filter(|&&e| e >= 0)
-                    .map(|&e| e as u32)
-                    .collect();
+                let truth: Vec<u32> = trace.experts(start + r, i).collect();
                 chosen += truth.len() as u64;
                 named += truth.iter().filter(|e| p.contains(e)).count() as u64;
                 agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
