@@ -62,9 +62,11 @@ pub struct RunArgs {
     /// predicted experts into their own slots, with --memory-budget). Never changes the output.
     #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
     pub prefetch: String,
-    /// Admission of misses into a full layer (with --memory-budget): `frequency` (only a miss
-    /// whose decayed request count beats the weakest resident's; half-life 64 tokens) or `lru`.
-    #[arg(long, default_value = "frequency", value_parser = ["lru", "frequency"])]
+    /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
+    /// with the highest predicted value: decayed frequency, a look-ahead from the last time
+    /// this token context occurred, learned expert transitions), `frequency` (only a miss whose
+    /// decayed request count beats the weakest resident's; half-life 64 tokens) or `lru`.
+    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
     pub admission: String,
     /// Pinned experts (with --memory-budget): `auto` pins the most used experts of the model
     /// directory's usage ledger (`.coli_usage`) by Colibri's auto rule, `off` pins none, a FILE
@@ -329,6 +331,90 @@ pub enum BenchWhat {
     Io(BenchIoArgs),
     /// Synthetic decode over a container with K LRU slots per layer and replayed routes.
     Decode(BenchDecodeArgs),
+    /// Recorded routing replayed through the real slot policy, against Belady-OPT.
+    Policy(BenchPolicyArgs),
+    /// Recorded routing driving the real model (attention, spine, MoE through the residency
+    /// manager, I/O workers, kernels) on a container under memory budgets.
+    Replay(BenchReplayArgs),
+}
+
+/// `nectar bench replay`.
+#[derive(Debug, Args)]
+pub struct BenchReplayArgs {
+    /// The container to run (e.g. `nectar synth --layers 8 --mtp`: GLM-5.2's geometry).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Trace directory (default: the route256 traces, GLM-5.2's expert shape).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Trace kind whose conversations are replayed.
+    #[arg(long, default_value = "decode")]
+    pub kind: String,
+    /// Memory budgets, comma-separated (`K`/`M`/`G`/`T`); each runs on a freshly loaded model.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub memory_budget: Vec<String>,
+    /// Speculation modes, comma-separated: `off`, `on` (MTP drafts one token per step, the
+    /// main forward verifies two rows; acceptance drawn with --acceptance).
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub mtp: Vec<String>,
+    /// Probability that a draft is accepted (default: the MTP acceptance measured on the
+    /// route256 model, 0.686).
+    #[arg(long, default_value_t = 0.686)]
+    pub acceptance: f64,
+    /// Conversations replayed per run (the trace's first N segments).
+    #[arg(long, default_value_t = 2)]
+    pub conversations: usize,
+    /// Decode tokens per conversation at most (after its prompt).
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Expert-reading threads.
+    #[arg(long, default_value_t = 3)]
+    pub io_threads: usize,
+    /// What a full layer keeps: `predictive`, `frequency` or `lru` (see `nectar run`).
+    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
+    pub admission: String,
+    /// Seconds of each raw-disk sample (whole experts in the order this run missed them),
+    /// taken before and after every run.
+    #[arg(long, default_value_t = 2.0)]
+    pub raw_seconds: f64,
+    /// Seed of the acceptance draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `nectar bench policy`.
+#[derive(Debug, Args)]
+pub struct BenchPolicyArgs {
+    /// Trace directory (`manifest.json`, `{kind}.experts.npy`; default: the route256 traces,
+    /// GLM-5.2's expert shape).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Trace kinds to replay, comma-separated (default: every kind of the directory).
+    #[arg(long, value_delimiter = ',')]
+    pub kinds: Vec<String>,
+    /// LRU slots per layer, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,12,16,32,64")]
+    pub slots: Vec<usize>,
+    /// Admission policies to replay, comma-separated: `lru`, `frequency` (half-life
+    /// --half-life), `predictive` (the default of `run` and `serve`).
+    #[arg(long, value_delimiter = ',', default_value = "lru,frequency,predictive")]
+    pub admission: Vec<String>,
+    /// Half-life of the frequency score, in waves (tokens) of the layer.
+    #[arg(long, default_value_t = 64.0)]
+    pub half_life: f64,
+    /// Decode rows per step (w > 1: verifying w tokens per forward, as speculative decoding
+    /// does).
+    #[arg(long, default_value_t = 1)]
+    pub window: usize,
+    /// Layers replayed: `main` (the model's MoE layers), `mtp` (the MTP layer) or `all`.
+    #[arg(long, default_value = "main", value_parser = ["main", "mtp", "all"])]
+    pub layers: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `nectar bench io`.
@@ -349,6 +435,9 @@ pub struct BenchIoArgs {
     /// Repetitions (the three arms rotate their order; the median of each is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Request size of the sequential raw arm (the device ceiling), in MiB.
+    #[arg(long, default_value_t = 32)]
+    pub seq_mib: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -371,6 +460,9 @@ pub struct BenchDecodeArgs {
     /// used as recorded: the container needs at least the trace's experts per layer.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Which trace of the directory to replay (its decode rows only: prompt rows are prefill).
+    #[arg(long, default_value = "decode")]
+    pub trace_kind: String,
     /// Measured tokens.
     #[arg(long, default_value_t = 100)]
     pub tokens: usize,
@@ -415,6 +507,14 @@ pub struct BenchDecodeArgs {
     /// taken between tokens through the run and excluded from its time.
     #[arg(long, default_value_t = 0.5)]
     pub raw_seconds: f64,
+    /// Measured tokens between raw-disk samples (samples also precede the first and follow the
+    /// last measured token).
+    #[arg(long, default_value_t = 20)]
+    pub raw_every: usize,
+    /// Bytes the emulated spine slices rotate through, in MB (0: at least 4× the last-level
+    /// cache read from sysfs, so the compute-bound figure streams from DRAM).
+    #[arg(long, default_value_t = 0.0)]
+    pub spine_pool_mb: f64,
     /// Route generator seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -435,12 +535,14 @@ pub struct BenchKernelsArgs {
     /// Only cases whose name contains this text (e.g. `expert`, `lm_head`).
     #[arg(long)]
     pub filter: Option<String>,
-    /// Activation rows to measure (default 1,4,32).
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 32])]
+    /// Activation rows to measure (default 1,2,4,8,32: decode, MTP verify / small batches,
+    /// a prefill chunk).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8, 32])]
     pub m: Vec<usize>,
-    /// Request size of the sequential raw arm (the device ceiling), in MiB.
-    #[arg(long, default_value_t = 32)]
-    pub seq_mib: usize,
+    /// Thread counts to measure, each with its own read-bandwidth reference (default: 1 and
+    /// all cores).
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
 }
 
 /// `nectar fit`.
@@ -462,9 +564,6 @@ pub struct FitArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
-    /// Which trace of the directory to replay (its decode rows only: prompt rows are prefill).
-    #[arg(long, default_value = "decode")]
-    pub trace_kind: String,
 }
 
 /// `nectar synth`.
@@ -507,14 +606,6 @@ pub struct ServeArgs {
     #[arg(long)]
     pub ctx_size: Option<usize>,
     /// Requests decoded together (continuous batching: one forward per step over every row, so
-    /// Measured tokens between raw-disk samples (samples also precede the first and follow the
-    /// last measured token).
-    #[arg(long, default_value_t = 20)]
-    pub raw_every: usize,
-    /// Bytes the emulated spine slices rotate through, in MB (0: at least 4× the last-level
-    /// cache read from sysfs, so the compute-bound figure streams from DRAM).
-    #[arg(long, default_value_t = 0.0)]
-    pub spine_pool_mb: f64,
     /// each routed expert is read once per layer per step).
     #[arg(long, default_value_t = 4)]
     pub parallel: usize,

@@ -14,6 +14,13 @@ pub trait Observer {
     /// The next-layer prediction for `row` at MoE layer `layer` (made from the previous
     /// layer's post-attention state; only with prediction on, see `Prefetch`).
     fn predicted(&mut self, _layer: usize, _row: usize, _ids: &[u32]) {}
+    /// **Benchmark replay only** (`nectar bench replay`): experts that replace the router's
+    /// choice for `row` at MoE layer `layer`, so a recorded routing trace drives the real model
+    /// code. Every observer of `run`, `serve` and the tests keeps the default (`None`: the
+    /// router decides); the replacement experts share the router's total combine weight.
+    fn replay_route(&mut self, _layer: usize, _row: usize) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// An observer that ignores everything.

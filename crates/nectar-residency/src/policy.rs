@@ -161,6 +161,20 @@ impl Admission {
         match_weight: 1.0,
         transition_weight: 2.0,
     };
+
+    /// The names [`Admission::from_name`] accepts, the default first.
+    pub const NAMES: [&'static str; 3] = ["predictive", "frequency", "lru"];
+
+    /// The admission a command-line name stands for: `predictive` ([`Admission::PREDICTIVE`]),
+    /// `frequency` (half-life 64 waves) or `lru`.
+    pub fn from_name(name: &str) -> Option<Admission> {
+        match name {
+            "predictive" => Some(Admission::PREDICTIVE),
+            "frequency" => Some(Admission::Frequency { half_life: 64.0 }),
+            "lru" => Some(Admission::Lru),
+            _ => None,
+        }
+    }
 }
 
 /// A key's decayed request count, as of a wave of its layer.

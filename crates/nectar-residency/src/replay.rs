@@ -121,6 +121,11 @@ pub fn replay_policy(
         if s.reset {
             policy = fresh();
         }
+        if let Some(tok) = &trace.tokens {
+            for r in s.rows.clone() {
+                policy.observe_token(u32::from(tok[r]));
+            }
+        }
         for (li, r) in reqs.iter().enumerate() {
             for &e in &r[t] {
                 let hit = matches!(
@@ -281,7 +286,7 @@ mod tests {
             segs.push(seg(cut, n));
         }
         let cap = (rng.next_u64() % 4) as usize;
-        (trace(&rows, segs, rng.next_u64() % 2 == 0), cap)
+        (trace(&rows, segs, rng.next_u64().is_multiple_of(2)), cap)
     }
 
     /// The best hit count any cache of `cap` slots can get: exhaustive search over which

@@ -2,34 +2,50 @@
 //! judged as a ratio to the read bandwidth measured in the same run (`specs/performance.md` §6,
 //! Bench C).
 //!
-//! Method. One arena of random bytes (≥ 1 GiB, more than the largest last-level caches) holds
-//! as many copies of each matrix as fill it; successive products rotate through the copies, so
-//! every product streams its weights from DRAM as a decode step would. Weight GB/s counts
-//! weight and scale bytes per second. The reference bandwidth is a parallel read-only sum over
-//! the same arena on the same thread count, measured once per thread count and again right
-//! before each case (the ratio uses the latter, so that other work on a shared machine affects
-//! both sides alike). Each case is warmed up, then timed in repetitions of at least a fixed
-//! duration; the median repetition is reported. Before timing, sampled outputs of every matrix
-//! case are checked bit for bit against the scalar reference, and the fused expert against the
-//! separate steps.
+//! Method. One arena of random bytes (at least 8× the last-level cache read from sysfs, and at
+//! least 1 GiB; capped to half the available memory, which the output then says) holds as many
+//! copies of each matrix as fill it (at least two); successive products rotate through the
+//! copies, so every product streams its weights from DRAM as a decode step would. Weight GB/s
+//! counts weight and scale bytes per second.
+//!
+//! The reference is [`nectar_kernels::read_sum`]: a vectorised read of the whole arena (AVX-512 /
+//! AVX2 / NEON chosen at run time, eight independent accumulators, with and without software
+//! prefetch), split into one contiguous part per thread, the best of ≥ 5 passes per mode. It is
+//! measured per thread count at the start and again right before each case; a case's ratio
+//! uses the larger of the two (the best the memory system was seen to do), so contention can
+//! only lower a ratio, never raise it. A ratio above 1.0 means the reference read low, and fails
+//! the run.
+//!
+//! Each case is warmed up, then timed in repetitions of at least a fixed duration; the median
+//! repetition is reported. Before timing, sampled outputs of every matrix case are checked bit
+//! for bit against the scalar reference, and the fused expert against the separate steps.
 use crate::args::{BenchArgs, BenchKernelsArgs, BenchWhat};
 use anyhow::{bail, Context, Result};
 use nectar_kernels::{
-    decode_row, dot_scalar, expert_swiglu, matmul, matmul_int8_act, swiglu_in_place, ExpertRef,
-    MatRef, WeightFormat, INT8_ACT_BLOCK,
+    decode_row, dot_scalar, expert_swiglu, matmul, matmul_int8_act, read_sum, swiglu_in_place,
+    ExpertRef, MatRef, ReadMode, WeightFormat, INT8_ACT_BLOCK,
 };
 use rayon::prelude::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-/// Bytes each case rotates through (and the read-bandwidth buffer): above any L3 we target.
-const POOL_BYTES: usize = 1 << 30;
+/// The arena (each case's rotating copies, and the read reference's buffer) is at least this
+/// many times the last-level cache...
+const LLC_MULTIPLE: usize = 8;
+/// ...and at least this large.
+const ARENA_FLOOR: usize = 1 << 30;
+/// Fallback last-level cache size when sysfs says nothing.
+const LLC_FALLBACK: usize = 32 << 20;
+/// Passes of the read reference per mode; the best is kept.
+const READ_PASSES: usize = 5;
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         BenchWhat::Kernels(k) => kernels(k),
         BenchWhat::Io(a) => super::bench_io::io(a),
         BenchWhat::Decode(a) => super::bench_decode::decode(a),
+        BenchWhat::Policy(a) => super::bench_policy::policy(a),
+        BenchWhat::Replay(a) => super::bench_replay::replay(a),
     }
 }
 
@@ -117,8 +133,10 @@ impl Case {
         })
     }
 
-    fn copies(&self) -> usize {
-        POOL_BYTES.div_ceil(self.sizes().0).max(1)
+    /// Rotating copies filling `target` bytes (at least two, so no product reads the weights
+    /// the previous one left in cache).
+    fn copies(&self, target: usize) -> usize {
+        target.div_ceil(self.sizes().0).max(2)
     }
 
     fn kernel(&self) -> String {
@@ -185,20 +203,96 @@ fn activations(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Read-only pass over `buf`: 8 independent 64-bit sums per 64-byte line.
-fn read_sum(buf: &[u8]) -> u64 {
-    buf.par_chunks(1 << 20)
-        .map(|c| {
-            let mut acc = [0u64; 8];
-            for line in c.chunks_exact(64) {
-                for (k, a) in acc.iter_mut().enumerate() {
-                    let w = u64::from_le_bytes(line[8 * k..8 * k + 8].try_into().unwrap());
-                    *a = a.wrapping_add(w);
-                }
+/// The read reference on `pool`'s threads: `buf` cut into one contiguous, page-aligned part
+/// per thread, every thread reading its part with [`read_sum`]; the best of `passes` passes of
+/// each mode (modes alternate pass by pass). Returns GB/s and the faster mode.
+fn read_reference(pool: &rayon::ThreadPool, buf: &[u8], passes: usize) -> (f64, ReadMode) {
+    let threads = pool.current_num_threads().max(1);
+    let part = (buf.len() / threads) & !4095;
+    let mut best = (0.0f64, ReadMode::Plain);
+    for _ in 0..passes {
+        for mode in [ReadMode::Plain, ReadMode::Prefetch] {
+            let t = Instant::now();
+            pool.broadcast(|ctx| {
+                let p = &buf[ctx.index() * part..(ctx.index() + 1) * part];
+                std::hint::black_box(read_sum(std::hint::black_box(p), mode));
+            });
+            let gbps = (part * threads) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            if gbps > best.0 {
+                best = (gbps, mode);
             }
-            acc.iter().fold(0u64, |x, y| x.wrapping_add(*y))
-        })
-        .reduce(|| 0, u64::wrapping_add)
+        }
+    }
+    best
+}
+
+/// Last-level cache in bytes and where the figure came from: the largest cache level in
+/// sysfs, summed over its distinct instances (as lscpu reports it), or a fallback.
+fn llc_bytes() -> (usize, String) {
+    let mut top = (0u32, std::collections::BTreeMap::<String, usize>::new());
+    let cpus = std::fs::read_dir("/sys/devices/system/cpu")
+        .into_iter()
+        .flatten();
+    for cpu in cpus.flatten() {
+        let name = cpu.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("cpu") || !name[3..].chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let idx = std::fs::read_dir(cpu.path().join("cache"))
+            .into_iter()
+            .flatten();
+        for ix in idx.flatten() {
+            let read = |f: &str| std::fs::read_to_string(ix.path().join(f)).ok();
+            let (Some(level), Some(size)) = (read("level"), read("size")) else {
+                continue;
+            };
+            if read("type").is_some_and(|t| t.trim() == "Instruction") {
+                continue;
+            }
+            let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), parse_size(&size)) else {
+                continue;
+            };
+            let shared = read("shared_cpu_list").unwrap_or_else(|| name.clone());
+            if level > top.0 {
+                top = (level, Default::default());
+            }
+            if level == top.0 {
+                top.1.insert(shared.trim().to_string(), size);
+            }
+        }
+    }
+    let total: usize = top.1.values().sum();
+    if total == 0 {
+        (LLC_FALLBACK, "fallback (no cache sizes in sysfs)".into())
+    } else {
+        let n = top.1.len();
+        (total, format!("sysfs: L{} × {n} instance(s)", top.0))
+    }
+}
+
+/// `32768K`, `1M`, `512` (bytes) as sysfs writes cache sizes.
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok().map(|n| n * mul)
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<usize> {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<usize>()
+        .ok()
+        .map(|kib| kib << 10)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -299,6 +393,12 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
     if all.is_empty() {
         bail!("no benchmark case matches the filter");
     }
+    if a.m.contains(&0) {
+        bail!("--m values must be at least 1");
+    }
+    if a.threads.contains(&0) {
+        bail!("--threads values must be at least 1");
+    }
     let plan = if a.quick {
         Plan {
             reps: 3,
@@ -310,34 +410,58 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
             min_rep: Duration::from_millis(250),
         }
     };
+    // Arena: ≥ 8× LLC and ≥ 1 GiB of rotating copies, capped to half the available memory
+    // (this machine is shared; the bench must not push others into swap).
+    let (llc, llc_source) = llc_bytes();
+    let want = (LLC_MULTIPLE * llc).max(ARENA_FLOOR);
+    let cap = mem_available().map(|m| m / 2);
+    let target = cap.map_or(want, |c| want.min(c.max(ARENA_FLOOR)));
     let arena_len = all
         .iter()
-        .map(|c| c.copies() * c.sizes().0)
+        .map(|c| c.copies(target) * c.sizes().0)
         .max()
         .unwrap_or(0)
-        .max(POOL_BYTES);
+        .max(target);
     let scales_len = all
         .iter()
-        .map(|c| c.copies() * c.sizes().1)
+        .map(|c| c.copies(target) * c.sizes().1)
         .max()
         .unwrap_or(0);
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     eprintln!(
-        "bench kernels: arena {:.2} GiB of random weights, isa {}, load average {}",
-        arena_len as f64 / (1u64 << 30) as f64,
+        "bench kernels: arena {:.0} MiB of random weights = {:.1} × LLC ({:.0} MiB, {llc_source}), \
+         isa {}, load average {}",
+        mib(arena_len),
+        arena_len as f64 / llc as f64,
+        mib(llc),
         nectar_kernels::isa(),
         load_average()
     );
-    let arena = random_bytes(arena_len, 0x6e65_6374_6172);
+    if target < want {
+        eprintln!(
+            "bench kernels: NOTE the arena target {:.0} MiB (8 × LLC) was capped to {:.0} MiB, \
+             half the available memory: products may partly hit the LLC",
+            mib(want),
+            mib(target)
+        );
+    }
+    // Page-aligned, as a memory-mapped model is (and so the reference's loads never split
+    // lines).
+    let arena_raw = random_bytes(arena_len + 4096, 0x6e65_6374_6172);
+    let off = arena_raw.as_ptr().align_offset(4096);
+    let arena = &arena_raw[off..off + arena_len];
     let scales = random_scales(scales_len, 7);
 
     let all_threads = rayon::current_num_threads();
-    let mut thread_counts = vec![1];
-    if all_threads > 1 {
-        thread_counts.push(all_threads);
-    }
-    if a.m.contains(&0) {
-        bail!("--m values must be at least 1");
-    }
+    let thread_counts = if a.threads.is_empty() {
+        let mut v = vec![1];
+        if all_threads > 1 {
+            v.push(all_threads);
+        }
+        v
+    } else {
+        a.threads.clone()
+    };
     let ms = a.m.clone();
     let mut rows_out = Vec::new();
     let mut bandwidth = Vec::new();
@@ -346,31 +470,25 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
             .num_threads(threads)
             .build()
             .context("building the benchmark thread pool")?;
-        let read_bw = |plan: &Plan| {
-            pool.install(|| {
-                let secs = time_calls(plan, 1, |_| {
-                    std::hint::black_box(read_sum(std::hint::black_box(&arena)));
-                });
-                arena.len() as f64 / secs / 1e9
-            })
-        };
-        let bw = read_bw(&plan);
-        // Re-measured right before each case, so that a ratio compares the kernel with the read
-        // bandwidth of the same moment on a machine shared with other work.
-        let case_plan = Plan {
-            reps: 3,
-            min_rep: Duration::ZERO,
-        };
-        bandwidth.push(json!({"threads": threads, "gbps": bw, "bytes": arena.len()}));
+        let (session_bw, mode) = read_reference(&pool, arena, READ_PASSES);
+        bandwidth.push(json!({
+            "threads": threads,
+            "gbps": session_bw,
+            "bytes": arena.len(),
+            "passes_per_mode": READ_PASSES,
+            "faster_mode": format!("{mode:?}"),
+        }));
         if !a.json {
             eprintln!(
-                "read bandwidth, {threads} thread(s): {bw:.2} GB/s over {} MiB",
-                arena.len() >> 20
+                "read reference, {threads} thread(s): {session_bw:.2} GB/s (vectorised {}, best of \
+                 {READ_PASSES} passes × 2 modes over {:.0} MiB; faster mode {mode:?})",
+                nectar_kernels::isa(),
+                mib(arena.len())
             );
         }
         for case in &all {
             let (wbytes, nscales) = case.sizes();
-            let copies = case.copies();
+            let copies = case.copies(target);
             let parts = case.parts();
             // Matrix k of copy j: consecutive slices of the arena and of the scales.
             let mat = |k: usize, j: usize| -> MatRef<'_> {
@@ -385,7 +503,9 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                     .expect("arena slices match the shape")
             };
             for &m in &ms {
-                let bw = read_bw(&case_plan);
+                // Re-measured right before each case; the ratio uses the larger of this and
+                // the session figure, so that contention can only lower a ratio.
+                let bw = read_reference(&pool, arena, READ_PASSES).0.max(session_bw);
                 let x = activations(m * case.cols, m as u64);
                 let out_rows = if case.expert { case.cols } else { case.rows };
                 let mut y = vec![0.0f32; m * out_rows];
@@ -476,15 +596,46 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                 "threads_all": all_threads,
                 "isa": nectar_kernels::isa(),
                 "load_average": load_average(),
+                "llc_bytes": llc,
+                "llc_source": llc_source,
             },
             "quick": a.quick,
             "pool_bytes": arena.len(),
+            "arena_llc_multiple": arena.len() as f64 / llc as f64,
             "bandwidth": bandwidth,
             "cases": cases,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         eprintln!("load average at the end: {}", load_average());
+    }
+    // A kernel cannot stream weights from DRAM faster than a plain read of DRAM: a ratio above
+    // 1.0 means the reference read low (or the weights came from a cache), and every ratio of
+    // the run is suspect.
+    let high: Vec<String> = rows_out
+        .iter()
+        .filter(|r| r.gbps / r.bw > 1.0)
+        .map(|r| {
+            format!(
+                "{} {} {} m={} threads={}: {:.2} GB/s against {:.2} (ratio {:.2})",
+                r.case.name,
+                r.case.kernel(),
+                r.case.format.name(),
+                r.m,
+                r.threads,
+                r.gbps,
+                r.bw,
+                r.gbps / r.bw
+            )
+        })
+        .collect();
+    if !high.is_empty() {
+        bail!(
+            "reference reads low: {} case(s) stream weights faster than the read reference, \
+             so no ratio of this run can be trusted: {}",
+            high.len(),
+            high.join("; ")
+        );
     }
     Ok(())
 }
@@ -562,4 +713,37 @@ fn rel_rms_error(exact: &[f32], approx: &[f32]) -> f64 {
         .sum();
     let den: f64 = exact.iter().map(|a| (*a as f64).powi(2)).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn llc_is_a_plausible_size() {
+        let (llc, source) = llc_bytes();
+        assert!((64 << 10..=64 << 30).contains(&llc), "{llc} from {source}");
+    }
+
+    #[test]
+    fn read_reference_reads_every_part() {
+        // Two threads over a buffer that does not split evenly: parts are page-aligned and a
+        // positive rate comes back.
+        let buf = vec![1u8; (3 << 20) + 123];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let (gbps, _) = read_reference(&pool, &buf, 2);
+        assert!(gbps > 0.0 && gbps.is_finite());
+    }
 }

@@ -3,6 +3,8 @@ pub mod bench;
 pub mod bench_decode;
 pub mod bench_io;
 pub mod bench_pilot;
+pub mod bench_policy;
+pub mod bench_replay;
 pub mod convert;
 pub mod fit;
 pub mod grammar;

@@ -26,10 +26,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         ctx_size: a.ctx_size,
         io_threads: a.io_threads,
         prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
-        admission: match a.admission.as_str() {
-            "lru" => nectar_residency::Admission::Lru,
-            _ => nectar_model::arch::glm5::DEFAULT_ADMISSION,
-        },
+        admission: nectar_residency::Admission::from_name(&a.admission)
+            .unwrap_or(nectar_model::arch::glm5::DEFAULT_ADMISSION),
         pin: match budget {
             Some(_) => super::usage::pin_request(&dir, &a.pin, a.pin_size.as_deref())?,
             None => None,

@@ -200,6 +200,12 @@ impl Glm5 {
         {
             self.embed.row(t, xr)?;
         }
+        // The expert cache's predictive admission keys its look-ahead on the token stream.
+        if let Some(res) = self.residency() {
+            for &t in steps.iter().flat_map(|s| s.tokens.iter()) {
+                res.observe_token(t);
+            }
+        }
         let m = layout.rows.len();
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
         let mut stats = PilotStats::default();
@@ -335,6 +341,11 @@ impl Glm5 {
             rms_norm(h, &mtp.hnorm, eps, &mut c[hd..]);
         }
         let mut x = mtp.eh_proj.forward(&cat, m)?;
+        if let Some(res) = self.mtp_residency() {
+            for &t in steps.iter().flat_map(|s| s.next_tokens.iter()) {
+                res.observe_token(t);
+            }
+        }
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
         let mut caches: Vec<&mut LayerCache> = steps.iter_mut().map(|s| &mut s.cache.mtp).collect();
         mtp.layer.forward(
@@ -431,5 +442,8 @@ impl Observer for RouteTap<'_> {
     }
     fn predicted(&mut self, layer: usize, row: usize, ids: &[u32]) {
         self.inner.predicted(layer, row, ids);
+    }
+    fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.inner.replay_route(layer, row)
     }
 }

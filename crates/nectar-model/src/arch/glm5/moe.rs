@@ -1,6 +1,6 @@
 //! Dense MLP and sigmoid-routed MoE (`specs/glm5-architecture.md` §5.10–5.12).
 use crate::blocks::{Linear, Loader};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::observer::Observer;
 use nectar_kernels::{matmul, swiglu_in_place, MatRef};
 use nectar_residency::Residency;
@@ -186,6 +186,22 @@ impl Moe {
             .collect())
     }
 
+    /// A replayed route (see [`Observer::replay_route`]): the recorded experts, each with an
+    /// equal share of the router's total weight.
+    fn replace_route(&self, layer: usize, r: &mut Route, ids: Vec<u32>) -> Result<()> {
+        let n = self.bias.len();
+        if ids.len() > self.top_k || ids.iter().any(|&e| e as usize >= n) {
+            return Err(Error::Input(format!(
+                "layer {layer}: replayed route {ids:?} does not fit top-{} of {n} experts",
+                self.top_k
+            )));
+        }
+        let w = r.weights.iter().sum::<f32>() / ids.len().max(1) as f32;
+        r.weights = vec![w; ids.len()];
+        r.ids = ids;
+        Ok(())
+    }
+
     fn route_row(&self, logits: &[f32]) -> Route {
         let s: Vec<f32> = logits.iter().map(|&z| 1.0 / (1.0 + (-z).exp())).collect();
         let key: Vec<f32> = s
@@ -241,8 +257,11 @@ impl Moe {
         mut after_reads: Option<&mut dyn FnMut() -> Result<()>>,
     ) -> Result<Vec<f32>> {
         let hidden = x.len() / m.max(1);
-        let routes = self.route(x, m)?;
-        for (i, r) in routes.iter().enumerate() {
+        let mut routes = self.route(x, m)?;
+        for (i, r) in routes.iter_mut().enumerate() {
+            if let Some(ids) = obs.replay_route(layer, row0 + i) {
+                self.replace_route(layer, r, ids)?;
+            }
             obs.router(layer, row0 + i, &r.ids, &r.weights);
             for &e in &r.ids {
                 if let Some(c) = self.usage.get(e as usize) {

@@ -1,0 +1,455 @@
+//! `nectar bench replay`: a recorded routing trace drives the real model. The container (a
+//! GLM-5.2-geometry synth: `nectar synth --layers 8 --mtp`) runs its actual forward pass —
+//! attention, the resident spine, MoE through the residency manager and its I/O workers, the
+//! kernels — but each MoE layer takes its experts for each token from the trace instead of
+//! its (random-weight) router, through the benchmark-only `Observer::replay_route` hook. So
+//! the cache sees GLM-5.2-shaped routing (route256: 256 experts, top-8, real text) while the
+//! bytes, kernels and disk are GLM-5.2's.
+//!
+//! Per budget and speculation mode the model is loaded afresh (cold cache) and replays the
+//! first `--conversations` segments of the trace: each prompt in one prefill forward, then up
+//! to `--tokens` decode steps. With `--mtp on` a step verifies two rows (the token and its
+//! draft) in one main forward and runs the MTP layer over the accepted rows; whether the draft
+//! is accepted is drawn with `--acceptance` (seeded), and a rejected row is rolled back, as
+//! the speculative decoder does. Reported: decode and prefill tok/s, the residency's hit rate
+//! over decode steps against Belady-OPT with bypass on the very requests this run made (same
+//! capacity), GB read per token, the I/O workers' busy and compute's wait fractions, and two
+//! bounds — disk-bound tok/s = raw GB/s ÷ Belady's GB per token (the least any policy must
+//! read), raw GB/s measured before and after the run reading the run's own requested experts in
+//! the same order; compute-bound tok/s = tokens ÷ (decode seconds − seconds waiting for
+//! misses).
+use crate::args::BenchReplayArgs;
+use anyhow::{Context, Result};
+use nectar_model::arch::glm5::{expert_layouts, LoadOptions};
+use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
+use nectar_residency::io::{ExpertIo, FileIo};
+use nectar_residency::layout::SlotLayout;
+use nectar_residency::replay::{belady, Count, Step};
+use nectar_residency::sim::Rng;
+use nectar_residency::trace::Trace;
+use nectar_residency::{ExpertKey, Slab, Telemetry};
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Feeds trace routes to the model and records each forward's per-layer requests.
+struct Replayer<'a> {
+    trace: &'a Trace,
+    /// Model layer → trace layer.
+    map: HashMap<usize, usize>,
+    /// Trace row of each row of the current forward.
+    rows: Vec<usize>,
+    /// Per model layer: the unique experts each forward requested, and whether it was decode.
+    requests: HashMap<usize, Vec<Vec<u32>>>,
+    counted: bool,
+}
+
+impl Replayer<'_> {
+    /// Starts a forward over `rows`; its requests count toward the decode hit rate if `counted`.
+    fn begin(&mut self, rows: Vec<usize>, counted: bool, layers: &[usize]) {
+        self.rows = rows;
+        self.counted = counted;
+        for l in layers {
+            self.requests.entry(*l).or_default().push(Vec::new());
+        }
+    }
+}
+
+impl Observer for Replayer<'_> {
+    fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        let tl = *self.map.get(&layer)?;
+        let ids: Vec<u32> = self.trace.experts(*self.rows.get(row)?, tl).collect();
+        if let Some(u) = self.requests.get_mut(&layer).and_then(|v| v.last_mut()) {
+            for &e in &ids {
+                if !u.contains(&e) {
+                    u.push(e);
+                }
+            }
+        }
+        Some(ids)
+    }
+}
+
+/// Model MoE layer → trace layer: the trace layer of the same id when the trace was recorded
+/// on this model's layout, else the trace's main layers in turn; the MTP layer takes the
+/// trace's MTP layer.
+fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
+    let n = model.cfg.raw.num_hidden_layers;
+    let hidden = trace.hidden_layers();
+    let main = trace.main_layers(hidden);
+    anyhow::ensure!(
+        !main.is_empty(),
+        "{}: no main layers",
+        trace.path.display()
+    );
+    let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
+    let same = moe
+        .iter()
+        .all(|&l| main.iter().any(|&i| trace.layers[i] as usize == l));
+    let mut map: HashMap<usize, usize> = moe
+        .iter()
+        .enumerate()
+        .map(|(j, &l)| {
+            let i = if same {
+                main.iter()
+                    .copied()
+                    .find(|&i| trace.layers[i] as usize == l)
+                    .unwrap_or(main[0])
+            } else {
+                main[j % main.len()]
+            };
+            (l, i)
+        })
+        .collect();
+    if let (true, Some(&m)) = (model.has_mtp(), trace.mtp_layers(hidden).first()) {
+        map.insert(n, m);
+    }
+    let experts = model.cfg.raw.n_routed_experts;
+    anyhow::ensure!(
+        trace.experts_per_layer <= experts && trace.top_k <= model.cfg.raw.num_experts_per_tok,
+        "{}: the trace routes top-{} of {} experts; the model has top-{} of {}",
+        trace.path.display(),
+        trace.top_k,
+        trace.experts_per_layer,
+        model.cfg.raw.num_experts_per_tok,
+        experts
+    );
+    Ok(map)
+}
+
+/// Reads `seq` (whole experts, in order, cycling) with `threads` workers for `secs`: GB/s.
+/// Buffers are allocated before the clock starts.
+fn raw_read(
+    io: &Arc<FileIo>,
+    layouts: &[Vec<SlotLayout>],
+    seq: &[ExpertKey],
+    threads: usize,
+    secs: f64,
+) -> Result<f64> {
+    anyhow::ensure!(!seq.is_empty(), "no expert reads to replay");
+    let slot = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
+    let bufs: Vec<Slab> = (0..threads)
+        .map(|_| Slab::new(1, slot).context("allocating a read buffer"))
+        .collect::<Result<_>>()?;
+    let (next, bytes) = (AtomicUsize::new(0), AtomicU64::new(0));
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs_f64(secs);
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = bufs
+            .iter()
+            .map(|buf| {
+                let (io, next, bytes) = (io.clone(), &next, &bytes);
+                s.spawn(move || -> Result<()> {
+                    while Instant::now() < deadline {
+                        let k = seq[next.fetch_add(1, Ordering::Relaxed) % seq.len()];
+                        let lay = &layouts[k.layer as usize][k.expert as usize];
+                        // SAFETY: each thread owns its one-slot buffer exclusively.
+                        let dst = unsafe { buf.slot_mut(0) };
+                        for op in &lay.reads {
+                            io.read(op, &mut dst[op.slot_offset..op.slot_offset + op.len])?;
+                        }
+                        bytes.fetch_add(lay.payload, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Hits and misses of the main layers (or the MTP tier) between two snapshots.
+fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
+    let (mut h, mut m) = (0, 0);
+    for (i, l) in b.layers.iter().enumerate() {
+        let p = a.layers.get(i).cloned().unwrap_or_default();
+        h += l.hits - p.hits;
+        m += l.misses - p.misses;
+    }
+    (
+        h,
+        m,
+        b.bytes_read - a.bytes_read,
+        b.disk_seconds - a.disk_seconds,
+        b.wait_seconds - a.wait_seconds,
+    )
+}
+
+/// One run: a budget, a speculation mode.
+struct RunOut {
+    json: serde_json::Value,
+    line: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_one(
+    a: &BenchReplayArgs,
+    trace: &Trace,
+    budget_s: &str,
+    mtp: bool,
+    io: &Arc<FileIo>,
+    layouts: &[Vec<SlotLayout>],
+) -> Result<RunOut> {
+    let budget = super::fit::resolve_budget(Some(budget_s))?;
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        io_threads: a.io_threads,
+        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&a.model, &opts)
+        .with_context(|| format!("loading {} under {budget_s}", a.model.display()))?;
+    anyhow::ensure!(
+        !mtp || model.has_mtp(),
+        "{} has no MTP layer (nectar synth --mtp writes one)",
+        a.model.display()
+    );
+    let res = model
+        .residency()
+        .cloned()
+        .context("no expert streaming under this budget")?;
+    let n = model.cfg.raw.num_hidden_layers;
+    let map = layer_map(&model, trace)?;
+    let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
+    let mut layers = moe.clone();
+    if mtp {
+        layers.push(n);
+    }
+    let vocab = model.vocab_size() as u32;
+    let tok = |r: usize| -> u32 { trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab };
+    let mut obs = Replayer {
+        trace,
+        map,
+        rows: Vec::new(),
+        requests: HashMap::new(),
+        counted: false,
+    };
+    let mut flags: Vec<bool> = Vec::new(); // per forward of the main model: decode?
+    let mut rng = Rng::new(a.seed);
+    let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut steps) = (0.0, 0.0, 0usize, 0, 0);
+    let (mut drafted, mut accepted) = (0usize, 0usize);
+    let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
+    let mut dec_mtp = (0u64, 0u64, 0u64);
+    let segs: Vec<_> = trace.segments.iter().take(a.conversations).collect();
+    anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
+    for seg in segs {
+        let mut cache = model.new_cache();
+        let prompt: Vec<usize> = (seg.start..seg.start + seg.warmup.max(1)).collect();
+        let ids: Vec<u32> = prompt.iter().map(|&r| tok(r)).collect();
+        obs.begin(prompt.clone(), false, &moe);
+        flags.push(false);
+        let t0 = Instant::now();
+        model.forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &ids,
+            }],
+            &mut obs,
+        )?;
+        pre_s += t0.elapsed().as_secs_f64();
+        pre_tok += ids.len();
+        let hd = model.hidden_size();
+        let end = seg.end.min(seg.start + seg.warmup.max(1) + a.tokens);
+        let mut t = seg.start + seg.warmup.max(1);
+        let before = res.telemetry();
+        let before_mtp = model.mtp_residency().map(|r| r.telemetry());
+        let t0 = Instant::now();
+        while t < end {
+            let rows: Vec<usize> = if mtp && t + 1 < end {
+                vec![t, t + 1]
+            } else {
+                vec![t]
+            };
+            let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
+            obs.begin(rows.clone(), true, &moe);
+            flags.push(true);
+            let h = model.forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &ids,
+                }],
+                &mut obs,
+            )?;
+            let advance = if rows.len() == 2 {
+                drafted += 1;
+                if rng.unit() < a.acceptance {
+                    accepted += 1;
+                    2
+                } else {
+                    let len = cache.len();
+                    cache.truncate(len - 1);
+                    1
+                }
+            } else {
+                1
+            };
+            if mtp {
+                // The MTP layer over the accepted rows (hidden of row r, token of row r + 1),
+                // drafting the next step's token.
+                let acc: Vec<usize> = rows[..advance]
+                    .iter()
+                    .copied()
+                    .filter(|&r| r + 1 < seg.end)
+                    .collect();
+                if !acc.is_empty() {
+                    let next: Vec<u32> = acc.iter().map(|&r| tok(r + 1)).collect();
+                    let hs = &h[..acc.len() * hd];
+                    obs.begin(acc.clone(), true, &[n]);
+                    model.mtp_forward(
+                        &mut [MtpStep {
+                            cache: &mut cache,
+                            hidden: hs,
+                            next_tokens: &next,
+                        }],
+                        &mut obs,
+                    )?;
+                }
+            }
+            t += advance;
+            dec_tok += advance;
+            steps += 1;
+        }
+        dec_s += t0.elapsed().as_secs_f64();
+        let d = delta(&before, &res.telemetry());
+        dec_main = (
+            dec_main.0 + d.0,
+            dec_main.1 + d.1,
+            dec_main.2 + d.2,
+            dec_main.3 + d.3,
+            dec_main.4 + d.4,
+        );
+        if let (Some(b), Some(r)) = (before_mtp, model.mtp_residency()) {
+            let d = delta(&b, &r.telemetry());
+            dec_mtp = (dec_mtp.0 + d.0, dec_mtp.1 + d.1, dec_mtp.2 + d.2);
+        }
+    }
+    // Belady on this run's own main-layer requests (prompts uncounted), same capacity.
+    let st: Vec<Step> = flags
+        .iter()
+        .map(|&c| Step {
+            rows: 0..0,
+            counted: c,
+            reset: false,
+        })
+        .collect();
+    let mut opt = Count::default();
+    let mut seq: Vec<ExpertKey> = Vec::new();
+    for &l in &moe {
+        let req = &obs.requests[&l];
+        let c = belady(req, &st, res.capacity(l));
+        opt.hits += c.hits;
+        opt.requests += c.requests;
+    }
+    // The requested experts in request order (forward by forward, layer by layer).
+    for f in 0..flags.len() {
+        for &l in &moe {
+            if let Some(u) = obs.requests[&l].get(f) {
+                seq.extend(u.iter().map(|&e| ExpertKey::new(l, e as usize)));
+            }
+        }
+    }
+    let expert_gb = res.slot_bytes() as f64 / 1e9;
+    let raw_before = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
+    let raw_after = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
+    let raw = raw_before.max(raw_after);
+    let (hits, misses, bytes, disk_s, wait_s) = dec_main;
+    let hit_rate = hits as f64 / (hits + misses).max(1) as f64;
+    let opt_rate = opt.rate();
+    let tok_s = dec_tok as f64 / dec_s;
+    let gb_tok = bytes as f64 / 1e9 / dec_tok.max(1) as f64;
+    let opt_gb_tok = (opt.requests - opt.hits) as f64 * expert_gb / dec_tok.max(1) as f64;
+    let disk_bound = if opt_gb_tok > 0.0 { raw / opt_gb_tok } else { f64::INFINITY };
+    let compute_bound = dec_tok as f64 / (dec_s - wait_s).max(1e-9);
+    let bound = disk_bound.min(compute_bound);
+    let slots = res.capacity(moe[0]);
+    let json = json!({
+        "budget": budget_s,
+        "budget_bytes": budget,
+        "mtp": if mtp { "on" } else { "off" },
+        "lru_slots_per_layer": slots,
+        "conversations": a.conversations.min(trace.segments.len()),
+        "prefill_tokens": pre_tok,
+        "prefill_tok_s": pre_tok as f64 / pre_s,
+        "decode_tokens": dec_tok,
+        "decode_steps": steps,
+        "decode_tok_s": tok_s,
+        "drafted": drafted,
+        "accepted": accepted,
+        "hit_rate": hit_rate,
+        "belady_hit_rate": opt_rate,
+        "hit_ratio_to_belady": if opt_rate > 0.0 { hit_rate / opt_rate } else { 0.0 },
+        "mtp_layer_hit_rate": if mtp { Some(dec_mtp.0 as f64 / (dec_mtp.0 + dec_mtp.1).max(1) as f64) } else { None },
+        "gb_per_token": gb_tok,
+        "mtp_gb_per_token": dec_mtp.2 as f64 / 1e9 / dec_tok.max(1) as f64,
+        "belady_gb_per_token": opt_gb_tok,
+        "io_busy_fraction": disk_s / a.io_threads as f64 / dec_s,
+        "wait_fraction": wait_s / dec_s,
+        "raw_gb_s": {"before": raw_before, "after": raw_after},
+        "disk_bound_tok_s": disk_bound,
+        "compute_bound_tok_s": compute_bound,
+        "ratio": tok_s / bound,
+    });
+    let line = format!(
+        "{budget_s:>6} mtp {:<3} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
+         hit {hit_rate:.3} / Belady {opt_rate:.3}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
+         io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
+         ratio {:.2}",
+        if mtp { "on" } else { "off" },
+        pre_tok as f64 / pre_s,
+        disk_s / a.io_threads as f64 / dec_s,
+        wait_s / dec_s,
+        tok_s / bound,
+    );
+    Ok(RunOut { json, line })
+}
+
+pub fn replay(a: BenchReplayArgs) -> Result<()> {
+    let dir = a
+        .trace
+        .clone()
+        .unwrap_or_else(super::bench_policy::default_trace_dir);
+    let trace = Trace::load(&dir, &a.kind)?;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.acceptance),
+        "--acceptance must be within 0..1"
+    );
+    let (layouts, paths) =
+        expert_layouts(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
+    let io = Arc::new(FileIo::open(&paths, true)?);
+    let mut runs = Vec::new();
+    for b in &a.memory_budget {
+        for m in &a.mtp {
+            let mtp = match m.as_str() {
+                "off" => false,
+                "on" => true,
+                o => anyhow::bail!("unknown --mtp `{o}` (off or on)"),
+            };
+            let r = run_one(&a, &trace, b, mtp, &io, &layouts)?;
+            if !a.json {
+                println!("{}", r.line);
+            }
+            runs.push(r.json);
+        }
+    }
+    if a.json {
+        let out = json!({
+            "model": a.model.display().to_string(),
+            "trace": trace.path.display().to_string(),
+            "kind": a.kind,
+            "tokens_per_conversation": a.tokens,
+            "acceptance": a.acceptance,
+            "io_threads": a.io_threads,
+            "admission": a.admission,
+            "runs": runs,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
