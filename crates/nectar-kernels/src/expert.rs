@@ -9,7 +9,7 @@
 //! four steps separately, on any path and thread count.
 use crate::activation::silu;
 use crate::dot::{isa_detect, Isa};
-use crate::driver::{layout_for, par_rows, par_tile, tile, SharedOut, ROW_BLOCK};
+use crate::driver::{layout_for, par_rows, par_tile, prefetch_start, tile, SharedOut, ROW_BLOCK};
 use crate::error::{Error, Result};
 use crate::format::MatRef;
 use crate::matmul::check_weights;
@@ -82,6 +82,8 @@ pub(crate) fn expert_swiglu_with(
         let (g, u) = gu.split_at_mut(m * n);
         // Gate and up alternate per register block, so both weight streams stay warm (each
         // kernel prefetches its matrix's next block while the other matrix's block runs).
+        prefetch_start(gate, t.clone());
+        prefetch_start(up, t.clone());
         let mut r = t.start;
         while r < t.end {
             let b = r..(r + ROW_BLOCK).min(t.end);

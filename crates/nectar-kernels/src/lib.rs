@@ -37,6 +37,7 @@ mod format;
 mod int8_act;
 mod matmul;
 mod norm;
+mod readbw;
 mod rope;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -52,6 +53,7 @@ pub use format::{MatRef, WeightFormat};
 pub use int8_act::{matmul_int8_act, INT8_ACT_BLOCK};
 pub use matmul::{matmul, matmul_rows};
 pub use norm::{layer_norm, rms_norm};
+pub use readbw::{read_sum, ReadMode, PREFETCH_DISTANCE};
 pub use rope::RopeTable;
 
 /// Which instruction set the kernels use on this machine (chosen once, at first use).
