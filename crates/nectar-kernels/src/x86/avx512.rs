@@ -130,6 +130,10 @@ trait Dec {
     const PAIR8: bool = false;
     /// Two steps per loop iteration also for blocks of 4 activation rows.
     const UNROLL4: bool = false;
+    /// See [`Block::narrow4`].
+    fn narrow4(&self) -> bool {
+        false
+    }
     fn mat(&self) -> &MatRef<'_>;
     /// Columns per scale segment (a multiple of 16).
     fn seg(&self) -> usize;
@@ -233,6 +237,9 @@ impl Dec for Int8D<'_> {
     type S = __m512;
     const NIB: bool = false;
     const PAIR8: bool = true;
+    fn narrow4(&self) -> bool {
+        true
+    }
     fn mat(&self) -> &MatRef<'_> {
         &self.0.w
     }
@@ -295,6 +302,10 @@ impl Dec for Int4T<'_> {
     type S = __m512;
     const NIB: bool = true;
     const UNROLL4: bool = true;
+    fn narrow4(&self) -> bool {
+        // Groups: 2 × 4 (the per-segment tables crowd a 4 × 4 block); whole rows: 4 × 4.
+        self.seg != WHOLE_ROW
+    }
     fn mat(&self) -> &MatRef<'_> {
         &self.w
     }
@@ -413,6 +424,10 @@ struct K<D>(D);
 impl<D: Dec> Block for K<D> {
     const WIDE: bool = true;
     const PAIR8: bool = D::PAIR8;
+
+    fn narrow4(&self) -> bool {
+        self.0.narrow4()
+    }
 
     #[target_feature(enable = "avx512f")]
     unsafe fn block<const R: usize, const MB: usize>(
