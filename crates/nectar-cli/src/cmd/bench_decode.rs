@@ -622,6 +622,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
             "sequential_gbps": seq_gbps,
             "reference_gbps": raw_gbps,
             "seconds_per_sample": a.raw_seconds,
+            "buffers": raw.buffers(),
             "samples_random_expert_gbps": disk.random,
             "samples_sequential_gbps": disk.sequential,
         },
