@@ -377,6 +377,15 @@ pub struct BenchReplayArgs {
     /// taken before and after every run.
     #[arg(long, default_value_t = 2.0)]
     pub raw_seconds: f64,
+    /// Instead of decoding: prefill the first N rows of the trace's `prefill` stream as one
+    /// prompt (comma-separated sizes), and compare the expert bytes read with one read of
+    /// every expert the prompt touches.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_rows: Vec<usize>,
+    /// With --prompt-rows: feed the prompt in chunks of this many tokens (0: one forward),
+    /// e.g. 512 as `nectar serve`'s batch does.
+    #[arg(long, default_value_t = 0)]
+    pub prefill_chunk: usize,
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -400,7 +409,11 @@ pub struct BenchPolicyArgs {
     pub slots: Vec<usize>,
     /// Admission policies to replay, comma-separated: `lru`, `frequency` (half-life
     /// --half-life), `predictive` (the default of `run` and `serve`).
-    #[arg(long, value_delimiter = ',', default_value = "lru,frequency,predictive")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "lru,frequency,predictive"
+    )]
     pub admission: Vec<String>,
     /// Half-life of the frequency score, in waves (tokens) of the layer.
     #[arg(long, default_value_t = 64.0)]
@@ -561,6 +574,38 @@ pub struct FitArgs {
     /// reserved for each.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
+    /// Also predict decode tok/s (MTP off and on) and prefill tok/s for this plan, from this
+    /// machine's measured memory, kernel and disk speeds (or the flags below) and the hit rate
+    /// the route256 trace reaches at the plan's slots.
+    #[arg(long)]
+    pub project: bool,
+    /// Plan and project a built-in geometry instead of --model: `glm52` (GLM-5.2's real
+    /// constants; needs --disk-gbps, there being no files to measure).
+    #[arg(long)]
+    pub geometry: Option<String>,
+    /// Disk read speed of whole experts (O_DIRECT, queue depth of the I/O threads), GB/s;
+    /// default: measured on --model's files.
+    #[arg(long)]
+    pub disk_gbps: Option<f64>,
+    /// Memory read bandwidth of the machine projected, GB/s (the decode kernels get this
+    /// machine's measured share of it); default: measured here.
+    #[arg(long)]
+    pub mem_gbps: Option<f64>,
+    /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
+    #[arg(long)]
+    pub gflops: Option<f64>,
+    /// Cores of the machine projected (scales the measured prefill GFLOP/s).
+    #[arg(long)]
+    pub cores: Option<usize>,
+    /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
+    #[arg(long, default_value_t = 0.686)]
+    pub acceptance: f64,
+    /// Routing trace for the hit-rate curve (default: route256, GLM-5.2's expert shape).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// I/O threads of the disk measurement.
+    #[arg(long, default_value_t = 3)]
+    pub io_threads: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -79,11 +79,7 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
     let n = model.cfg.raw.num_hidden_layers;
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
-    anyhow::ensure!(
-        !main.is_empty(),
-        "{}: no main layers",
-        trace.path.display()
-    );
+    anyhow::ensure!(!main.is_empty(), "{}: no main layers", trace.path.display());
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let same = moe
         .iter()
@@ -121,7 +117,7 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
 
 /// Reads `seq` (whole experts, in order, cycling) with `threads` workers for `secs`: GB/s.
 /// Buffers are allocated before the clock starts.
-fn raw_read(
+pub(crate) fn raw_read(
     io: &Arc<FileIo>,
     layouts: &[Vec<SlotLayout>],
     seq: &[ExpertKey],
@@ -365,7 +361,11 @@ fn run_one(
     let tok_s = dec_tok as f64 / dec_s;
     let gb_tok = bytes as f64 / 1e9 / dec_tok.max(1) as f64;
     let opt_gb_tok = (opt.requests - opt.hits) as f64 * expert_gb / dec_tok.max(1) as f64;
-    let disk_bound = if opt_gb_tok > 0.0 { raw / opt_gb_tok } else { f64::INFINITY };
+    let disk_bound = if opt_gb_tok > 0.0 {
+        raw / opt_gb_tok
+    } else {
+        f64::INFINITY
+    };
     let compute_bound = dec_tok as f64 / (dec_s - wait_s).max(1e-9);
     let bound = disk_bound.min(compute_bound);
     let slots = res.capacity(moe[0]);
@@ -410,6 +410,101 @@ fn run_one(
     Ok(RunOut { json, line })
 }
 
+/// Prefills the first `rows` rows of the `prefill` trace under `budget_s` in chunks: expert
+/// bytes read against one read of every (layer, expert) the prompt touches.
+fn prefill_run(
+    a: &BenchReplayArgs,
+    dir: &std::path::Path,
+    budget_s: &str,
+    rows: usize,
+) -> Result<serde_json::Value> {
+    let trace = Trace::load(dir, "prefill")?;
+    anyhow::ensure!(
+        rows >= 1 && rows <= trace.rows,
+        "--prompt-rows {rows}: the prefill trace has {} rows",
+        trace.rows
+    );
+    let budget = super::fit::resolve_budget(Some(budget_s))?;
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        io_threads: a.io_threads,
+        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&a.model, &opts)
+        .with_context(|| format!("loading {} under {budget_s}", a.model.display()))?;
+    let res = model
+        .residency()
+        .cloned()
+        .context("no expert streaming under this budget")?;
+    let n = model.cfg.raw.num_hidden_layers;
+    let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
+    let mut obs = Replayer {
+        trace: &trace,
+        map: layer_map(&model, &trace)?,
+        rows: Vec::new(),
+        requests: HashMap::new(),
+        counted: false,
+    };
+    let vocab = model.vocab_size() as u32;
+    let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
+    let chunk = if a.prefill_chunk == 0 {
+        rows
+    } else {
+        a.prefill_chunk
+    };
+    let mut cache = model.new_cache();
+    let before = res.telemetry();
+    let t0 = Instant::now();
+    let mut start = 0;
+    while start < rows {
+        let end = (start + chunk).min(rows);
+        let ids: Vec<u32> = (start..end).map(tok).collect();
+        obs.begin((start..end).collect(), false, &moe);
+        model.forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &ids,
+            }],
+            &mut obs,
+        )?;
+        start = end;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let (_, _, bytes, _, wait) = delta(&before, &res.telemetry());
+    let touched: usize = moe
+        .iter()
+        .map(|l| {
+            let mut all: Vec<u32> = obs.requests[l].iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            all.len()
+        })
+        .sum();
+    let touched_gb = touched as f64 * res.slot_bytes() as f64 / 1e9;
+    let read_gb = bytes as f64 / 1e9;
+    if !a.json {
+        println!(
+            "{budget_s:>6} prefill {rows} tokens in chunks of {chunk}: {:.2} tok/s, {read_gb:.2} GB read, touched experts {touched_gb:.2} GB, ratio {:.2}, wait {:.2}",
+            rows as f64 / secs,
+            read_gb / touched_gb.max(1e-12),
+            wait / secs
+        );
+    }
+    Ok(json!({
+        "budget": budget_s,
+        "lru_slots_per_layer": res.capacity(moe[0]),
+        "prompt_tokens": rows,
+        "chunk": chunk,
+        "prefill_tok_s": rows as f64 / secs,
+        "gb_read": read_gb,
+        "touched_experts": touched,
+        "touched_gb": touched_gb,
+        "read_ratio_to_touched": read_gb / touched_gb.max(1e-12),
+        "wait_fraction": wait / secs,
+    }))
+}
+
 pub fn replay(a: BenchReplayArgs) -> Result<()> {
     let dir = a
         .trace
@@ -424,6 +519,20 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
         expert_layouts(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
     let io = Arc::new(FileIo::open(&paths, true)?);
     let mut runs = Vec::new();
+    if !a.prompt_rows.is_empty() {
+        for b in &a.memory_budget {
+            for &rows in &a.prompt_rows {
+                runs.push(prefill_run(&a, &dir, b, rows)?);
+            }
+        }
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({"prefill": runs}))?
+            );
+        }
+        return Ok(());
+    }
     for b in &a.memory_budget {
         for m in &a.mtp {
             let mtp = match m.as_str() {

@@ -25,8 +25,11 @@ pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
 }
 
 pub fn run(a: FitArgs) -> Result<()> {
-    let dir = model_dir(a.model)?;
     let budget = resolve_budget(a.memory_budget.as_deref())?;
+    if a.project {
+        return super::project::run(&a, budget);
+    }
+    let dir = model_dir(a.model)?;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,

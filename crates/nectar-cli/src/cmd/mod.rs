@@ -10,6 +10,7 @@ pub mod fit;
 pub mod grammar;
 pub mod inspect;
 pub mod logits;
+pub mod project;
 pub mod run;
 pub mod serve;
 pub mod session;

@@ -1,0 +1,397 @@
+//! `nectar fit --project`: predicted decode tok/s (MTP off and on) and prefill tok/s for a model
+//! and a budget, on this machine or on one described by flags.
+//!
+//! The model is the physical one of `docs/performance.md` §2, specialised to how Nectar runs a
+//! layer (MoE block: hits and the shared expert compute while the misses load):
+//!
+//! ```text
+//! per forward of n rows (n = 1; n = 2 with MTP, one draft):
+//!   T_attn = (spine read − shared experts) / BW_dec            attention, norms, head
+//!   T_moe  = (L·U(n)·S_e + shared experts) / BW_dec            routed (hits and misses) + shared
+//!   T_ssd  = L·U(n)·(1 − h(C, n))·S_e / BW_ssd                 the misses
+//!   T      = T_attn + max(T_moe, T_ssd)  [+ the MTP layer's own forward, same shape]
+//!   tok/s  = τ / T,  τ = 1 (MTP off) or 1 + a (one draft accepted with probability a)
+//! ```
+//! `C` is the LRU slots per layer of the memory plan for the budget (the same plan `fit`
+//! prints); `U(n)` and `h(C, n)` are measured by replaying the route256 trace (GLM-5.2's expert
+//! shape) through the real default policy at exactly that `C` (`nectar_residency::replay`);
+//! `BW_dec` is the weight bandwidth of the real int4 kernel at M = 1 streaming from DRAM, and
+//! `BW_ssd` the O_DIRECT read rate of whole experts at the I/O threads' queue depth — both
+//! measured here in seconds, or from `--mem-gbps` (times the kernel's measured share of read
+//! bandwidth) and `--disk-gbps`. Prefill: compute-bound at the int4 kernel's GFLOP/s at M = 64,
+//! plus one read of every touched expert per layer (expert-major prefill).
+use crate::args::FitArgs;
+use anyhow::{Context, Result};
+use nectar_kernels::{matmul, read_sum, MatRef, ReadMode, WeightFormat};
+use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
+use nectar_residency::io::FileIo;
+use nectar_residency::planner::{plan, PlanInputs};
+use nectar_residency::replay::{compare, steps};
+use nectar_residency::trace::Trace;
+use nectar_residency::{Admission, ExpertKey};
+use serde_json::json;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the projection needs to know about a model.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    /// Where the numbers come from.
+    pub source: String,
+    /// Spine bytes read per forward (everything resident but the embedding table).
+    pub spine_read: f64,
+    /// Bytes of one routed expert, and of one MTP expert (0: no MTP layer).
+    pub expert: f64,
+    /// Bytes of one MTP expert.
+    pub mtp_expert: f64,
+    /// Bytes of the MTP layer's non-expert weights.
+    pub mtp_spine: f64,
+    /// MoE layers.
+    pub moe_layers: usize,
+    /// Experts chosen per token.
+    pub top_k: usize,
+    /// Parameters per expert byte (for FLOPs).
+    pub params_per_byte: f64,
+}
+
+impl Geometry {
+    /// GLM-5.2 at Nectar's default conversion (experts int4 g64), from the model constants of
+    /// `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB (37.75 M parameters), MTP
+    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident.
+    pub fn glm52() -> (Geometry, PlanInputs) {
+        let g = Geometry {
+            source: "GLM-5.2 constants (docs/performance.md §1), experts int4 g64".into(),
+            spine_read: 9.5e9,
+            expert: 21.2e6,
+            mtp_expert: 37.8e6,
+            mtp_spine: 0.3e9,
+            moe_layers: 75,
+            top_k: 8,
+            params_per_byte: 37.75e6 / 21.2e6,
+        };
+        let p = PlanInputs {
+            budget: 0,
+            spine: vec![
+                (
+                    "resident spine (int4 + int8 embed/head)".into(),
+                    9_900_000_000,
+                ),
+                ("MTP layer (non-expert)".into(), 300_000_000),
+            ],
+            slot_bytes: 21_200_000,
+            sparse_layers: 75,
+            mtp_slot_bytes: 37_800_000,
+            experts_per_layer: 256,
+            working_slots: 16,
+            pinned_slots: 0,
+            mtp_slots: 8,
+            // 78 layers + MTP of f32 MLA latent (512) + rope key (64), indexer keys (128) on
+            // the full-indexer layers (21 of 78 + MTP).
+            kv_bytes_per_token: ((79 * (512 + 64) + 22 * 128) * 4) as u64,
+            ctx: 4096,
+            prefill_transients: 512 * 6144 * 4 * 16 + 512 * 154_880 * 4,
+            runtime_reserve: 128 << 20,
+        };
+        (g, p)
+    }
+
+    /// A container's geometry from its memory plan inputs.
+    fn from_plan(dir: &Path, p: &PlanInputs, top_k: usize) -> Geometry {
+        let get = |k: &str| {
+            p.spine
+                .iter()
+                .filter(|(n, _)| n.contains(k))
+                .map(|x| x.1)
+                .sum::<u64>() as f64
+        };
+        let mtp_spine = get("MTP");
+        Geometry {
+            source: format!("{} (memory plan inputs)", dir.display()),
+            spine_read: p.spine.iter().map(|x| x.1).sum::<u64>() as f64 - mtp_spine,
+            expert: p.slot_bytes as f64,
+            mtp_expert: p.mtp_slot_bytes as f64,
+            mtp_spine,
+            moe_layers: p.sparse_layers,
+            top_k,
+            params_per_byte: 37.75e6 / 21.2e6,
+        }
+    }
+}
+
+/// What the projection needs to know about a machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Machine {
+    /// Weight bytes per second of the int4 kernel at M = 1 (decode), GB/s.
+    pub dec_gbps: f64,
+    /// Plain read bandwidth, GB/s.
+    pub mem_gbps: f64,
+    /// Whole-expert O_DIRECT reads at the I/O queue depth, GB/s.
+    pub disk_gbps: f64,
+    /// int4 kernel GFLOP/s at M = 64 (prefill).
+    pub gflops: f64,
+}
+
+/// Best-of-5 parallel read of a 4 GiB buffer (above 8× the largest last-level caches), GB/s.
+fn measure_read(threads: usize) -> f64 {
+    let buf = vec![1u8; 4 << 30];
+    let chunk = buf.len().div_ceil(threads.max(1));
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for c in buf.chunks(chunk) {
+                s.spawn(move || std::hint::black_box(read_sum(c, ReadMode::Plain)));
+            }
+        });
+        best = best.max(buf.len() as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+/// The int4 g64 kernel on GLM-5.2's expert gate shape (2048 × 6144) over rotating copies
+/// filling 1 GiB: (weight GB/s at M = 1, GFLOP/s at M = 64), best of 3 passes each.
+fn measure_kernel() -> Result<(f64, f64)> {
+    let (rows, cols) = (2048usize, 6144usize);
+    let data_b = rows * cols / 2;
+    let scales_n = rows * cols / 64;
+    let per = data_b + scales_n * 4;
+    let copies = ((1usize << 30) / per).max(2);
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut data = vec![0u8; data_b * copies];
+    for b in data.chunks_mut(8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let le = s.to_le_bytes();
+        b.copy_from_slice(&le[..b.len()]);
+    }
+    let scales: Vec<f32> = (0..scales_n * copies)
+        .map(|i| 1e-3 * (1 + i % 17) as f32)
+        .collect();
+    let mats: Vec<MatRef<'_>> = (0..copies)
+        .map(|c| {
+            MatRef::new(
+                WeightFormat::Int4Group { group: 64 },
+                rows,
+                cols,
+                &data[c * data_b..(c + 1) * data_b],
+                &scales[c * scales_n..(c + 1) * scales_n],
+            )
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let time = |m: usize| -> Result<f64> {
+        let x = vec![0.5f32; m * cols];
+        let mut y = vec![0.0f32; m * rows];
+        let mut best = f64::INFINITY;
+        let passes = if m == 1 { 3 } else { 1 };
+        for _ in 0..passes {
+            let n = if m == 1 { copies } else { copies.min(8) };
+            let t0 = Instant::now();
+            for w in mats.iter().take(n) {
+                matmul(w, &x, m, &mut y)?;
+            }
+            best = best.min(t0.elapsed().as_secs_f64() / n as f64);
+        }
+        Ok(best)
+    };
+    let t1 = time(1)?;
+    let t64 = time(64)?;
+    Ok((
+        per as f64 / t1 / 1e9,
+        2.0 * (rows * cols * 64) as f64 / t64 / 1e9,
+    ))
+}
+
+/// Random whole experts of the container, read with `threads` workers for 2 s, GB/s.
+fn measure_disk(dir: &Path, threads: usize) -> Result<f64> {
+    let (layouts, paths) = expert_layouts(dir)?;
+    let io = Arc::new(FileIo::open(&paths, true)?);
+    let mut keys: Vec<ExpertKey> = layouts
+        .iter()
+        .enumerate()
+        .flat_map(|(l, v)| (0..v.len()).map(move |e| ExpertKey::new(l, e)))
+        .collect();
+    anyhow::ensure!(!keys.is_empty(), "{} streams no experts", dir.display());
+    let mut rng = nectar_residency::sim::Rng::new(7);
+    for i in (1..keys.len()).rev() {
+        keys.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    super::bench_replay::raw_read(&io, &layouts, &keys, threads, 2.0)
+}
+
+/// Hit rate and unique experts per layer and forward at `c` slots, `window` rows per forward,
+/// from the trace replayed through the default policy.
+fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, f64) {
+    let r = compare(trace, window, layers, c, Admission::PREDICTIVE);
+    let fwd = steps(trace, window).iter().filter(|s| s.counted).count() * layers.len();
+    (
+        r.policy.rate(),
+        r.policy.requests as f64 / fwd.max(1) as f64,
+    )
+}
+
+/// One projection.
+pub fn project(
+    g: &Geometry,
+    m: &Machine,
+    slots: usize,
+    trace: &Trace,
+    acceptance: f64,
+) -> serde_json::Value {
+    let hidden = trace.hidden_layers();
+    let main = trace.main_layers(hidden);
+    let mtp_l = trace.mtp_layers(hidden);
+    let c = slots.min(trace.experts_per_layer);
+    let (h1, u1) = hit_curve(trace, &main, c, 1);
+    let (h2, u2) = hit_curve(trace, &main, c, 2);
+    let (hm, _) = if mtp_l.is_empty() || g.mtp_expert == 0.0 {
+        (0.0, 0.0)
+    } else {
+        hit_curve(trace, &mtp_l, c, 1)
+    };
+    let l = g.moe_layers as f64;
+    let shared = l * g.expert;
+    let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9);
+    let forward = |u: f64, h: f64| -> (f64, f64, f64) {
+        let t_moe = (l * u * g.expert + shared) / (m.dec_gbps * 1e9);
+        let ssd = l * u * (1.0 - h) * g.expert;
+        let t_ssd = ssd / (m.disk_gbps * 1e9);
+        (t_attn + t_moe.max(t_ssd), ssd, t_attn + t_moe)
+    };
+    let (t1, ssd1, ram1) = forward(u1, h1);
+    let (t2, ssd2, _) = forward(u2, h2);
+    // The MTP layer drafts over the accepted rows: τ rows of top-k experts, its own tier.
+    let tau = 1.0 + acceptance;
+    let k = g.top_k as f64;
+    let mtp_ssd = tau * k * (1.0 - hm) * g.mtp_expert;
+    let t_mtp =
+        (g.mtp_spine + tau * k * g.mtp_expert) / (m.dec_gbps * 1e9) + mtp_ssd / (m.disk_gbps * 1e9);
+    let off = 1.0 / t1;
+    let on = tau / (t2 + t_mtp);
+    // Prefill of a P-token prompt: compute at the kernel's GFLOP/s; each touched expert read
+    // once per layer (expert-major).
+    let flops_tok = 2.0 * g.params_per_byte * (g.spine_read + l * k * g.expert);
+    let prefill = |p: f64| -> f64 {
+        let touched = trace.experts_per_layer as f64
+            * (1.0 - (1.0 - k / trace.experts_per_layer as f64).powf(p));
+        let t = p * flops_tok / (m.gflops * 1e9) + l * touched * g.expert / (m.disk_gbps * 1e9);
+        p / t
+    };
+    json!({
+        "lru_slots_per_layer": slots,
+        "hit_rate": {"mtp_off": h1, "mtp_on": h2, "mtp_layer": hm},
+        "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
+        "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
+        "ram_wall_tok_s": 1.0 / ram1,
+        "decode_tok_s": {"mtp_off": off, "mtp_on": on},
+        "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
+        "prefill_tok_s": {"512": prefill(512.0), "2048": prefill(2048.0), "8192": prefill(8192.0)},
+        "acceptance": acceptance,
+    })
+}
+
+/// `nectar fit --project`.
+pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
+    let trace_dir = a
+        .trace
+        .clone()
+        .unwrap_or_else(super::bench_policy::default_trace_dir);
+    let trace = Trace::load(&trace_dir, "decode")?;
+    let (geom, inputs, model_dir) = match a.geometry.as_deref() {
+        Some("glm52") => {
+            let (g, mut p) = Geometry::glm52();
+            p.budget = budget;
+            p.ctx = a.ctx_size;
+            (g, p, None)
+        }
+        Some(o) => anyhow::bail!("unknown --geometry `{o}` (glm52)"),
+        None => {
+            let dir = crate::demo::model_dir(a.model.clone())?;
+            let opts = LoadOptions {
+                memory_budget: Some(budget),
+                ctx_size: a.ctx_size,
+                sequences: a.parallel.max(1),
+                ..Default::default()
+            };
+            let (inputs, _) = plan_memory(&dir, &opts)?;
+            let cfg: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
+            let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
+            (Geometry::from_plan(&dir, &inputs, k), inputs, Some(dir))
+        }
+    };
+    let p = plan(&inputs).context("the memory plan")?;
+    let threads = rayon::current_num_threads();
+    let t0 = Instant::now();
+    let mem = measure_read(threads);
+    let (kern, gflops) = measure_kernel()?;
+    let efficiency = (kern / mem).min(1.0);
+    let machine = Machine {
+        mem_gbps: a.mem_gbps.unwrap_or(mem),
+        dec_gbps: a.mem_gbps.map_or(kern, |g| g * efficiency),
+        disk_gbps: match (a.disk_gbps, &model_dir) {
+            (Some(d), _) => d,
+            (None, Some(dir)) => measure_disk(dir, a.io_threads)?,
+            (None, None) => anyhow::bail!(
+                "--geometry has no files to measure the disk with: pass --disk-gbps (or --model)"
+            ),
+        },
+        gflops: a
+            .gflops
+            .unwrap_or(gflops * a.cores.map_or(1.0, |c| c as f64 / threads as f64)),
+    };
+    let out = project(&geom, &machine, p.lru_per_layer, &trace, a.acceptance);
+    let full = json!({
+        "geometry": geom.source,
+        "budget": budget,
+        "machine": {
+            "read_gbps": machine.mem_gbps,
+            "decode_kernel_gbps": machine.dec_gbps,
+            "kernel_share_of_read_bandwidth_measured_here": efficiency,
+            "disk_gbps": machine.disk_gbps,
+            "prefill_gflops": machine.gflops,
+            "measured_here": {"read_gbps": mem, "kernel_gbps": kern, "gflops": gflops,
+                              "threads": threads, "seconds": t0.elapsed().as_secs_f64()},
+        },
+        "trace": trace.path.display().to_string(),
+        "projection": out,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&full)?);
+        return Ok(());
+    }
+    let o = &full["projection"];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "projection for {} under {} ({} LRU slots per layer)",
+        geom.source,
+        nectar_residency::planner::human(budget),
+        p.lru_per_layer
+    );
+    println!(
+        "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s",
+        machine.dec_gbps, machine.mem_gbps, machine.disk_gbps, machine.gflops
+    );
+    println!(
+        "  hit rate {:.3} (route256 replay at {} slots), {:.2} GB/token from disk, bound: {}",
+        f(&o["hit_rate"]["mtp_off"]),
+        p.lru_per_layer,
+        f(&o["ssd_gb_per_token"]["mtp_off"]),
+        o["bound"].as_str().unwrap_or("")
+    );
+    println!(
+        "  decode: {:.2} tok/s (MTP off), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}",
+        f(&o["decode_tok_s"]["mtp_off"]),
+        f(&o["decode_tok_s"]["mtp_on"]),
+        a.acceptance,
+        f(&o["ram_wall_tok_s"])
+    );
+    println!(
+        "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts",
+        f(&o["prefill_tok_s"]["512"]),
+        f(&o["prefill_tok_s"]["2048"]),
+        f(&o["prefill_tok_s"]["8192"])
+    );
+    Ok(())
+}
