@@ -18,14 +18,14 @@ mod error;
 pub mod io;
 pub mod layout;
 pub mod planner;
-pub mod replay;
 pub mod policy;
+pub mod replay;
 mod residency;
 pub mod rss;
 pub mod sim;
-pub mod trace;
 mod slab;
 mod telemetry;
+pub mod trace;
 pub mod usage;
 
 pub use error::{Error, Result};

@@ -113,7 +113,8 @@ pub fn replay_policy(
         .max()
         .unwrap_or(0)
         .max(1);
-    let fresh = || Policy::new(vec![capacity; layers.len()], working, &[]).with_admission(admission);
+    let fresh =
+        || Policy::new(vec![capacity; layers.len()], working, &[]).with_admission(admission);
     let mut policy = fresh();
     let mut counts = vec![Count::default(); layers.len()];
     let mut events = Vec::new();
@@ -334,8 +335,17 @@ mod tests {
             let st = steps(&t, 1 + (rng.next_u64() % 2) as usize);
             let req = layer_requests(&t, &st, 0);
             let b = belady(&req, &st, cap);
-            assert_eq!(b.hits, brute_force(&req, &st, cap), "{req:?} {st:?} cap {cap}");
-            let total: usize = req.iter().zip(&st).filter(|x| x.1.counted).map(|x| x.0.len()).sum();
+            assert_eq!(
+                b.hits,
+                brute_force(&req, &st, cap),
+                "{req:?} {st:?} cap {cap}"
+            );
+            let total: usize = req
+                .iter()
+                .zip(&st)
+                .filter(|x| x.1.counted)
+                .map(|x| x.0.len())
+                .sum();
             assert_eq!(b.requests, total as u64);
         }
     }
@@ -391,7 +401,11 @@ mod tests {
             let st = steps(&t, 1 + (rng.next_u64() % 3) as usize);
             let req = layer_requests(&t, &st, 0);
             let got = replay_policy(&t, &st, &[0], cap, Admission::Lru)[0];
-            assert_eq!(got, reference_lru(&req, &st, cap), "{req:?} {st:?} cap {cap}");
+            assert_eq!(
+                got,
+                reference_lru(&req, &st, cap),
+                "{req:?} {st:?} cap {cap}"
+            );
             assert!(got.hits <= belady(&req, &st, cap).hits);
         }
     }
@@ -407,7 +421,10 @@ mod tests {
         };
         let t = trace(&rows, vec![seg(0, 4, 1), seg(4, 7, 2)], true);
         let st = steps(&t, 2);
-        let got: Vec<_> = st.iter().map(|s| (s.rows.clone(), s.counted, s.reset)).collect();
+        let got: Vec<_> = st
+            .iter()
+            .map(|s| (s.rows.clone(), s.counted, s.reset))
+            .collect();
         assert_eq!(
             got,
             [

@@ -119,7 +119,10 @@ impl Trace {
         let bytes = std::fs::read(&path).map_err(|e| err(&path, e.to_string()))?;
         let (shape, ids) = read_npy_ids(&bytes).map_err(|e| err(&path, e))?;
         let [rows, nl, k] = shape[..] else {
-            return Err(err(&path, format!("expected [T, layers, k], got {shape:?}")));
+            return Err(err(
+                &path,
+                format!("expected [T, layers, k], got {shape:?}"),
+            ));
         };
         let f = &man.format;
         if nl != f.layers.len() || k != f.top_k {
@@ -289,7 +292,11 @@ mod tests {
         assert!(t.reset_per_segment);
         assert_eq!(t.main_layers(t.hidden_layers()), [0, 1]);
         assert!(t.mtp_layers(t.hidden_layers()).is_empty());
-        std::fs::write(d.path().join("model-config.json"), r#"{"num_hidden_layers": 2}"#).unwrap();
+        std::fs::write(
+            d.path().join("model-config.json"),
+            r#"{"num_hidden_layers": 2}"#,
+        )
+        .unwrap();
         let t = Trace::load(d.path(), "decode").unwrap();
         let n = t.hidden_layers();
         assert_eq!((t.main_layers(n), t.mtp_layers(n)), (vec![0], vec![1]));
@@ -301,12 +308,16 @@ mod tests {
         assert!(e.contains("decode.experts.npy") && e.contains("300"), "{e}");
         let d = write_dir(&[1, 2, 3, 4], "sometimes");
         let e = Trace::load(d.path(), "decode").unwrap_err().to_string();
-        assert!(e.contains("segment 0..1") || e.contains("replay.reset"), "{e}");
+        assert!(
+            e.contains("segment 0..1") || e.contains("replay.reset"),
+            "{e}"
+        );
     }
 
     #[test]
     fn route256_fixture_loads() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces/route256");
+        let dir =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces/route256");
         for kind in Trace::kinds(&dir).unwrap() {
             let t = Trace::load(&dir, &kind).unwrap();
             assert_eq!((t.experts_per_layer, t.top_k, t.layers.len()), (256, 8, 8));
