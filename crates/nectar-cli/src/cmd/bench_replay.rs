@@ -336,6 +336,13 @@ fn run_one(
         })
         .collect();
     let mut opt = Count::default();
+    // Belady's bytes: the main layers' experts share one payload size, so misses × that.
+    let payload = moe
+        .iter()
+        .flat_map(|&l| layouts[l].iter())
+        .map(|l| l.payload)
+        .max()
+        .unwrap_or(0);
     let mut seq: Vec<ExpertKey> = Vec::new();
     for &l in &moe {
         let req = &obs.requests[&l];
@@ -351,7 +358,7 @@ fn run_one(
             }
         }
     }
-    let expert_gb = res.slot_bytes() as f64 / 1e9;
+    let opt_bytes = (opt.requests - opt.hits) * payload;
     let raw_before = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
     let raw_after = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
     let raw = raw_before.max(raw_after);
@@ -360,7 +367,7 @@ fn run_one(
     let opt_rate = opt.rate();
     let tok_s = dec_tok as f64 / dec_s;
     let gb_tok = bytes as f64 / 1e9 / dec_tok.max(1) as f64;
-    let opt_gb_tok = (opt.requests - opt.hits) as f64 * expert_gb / dec_tok.max(1) as f64;
+    let opt_gb_tok = opt_bytes as f64 / 1e9 / dec_tok.max(1) as f64;
     let disk_bound = if opt_gb_tok > 0.0 {
         raw / opt_gb_tok
     } else {
@@ -472,16 +479,19 @@ fn prefill_run(
     }
     let secs = t0.elapsed().as_secs_f64();
     let (_, _, bytes, _, wait) = delta(&before, &res.telemetry());
-    let touched: usize = moe
-        .iter()
-        .map(|l| {
-            let mut all: Vec<u32> = obs.requests[l].iter().flatten().copied().collect();
-            all.sort_unstable();
-            all.dedup();
-            all.len()
-        })
-        .sum();
-    let touched_gb = touched as f64 * res.slot_bytes() as f64 / 1e9;
+    let (layouts, _) = expert_layouts(&a.model)?;
+    let (mut touched, mut touched_bytes) = (0usize, 0u64);
+    for l in &moe {
+        let mut all: Vec<u32> = obs.requests[l].iter().flatten().copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        touched += all.len();
+        touched_bytes += all
+            .iter()
+            .map(|&e| layouts[*l][e as usize].payload)
+            .sum::<u64>();
+    }
+    let touched_gb = touched_bytes as f64 / 1e9;
     let read_gb = bytes as f64 / 1e9;
     if !a.json {
         println!(

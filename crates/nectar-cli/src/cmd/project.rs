@@ -321,6 +321,10 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
             (Geometry::from_plan(&dir, &inputs, k), inputs, Some(dir))
         }
     };
+    anyhow::ensure!(
+        a.disk_gbps.is_some() || model_dir.is_some(),
+        "--geometry has no files to measure the disk with: pass --disk-gbps (or --model)"
+    );
     let p = plan(&inputs).context("the memory plan")?;
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
@@ -333,9 +337,7 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         disk_gbps: match (a.disk_gbps, &model_dir) {
             (Some(d), _) => d,
             (None, Some(dir)) => measure_disk(dir, a.io_threads)?,
-            (None, None) => anyhow::bail!(
-                "--geometry has no files to measure the disk with: pass --disk-gbps (or --model)"
-            ),
+            (None, None) => anyhow::bail!("no disk speed to project with"),
         },
         gflops: a
             .gflops
