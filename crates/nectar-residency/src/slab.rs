@@ -1,10 +1,19 @@
 //! One fixed allocation of equally sized, 4 KiB-aligned slots (O_DIRECT needs aligned
 //! buffers), made once at startup and never grown.
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+//!
+//! A slab of 2 MiB or more is 2 MiB-aligned and asks for transparent huge pages
+//! (`madvise(MADV_HUGEPAGE)`, before its pages are first touched): a direct read into
+//! physically contiguous memory leaves as a few large requests, while a buffer of scattered
+//! 4 KiB pages is split by the block layer (a virtio disk with 254 segments per request gets
+//! 1 MiB requests: 1.1–1.2 GB/s instead of 3.1 GB/s measured by `nectar bench io`).
+use std::alloc::{alloc, dealloc, Layout};
 use std::ptr::NonNull;
 
 /// Alignment of every slot (and of O_DIRECT transfers).
 pub const ALIGN: usize = 4096;
+
+/// Alignment (and huge-page size) of slabs of at least this many bytes.
+pub const HUGE_PAGE: usize = 2 << 20;
 
 /// A slab of `n` slots of `slot_bytes` each.
 #[derive(Debug)]
@@ -27,9 +36,25 @@ impl Slab {
     pub fn new(n: usize, slot_bytes: usize) -> Option<Slab> {
         let slot_bytes = slot_bytes.max(1).div_ceil(ALIGN) * ALIGN;
         let total = slot_bytes.checked_mul(n.max(1))?;
-        let layout = Layout::from_size_align(total, ALIGN).ok()?;
+        let align = if total >= HUGE_PAGE { HUGE_PAGE } else { ALIGN };
+        let layout = Layout::from_size_align(total, align).ok()?;
         // SAFETY: `layout` has a non-zero size (n.max(1) × slot_bytes ≥ 4096).
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        let ptr = NonNull::new(unsafe { alloc(layout) })?;
+        #[cfg(target_os = "linux")]
+        if align == HUGE_PAGE {
+            // SAFETY: advice on memory this function owns and has not touched yet; a refusal
+            // (THP off, old kernel) leaves ordinary pages and is harmless.
+            unsafe {
+                libc::madvise(
+                    ptr.as_ptr() as *mut libc::c_void,
+                    total,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
+        // SAFETY: `ptr` is valid for `total` bytes and not shared yet. Zeroing touches every
+        // page now (after the advice), so the slab is resident from the start, as budgeted.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, total) };
         Some(Slab {
             ptr,
             layout,
@@ -127,6 +152,17 @@ mod tests {
         // SAFETY: as above.
         unsafe {
             assert!(s.slot(1).iter().all(|b| *b == 2));
+        }
+    }
+
+    #[test]
+    fn large_slabs_are_huge_page_aligned_and_zeroed() {
+        let s = Slab::new(3, 3 << 20).unwrap();
+        assert_eq!(s.slot_ptr(0) as usize % HUGE_PAGE, 0);
+        assert_eq!(s.bytes(), 9 << 20);
+        // SAFETY: single-threaded test, no other access.
+        unsafe {
+            assert!((0..3).all(|i| s.slot(i).iter().all(|b| *b == 0)));
         }
     }
 }
