@@ -451,6 +451,11 @@ pub struct BenchIoArgs {
     /// Request size of the sequential raw arm (the device ceiling), in MiB.
     #[arg(long, default_value_t = 32)]
     pub seq_mib: usize,
+    /// Pages of the raw arms' buffers: `huge` (transparent huge pages, physically contiguous:
+    /// the device's ceiling) or `small` (4 KiB pages like the residency slab's — a diagnostic:
+    /// what the same reads give into scattered memory).
+    #[arg(long, default_value = "huge", value_parser = ["huge", "small"])]
+    pub raw_pages: String,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -457,7 +457,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         )?)
     };
     let io = Arc::new(FileIo::open(&paths, true)?);
-    let raw = RawReader::new(io.clone(), &paths, &layouts, a.io_threads, 32)?;
+    let raw = RawReader::new(io.clone(), &paths, &layouts, a.io_threads, 32, true)?;
     let rc = ResidencyConfig {
         lru_per_layer: vec![a.slots; layouts.len()],
         working_slots: a.working,

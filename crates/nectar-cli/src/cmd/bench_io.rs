@@ -50,12 +50,12 @@ struct Item<'a> {
     bytes: u64,
 }
 
-/// Read buffers backed by transparent huge pages where the kernel grants them: 2 MiB-aligned,
+/// Read buffers, backed by transparent huge pages where asked and granted: 2 MiB-aligned,
 /// `madvise(MADV_HUGEPAGE)`, touched once before any timed window. Physically contiguous
 /// buffers let a direct read leave as few, large requests (a virtio disk with 254 segments per
 /// request otherwise splits 4 KiB-page buffers into 1 MiB requests), which is what the device's
 /// ceiling needs.
-struct HugeBuf {
+struct RawBufs {
     ptr: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
     n: usize,
@@ -63,14 +63,14 @@ struct HugeBuf {
 }
 
 // SAFETY: a plain byte buffer; each reader thread writes only its own slot.
-unsafe impl Send for HugeBuf {}
+unsafe impl Send for RawBufs {}
 // SAFETY: see `Send`.
-unsafe impl Sync for HugeBuf {}
+unsafe impl Sync for RawBufs {}
 
 const HUGE: usize = 2 << 20;
 
-impl HugeBuf {
-    fn new(n: usize, slot: usize) -> Result<HugeBuf> {
+impl RawBufs {
+    fn new(n: usize, slot: usize, huge: bool) -> Result<RawBufs> {
         let slot = slot.max(1).div_ceil(HUGE) * HUGE;
         let layout = std::alloc::Layout::from_size_align(slot * n.max(1), HUGE)?;
         // SAFETY: `layout` has a non-zero size.
@@ -82,12 +82,16 @@ impl HugeBuf {
             libc::madvise(
                 ptr.as_ptr() as *mut libc::c_void,
                 layout.size(),
-                libc::MADV_HUGEPAGE,
+                if huge {
+                    libc::MADV_HUGEPAGE
+                } else {
+                    libc::MADV_NOHUGEPAGE
+                },
             );
         }
         // SAFETY: `ptr` is valid for `layout.size()` bytes and not shared yet.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0x5a, layout.size()) };
-        Ok(HugeBuf {
+        Ok(RawBufs {
             ptr,
             layout,
             n: n.max(1),
@@ -138,7 +142,7 @@ impl HugeBuf {
     }
 }
 
-impl Drop for HugeBuf {
+impl Drop for RawBufs {
     fn drop(&mut self) {
         // SAFETY: allocated in `new` with this layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
@@ -149,7 +153,7 @@ impl Drop for HugeBuf {
 /// inside a timed window).
 pub(crate) struct RawReader {
     io: Arc<FileIo>,
-    bufs: HugeBuf,
+    bufs: RawBufs,
     /// Sequential requests covering every shard in order.
     chunks: Vec<ReadOp>,
     /// Bytes of one sequential request.
@@ -157,17 +161,19 @@ pub(crate) struct RawReader {
 }
 
 impl RawReader {
-    /// Buffers for whole experts of `layouts` and sequential requests of `chunk_mib` MiB.
+    /// Buffers for whole experts of `layouts` and sequential requests of `chunk_mib` MiB, on
+    /// huge pages unless `huge` is false.
     pub(crate) fn new(
         io: Arc<FileIo>,
         paths: &[PathBuf],
         layouts: &[Vec<SlotLayout>],
         threads: usize,
         chunk_mib: usize,
+        huge: bool,
     ) -> Result<RawReader> {
         let chunk = chunk_mib.max(1) << 20;
         let slot = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
-        let bufs = HugeBuf::new(threads.max(1), slot.max(chunk))?;
+        let bufs = RawBufs::new(threads.max(1), slot.max(chunk), huge)?;
         let mut chunks = Vec::new();
         for (shard, p) in paths.iter().enumerate() {
             let len = std::fs::metadata(p)
@@ -363,7 +369,14 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         .max()
         .unwrap_or(0);
     let threads = a.threads;
-    let raw = RawReader::new(io.clone(), &paths, &layouts, threads, a.seq_mib)?;
+    let raw = RawReader::new(
+        io.clone(),
+        &paths,
+        &layouts,
+        threads,
+        a.seq_mib,
+        a.raw_pages == "huge",
+    )?;
     let cfg = ResidencyConfig {
         lru_per_layer: vec![1; layouts.len()],
         working_slots: a.wave,
@@ -424,6 +437,7 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         "repeats": reps,
         "load_average_start": load_start,
         "load_average_end": load_average(),
+        "raw_pages": a.raw_pages,
         "raw_buffers": raw.buffers(),
         "raw_same_sequence_gbps": same_gbps,
         "raw_sequential_gbps": seq_gbps,
