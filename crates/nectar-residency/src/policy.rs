@@ -201,6 +201,12 @@ pub struct Policy {
     mass: Vec<Score>,
     /// Predictive admission: the experts each layer's current wave requested (request order).
     wave_routes: Vec<Vec<u32>>,
+    /// Predictive admission: per-row routes of a multi-row step, handed in before its waves
+    /// ([`Policy::observe_rows`]), learned at the layer's first safe point of the step.
+    row_routes: Vec<Option<Vec<Vec<u32>>>>,
+    /// Predictive admission: the last row's routes once this step's rows were learned (later
+    /// waves of the same step neither learn again nor overwrite them).
+    learned: Vec<Option<Vec<u32>>>,
     /// Predictive admission: token history, routes and transitions.
     predictor: predict::Predictor,
 }
@@ -272,6 +278,8 @@ impl Policy {
                 n_layers
             ],
             wave_routes: vec![Vec::new(); n_layers],
+            row_routes: vec![None; n_layers],
+            learned: vec![None; n_layers],
             predictor: predict::Predictor::default(),
         }
     }
@@ -331,6 +339,19 @@ impl Policy {
     pub fn observe_token(&mut self, token: u32) {
         if let Admission::Predictive { .. } = self.admission {
             self.predictor.observe_token(token);
+            self.learned.iter_mut().for_each(|l| *l = None);
+        }
+    }
+
+    /// Hands in the experts each row of the coming step chose at `layer`, in row order (the
+    /// rows of the tokens last observed; predictive admission, a no-op otherwise). Without it a
+    /// step is recorded as one row requesting the union of its waves, which is exact for one
+    /// token per step; a prompt fed in one step is learned row by row only through this.
+    pub fn observe_rows(&mut self, layer: usize, rows: &[Vec<u32>]) {
+        if let (Admission::Predictive { .. }, Some(r)) =
+            (self.admission, self.row_routes.get_mut(layer))
+        {
+            *r = Some(rows.to_vec());
         }
     }
 
@@ -568,8 +589,18 @@ impl Policy {
             unreachable!("predictive admission only")
         };
         let l32 = layer as u32;
-        let cur = std::mem::take(&mut self.wave_routes[layer]);
-        self.predictor.learn(layer, &cur);
+        let wave = std::mem::take(&mut self.wave_routes[layer]);
+        let cur = if let Some(rows) = self.row_routes[layer].take() {
+            self.predictor.learn_rows(layer, &rows);
+            let last = rows.last().cloned().unwrap_or_default();
+            self.learned[layer] = Some(last.clone());
+            last
+        } else if let Some(last) = &self.learned[layer] {
+            last.clone()
+        } else {
+            self.predictor.learn(layer, &wave);
+            wave
+        };
         let mass = self.decayed(self.mass[layer], layer);
         // (slot, key, resident, last_use, score)
         let mut cands: Vec<(usize, ExpertKey, bool, u64, f64)> = Vec::new();

@@ -128,6 +128,14 @@ pub fn replay_policy(
             }
         }
         for (li, r) in reqs.iter().enumerate() {
+            if s.rows.len() > 1 {
+                let rows: Vec<Vec<u32>> = s
+                    .rows
+                    .clone()
+                    .map(|row| trace.experts(row, layers[li]).collect())
+                    .collect();
+                policy.observe_rows(li, &rows);
+            }
             for &e in &r[t] {
                 let hit = matches!(
                     policy

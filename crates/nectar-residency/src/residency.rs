@@ -317,6 +317,12 @@ impl Residency {
         self.lock().policy.observe_token(token);
     }
 
+    /// Hands the policy the experts each row of a multi-row step chose at `layer` (see
+    /// [`crate::policy::Policy::observe_rows`]).
+    pub fn observe_rows(&self, layer: usize, rows: &[Vec<u32>]) {
+        self.lock().policy.observe_rows(layer, rows);
+    }
+
     /// The safe point after a wave of every layer (see [`Residency::end_wave_layer`]).
     pub fn end_wave(&self) -> Result<()> {
         for l in 0..self.inner.layouts.len() {

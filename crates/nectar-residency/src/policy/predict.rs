@@ -104,6 +104,35 @@ impl Predictor {
     /// `layer`'s wave of the current row requested `cur`: learn the transitions from the
     /// layer's previous wave and record the row.
     pub(crate) fn learn(&mut self, layer: usize, cur: &[u32]) {
+        self.learn_transition(layer, cur);
+        if let Some(row) = self.rows.back_mut() {
+            if row.len() <= layer {
+                row.resize(layer + 1, Vec::new());
+            }
+            row[layer] = cur.to_vec();
+        }
+    }
+
+    /// `layer`'s routes of the last `rows.len()` rows (one step of several tokens), in row
+    /// order: each learns the transition from the row before it and is recorded as its row's.
+    pub(crate) fn learn_rows(&mut self, layer: usize, rows: &[Vec<u32>]) {
+        let kept = self.rows.len();
+        let first = kept.saturating_sub(rows.len());
+        let skip = rows.len().saturating_sub(kept);
+        for (i, r) in rows.iter().enumerate() {
+            self.learn_transition(layer, r);
+            if i >= skip {
+                let row = &mut self.rows[first + i - skip];
+                if row.len() <= layer {
+                    row.resize(layer + 1, Vec::new());
+                }
+                row[layer] = r.clone();
+            }
+        }
+    }
+
+    /// Counts the transitions from `layer`'s previous routes to `cur`, which become previous.
+    fn learn_transition(&mut self, layer: usize, cur: &[u32]) {
         let l = layer as u32;
         if self.prev.len() <= layer {
             self.prev.resize(layer + 1, None);
@@ -117,12 +146,6 @@ impl Predictor {
             }
         }
         self.prev[layer] = Some(cur.to_vec());
-        if let Some(row) = self.rows.back_mut() {
-            if row.len() <= layer {
-                row.resize(layer + 1, Vec::new());
-            }
-            row[layer] = cur.to_vec();
-        }
     }
 
     /// Σ_{k=1..min(HORIZON, t-1-p)} GAMMA^(k-1) · [expert ∈ routes(p + k, layer)] for the
@@ -154,5 +177,44 @@ impl Predictor {
             den += self.succ.get(&(l, a)).copied().unwrap_or(0) as u64;
         }
         (num as f64, den as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_multi_row_step_is_learned_row_by_row() {
+        // Tokens 7 8 9 7 8 fed as one step of three rows, then two single rows.
+        let mut bulk = Predictor::default();
+        for t in [7, 8, 9] {
+            bulk.observe_token(t);
+        }
+        bulk.learn_rows(0, &[vec![1], vec![2], vec![3]]);
+        // The same rows fed one per step.
+        let mut single = Predictor::default();
+        for (t, r) in [(7, 1), (8, 2), (9, 3)] {
+            single.observe_token(t);
+            single.learn(0, &[r]);
+        }
+        for p in [&mut bulk, &mut single] {
+            p.observe_token(7);
+            p.learn(0, &[1]);
+            p.observe_token(8);
+        }
+        for p in [&bulk, &single] {
+            let rows: Vec<Vec<u32>> = p.rows.iter().take(4).map(|r| r[0].clone()).collect();
+            assert_eq!(rows, [vec![1], vec![2], vec![3], vec![1]]);
+            assert_eq!(p.transition(0, &[1], 2), (1.0, 1.0));
+            assert_eq!(p.transition(0, &[2], 3), (1.0, 1.0));
+            // Context "7 8" occurred before: what followed it (row 2 requested expert 3).
+            assert!(p.lookahead(0, 3) > 0.0 && p.lookahead(0, 9) == 0.0);
+        }
+        // More rows than kept tokens: only the last ones are recorded, none out of range.
+        let mut short = Predictor::default();
+        short.observe_token(1);
+        short.learn_rows(0, &[vec![4], vec![5]]);
+        assert_eq!(short.rows[0][0], vec![5]);
     }
 }

@@ -320,6 +320,12 @@ impl Moe {
                 layer: tier,
                 ..
             } => {
+                // A step of several rows (a prompt, a verify) tells the cache each row's
+                // routes, so its look-ahead learns them token by token.
+                if m > 1 {
+                    let rows: Vec<Vec<u32>> = routes.iter().map(|r| r.ids.clone()).collect();
+                    residency.observe_rows(*tier, &rows);
+                }
                 // Waves of at most the working bank: resident experts first, then the shared
                 // expert while misses load, then each miss as it arrives.
                 for wave in union.chunks(residency.max_wave()) {
