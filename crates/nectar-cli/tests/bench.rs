@@ -176,14 +176,13 @@ fn bench_io_reads_the_managers_sequence_and_a_sequential_ceiling() {
         assert_eq!(v["repetitions"][arm].as_array().unwrap().len(), 2, "{v}");
         assert!(v[arm].as_f64().unwrap() > 0.0, "{v}");
     }
-    let reference = v["reference_gbps"].as_f64().unwrap();
-    assert_eq!(
-        reference,
-        v["raw_same_sequence_gbps"]
-            .as_f64()
-            .unwrap()
-            .max(v["raw_sequential_gbps"].as_f64().unwrap())
-    );
+    // The reference is the best repetition of either raw arm.
+    let best = ["raw_same_sequence_gbps", "raw_sequential_gbps"]
+        .iter()
+        .flat_map(|arm| v["repetitions"][arm].as_array().unwrap())
+        .map(|x| x.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(v["reference_gbps"].as_f64().unwrap(), best, "{v}");
     // Above the higher raw arm, the bench reports its reference as wrong and fails.
     let ratio = v["ratio"].as_f64().unwrap();
     assert_eq!(ok, ratio <= 1.0, "{err}");

@@ -19,9 +19,9 @@
 //! disk takes 254 segments per request, so 1 MiB), and only contiguous buffers show what the
 //! device can do; the JSON reports how much of them huge pages back. All arms use direct I/O
 //! where the filesystem allows it. The
-//! median repetition of each arm is reported, and `ratio` = residency ÷ the higher raw arm. A
-//! ratio above 1 means the reference is not the physical limit it claims to be: the bench then
-//! fails.
+//! median repetition of each arm is reported; `ratio` = the residency median ÷ the best
+//! repetition of either raw arm (what the device demonstrably delivered in this run). A ratio
+//! above 1 means the reference is not the physical limit it claims to be: the bench then fails.
 use crate::args::BenchIoArgs;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::expert_layouts;
@@ -418,12 +418,17 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         }
     }
     let (same_gbps, seq_gbps, man_gbps) = (median(&same), median(&seq), median(&mans));
-    let (reference, reference_arm) = if seq_gbps >= same_gbps {
-        (seq_gbps, "sequential")
+    // The reference: the best repetition of either raw arm — a rate the device demonstrably
+    // delivered in this run. (Medians of arms that agree within the run-to-run noise of a shared
+    // disk would put a manager at the ceiling above 1 half the time.)
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (reference, reference_arm) = if best(&seq) >= best(&same) {
+        (best(&seq), "sequential")
     } else {
-        (same_gbps, "same_sequence")
+        (best(&same), "same_sequence")
     };
     let ratio = man_gbps / reference.max(1e-12);
+    let ratio_of_medians = man_gbps / same_gbps.max(seq_gbps).max(1e-12);
     let out = json!({
         "bench": "io",
         "model": a.model,
@@ -445,6 +450,7 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         "reference_gbps": reference,
         "reference_arm": reference_arm,
         "ratio": ratio,
+        "ratio_of_medians": ratio_of_medians,
         "repetitions": {
             "raw_same_sequence_gbps": same,
             "raw_sequential_gbps": seq,
@@ -457,17 +463,17 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         println!(
             "expert loads: residency {man_gbps:.3} GB/s; raw, same experts in the same order \
              {same_gbps:.3} GB/s ({:.1} MB requests); raw, sequential {seq_gbps:.3} GB/s ({} MiB \
-             requests); {threads} threads: ratio {ratio:.3} of the {reference_arm} arm",
+             requests); {threads} threads: ratio {ratio:.3} of the best raw repetition \
+             ({reference_arm}, {reference:.3} GB/s)",
             request as f64 / 1e6,
             raw.chunk_bytes >> 20
         );
     }
     anyhow::ensure!(
         ratio <= 1.0,
-        "residency {man_gbps:.3} GB/s exceeds the higher raw arm ({reference_arm}, \
-         {reference:.3} GB/s): ratio {ratio:.3} > 1, so that reference is not the physical limit \
-         — the reference is wrong (or the disk's level drifted between arms; re-run with more \
-         --repeats)"
+        "residency {man_gbps:.3} GB/s (median) exceeds every raw repetition (best: \
+         {reference_arm}, {reference:.3} GB/s): ratio {ratio:.3} > 1, so the raw arms are not the \
+         physical limit — the reference is wrong"
     );
     Ok(())
 }
