@@ -425,6 +425,14 @@ pub struct BenchPolicyArgs {
     /// Layers replayed: `main` (the model's MoE layers), `mtp` (the MTP layer) or `all`.
     #[arg(long, default_value = "main", value_parser = ["main", "mtp", "all"])]
     pub layers: String,
+    /// Pin this many experts per layer besides the --slots LRU slots: the most requested of
+    /// the directory's `prefill` trace (other text: a usage ledger), as `--pin auto` would.
+    #[arg(long, default_value_t = 0)]
+    pub pin: usize,
+    /// With --pin: live repin at each turn (a conversation's first step), at most this many
+    /// swaps (0: the pins stay).
+    #[arg(long, default_value_t = 0)]
+    pub repin: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

@@ -680,6 +680,56 @@ impl Policy {
         events.push(Event::Bypass(key));
     }
 
+    /// Live repin at a safe point between turns (no lease alive): within each layer, a resident
+    /// LRU expert whose decayed request count beats a pinned expert's by 25 % plus 4 takes its
+    /// pinned role, and the pin becomes an LRU slot of the same layer — no bytes move and every
+    /// layer keeps its capacity. The hysteresis (the seed's rule) keeps pins from flapping; at
+    /// most `max_swaps` swaps, largest gain first. Needs a scoring admission (frequency or
+    /// predictive); under LRU nothing moves. Returns (promoted, demoted) pairs.
+    pub fn repin(&mut self, max_swaps: usize) -> Vec<(ExpertKey, ExpertKey)> {
+        if self.half_life().is_none() {
+            return Vec::new();
+        }
+        // (gain, candidate slot, pin slot), per layer the best candidates against the weakest pins.
+        let mut swaps: Vec<(f64, usize, usize)> = Vec::new();
+        for layer in 0..self.capacity.len() {
+            let l32 = layer as u32;
+            let scored = |role: Role| -> Vec<(f64, usize)> {
+                let mut v: Vec<(f64, usize)> = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| match (s.role, s.key) {
+                        (r, Some(k)) if r == role && k.layer == l32 => Some((self.score(k), i)),
+                        _ => None,
+                    })
+                    .collect();
+                v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                v
+            };
+            let pins = scored(Role::Pinned);
+            let mut cands = scored(Role::Lru(l32));
+            cands.reverse();
+            for (&(pin, ps), &(cand, cs)) in pins.iter().zip(&cands) {
+                if cand > 1.25 * pin + 4.0 {
+                    swaps.push((cand - pin, cs, ps));
+                }
+            }
+        }
+        swaps.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        swaps.truncate(max_swaps);
+        let mut out = Vec::new();
+        for (_, cs, ps) in swaps {
+            let lru = self.slots[cs].role;
+            self.slots[cs].role = Role::Pinned;
+            self.slots[ps].role = lru;
+            if let (Some(c), Some(p)) = (self.slots[cs].key, self.slots[ps].key) {
+                out.push((c, p));
+            }
+        }
+        out
+    }
+
     /// Lowers layer `layer`'s capacity to `cap` (never raises it): the coldest slots are evicted
     /// and disabled for the life of the process. Returns the evicted keys.
     pub fn shrink(&mut self, layer: usize, cap: usize) -> Vec<ExpertKey> {

@@ -22,6 +22,8 @@ pub struct Step {
     pub counted: bool,
     /// The cache is emptied before this step.
     pub reset: bool,
+    /// The first step of a segment (a new turn: a safe point for live repin).
+    pub turn: bool,
 }
 
 /// The steps of a trace (see the module docs).
@@ -30,12 +32,14 @@ pub fn steps(trace: &Trace, window: usize) -> Vec<Step> {
     let mut out = Vec::new();
     for (si, s) in trace.segments.iter().enumerate() {
         let mut first = si == 0 || trace.reset_per_segment;
+        let mut turn = true;
         let decode = s.start + s.warmup;
         let mut push = |rows: std::ops::Range<usize>, counted: bool| {
             out.push(Step {
                 rows,
                 counted,
                 reset: std::mem::take(&mut first),
+                turn: std::mem::take(&mut turn),
             })
         };
         for r in s.start..decode {
@@ -94,6 +98,56 @@ impl Count {
     }
 }
 
+/// How the replayed cache is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheSetup {
+    /// LRU slots per layer.
+    pub capacity: usize,
+    /// What a full layer keeps.
+    pub admission: Admission,
+    /// Pinned experts per replayed layer (index = position in the replayed layers).
+    pub pinned: Vec<Vec<u32>>,
+    /// Live repin at every turn (segment start): at most this many swaps (0: pins stay).
+    pub repin_swaps: usize,
+}
+
+impl CacheSetup {
+    /// `capacity` LRU slots, `admission`, nothing pinned.
+    pub fn lru_only(capacity: usize, admission: Admission) -> Self {
+        CacheSetup {
+            capacity,
+            admission,
+            pinned: Vec::new(),
+            repin_swaps: 0,
+        }
+    }
+
+    /// Slots per layer in all (LRU + the most any layer pins): Belady's capacity.
+    pub fn slots(&self) -> usize {
+        self.capacity + self.pinned.iter().map(Vec::len).max().unwrap_or(0)
+    }
+}
+
+/// The `n` most requested experts of each of `layers` over every row of `trace` (a usage
+/// ledger's pin set, learned on that trace).
+pub fn hottest(trace: &Trace, layers: &[usize], n: usize) -> Vec<Vec<u32>> {
+    layers
+        .iter()
+        .map(|&l| {
+            let mut count = vec![0u64; trace.experts_per_layer];
+            for r in 0..trace.rows {
+                for e in trace.experts(r, l) {
+                    count[e as usize] += 1;
+                }
+            }
+            let mut ids: Vec<u32> = (0..count.len() as u32).collect();
+            ids.sort_by_key(|&e| (std::cmp::Reverse(count[e as usize]), e));
+            ids.truncate(n);
+            ids
+        })
+        .collect()
+}
+
 /// Replays `layers` (trace layer indices) of `trace` through the real [`Policy`] with
 /// `capacity` LRU slots per layer and `admission`. Returns the count per layer.
 pub fn replay_policy(
@@ -103,6 +157,22 @@ pub fn replay_policy(
     capacity: usize,
     admission: Admission,
 ) -> Vec<Count> {
+    replay_setup(
+        trace,
+        steps,
+        layers,
+        &CacheSetup::lru_only(capacity, admission),
+    )
+}
+
+/// [`replay_policy`] with pins and live repin.
+pub fn replay_setup(
+    trace: &Trace,
+    steps: &[Step],
+    layers: &[usize],
+    setup: &CacheSetup,
+) -> Vec<Count> {
+    let (capacity, admission) = (setup.capacity, setup.admission);
     let reqs: Vec<Vec<Vec<u32>>> = layers
         .iter()
         .map(|&l| layer_requests(trace, steps, l))
@@ -113,14 +183,22 @@ pub fn replay_policy(
         .max()
         .unwrap_or(0)
         .max(1);
+    let pins: Vec<ExpertKey> = setup
+        .pinned
+        .iter()
+        .enumerate()
+        .flat_map(|(li, v)| v.iter().map(move |&e| ExpertKey::new(li, e as usize)))
+        .collect();
     let fresh =
-        || Policy::new(vec![capacity; layers.len()], working, &[]).with_admission(admission);
+        || Policy::new(vec![capacity; layers.len()], working, &pins).with_admission(admission);
     let mut policy = fresh();
     let mut counts = vec![Count::default(); layers.len()];
     let mut events = Vec::new();
     for (t, s) in steps.iter().enumerate() {
         if s.reset {
             policy = fresh();
+        } else if s.turn && setup.repin_swaps > 0 {
+            policy.repin(setup.repin_swaps);
         }
         if let Some(tok) = &trace.tokens {
             for r in s.rows.clone() {
@@ -229,17 +307,32 @@ pub fn compare(
     capacity: usize,
     admission: Admission,
 ) -> PolicyReplay {
+    compare_setup(
+        trace,
+        window,
+        layers,
+        &CacheSetup::lru_only(capacity, admission),
+    )
+}
+
+/// [`compare`] with pins and live repin; Belady gets every slot (LRU + pinned) to use freely.
+pub fn compare_setup(
+    trace: &Trace,
+    window: usize,
+    layers: &[usize],
+    setup: &CacheSetup,
+) -> PolicyReplay {
     let st = steps(trace, window);
     let mut out = PolicyReplay {
         policy: Count::default(),
         belady: Count::default(),
     };
-    for c in replay_policy(trace, &st, layers, capacity, admission) {
+    for c in replay_setup(trace, &st, layers, setup) {
         out.policy.add(c);
     }
     for &l in layers {
         out.belady
-            .add(belady(&layer_requests(trace, &st, l), &st, capacity));
+            .add(belady(&layer_requests(trace, &st, l), &st, setup.slots()));
     }
     out
 }

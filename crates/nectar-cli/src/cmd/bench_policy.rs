@@ -6,7 +6,7 @@
 //! cache at the same slots per layer.
 use crate::args::BenchPolicyArgs;
 use anyhow::{Context, Result};
-use nectar_residency::replay::compare;
+use nectar_residency::replay::{compare_setup, hottest, CacheSetup};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
@@ -66,9 +66,21 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
             trace.path.display(),
             a.layers
         );
+        let pinned = if a.pin > 0 {
+            let ledger = Trace::load(&dir, "prefill").context("--pin learns from `prefill`")?;
+            hottest(&ledger, &layers, a.pin)
+        } else {
+            Vec::new()
+        };
         for &slots in &a.slots {
             for (name, adm) in &admissions {
-                let r = compare(&trace, a.window, &layers, slots, *adm);
+                let setup = CacheSetup {
+                    capacity: slots,
+                    admission: *adm,
+                    pinned: pinned.clone(),
+                    repin_swaps: a.repin,
+                };
+                let r = compare_setup(&trace, a.window, &layers, &setup);
                 rows.push(json!({
                     "trace": kind,
                     "slots": slots,
@@ -91,6 +103,8 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
         "layers": a.layers,
         "window": a.window,
         "half_life": a.half_life,
+        "pinned_per_layer": a.pin,
+        "repin_swaps_per_turn": a.repin,
         "step_model": "prompt rows replayed one per step, not counted; decode rows `window` per \
                        step; per layer the unique experts of a step are its requests; cache \
                        reset per segment where the manifest says so",
@@ -101,12 +115,18 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "trace {} ({} experts, top-{}), {} layers, {} row(s) per step",
+        "trace {} ({} experts, top-{}), {} layers, {} row(s) per step, {} pinned per layer{}",
         dir.display(),
         first.experts_per_layer,
         first.top_k,
         a.layers,
-        a.window
+        a.window,
+        a.pin,
+        if a.repin > 0 {
+            format!(", live repin (≤ {} swaps per turn)", a.repin)
+        } else {
+            String::new()
+        }
     );
     println!(
         "{:<15} {:>5} {:<10} {:>8} {:>8} {:>6}",

@@ -333,6 +333,7 @@ fn run_one(
             rows: 0..0,
             counted: c,
             reset: false,
+            turn: false,
         })
         .collect();
     let mut opt = Count::default();

@@ -290,3 +290,40 @@ fn predictive_beats_frequency_on_route256_decode() {
     assert!(pred >= 0.4505, "{pred}");
     assert!(pred > freq + 0.05, "{pred} vs {freq}");
 }
+
+#[test]
+fn repin_swaps_a_clearly_hotter_resident_in_with_hysteresis() {
+    let k = |e| ExpertKey::new(0, e);
+    let freq = Admission::Frequency { half_life: 1e9 };
+    let mut p = Policy::new(vec![2], 4, &[k(0), k(1)]).with_admission(freq);
+    let mut ev = Vec::new();
+    // Pin 0 is used 4 times, pin 1 never; resident 2 is used 9 times, resident 3 six times.
+    for (e, n) in [(0, 4), (2, 9), (3, 6)] {
+        for _ in 0..n {
+            p.access(k(e), &mut ev).unwrap();
+            p.end_wave(&mut ev);
+        }
+    }
+    // 9 > 1.25 × 0 + 4 swaps with pin 1; 6 > 1.25 × 4 + 4 = 9 does not beat pin 0.
+    assert_eq!(p.repin(4), vec![(k(2), k(1))]);
+    assert_eq!(p.role(p.lookup(k(2)).unwrap()), Role::Pinned);
+    assert_eq!(p.role(p.lookup(k(1)).unwrap()), Role::Lru(0));
+    assert_eq!(p.occupancy().0, 2, "pinned count unchanged");
+    // Nothing left that beats a pin by the margin: a second call is a no-op.
+    assert!(p.repin(4).is_empty());
+    // At most `max_swaps`, and never under LRU admission (no scores).
+    let mut q = Policy::new(vec![2], 4, &[k(0)]);
+    for _ in 0..20 {
+        q.access(k(5), &mut ev).unwrap();
+        q.end_wave(&mut ev);
+    }
+    assert!(q.repin(4).is_empty());
+    let mut r = Policy::new(vec![2], 4, &[k(0), k(1)]).with_admission(freq);
+    for e in [2, 3] {
+        for _ in 0..20 {
+            r.access(k(e), &mut ev).unwrap();
+            r.end_wave(&mut ev);
+        }
+    }
+    assert_eq!(r.repin(1).len(), 1);
+}

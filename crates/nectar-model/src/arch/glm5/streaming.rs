@@ -49,7 +49,8 @@ pub const DEFAULT_ADMISSION: nectar_residency::Admission = nectar_residency::Adm
 
 /// Which experts to pin: the most selected of `ledger`, in `bytes` of slots — or, when `bytes`
 /// is `None`, Colibri's auto rule: with at least 5,000 recorded selections, half the LRU bytes
-/// scaled by the ledger's confidence `min(1, selections / 200,000)`.
+/// scaled by the ledger's confidence `min(1, selections / 200,000)` — except under predictive
+/// admission, where the auto rule pins nothing (its cache uses the slots better).
 #[derive(Debug, Clone)]
 pub struct PinRequest {
     /// The usage ledger.
@@ -219,7 +220,7 @@ pub(super) fn setup(
     let mut plan =
         plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0)).map_err(residency_err)?;
     let pinned = match &opts.pin {
-        Some(req) => pins(req, &plan, &layouts, n, sizes.0),
+        Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission),
         None => Vec::new(),
     };
     if !pinned.is_empty() {
@@ -293,11 +294,18 @@ fn pins(
     layouts: &[Vec<SlotLayout>],
     n: usize,
     slot: u64,
+    admission: nectar_residency::Admission,
 ) -> Vec<ExpertKey> {
     let lru_bytes = plan.lru_bytes;
     let total = req.ledger.total();
     let bytes = req.bytes.unwrap_or_else(|| {
-        if total < AUTOPIN_MIN_HISTORY {
+        // Under predictive admission the auto rule pins nothing: the slots do better in its
+        // cache. Replayed on route256 (session, the hottest experts of the prefill stream
+        // pinned): 32 slots all predictive hit 0.698; 16 pinned + 16 predictive 0.574, and
+        // live repin does not recover it (0.572). An explicit --pin-size still pins.
+        if total < AUTOPIN_MIN_HISTORY
+            || matches!(admission, nectar_residency::Admission::Predictive { .. })
+        {
             return 0;
         }
         let conf = (total as f64 / AUTOPIN_FULL_HISTORY).min(1.0);
