@@ -317,6 +317,12 @@ impl Residency {
         self.lock().policy.observe_token(token);
     }
 
+    /// Live repin at a safe point between turns (no lease alive; see
+    /// [`crate::policy::Policy::repin`]): returns the (promoted, demoted) pairs.
+    pub fn repin(&self, max_swaps: usize) -> Vec<(ExpertKey, ExpertKey)> {
+        self.lock().policy.repin(max_swaps)
+    }
+
     /// Hands the policy the experts each row of a multi-row step chose at `layer` (see
     /// [`crate::policy::Policy::observe_rows`]).
     pub fn observe_rows(&self, layer: usize, rows: &[Vec<u32>]) {

@@ -203,6 +203,20 @@ impl Ledger {
     }
 }
 
+/// Pins swapped at most per finished turn (the seed's live-repin rule).
+const REPIN_SWAPS: usize = 4;
+
+/// A turn ended (the model thread is between steps, so no expert lease is alive): let a
+/// clearly hotter resident expert take a pinned slot of its layer (see `Policy::repin`).
+fn repin(bundle: &ModelBundle) {
+    if let Some(res) = bundle.model.residency() {
+        let swaps = res.repin(REPIN_SWAPS);
+        if !swaps.is_empty() {
+            tracing::debug!(?swaps, "repinned experts (promoted, demoted)");
+        }
+    }
+}
+
 /// A live row's connection to its client.
 struct Client {
     cancel: CancelToken,
@@ -320,6 +334,7 @@ fn serve_batched(
                 finish_row(shared, c, reason, &summary);
                 clients.remove(&rs.id);
                 usage.tick(bundle);
+                repin(bundle);
             } else if !delivered {
                 // The client is gone: the row leaves at the top of the next step.
                 c.cancel.cancel();
@@ -487,6 +502,7 @@ fn serve_speculative(
         // The receiver may be gone (client left); nothing to do then.
         let _ = sink.send(event);
         usage.tick(bundle);
+        repin(bundle);
     }
 }
 
