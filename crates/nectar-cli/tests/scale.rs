@@ -138,7 +138,10 @@ fn fit_projects_decode_and_prefill_speed() {
     let p = &v["projection"];
     assert!(p["lru_slots_per_layer"].as_u64().unwrap() >= 1);
     let off = p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
-    assert!(off > 0.0 && off <= p["ram_wall_tok_s"].as_f64().unwrap() + 1e-9, "{p}");
+    assert!(
+        off > 0.0 && off <= p["ram_wall_tok_s"].as_f64().unwrap() + 1e-9,
+        "{p}"
+    );
     assert!(v["machine"]["disk_gbps"].as_f64().unwrap() > 0.0);
     // GLM-5.2's constants on a described machine: a faster disk never projects slower.
     let glm = |disk: &str| {
