@@ -1,7 +1,7 @@
 //! Route sources and the offline optimum, for benchmarks that replay expert requests through the
 //! real residency code: a uniform generator, a Zipf generator with temporal locality (the
 //! calibrated model of `specs/performance.md` §3.3), recorded traces (`.npy` as written by the
-//! demo-model trace tool), and Belady-OPT with bypass (§3.2) as the upper bound on hit rate.
+//! demo-model trace tool; `crate::trace` reads whole trace directories), and Belady-OPT with bypass (§3.2) as the upper bound on hit rate.
 use std::collections::HashMap;
 
 /// A deterministic generator (xorshift64*).
@@ -113,12 +113,6 @@ pub fn uniform(e: usize, k: usize, rng: &mut Rng) -> Vec<u32> {
         }
     }
     out
-}
-
-/// Reads a C-order int8 `.npy` array (the trace format): `(shape, data)`.
-pub fn read_npy_i8(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i8>), String> {
-    let (shape, data) = read_npy(bytes, &["'|i1'", "'i1'"], 1)?;
-    Ok((shape, data.iter().map(|b| *b as i8).collect()))
 }
 
 /// Reads a C-order int8 or little-endian int16 `.npy` array of expert ids (the 32-expert traces
@@ -278,10 +272,10 @@ mod tests {
         b.extend((h.len() as u16).to_le_bytes());
         b.extend(h.as_bytes());
         b.extend([1u8, 2, 3, 0xff, 5, 6]);
-        let (shape, d) = read_npy_i8(&b).unwrap();
+        let (shape, d) = read_npy_ids(&b).unwrap();
         assert_eq!(shape, [2, 3]);
         assert_eq!(d, [1, 2, 3, -1, 5, 6]);
-        assert!(read_npy_i8(&b[..20]).is_err());
+        assert!(read_npy_ids(&b[..20]).is_err());
         assert!(read_npy_u16(&b).unwrap_err().contains("<u2"));
         let mut b = b"\x93NUMPY\x01\x00".to_vec();
         let h = "{'descr': '<u2', 'fortran_order': False, 'shape': (3,), }         \n";
