@@ -2,6 +2,7 @@
 mod args;
 mod cmd;
 mod demo;
+mod machine;
 
 use clap::Parser;
 

@@ -20,10 +20,11 @@
 //! repetition is reported. Before timing, sampled outputs of every matrix case are checked bit
 //! for bit against the scalar reference, and the fused expert against the separate steps.
 use crate::args::{BenchArgs, BenchKernelsArgs, BenchWhat};
+use crate::machine::{llc_bytes, mem_available, read_reference};
 use anyhow::{bail, Context, Result};
 use nectar_kernels::{
-    decode_row, dot_scalar, expert_swiglu, matmul, matmul_int8_act, read_sum, swiglu_in_place,
-    ExpertRef, MatRef, ReadMode, WeightFormat, INT8_ACT_BLOCK,
+    decode_row, dot_scalar, expert_swiglu, matmul, matmul_int8_act, swiglu_in_place, ExpertRef,
+    MatRef, WeightFormat, INT8_ACT_BLOCK,
 };
 use rayon::prelude::*;
 use serde_json::json;
@@ -34,8 +35,6 @@ use std::time::{Duration, Instant};
 const LLC_MULTIPLE: usize = 8;
 /// ...and at least this large.
 const ARENA_FLOOR: usize = 1 << 30;
-/// Fallback last-level cache size when sysfs says nothing.
-const LLC_FALLBACK: usize = 32 << 20;
 /// Passes of the read reference per mode; the best is kept.
 const READ_PASSES: usize = 5;
 
@@ -201,98 +200,6 @@ fn activations(len: usize, seed: u64) -> Vec<f32> {
     (0..len)
         .map(|_| (splitmix(&mut s) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
         .collect()
-}
-
-/// The read reference on `pool`'s threads: `buf` cut into one contiguous, page-aligned part
-/// per thread, every thread reading its part with [`read_sum`]; the best of `passes` passes of
-/// each mode (modes alternate pass by pass). Returns GB/s and the faster mode.
-fn read_reference(pool: &rayon::ThreadPool, buf: &[u8], passes: usize) -> (f64, ReadMode) {
-    let threads = pool.current_num_threads().max(1);
-    let part = (buf.len() / threads) & !4095;
-    let mut best = (0.0f64, ReadMode::Plain);
-    for _ in 0..passes {
-        for mode in [ReadMode::Plain, ReadMode::Prefetch] {
-            let t = Instant::now();
-            pool.broadcast(|ctx| {
-                let p = &buf[ctx.index() * part..(ctx.index() + 1) * part];
-                std::hint::black_box(read_sum(std::hint::black_box(p), mode));
-            });
-            let gbps = (part * threads) as f64 / t.elapsed().as_secs_f64() / 1e9;
-            if gbps > best.0 {
-                best = (gbps, mode);
-            }
-        }
-    }
-    best
-}
-
-/// Last-level cache in bytes and where the figure came from: the largest cache level in
-/// sysfs, summed over its distinct instances (as lscpu reports it), or a fallback.
-fn llc_bytes() -> (usize, String) {
-    let mut top = (0u32, std::collections::BTreeMap::<String, usize>::new());
-    let cpus = std::fs::read_dir("/sys/devices/system/cpu")
-        .into_iter()
-        .flatten();
-    for cpu in cpus.flatten() {
-        let name = cpu.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("cpu") || !name[3..].chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        let idx = std::fs::read_dir(cpu.path().join("cache"))
-            .into_iter()
-            .flatten();
-        for ix in idx.flatten() {
-            let read = |f: &str| std::fs::read_to_string(ix.path().join(f)).ok();
-            let (Some(level), Some(size)) = (read("level"), read("size")) else {
-                continue;
-            };
-            if read("type").is_some_and(|t| t.trim() == "Instruction") {
-                continue;
-            }
-            let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), parse_size(&size)) else {
-                continue;
-            };
-            let shared = read("shared_cpu_list").unwrap_or_else(|| name.clone());
-            if level > top.0 {
-                top = (level, Default::default());
-            }
-            if level == top.0 {
-                top.1.insert(shared.trim().to_string(), size);
-            }
-        }
-    }
-    let total: usize = top.1.values().sum();
-    if total == 0 {
-        (LLC_FALLBACK, "fallback (no cache sizes in sysfs)".into())
-    } else {
-        let n = top.1.len();
-        (total, format!("sysfs: L{} × {n} instance(s)", top.0))
-    }
-}
-
-/// `32768K`, `1M`, `512` (bytes) as sysfs writes cache sizes.
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.trim().parse::<usize>().ok().map(|n| n * mul)
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-fn mem_available() -> Option<usize> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<usize>()
-        .ok()
-        .map(|kib| kib << 10)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -750,37 +657,4 @@ fn rel_rms_error(exact: &[f32], approx: &[f32]) -> f64 {
         .sum();
     let den: f64 = exact.iter().map(|a| (*a as f64).powi(2)).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cache_sizes_parse_as_sysfs_writes_them() {
-        assert_eq!(parse_size("32768K\n"), Some(32 << 20));
-        assert_eq!(parse_size("1M"), Some(1 << 20));
-        assert_eq!(parse_size("512"), Some(512));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
-    }
-
-    #[test]
-    fn llc_is_a_plausible_size() {
-        let (llc, source) = llc_bytes();
-        assert!((64 << 10..=64 << 30).contains(&llc), "{llc} from {source}");
-    }
-
-    #[test]
-    fn read_reference_reads_every_part() {
-        // Two threads over a buffer that does not split evenly: parts are page-aligned and a
-        // positive rate comes back.
-        let buf = vec![1u8; (3 << 20) + 123];
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        let (gbps, _) = read_reference(&pool, &buf, 2);
-        assert!(gbps > 0.0 && gbps.is_finite());
-    }
 }

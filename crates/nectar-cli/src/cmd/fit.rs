@@ -6,20 +6,12 @@ use nectar_model::arch::glm5::{plan_memory, LoadOptions};
 use nectar_residency::planner::{human, parse_size, render};
 use serde_json::json;
 
-/// Memory the OS reports as available (Linux `MemAvailable`), if known.
-pub fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// The budget to plan for: the given size, else 90 % of available memory.
 pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
     match given {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg),
-        None => mem_available()
-            .map(|a| a / 10 * 9)
+        None => crate::machine::mem_available()
+            .map(|a| a as u64 / 10 * 9)
             .ok_or_else(|| anyhow::anyhow!("cannot read available memory; pass --memory-budget")),
     }
 }

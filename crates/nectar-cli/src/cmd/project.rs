@@ -22,7 +22,7 @@
 //! plus one read of every touched expert per layer (expert-major prefill).
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
-use nectar_kernels::{matmul, read_sum, MatRef, ReadMode, WeightFormat};
+use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, PlanInputs};
@@ -132,32 +132,32 @@ pub struct Machine {
     pub gflops: f64,
 }
 
-/// Best-of-5 parallel read of a 4 GiB buffer (above 8× the largest last-level caches), GB/s.
-fn measure_read(threads: usize) -> f64 {
-    let buf = vec![1u8; 4 << 30];
-    let chunk = buf.len().div_ceil(threads.max(1));
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for c in buf.chunks(chunk) {
-                s.spawn(move || std::hint::black_box(read_sum(c, ReadMode::Plain)));
-            }
-        });
-        best = best.max(buf.len() as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    best
+/// Arena of the memory measurements: at least 8× the last-level cache and 1 GiB, at most half
+/// of the available memory.
+fn arena_bytes() -> usize {
+    let (llc, _) = crate::machine::llc_bytes();
+    let want = (8 * llc).max(1 << 30);
+    crate::machine::mem_available().map_or(want, |m| want.min(m / 2))
+}
+
+/// The benchmarks' read reference (best of 5 passes per mode) on `threads` threads, GB/s.
+fn measure_read(threads: usize) -> Result<f64> {
+    let buf = vec![1u8; arena_bytes()];
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()?;
+    Ok(crate::machine::read_reference(&pool, &buf, 5).0)
 }
 
 /// The int4 g64 kernel on GLM-5.2's expert gate shape (2048 × 6144) over rotating copies
-/// filling 4 GiB (above 8× the largest last-level caches, so M = 1 streams from DRAM):
+/// filling [`arena_bytes`] (so M = 1 streams from DRAM):
 /// (weight GB/s at M = 1, GFLOP/s at M = 64), best of 3 passes each.
 fn measure_kernel() -> Result<(f64, f64)> {
     let (rows, cols) = (2048usize, 6144usize);
     let data_b = rows * cols / 2;
     let scales_n = rows * cols / 64;
     let per = data_b + scales_n * 4;
-    let copies = ((4usize << 30) / per).max(2);
+    let copies = (arena_bytes() / per).max(2);
     let mut s = 0x2545_F491_4F6C_DD1Du64;
     let mut data = vec![0u8; data_b * copies];
     for b in data.chunks_mut(8) {
@@ -336,7 +336,7 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
     let p = plan(&inputs).context("the memory plan")?;
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
-    let mem = measure_read(threads);
+    let mem = measure_read(threads)?;
     let (kern, gflops) = measure_kernel()?;
     let efficiency = (kern / mem).min(1.0);
     let machine = Machine {
