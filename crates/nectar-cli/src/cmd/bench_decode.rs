@@ -7,7 +7,7 @@
 //! residency manager and their SwiGLU at M = 1, in the model's order: hits first, then the shared
 //! expert's part of the spine (`--shared-mb`, 21.2 MB) while the misses load, then each miss as it
 //! lands. The spine slices rotate through copies that together hold at least 4× the last-level
-//! cache (read from sysfs), so they stream from DRAM as a real spine does.
+//! cache (`crate::machine::llc_bytes`, from sysfs), so they stream from DRAM as a real spine does.
 //!
 //! Traces (`--routes trace`): the recorded ids are replayed as they are (never remapped), trace
 //! main layer i on the container's MoE layer i (cycling when the container has more), decode rows
@@ -262,36 +262,6 @@ fn belady_from_best_start(steps: &[Vec<u32>], cap: usize) -> (u64, u64) {
     (h, r - n)
 }
 
-/// Size of the last-level cache from sysfs (the highest cache level of cpu0).
-fn llc_bytes() -> Option<u64> {
-    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
-    let read = |p: &Path| {
-        std::fs::read_to_string(p)
-            .ok()
-            .map(|s| s.trim().to_string())
-    };
-    dir.filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("index"))
-        })
-        .filter(|p| read(&p.join("type")).as_deref() != Some("Instruction"))
-        .filter_map(|p| {
-            let level: u32 = read(&p.join("level"))?.parse().ok()?;
-            let s = read(&p.join("size"))?;
-            let (num, mult) = match s.chars().last()? {
-                'K' => (&s[..s.len() - 1], 1u64 << 10),
-                'M' => (&s[..s.len() - 1], 1 << 20),
-                'G' => (&s[..s.len() - 1], 1 << 30),
-                _ => (&s[..], 1),
-            };
-            Some((level, num.parse::<u64>().ok()? * mult))
-        })
-        .max()
-        .map(|(_, b)| b)
-}
-
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; n];
     v.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
@@ -422,21 +392,21 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
     let (pre_rows, shared_rows) = (rows_of(a.spine_mb - a.shared_mb), rows_of(a.shared_mb));
     let copy_rows = pre_rows + shared_rows;
     let copy_bytes = copy_rows * (row_codes + row_scales * 4);
-    let llc = llc_bytes();
+    let (llc, llc_source) = crate::machine::llc_bytes();
     let pool_target = if a.spine_pool_mb > 0.0 {
-        (a.spine_pool_mb * 1e6) as u64
+        (a.spine_pool_mb * 1e6) as usize
     } else {
-        4 * llc.unwrap_or(512 << 20)
+        4 * llc
     };
-    let copies = (pool_target.div_ceil(copy_bytes as u64) as usize).max(moe.len());
+    let copies = pool_target.div_ceil(copy_bytes).max(moe.len());
     let pool_bytes = copies * copy_bytes;
-    let covers_llc = llc.is_some_and(|c| pool_bytes as u64 >= 4 * c);
+    let covers_llc = pool_bytes >= 4 * llc;
     if !covers_llc {
         eprintln!(
-            "warning: the spine pool ({:.0} MB) is not known to exceed 4× the last-level cache \
-             ({}): the compute-bound figure may be cache-resident",
+            "warning: the spine pool ({:.0} MB) is below 4× the last-level cache ({} MiB, \
+             {llc_source}): the compute-bound figure may be cache-resident",
             pool_bytes as f64 / 1e6,
-            llc.map_or("unknown".into(), |c| format!("{} MiB", c >> 20))
+            llc >> 20
         );
     }
     let codes = random_bytes(copies * copy_rows * row_codes, 7);
@@ -603,6 +573,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         "shared_mb_per_layer": a.shared_mb,
         "spine_pool": {
             "llc_bytes": llc,
+            "llc_source": llc_source,
             "copies": copies,
             "bytes": pool_bytes,
             "at_least_4x_llc": covers_llc,
