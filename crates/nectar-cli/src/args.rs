@@ -604,6 +604,10 @@ pub struct FitArgs {
     /// machine's measured share of it); default: measured here.
     #[arg(long)]
     pub mem_gbps: Option<f64>,
+    /// Share of --mem-gbps the decode kernels reach (default: the share measured here; the
+    /// kernel benchmark's M = 1 ratio is the steadier figure on a busy machine).
+    #[arg(long)]
+    pub kernel_share: Option<f64>,
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
     #[arg(long)]
     pub gflops: Option<f64>,

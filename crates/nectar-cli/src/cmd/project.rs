@@ -338,7 +338,11 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
     let t0 = Instant::now();
     let mem = measure_read(threads)?;
     let (kern, gflops) = measure_kernel()?;
-    let efficiency = (kern / mem).min(1.0);
+    let efficiency = match a.kernel_share {
+        Some(s) if s > 0.0 && s <= 1.0 => s,
+        Some(s) => anyhow::bail!("--kernel-share {s}: expected a share in (0, 1]"),
+        None => (kern / mem).min(1.0),
+    };
     let machine = Machine {
         mem_gbps: a.mem_gbps.unwrap_or(mem),
         dec_gbps: a.mem_gbps.map_or(kern, |g| g * efficiency),
@@ -358,7 +362,7 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         "machine": {
             "read_gbps": machine.mem_gbps,
             "decode_kernel_gbps": machine.dec_gbps,
-            "kernel_share_of_read_bandwidth_measured_here": efficiency,
+            "kernel_share_of_read_bandwidth": efficiency,
             "disk_gbps": machine.disk_gbps,
             "prefill_gflops": machine.gflops,
             "measured_here": {"read_gbps": mem, "kernel_gbps": kern, "gflops": gflops,
