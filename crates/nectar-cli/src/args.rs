@@ -514,9 +514,11 @@ pub struct BenchDecodeArgs {
     /// trace`): prefetch what the trace model's real next-layer predictor names for each row.
     #[arg(long, default_value = "none", value_parser = ["none", "oracle", "pilot"])]
     pub prefetch: String,
-    /// Admission of misses into a full layer: `lru` (always, evict the least recently used)
-    /// or `frequency` (only a miss whose decayed request count beats the weakest resident's).
-    #[arg(long, default_value = "frequency", value_parser = ["lru", "frequency"])]
+    /// Admission of misses into a full layer: `lru` (always, evict the least recently used),
+    /// `frequency` (only a miss whose decayed request count beats the weakest resident's) or
+    /// `predictive` (fed no token ids here, so without its context look-ahead: `bench replay`
+    /// measures the default policy as the model runs it).
+    #[arg(long, default_value = "frequency", value_parser = ["lru", "frequency", "predictive"])]
     pub admission: String,
     /// Half-life of the frequency score, in waves (tokens) of the layer.
     #[arg(long, default_value_t = 64.0)]

@@ -555,17 +555,7 @@ impl Policy {
                 self.drop_working(ws, key, events);
                 continue;
             };
-            if let Some(old) = self.slots[t].key.take() {
-                self.map.remove(&old);
-                events.push(Event::Evict {
-                    evicted: old,
-                    admitted: key,
-                });
-            }
-            // Swap roles: the working slot joins the LRU, the old LRU slot becomes free.
-            self.slots[ws].role = Role::Lru(l32);
-            self.slots[t].role = Role::Free;
-            self.slots[t].wave = 0;
+            self.admit(ws, t, key, l32, events);
             swaps.push((ws, t));
             done += 1;
         }
@@ -653,16 +643,7 @@ impl Policy {
             let t = targets
                 .next()
                 .expect("an admitted miss always finds an empty or evicted position");
-            if let Some(old) = self.slots[t].key.take() {
-                self.map.remove(&old);
-                events.push(Event::Evict {
-                    evicted: old,
-                    admitted: key,
-                });
-            }
-            self.slots[ws].role = Role::Lru(l32);
-            self.slots[t].role = Role::Free;
-            self.slots[t].wave = 0;
+            self.admit(ws, t, key, l32, events);
             swaps.push((ws, t));
         }
         for &(ws, key, resident, _, _) in dropped {
@@ -671,6 +652,21 @@ impl Policy {
             }
         }
         swaps
+    }
+
+    /// Working slot `ws` (holding `key`) joins layer `l`'s LRU in place of LRU position `t`,
+    /// whose key (if any) is evicted: the roles swap, bytes never move.
+    fn admit(&mut self, ws: usize, t: usize, key: ExpertKey, l: u32, events: &mut Vec<Event>) {
+        if let Some(old) = self.slots[t].key.take() {
+            self.map.remove(&old);
+            events.push(Event::Evict {
+                evicted: old,
+                admitted: key,
+            });
+        }
+        self.slots[ws].role = Role::Lru(l);
+        self.slots[t].role = Role::Free;
+        self.slots[t].wave = 0;
     }
 
     fn drop_working(&mut self, ws: usize, key: ExpertKey, events: &mut Vec<Event>) {

@@ -435,12 +435,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         io_threads: a.io_threads,
         pinned: Vec::new(),
         mlock: false,
-        admission: match a.admission.as_str() {
-            "frequency" => nectar_residency::Admission::Frequency {
-                half_life: a.half_life,
-            },
-            _ => nectar_residency::Admission::Lru,
-        },
+        admission: super::bench_policy::parse_admission(&a.admission, a.half_life)?,
     };
     let res = Residency::new(rc, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
     let x: Vec<f32> = (0..hidden)

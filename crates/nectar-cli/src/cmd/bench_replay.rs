@@ -27,7 +27,7 @@ use nectar_residency::layout::SlotLayout;
 use nectar_residency::replay::{belady, Count, Step};
 use nectar_residency::sim::Rng;
 use nectar_residency::trace::Trace;
-use nectar_residency::{ExpertKey, Slab, Telemetry};
+use nectar_residency::{ExpertKey, Residency, Slab, Telemetry};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -178,6 +178,25 @@ fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     )
 }
 
+/// The container loaded afresh (a cold cache) under `budget_s`: the model, its expert cache
+/// and the budget in bytes.
+fn load(a: &BenchReplayArgs, budget_s: &str) -> Result<(Glm5, Arc<Residency>, u64)> {
+    let budget = super::fit::resolve_budget(Some(budget_s))?;
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        io_threads: a.io_threads,
+        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&a.model, &opts)
+        .with_context(|| format!("loading {} under {budget_s}", a.model.display()))?;
+    let res = model
+        .residency()
+        .cloned()
+        .context("no expert streaming under this budget")?;
+    Ok((model, res, budget))
+}
+
 /// One run: a budget, a speculation mode.
 struct RunOut {
     json: serde_json::Value,
@@ -193,24 +212,12 @@ fn run_one(
     io: &Arc<FileIo>,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
-    let budget = super::fit::resolve_budget(Some(budget_s))?;
-    let opts = LoadOptions {
-        memory_budget: Some(budget),
-        io_threads: a.io_threads,
-        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
-        ..Default::default()
-    };
-    let model = Glm5::load_with(&a.model, &opts)
-        .with_context(|| format!("loading {} under {budget_s}", a.model.display()))?;
+    let (model, res, budget) = load(a, budget_s)?;
     anyhow::ensure!(
         !mtp || model.has_mtp(),
         "{} has no MTP layer (nectar synth --mtp writes one)",
         a.model.display()
     );
-    let res = model
-        .residency()
-        .cloned()
-        .context("no expert streaming under this budget")?;
     let n = model.cfg.raw.num_hidden_layers;
     let map = layer_map(&model, trace)?;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
@@ -432,19 +439,7 @@ fn prefill_run(
         "--prompt-rows {rows}: the prefill trace has {} rows",
         trace.rows
     );
-    let budget = super::fit::resolve_budget(Some(budget_s))?;
-    let opts = LoadOptions {
-        memory_budget: Some(budget),
-        io_threads: a.io_threads,
-        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
-        ..Default::default()
-    };
-    let model = Glm5::load_with(&a.model, &opts)
-        .with_context(|| format!("loading {} under {budget_s}", a.model.display()))?;
-    let res = model
-        .residency()
-        .cloned()
-        .context("no expert streaming under this budget")?;
+    let (model, res, _) = load(a, budget_s)?;
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
