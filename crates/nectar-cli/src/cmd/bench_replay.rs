@@ -18,21 +18,21 @@
 //! read), raw GB/s measured before and after the run reading the run's own requested experts in
 //! the same order; compute-bound tok/s = tokens ÷ (decode seconds − seconds waiting for
 //! misses).
+use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::{expert_layouts, LoadOptions};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
-use nectar_residency::io::{ExpertIo, FileIo};
+use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
 use nectar_residency::replay::{belady, Count, Step};
 use nectar_residency::sim::Rng;
 use nectar_residency::trace::Trace;
-use nectar_residency::{ExpertKey, Residency, Slab, Telemetry};
+use nectar_residency::{ExpertKey, Residency, Telemetry};
 use serde_json::json;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Feeds trace routes to the model and records each forward's per-layer requests.
 struct Replayer<'a> {
@@ -115,52 +115,6 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
     Ok(map)
 }
 
-/// Reads `seq` (whole experts, in order, cycling) with `threads` workers for `secs`: GB/s.
-/// Buffers are allocated before the clock starts.
-pub(crate) fn raw_read(
-    io: &Arc<FileIo>,
-    layouts: &[Vec<SlotLayout>],
-    seq: &[ExpertKey],
-    threads: usize,
-    secs: f64,
-) -> Result<f64> {
-    anyhow::ensure!(!seq.is_empty(), "no expert reads to replay");
-    let slot = layouts.iter().flatten().map(|l| l.bytes).max().unwrap_or(0);
-    let bufs: Vec<Slab> = (0..threads)
-        .map(|_| Slab::new(1, slot).context("allocating a read buffer"))
-        .collect::<Result<_>>()?;
-    let (next, bytes) = (AtomicUsize::new(0), AtomicU64::new(0));
-    let t0 = Instant::now();
-    let deadline = t0 + Duration::from_secs_f64(secs);
-    std::thread::scope(|s| -> Result<()> {
-        let hs: Vec<_> = bufs
-            .iter()
-            .map(|buf| {
-                let (io, next, bytes) = (io.clone(), &next, &bytes);
-                s.spawn(move || -> Result<()> {
-                    while Instant::now() < deadline {
-                        let k = seq[next.fetch_add(1, Ordering::Relaxed) % seq.len()];
-                        let lay = &layouts[k.layer as usize][k.expert as usize];
-                        // SAFETY: each thread owns its one-slot buffer exclusively.
-                        let dst = unsafe { buf.slot_mut(0) };
-                        for op in &lay.reads {
-                            io.read(op, &mut dst[op.slot_offset..op.slot_offset + op.len])?;
-                        }
-                        bytes.fetch_add(lay.payload, Ordering::Relaxed);
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-        }
-        Ok(())
-    })?;
-    Ok(bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64() / 1e9)
-}
-
 /// Hits and misses of the main layers (or the MTP tier) between two snapshots.
 fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     let (mut h, mut m) = (0, 0);
@@ -209,7 +163,7 @@ fn run_one(
     trace: &Trace,
     budget_s: &str,
     mtp: bool,
-    io: &Arc<FileIo>,
+    raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
     let (model, res, budget) = load(a, budget_s)?;
@@ -367,8 +321,8 @@ fn run_one(
         }
     }
     let opt_bytes = (opt.requests - opt.hits) * payload;
-    let raw_before = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
-    let raw_after = raw_read(io, layouts, &seq, a.io_threads, a.raw_seconds)?;
+    let raw_before = raw.experts(layouts, &seq, a.raw_seconds)?;
+    let raw_after = raw.experts(layouts, &seq, a.raw_seconds)?;
     let raw = raw_before.max(raw_after);
     let (hits, misses, bytes, disk_s, wait_s) = dec_main;
     let hit_rate = hits as f64 / (hits + misses).max(1) as f64;
@@ -524,6 +478,8 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     let (layouts, paths) =
         expert_layouts(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
     let io = Arc::new(FileIo::open(&paths, true)?);
+    // The raw arm's buffers (huge pages, like the slab), allocated once outside every timing.
+    let raw = RawReader::new(io, &paths, &layouts, a.io_threads, 32, true)?;
     let mut runs = Vec::new();
     if !a.prompt_rows.is_empty() {
         for b in &a.memory_budget {
@@ -546,7 +502,7 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                 "on" => true,
                 o => anyhow::bail!("unknown --mtp `{o}` (off or on)"),
             };
-            let r = run_one(&a, &trace, b, mtp, &io, &layouts)?;
+            let r = run_one(&a, &trace, b, mtp, &raw, &layouts)?;
             if !a.json {
                 println!("{}", r.line);
             }

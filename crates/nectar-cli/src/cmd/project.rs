@@ -28,7 +28,7 @@ use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, PlanInputs};
 use nectar_residency::replay::{compare, steps};
 use nectar_residency::trace::Trace;
-use nectar_residency::{Admission, ExpertKey};
+use nectar_residency::Admission;
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
@@ -204,21 +204,18 @@ fn measure_kernel() -> Result<(f64, f64)> {
     ))
 }
 
-/// Random whole experts of the container, read with `threads` workers for 2 s, GB/s.
+/// Random whole experts of the container's main layers, read with `threads` workers for 2 s
+/// (O_DIRECT, into huge-page buffers as the slab's), GB/s.
 fn measure_disk(dir: &Path, threads: usize) -> Result<f64> {
     let (layouts, paths) = expert_layouts(dir)?;
     let io = Arc::new(FileIo::open(&paths, true)?);
-    let mut keys: Vec<ExpertKey> = layouts
-        .iter()
-        .enumerate()
-        .flat_map(|(l, v)| (0..v.len()).map(move |e| ExpertKey::new(l, e)))
+    let moe: Vec<usize> = (0..layouts.len())
+        .filter(|&l| !layouts[l].is_empty())
         .collect();
-    anyhow::ensure!(!keys.is_empty(), "{} streams no experts", dir.display());
-    let mut rng = nectar_residency::sim::Rng::new(7);
-    for i in (1..keys.len()).rev() {
-        keys.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-    }
-    super::bench_replay::raw_read(&io, &layouts, &keys, threads, 2.0)
+    anyhow::ensure!(!moe.is_empty(), "{} streams no experts", dir.display());
+    let keys = super::bench_io::random_experts(&layouts, &moe, 4096, 7);
+    let raw = super::bench_io::RawReader::new(io, &paths, &layouts, threads, 32, true)?;
+    raw.experts(&layouts, &keys, 2.0)
 }
 
 /// Hit rate and unique experts per layer and forward at `c` slots, `window` rows per forward,
