@@ -41,9 +41,9 @@ pub struct Geometry {
     pub source: String,
     /// Spine bytes read per forward (everything resident but the embedding table).
     pub spine_read: f64,
-    /// Bytes of one routed expert, and of one MTP expert (0: no MTP layer).
+    /// Bytes of one routed expert.
     pub expert: f64,
-    /// Bytes of one MTP expert.
+    /// Bytes of one MTP expert (0: no MTP layer).
     pub mtp_expert: f64,
     /// Bytes of the MTP layer's non-expert weights.
     pub mtp_spine: f64,
@@ -204,7 +204,7 @@ fn measure_kernel() -> Result<(f64, f64)> {
     ))
 }
 
-/// Random whole experts of the container's main layers, read with `threads` workers for 2 s
+/// Random whole experts of the container's streamed layers, read with `threads` workers for 2 s
 /// (O_DIRECT, into huge-page buffers as the slab's), GB/s.
 fn measure_disk(dir: &Path, threads: usize) -> Result<f64> {
     let (layouts, paths) = expert_layouts(dir)?;
