@@ -12,6 +12,10 @@ pub(crate) const HORIZON: u64 = 16;
 pub(crate) const GAMMA: f64 = 0.8;
 /// Rows of history kept (tokens and routes); older matches are forgotten.
 pub(crate) const HISTORY: usize = 8192;
+/// Transition counts kept at most (all layers): past it every count halves and zeros leave, so
+/// the table stays within ~25 MB (GLM-5.2 could otherwise reach 75 × 256² pairs, ~120 MB
+/// outside the memory plan) while recent transitions keep their weight.
+pub(crate) const TRANSITIONS: usize = 1 << 20;
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Predictor {
@@ -146,6 +150,16 @@ impl Predictor {
             }
         }
         self.prev[layer] = Some(cur.to_vec());
+        if self.trans.len() > TRANSITIONS {
+            self.trans.retain(|_, n| {
+                *n /= 2;
+                *n > 0
+            });
+            self.succ.retain(|_, n| {
+                *n /= 2;
+                *n > 0
+            });
+        }
     }
 
     /// Σ_{k=1..min(HORIZON, t-1-p)} GAMMA^(k-1) · [expert ∈ routes(p + k, layer)] for the
@@ -211,6 +225,13 @@ mod tests {
             // Context "7 8" occurred before: what followed it (row 2 requested expert 3).
             assert!(p.lookahead(0, 3) > 0.0 && p.lookahead(0, 9) == 0.0);
         }
+        // The transition table is bounded: past the cap every count halves.
+        let mut big = Predictor::default();
+        for i in 0..(TRANSITIONS / 64 + 2) as u32 {
+            big.observe_token(i);
+            big.learn(0, &(0..8).map(|j| (i * 8 + j) % 65_536).collect::<Vec<_>>());
+        }
+        assert!(big.trans.len() <= TRANSITIONS);
         // More rows than kept tokens: only the last ones are recorded, none out of range.
         let mut short = Predictor::default();
         short.observe_token(1);
