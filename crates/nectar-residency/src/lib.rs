@@ -31,5 +31,5 @@ pub mod usage;
 pub use error::{Error, Result};
 pub use policy::{Admission, ExpertKey};
 pub use residency::{Lease, Pending, Residency, ResidencyConfig};
-pub use slab::{Slab, ALIGN};
+pub use slab::{huge_page_bytes, Slab, ALIGN, HUGE_PAGE};
 pub use telemetry::{LayerStats, Occupancy, Telemetry};

@@ -317,6 +317,11 @@ impl Residency {
         self.lock().policy.observe_token(token);
     }
 
+    /// Bytes of the slot slab on transparent huge pages (`None`: not known here).
+    pub fn slab_huge_page_bytes(&self) -> Option<u64> {
+        self.inner.slab.huge_page_bytes()
+    }
+
     /// Live repin at a safe point between turns (no lease alive; see
     /// [`crate::policy::Policy::repin`]): returns the (promoted, demoted) pairs.
     pub fn repin(&self, max_swaps: usize) -> Vec<(ExpertKey, ExpertKey)> {

@@ -15,6 +15,34 @@ pub const ALIGN: usize = 4096;
 /// Alignment (and huge-page size) of slabs of at least this many bytes.
 pub const HUGE_PAGE: usize = 2 << 20;
 
+/// Bytes of `[start, start + len)` that transparent huge pages back (`AnonHugePages` of the
+/// mappings it overlaps in `/proc/self/smaps`); `None` where that is not known (not Linux, an
+/// unreadable smaps). Whether the kernel granted the advice decides the read speed.
+pub fn huge_page_bytes(start: *const u8, len: usize) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let (start, end) = (start as u64, start as u64 + len as u64);
+    let (mut total, mut inside) = (0u64, false);
+    for line in smaps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = range.split_once('-') {
+            if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                inside = a < end && b > start;
+                continue;
+            }
+        }
+        if let (true, Some(kb)) = (inside, line.strip_prefix("AnonHugePages:")) {
+            total += kb
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()?
+                << 10;
+        }
+    }
+    Some(total)
+}
+
 /// A slab of `n` slots of `slot_bytes` each.
 #[derive(Debug)]
 pub struct Slab {
@@ -81,6 +109,11 @@ impl Slab {
     /// Total bytes allocated.
     pub fn bytes(&self) -> usize {
         self.layout.size()
+    }
+
+    /// Bytes of the slab on transparent huge pages (see [`huge_page_bytes`]).
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        huge_page_bytes(self.ptr.as_ptr(), self.layout.size())
     }
 
     /// Raw pointer to the start of slot `i`.
@@ -160,6 +193,9 @@ mod tests {
         let s = Slab::new(3, 3 << 20).unwrap();
         assert_eq!(s.slot_ptr(0) as usize % HUGE_PAGE, 0);
         assert_eq!(s.bytes(), 9 << 20);
+        // Never more than the slab itself (the kernel may grant fewer or none).
+        #[cfg(target_os = "linux")]
+        assert!(s.huge_page_bytes().is_some_and(|h| h <= 10 << 20));
         // SAFETY: single-threaded test, no other access.
         unsafe {
             assert!((0..3).all(|i| s.slot(i).iter().all(|b| *b == 0)));

@@ -111,34 +111,7 @@ impl RawBufs {
     /// Bytes of the buffers backed by huge pages (`AnonHugePages` of their mapping in
     /// `/proc/self/smaps`), if known.
     fn huge_bytes(&self) -> Option<u64> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let (start, end) = (
-            self.ptr.as_ptr() as u64,
-            self.ptr.as_ptr() as u64 + self.layout.size() as u64,
-        );
-        let mut total = 0u64;
-        let mut inside = false;
-        for line in smaps.lines() {
-            let range = line.split_whitespace().next().unwrap_or("");
-            if let Some((a, b)) = range.split_once('-') {
-                if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
-                    inside = a < end && b > start;
-                    continue;
-                }
-            }
-            if inside {
-                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    total += kb
-                        .trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()?
-                        << 10;
-                }
-            }
-        }
-        Some(total)
+        nectar_residency::huge_page_bytes(self.ptr.as_ptr(), self.layout.size())
     }
 }
 

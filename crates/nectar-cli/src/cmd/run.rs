@@ -280,6 +280,9 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "occupancy": t.occupancy,
         "rss_shrinks": t.rss_shrinks,
         "pinned": t.occupancy.pinned,
+        "slab_bytes": bundle.model.residency().map(|r| r.slab_bytes()),
+        // Direct reads into scattered 4 KiB pages were 2.3× slower than into huge pages.
+        "slab_huge_page_bytes": bundle.model.residency().and_then(|r| r.slab_huge_page_bytes()),
         "mtp_tier": bundle.model.mtp_residency().map(|m| {
             let t = m.telemetry();
             json!({
