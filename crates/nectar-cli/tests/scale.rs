@@ -162,3 +162,28 @@ fn fit_projects_decode_and_prefill_speed() {
     let (ok, _, err) = nectar(&["fit", "--geometry", "glm52", "--project"]);
     assert!(!ok && err.contains("--disk-gbps"), "{err}");
 }
+
+#[test]
+fn run_reports_how_much_of_the_slab_huge_pages_back() {
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--model",
+        &e256(),
+        "--memory-budget",
+        "200M",
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--no-usage-save",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let r = &json(&out)["stats"]["residency"];
+    let slab = r["slab_bytes"].as_u64().unwrap();
+    assert!(slab > 0, "{r}");
+    if cfg!(target_os = "linux") {
+        // The kernel may grant none of it, never more than the slab.
+        assert!(r["slab_huge_page_bytes"].as_u64().unwrap() <= slab, "{r}");
+    }
+}
