@@ -17,7 +17,8 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// Bytes of `[start, start + len)` that transparent huge pages back (`AnonHugePages` of the
 /// mappings it overlaps in `/proc/self/smaps`); `None` where that is not known (not Linux, an
-/// unreadable smaps). Whether the kernel granted the advice decides the read speed.
+/// unreadable smaps). Whether the kernel granted the advice decides the read speed. smaps
+/// counts whole mappings, so a range sharing its mapping is credited at most its own length.
 pub fn huge_page_bytes(start: *const u8, len: usize) -> Option<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let (start, end) = (start as u64, start as u64 + len as u64);
@@ -40,7 +41,7 @@ pub fn huge_page_bytes(start: *const u8, len: usize) -> Option<u64> {
                 << 10;
         }
     }
-    Some(total)
+    Some(total.min(len as u64))
 }
 
 /// A slab of `n` slots of `slot_bytes` each.
