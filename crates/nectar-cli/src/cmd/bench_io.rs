@@ -401,7 +401,6 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         (best(&same), "same_sequence")
     };
     let ratio = man_gbps / reference.max(1e-12);
-    let ratio_of_medians = man_gbps / same_gbps.max(seq_gbps).max(1e-12);
     let out = json!({
         "bench": "io",
         "model": a.model,
@@ -423,7 +422,6 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         "reference_gbps": reference,
         "reference_arm": reference_arm,
         "ratio": ratio,
-        "ratio_of_medians": ratio_of_medians,
         "repetitions": {
             "raw_same_sequence_gbps": same,
             "raw_sequential_gbps": seq,
