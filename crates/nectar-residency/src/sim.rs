@@ -1,8 +1,7 @@
-//! Route sources and the offline optimum, for benchmarks that replay expert requests through the
-//! real residency code: a uniform generator, a Zipf generator with temporal locality (the
-//! calibrated model of `specs/performance.md` §3.3), recorded traces (`.npy` as written by the
-//! demo-model trace tool; `crate::trace` reads whole trace directories), and Belady-OPT with bypass (§3.2) as the upper bound on hit rate.
-use std::collections::HashMap;
+//! Route sources for benchmarks that replay expert requests through the real residency code: a
+//! uniform generator, a Zipf generator with temporal locality (the calibrated model of
+//! `docs/performance.md` §3.3), and the `.npy` readers of recorded traces (`crate::trace` reads
+//! whole trace directories; `crate::replay` holds Belady-OPT, the upper bound on hit rate).
 
 /// A deterministic generator (xorshift64*).
 #[derive(Debug, Clone)]
@@ -185,71 +184,9 @@ fn read_npy<'a>(
     Ok((shape, data))
 }
 
-/// Hit rate of Belady-OPT with bypass for one layer: `steps[t]` is the set of experts requested
-/// at step t; the cache holds `cap` experts; after each step it keeps the `cap` experts of
-/// (residents ∪ this step's) whose next request is nearest (never-again last). Returns
-/// (hits, requests).
-pub fn belady_bypass(steps: &[Vec<u32>], cap: usize) -> (u64, u64) {
-    // next_use[t][i]: the next step after t that requests steps[t][i].
-    let mut next_of: HashMap<u32, usize> = HashMap::new();
-    let mut next: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
-    for t in (0..steps.len()).rev() {
-        next[t] = steps[t]
-            .iter()
-            .map(|e| next_of.get(e).copied().unwrap_or(usize::MAX))
-            .collect();
-        for &e in &steps[t] {
-            next_of.insert(e, t);
-        }
-    }
-    let mut cache: HashMap<u32, usize> = HashMap::new(); // expert → next use
-    let (mut hits, mut reqs) = (0u64, 0u64);
-    for (t, s) in steps.iter().enumerate() {
-        let mut uniq: Vec<(u32, usize)> = Vec::new();
-        for (i, &e) in s.iter().enumerate() {
-            if let Some(u) = uniq.iter_mut().find(|u| u.0 == e) {
-                u.1 = u.1.min(next[t][i]);
-            } else {
-                uniq.push((e, next[t][i]));
-            }
-        }
-        for &(e, nu) in &uniq {
-            reqs += 1;
-            if cache.contains_key(&e) {
-                hits += 1;
-            }
-            cache.insert(e, nu);
-        }
-        if cache.len() > cap {
-            let mut v: Vec<(u32, usize)> = cache.drain().collect();
-            v.sort_by_key(|&(e, nu)| (nu, e));
-            v.truncate(cap);
-            cache = v.into_iter().collect();
-        }
-    }
-    (hits, reqs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn belady_examples() {
-        let s = |v: &[u32]| v.to_vec();
-        // cap 1, A B A B: keep A over B at t=1 (needed sooner, B is bypassed), hit at t=2;
-        // B was never cached, so t=3 misses. No policy with one slot does better.
-        assert_eq!(
-            belady_bypass(&[s(&[0]), s(&[1]), s(&[0]), s(&[1])], 1),
-            (1, 4)
-        );
-        assert_eq!(
-            belady_bypass(&[s(&[0]), s(&[1]), s(&[1]), s(&[0])], 1),
-            (1, 4)
-        );
-        assert_eq!(belady_bypass(&[s(&[0, 1]), s(&[0, 1])], 2), (2, 4));
-        assert_eq!(belady_bypass(&[s(&[0, 1]), s(&[0, 1])], 0), (0, 4));
-    }
 
     #[test]
     fn generators_are_deterministic_and_valid() {

@@ -31,7 +31,8 @@ use nectar_kernels::{matmul, swiglu_in_place, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, Config};
 use nectar_residency::io::{ExpertIo, FileIo};
 use nectar_residency::layout::SlotLayout;
-use nectar_residency::sim::{belady_bypass, uniform, Rng, ZipfLayer};
+use nectar_residency::replay::{belady, Step};
+use nectar_residency::sim::{uniform, Rng, ZipfLayer};
 use nectar_residency::trace::Trace;
 use nectar_residency::{Residency, ResidencyConfig};
 use rayon::prelude::*;
@@ -254,12 +255,19 @@ fn belady_from_best_start(steps: &[Vec<u32>], cap: usize) -> (u64, u64) {
     let mut all: Vec<u32> = steps.iter().flatten().copied().collect();
     all.sort_unstable();
     all.dedup();
-    let n = all.len() as u64;
-    let mut s = Vec::with_capacity(steps.len() + 1);
-    s.push(all);
-    s.extend_from_slice(steps);
-    let (h, r) = belady_bypass(&s, cap);
-    (h, r - n)
+    let mut requests = Vec::with_capacity(steps.len() + 1);
+    requests.push(all);
+    requests.extend_from_slice(steps);
+    let flags: Vec<Step> = (0..requests.len())
+        .map(|i| Step {
+            rows: 0..0,
+            counted: i > 0,
+            reset: false,
+            turn: false,
+        })
+        .collect();
+    let c = belady(&requests, &flags, cap);
+    (c.hits, c.requests)
 }
 
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
