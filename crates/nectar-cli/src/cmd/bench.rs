@@ -168,7 +168,7 @@ fn splitmix(s: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut v = vec![0u8; len];
     v.par_chunks_mut(1 << 20).enumerate().for_each(|(i, c)| {
         let mut s = seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
@@ -182,7 +182,7 @@ fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
 
 /// Scales of both signs, magnitudes 1e-3..2e-2 (never subnormal: subnormal operands would
 /// measure microcode assists instead of the kernel).
-fn random_scales(len: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn random_scales(len: usize, seed: u64) -> Vec<f32> {
     let mut v = vec![0f32; len];
     v.par_chunks_mut(1 << 18).enumerate().for_each(|(i, c)| {
         let mut s = seed ^ (i as u64).wrapping_mul(0x9e37_79b9);

@@ -41,16 +41,14 @@ struct Replayer<'a> {
     map: HashMap<usize, usize>,
     /// Trace row of each row of the current forward.
     rows: Vec<usize>,
-    /// Per model layer: the unique experts each forward requested, and whether it was decode.
+    /// Per model layer: the unique experts each forward requested.
     requests: HashMap<usize, Vec<Vec<u32>>>,
-    counted: bool,
 }
 
 impl Replayer<'_> {
-    /// Starts a forward over `rows`; its requests count toward the decode hit rate if `counted`.
-    fn begin(&mut self, rows: Vec<usize>, counted: bool, layers: &[usize]) {
+    /// Starts a forward over `rows` that requests experts of `layers`.
+    fn begin(&mut self, rows: Vec<usize>, layers: &[usize]) {
         self.rows = rows;
-        self.counted = counted;
         for l in layers {
             self.requests.entry(*l).or_default().push(Vec::new());
         }
@@ -186,7 +184,6 @@ fn run_one(
         map,
         rows: Vec::new(),
         requests: HashMap::new(),
-        counted: false,
     };
     let mut flags: Vec<bool> = Vec::new(); // per forward of the main model: decode?
     let mut rng = Rng::new(a.seed);
@@ -200,7 +197,7 @@ fn run_one(
         let mut cache = model.new_cache();
         let prompt: Vec<usize> = (seg.start..seg.start + seg.warmup.max(1)).collect();
         let ids: Vec<u32> = prompt.iter().map(|&r| tok(r)).collect();
-        obs.begin(prompt.clone(), false, &moe);
+        obs.begin(prompt.clone(), &moe);
         flags.push(false);
         let t0 = Instant::now();
         model.forward(
@@ -225,7 +222,7 @@ fn run_one(
                 vec![t]
             };
             let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
-            obs.begin(rows.clone(), true, &moe);
+            obs.begin(rows.clone(), &moe);
             flags.push(true);
             let h = model.forward(
                 &mut [SeqStep {
@@ -258,7 +255,7 @@ fn run_one(
                 if !acc.is_empty() {
                     let next: Vec<u32> = acc.iter().map(|&r| tok(r + 1)).collect();
                     let hs = &h[..acc.len() * hd];
-                    obs.begin(acc.clone(), true, &[n]);
+                    obs.begin(acc.clone(), &[n]);
                     model.mtp_forward(
                         &mut [MtpStep {
                             cache: &mut cache,
@@ -401,7 +398,6 @@ fn prefill_run(
         map: layer_map(&model, &trace)?,
         rows: Vec::new(),
         requests: HashMap::new(),
-        counted: false,
     };
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
@@ -417,7 +413,7 @@ fn prefill_run(
     while start < rows {
         let end = (start + chunk).min(rows);
         let ids: Vec<u32> = (start..end).map(tok).collect();
-        obs.begin((start..end).collect(), false, &moe);
+        obs.begin((start..end).collect(), &moe);
         model.forward(
             &mut [SeqStep {
                 cache: &mut cache,

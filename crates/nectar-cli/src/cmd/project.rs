@@ -51,7 +51,8 @@ pub struct Geometry {
     pub moe_layers: usize,
     /// Experts chosen per token.
     pub top_k: usize,
-    /// Parameters per expert byte (for FLOPs).
+    /// Parameters per expert byte, for FLOPs (int4 g64's density, GLM-5.2's expert format,
+    /// also applied to the spine: an approximation).
     pub params_per_byte: f64,
 }
 
@@ -158,18 +159,8 @@ fn measure_kernel() -> Result<(f64, f64)> {
     let scales_n = rows * cols / 64;
     let per = data_b + scales_n * 4;
     let copies = (arena_bytes() / per).max(2);
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let mut data = vec![0u8; data_b * copies];
-    for b in data.chunks_mut(8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        let le = s.to_le_bytes();
-        b.copy_from_slice(&le[..b.len()]);
-    }
-    let scales: Vec<f32> = (0..scales_n * copies)
-        .map(|i| 1e-3 * (1 + i % 17) as f32)
-        .collect();
+    let data = super::bench::random_bytes(data_b * copies, 7);
+    let scales = super::bench::random_scales(scales_n * copies, 7);
     let mats: Vec<MatRef<'_>> = (0..copies)
         .map(|c| {
             MatRef::new(
@@ -331,26 +322,55 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         "--geometry has no files to measure the disk with: pass --disk-gbps (or --model)"
     );
     let p = plan(&inputs).context("the memory plan")?;
+    if let Some(s) = a.kernel_share {
+        anyhow::ensure!(
+            s > 0.0 && s <= 1.0,
+            "--kernel-share {s}: expected a share in (0, 1]"
+        );
+    }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
-    let mem = measure_read(threads)?;
-    let (kern, gflops) = measure_kernel()?;
-    let efficiency = match a.kernel_share {
-        Some(s) if s > 0.0 && s <= 1.0 => s,
-        Some(s) => anyhow::bail!("--kernel-share {s}: expected a share in (0, 1]"),
-        None => (kern / mem).min(1.0),
+    // Measure only what the flags leave open: the kernel (its decode GB/s, its share of the
+    // read rate, its prefill GFLOP/s) and the read reference (the share's denominator).
+    let kernel = if a.mem_gbps.is_none() || a.kernel_share.is_none() || a.gflops.is_none() {
+        Some(measure_kernel()?)
+    } else {
+        None
+    };
+    let read = if a.mem_gbps.is_none() || a.kernel_share.is_none() {
+        Some(measure_read(threads)?)
+    } else {
+        None
+    };
+    let share = match (a.kernel_share, read, kernel) {
+        (Some(s), _, _) => s,
+        (None, Some(m), Some((k, _))) => (k / m).min(1.0),
+        _ => anyhow::bail!("no kernel share to project with"),
+    };
+    let measured = |what: Option<f64>, name: &str| {
+        what.ok_or_else(|| anyhow::anyhow!("{name} was neither given nor measured"))
     };
     let machine = Machine {
-        mem_gbps: a.mem_gbps.unwrap_or(mem),
-        dec_gbps: a.mem_gbps.map_or(kern, |g| g * efficiency),
+        mem_gbps: match a.mem_gbps {
+            Some(g) => g,
+            None => measured(read, "the read rate")?,
+        },
+        dec_gbps: match a.mem_gbps {
+            Some(g) => g * share,
+            None => measured(kernel.map(|k| k.0), "the kernel rate")?,
+        },
         disk_gbps: match (a.disk_gbps, &model_dir) {
             (Some(d), _) => d,
             (None, Some(dir)) => measure_disk(dir, a.io_threads)?,
             (None, None) => anyhow::bail!("no disk speed to project with"),
         },
-        gflops: a
-            .gflops
-            .unwrap_or(gflops * a.cores.map_or(1.0, |c| c as f64 / threads as f64)),
+        gflops: match a.gflops {
+            Some(g) => g,
+            None => {
+                measured(kernel.map(|k| k.1), "the prefill rate")?
+                    * a.cores.map_or(1.0, |c| c as f64 / threads as f64)
+            }
+        },
     };
     let out = project(&geom, &machine, p.lru_per_layer, &trace, a.acceptance);
     let full = json!({
@@ -359,10 +379,11 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         "machine": {
             "read_gbps": machine.mem_gbps,
             "decode_kernel_gbps": machine.dec_gbps,
-            "kernel_share_of_read_bandwidth": efficiency,
+            "kernel_share_of_read_bandwidth": share,
             "disk_gbps": machine.disk_gbps,
             "prefill_gflops": machine.gflops,
-            "measured_here": {"read_gbps": mem, "kernel_gbps": kern, "gflops": gflops,
+            "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
+                              "gflops": kernel.map(|k| k.1),
                               "threads": threads, "seconds": t0.elapsed().as_secs_f64()},
         },
         "trace": trace.path.display().to_string(),
