@@ -17,11 +17,16 @@ pub const HUGE_PAGE: usize = 2 << 20;
 
 /// Bytes of `[start, start + len)` that transparent huge pages back (`AnonHugePages` of the
 /// mappings it overlaps in `/proc/self/smaps`); `None` where that is not known (not Linux, an
-/// unreadable smaps). Whether the kernel granted the advice decides the read speed. smaps
-/// counts whole mappings, so a range sharing its mapping is credited at most its own length.
+/// unreadable smaps). Whether the kernel granted the advice decides the read speed.
 pub fn huge_page_bytes(start: *const u8, len: usize) -> Option<u64> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let (start, end) = (start as u64, start as u64 + len as u64);
+    anon_huge_bytes(&smaps, start as u64, len as u64)
+}
+
+/// [`huge_page_bytes`] on the text of an smaps file. smaps counts whole mappings, so a range
+/// sharing its mapping is credited at most its own length.
+fn anon_huge_bytes(smaps: &str, start: u64, len: u64) -> Option<u64> {
+    let end = start + len;
     let (mut total, mut inside) = (0u64, false);
     for line in smaps.lines() {
         let range = line.split_whitespace().next().unwrap_or("");
@@ -41,7 +46,7 @@ pub fn huge_page_bytes(start: *const u8, len: usize) -> Option<u64> {
                 << 10;
         }
     }
-    Some(total.min(len as u64))
+    Some(total.min(len))
 }
 
 /// A slab of `n` slots of `slot_bytes` each.
@@ -190,13 +195,35 @@ mod tests {
     }
 
     #[test]
+    fn smaps_huge_pages_are_summed_over_the_overlapping_mappings() {
+        let smaps = "\
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0
+Size:               4096 kB
+AnonHugePages:      2048 kB
+7f0000400000-7f0000800000 rw-p 00000000 00:00 0
+AnonHugePages:      4096 kB
+7f0000800000-7f0000a00000 rw-p 00000000 00:00 0 [heap]
+AnonHugePages:      2048 kB
+";
+        let (base, mib) = (0x7f00_0000_0000u64, 1u64 << 20);
+        // The first two mappings overlap [base + 1 MiB, base + 6 MiB); the third does not.
+        assert_eq!(anon_huge_bytes(smaps, base + mib, 5 * mib), Some(5 * mib));
+        assert_eq!(anon_huge_bytes(smaps, base, 8 * mib), Some(6 * mib));
+        assert_eq!(anon_huge_bytes(smaps, base + 8 * mib, mib), Some(mib));
+        assert_eq!(anon_huge_bytes(smaps, base + 16 * mib, mib), Some(0));
+        assert_eq!(
+            anon_huge_bytes("1000-2000 r\nAnonHugePages: x kB\n", 0x1000, 1),
+            None
+        );
+    }
+
+    #[test]
     fn large_slabs_are_huge_page_aligned_and_zeroed() {
         let s = Slab::new(3, 3 << 20).unwrap();
         assert_eq!(s.slot_ptr(0) as usize % HUGE_PAGE, 0);
         assert_eq!(s.bytes(), 9 << 20);
-        // Never more than the slab itself (the kernel may grant fewer or none).
-        #[cfg(target_os = "linux")]
-        assert!(s.huge_page_bytes().is_some_and(|h| h <= 10 << 20));
+        // On Linux the process's own smaps is read (the kernel may grant none of it).
+        assert_eq!(s.huge_page_bytes().is_some(), cfg!(target_os = "linux"));
         // SAFETY: single-threaded test, no other access.
         unsafe {
             assert!((0..3).all(|i| s.slot(i).iter().all(|b| *b == 0)));
