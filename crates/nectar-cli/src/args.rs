@@ -633,8 +633,9 @@ pub struct FitArgs {
 /// `nectar synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 21.2 MB per expert) or
-    /// `tiny` (for tests).
+    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 21.2 MB per expert),
+    /// `small` (hidden 1024, 64 experts of 512: 0.9 MB each, for memory tests) or `tiny` (for
+    /// tests).
     #[arg(long, default_value = "glm52")]
     pub preset: String,
     /// MoE layers to write (glm52: about 5.5 GB each).

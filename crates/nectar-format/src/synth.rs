@@ -64,6 +64,27 @@ impl SynthSpec {
         }
     }
 
+    /// A small model of the same structure whose experts are large enough (0.9 MB, 64 per
+    /// layer, top-8) for memory tests to see RSS move, and whose spine is a few MB.
+    pub fn small(layers: usize) -> Self {
+        SynthSpec {
+            layers,
+            vocab: 1024,
+            hidden: 1024,
+            experts: 64,
+            top_k: 8,
+            inter: 512,
+            heads: 8,
+            q_rank: 256,
+            kv_rank: 128,
+            head_dims: (64, 32, 64),
+            indexer: (4, 64, 64),
+            group: 64,
+            seed: 1,
+            mtp: false,
+        }
+    }
+
     /// A tiny model of the same structure (for tests).
     pub fn tiny(layers: usize) -> Self {
         SynthSpec {

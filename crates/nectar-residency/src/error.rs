@@ -42,6 +42,15 @@ pub enum Error {
     /// Safe-point rule broken: leases still alive when a wave ends.
     #[error("end of wave with {0} lease(s) still alive")]
     LeasesAlive(usize),
+    /// The machine has no memory left for even one expert slot per layer: the request fails,
+    /// the process lives, and the cache grows back once memory is free again.
+    #[error("out of memory: RSS {} MB is above the limit of {} MB even with one expert slot per layer (another process may be using the memory; free some or lower --ctx-size)", rss / 1_000_000, limit / 1_000_000)]
+    MemoryPressure {
+        /// Resident set size (bytes).
+        rss: u64,
+        /// The guard's limit at that moment (bytes).
+        limit: u64,
+    },
     /// Format-level problem with the model files.
     #[error(transparent)]
     Format(#[from] nectar_format::Error),

@@ -17,6 +17,7 @@
 mod error;
 pub mod io;
 pub mod layout;
+pub mod memory;
 pub mod planner;
 pub mod policy;
 pub mod replay;

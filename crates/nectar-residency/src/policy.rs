@@ -84,7 +84,8 @@ pub enum Role {
     Lru(u32),
     /// Pinned for the life of the process.
     Pinned,
-    /// Removed from service by a capacity reduction (never reused).
+    /// Removed from service by a capacity reduction (back in service only through
+    /// [`Policy::grow`]).
     Disabled,
 }
 
@@ -727,7 +728,7 @@ impl Policy {
     }
 
     /// Lowers layer `layer`'s capacity to `cap` (never raises it): the coldest slots are evicted
-    /// and disabled for the life of the process. Returns the evicted keys.
+    /// and disabled until [`Policy::grow`] takes them back. Returns the evicted keys.
     pub fn shrink(&mut self, layer: usize, cap: usize) -> Vec<ExpertKey> {
         let mut out = Vec::new();
         let l = layer as u32;
@@ -746,6 +747,28 @@ impl Policy {
             }
             self.slots[v].role = Role::Disabled;
             self.capacity[layer] -= 1;
+        }
+        out
+    }
+
+    /// Raises layer `layer`'s capacity to `cap` (never lowers it) with disabled slots, which
+    /// join its LRU empty. Returns the slots taken back into service (fewer when no disabled
+    /// slot is left).
+    pub fn grow(&mut self, layer: usize, cap: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        while self.capacity[layer] < cap {
+            let Some(s) = self.slots.iter().position(|s| s.role == Role::Disabled) else {
+                break;
+            };
+            self.slots[s] = Slot {
+                role: Role::Lru(layer as u32),
+                key: None,
+                last_use: 0,
+                wave: 0,
+                prefetch: false,
+            };
+            self.capacity[layer] += 1;
+            out.push(s);
         }
         out
     }

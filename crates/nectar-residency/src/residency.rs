@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::io::ExpertIo;
 use crate::layout::SlotLayout;
-use crate::policy::{Access, Admission, Event, ExpertKey, Policy};
+use crate::policy::{Access, Admission, Event, ExpertKey, Policy, Role};
 use crate::slab::Slab;
 use crate::telemetry::{LayerStats, Occupancy, Telemetry};
 use nectar_kernels::MatRef;
@@ -59,6 +59,8 @@ struct SlotState {
 struct State {
     policy: Policy,
     slots: Vec<SlotState>,
+    /// Slots whose pages were given back to the OS (out of service; see [`Residency::shrink_all`]).
+    released: Vec<bool>,
     stats: Telemetry,
     events: Vec<Event>,
     paths: Vec<std::path::PathBuf>,
@@ -66,6 +68,8 @@ struct State {
 
 struct Inner {
     slab: Slab,
+    /// LRU capacity per layer as configured: [`Residency::grow_all`] never goes above it.
+    caps: Vec<usize>,
     layouts: Vec<Vec<SlotLayout>>,
     io: Arc<dyn ExpertIo>,
     state: Mutex<State>,
@@ -128,7 +132,7 @@ impl Residency {
             }
         }
         let policy = Policy::new(
-            caps,
+            caps.clone(),
             cfg.working_slots.max(1) + cfg.prefetch_slots,
             &cfg.pinned,
         )
@@ -157,12 +161,14 @@ impl Residency {
                 layers: vec![LayerStats::default(); layouts.len()],
                 ..Default::default()
             },
+            released: vec![false; n],
             events: Vec::new(),
             policy,
             paths,
         };
         let inner = Arc::new(Inner {
             slab,
+            caps,
             layouts,
             io,
             state: Mutex::new(state),
@@ -399,8 +405,10 @@ impl Residency {
         Ok(())
     }
 
-    /// Lowers the LRU capacity of every layer to at most `cap` slots (permanently), evicting the
-    /// coldest experts. Call at a safe point. Returns the number of evicted experts.
+    /// Lowers the LRU capacity of every streamed layer to at most `cap` slots (never below one:
+    /// a layer needs a slot for its wave's promotion), evicting the coldest experts, and gives
+    /// the slots taken out of service back to the OS, so RSS falls now. Call at a safe point.
+    /// Returns the number of evicted experts.
     pub fn shrink_all(&self, cap: usize) -> Result<usize> {
         let mut st = self.lock();
         if let Some(s) = st.slots.iter().position(|s| s.leases > 0) {
@@ -408,7 +416,7 @@ impl Residency {
         }
         let mut n = 0;
         for l in 0..self.inner.layouts.len() {
-            let gone = st.policy.shrink(l, cap);
+            let gone = st.policy.shrink(l, cap.max(1));
             n += gone.len();
         }
         for s in 0..st.slots.len() {
@@ -416,9 +424,51 @@ impl Residency {
                 st.slots[s].status = Status::Empty;
                 self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
             }
+            if st.policy.role(s) == Role::Disabled && !st.released[s] {
+                st.released[s] = true;
+                if self.inner.slab.release(s) {
+                    st.stats.released_bytes += self.inner.slab.slot_bytes() as u64;
+                }
+            }
         }
         st.stats.rss_shrinks += 1;
         Ok(n)
+    }
+
+    /// Raises the LRU capacity of every streamed layer towards `cap` (never above its
+    /// configured capacity) with slots an earlier [`Residency::shrink_all`] took out of service;
+    /// their memory comes back as the I/O workers fill them. Call at a safe point. Returns the
+    /// number of slots taken back.
+    pub fn grow_all(&self, cap: usize) -> usize {
+        let mut st = self.lock();
+        let mut n = 0;
+        for l in 0..self.inner.layouts.len() {
+            let want = cap.min(self.inner.caps.get(l).copied().unwrap_or(0));
+            for s in st.policy.grow(l, want) {
+                st.released[s] = false;
+                n += 1;
+            }
+        }
+        if n > 0 {
+            st.stats.rss_regrows += 1;
+        }
+        n
+    }
+
+    /// The largest configured LRU capacity of any layer (what [`Residency::grow_all`] can
+    /// restore).
+    pub fn configured_capacity(&self) -> usize {
+        self.inner.caps.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Layers of the model (streamed or not).
+    pub fn layers(&self) -> usize {
+        self.inner.layouts.len()
+    }
+
+    /// Layers with an LRU tier (the guard sizes its steps by them).
+    pub fn lru_layers(&self) -> usize {
+        self.inner.caps.iter().filter(|&&c| c > 0).count()
     }
 
     /// Current LRU capacity of a layer.

@@ -1,8 +1,15 @@
-//! The RSS guard: measured memory is the final word on the budget. Above
-//! `budget × 1.02 + 300 MB` the coldest LRU slots are evicted and every layer's capacity is
-//! lowered for the life of the process (a guard whose reductions refill would not be a guard).
-use crate::error::Result;
+//! The RSS guard: measured memory is the final word on the budget. At each safe point it
+//! compares the process's RSS with the limit of the moment — the budget (plus 2 % and 300 MB of
+//! slack), or less when the machine or the process's memory cgroup is running out (another
+//! process eating memory lowers it: RSS + what is still available − a reserve). Above the
+//! limit it evicts the coldest LRU slots of every layer and gives their pages back to the OS
+//! (`madvise`), so RSS falls at once; it never goes below one slot per layer — past that the
+//! request fails with [`Error::MemoryPressure`] and the process lives. Capacity comes back only
+//! after pressure has stayed away for a while (default 10 s), a quarter at a time.
+use crate::error::{Error, Result};
+use crate::memory::MemoryView;
 use crate::residency::Residency;
+use std::time::{Duration, Instant};
 
 /// Slack over the budget before the guard acts: 2 % plus 300 MB.
 pub fn threshold(budget: u64) -> u64 {
@@ -44,63 +51,169 @@ pub fn rss_bytes() -> Option<u64> {
     }
 }
 
-/// Watches RSS against a budget and shrinks the expert cache when it is exceeded.
+/// One reading of memory: the process's RSS and what the machine (or cgroup) can still give.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// Resident set size (bytes).
+    pub rss: Option<u64>,
+    /// Bytes still available to this process ([`MemoryView::headroom`]).
+    pub headroom: Option<u64>,
+    /// The most memory this process can have ([`MemoryView::ceiling`]), which sizes the
+    /// reserve kept free for everything else.
+    pub ceiling: Option<u64>,
+}
+
+impl Reading {
+    /// Reads this process and machine now.
+    pub fn now() -> Reading {
+        let v = MemoryView::read();
+        Reading {
+            rss: rss_bytes(),
+            headroom: v.headroom(),
+            ceiling: v.ceiling(),
+        }
+    }
+}
+
+/// Memory left free for the rest of the machine when another process takes what we had:
+/// 1/32 of what the process can have, between 32 MiB and 1 GiB.
+pub fn reserve(ceiling: Option<u64>) -> u64 {
+    ceiling.map_or(256 << 20, |c| (c / 32).clamp(32 << 20, 1 << 30))
+}
+
+/// Watches RSS against a budget and the machine's free memory, shrinking (and later regrowing)
+/// the expert cache.
 pub struct RssGuard {
     budget: u64,
-    sample: Box<dyn Fn() -> Option<u64> + Send + Sync>,
+    sample: Box<dyn Fn() -> Reading + Send + Sync>,
+    /// Shortest time between two readings (readings cost a few file reads).
+    interval: Duration,
+    /// How long pressure must stay away before capacity grows back.
+    calm: Duration,
+    last_reading: Option<Instant>,
+    last_pressure: Option<Instant>,
     /// Times the guard shrank the cache.
     pub events: u64,
+    /// Times the guard grew the cache back.
+    pub regrows: u64,
+    /// The limit at the last reading (bytes).
+    pub limit: u64,
 }
 
 impl std::fmt::Debug for RssGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "RssGuard(budget {}, events {})",
-            self.budget, self.events
+            "RssGuard(budget {}, events {}, regrows {})",
+            self.budget, self.events, self.regrows
         )
     }
 }
 
 impl RssGuard {
-    /// A guard for `budget` bytes using the process RSS.
+    /// A guard for `budget` bytes reading this process and machine.
     pub fn new(budget: u64) -> Self {
-        Self::with_sampler(budget, Box::new(rss_bytes))
+        Self::with_sampler(budget, Box::new(Reading::now))
     }
 
-    /// A guard with a custom sampler (tests inject readings).
-    pub fn with_sampler(budget: u64, sample: Box<dyn Fn() -> Option<u64> + Send + Sync>) -> Self {
+    /// A guard with a custom sampler (tests inject readings); it reads at every check and
+    /// regrows after 10 s of calm (see [`RssGuard::with_timing`]).
+    pub fn with_sampler(budget: u64, sample: Box<dyn Fn() -> Reading + Send + Sync>) -> Self {
         RssGuard {
             budget,
             sample,
+            interval: Duration::from_millis(50),
+            calm: Duration::from_secs(10),
+            last_reading: None,
+            last_pressure: None,
             events: 0,
+            regrows: 0,
+            limit: threshold(budget),
         }
     }
 
-    /// Checks at a safe point (no leases alive). When RSS is above the threshold, evicts enough
-    /// LRU slots to cover the excess (at least one per layer), lowering capacity permanently.
-    /// Returns the number of experts evicted.
-    pub fn check(&mut self, res: &Residency, layers: usize) -> Result<usize> {
-        let Some(rss) = (self.sample)() else {
-            return Ok(0);
-        };
-        let limit = threshold(self.budget);
-        if rss <= limit {
+    /// Sets the shortest time between readings and the calm period before regrowth.
+    pub fn with_timing(mut self, interval: Duration, calm: Duration) -> Self {
+        (self.interval, self.calm) = (interval, calm);
+        self
+    }
+
+    /// The limit for a reading: the budget's threshold, or less when the machine cannot give
+    /// that much (RSS + headroom − reserve).
+    pub fn limit_for(&self, r: &Reading) -> u64 {
+        let mut limit = threshold(self.budget);
+        if let (Some(rss), Some(head)) = (r.rss, r.headroom) {
+            limit = limit.min((rss + head).saturating_sub(reserve(r.ceiling)));
+        }
+        limit
+    }
+
+    /// Checks at a safe point (no leases alive). Above the limit, evicts enough LRU slots of
+    /// every layer to cover the excess and releases their memory; fails with
+    /// [`Error::MemoryPressure`] when one slot per layer is already all that is left. After
+    /// `calm` without pressure, grows capacity back a quarter of the configured capacity at a
+    /// time while the grown cache still fits under the limit minus the reserve. Returns the
+    /// number of experts evicted.
+    pub fn check(&mut self, res: &Residency) -> Result<usize> {
+        let now = Instant::now();
+        if self
+            .last_reading
+            .is_some_and(|t| now.duration_since(t) < self.interval)
+        {
             return Ok(0);
         }
-        let excess = rss - limit;
-        let per_slot_row = (res.slot_bytes() as u64).max(1) * layers.max(1) as u64;
-        let drop = excess.div_ceil(per_slot_row).max(1) as usize;
-        let cap = (0..layers).map(|l| res.capacity(l)).max().unwrap_or(0);
-        let n = res.shrink_all(cap.saturating_sub(drop))?;
-        self.events += 1;
-        eprintln!(
-            "warning: RSS {} MB is above the budget threshold {} MB: evicted {n} experts, LRU capacity now {} per layer",
-            rss / 1_000_000,
-            limit / 1_000_000,
-            cap.saturating_sub(drop)
-        );
-        Ok(n)
+        self.last_reading = Some(now);
+        let reading = (self.sample)();
+        let Some(rss) = reading.rss else {
+            return Ok(0);
+        };
+        let limit = self.limit_for(&reading);
+        self.limit = limit;
+        let layers = res.lru_layers().max(1) as u64;
+        let row = (res.slot_bytes() as u64).max(1) * layers;
+        let cap = (0..res.layers())
+            .map(|l| res.capacity(l))
+            .max()
+            .unwrap_or(0);
+        if rss > limit {
+            self.last_pressure = Some(now);
+            if cap <= 1 {
+                return Err(Error::MemoryPressure { rss, limit });
+            }
+            let drop = (rss - limit).div_ceil(row).max(1) as usize;
+            let to = cap.saturating_sub(drop).max(1);
+            let n = res.shrink_all(to)?;
+            self.events += 1;
+            // stderr: this crate has no logging dependency, and the user must see a shrink.
+            eprintln!(
+                "warning: memory pressure: RSS {} MB above the limit {} MB: evicted {n} experts, released {} MB, LRU capacity {cap} -> {to} per layer",
+                rss / 1_000_000,
+                limit / 1_000_000,
+                (cap - to) as u64 * row / 1_000_000,
+            );
+            return Ok(n);
+        }
+        let configured = res.configured_capacity();
+        let calm = self
+            .last_pressure
+            .is_none_or(|t| now.duration_since(t) >= self.calm);
+        if cap < configured && calm {
+            let room = limit
+                .saturating_sub(reserve(reading.ceiling))
+                .saturating_sub(rss)
+                / row;
+            let step = (configured.div_ceil(4).max(1) as u64).min(room) as usize;
+            if step > 0 && res.grow_all(cap + step) > 0 {
+                self.regrows += 1;
+                // Growth must earn its next step: wait another calm period.
+                self.last_pressure = Some(now);
+                eprintln!(
+                    "warning: memory pressure gone: LRU capacity {cap} -> {} per layer",
+                    (cap + step).min(configured)
+                );
+            }
+        }
+        Ok(0)
     }
 }
 

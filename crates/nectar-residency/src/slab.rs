@@ -152,6 +152,42 @@ impl Slab {
         unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(i), self.slot_bytes) }
     }
 
+    /// Gives slot `i`'s pages back to the operating system, so the resident set falls now
+    /// (Linux `MADV_DONTNEED`; macOS `MADV_FREE`, reclaimed under pressure). The slot stays
+    /// valid: the next write (an I/O job filling it) faults fresh zeroed pages in. A locked slab
+    /// is unlocked over the slot first (locked pages cannot be dropped). Returns whether the OS
+    /// took the advice; `false` costs nothing but the memory.
+    ///
+    /// Call only for a slot nobody reads or writes (the residency manager releases slots it has
+    /// just taken out of service, at a safe point).
+    pub fn release(&self, i: usize) -> bool {
+        let (ptr, len) = (self.slot_ptr(i), self.slot_bytes);
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `[ptr, ptr + len)` lies inside this allocation and is page-aligned
+            // (slots are ALIGN-sized multiples of 4 KiB); nobody accesses the slot (caller's
+            // contract), and DONTNEED only replaces its contents with zero pages. munlock of an
+            // unlocked range is a no-op.
+            unsafe {
+                libc::munlock(ptr as *const libc::c_void, len);
+                libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_DONTNEED) == 0
+            }
+        }
+        #[cfg(target_os = "macos")]
+        {
+            // SAFETY: as on Linux; MADV_FREE lets the kernel take the pages lazily.
+            unsafe {
+                libc::munlock(ptr as *const libc::c_void, len);
+                libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_FREE) == 0
+            }
+        }
+        #[cfg(not(any(target_os = "linux", target_os = "macos")))]
+        {
+            let _ = (ptr, len);
+            false
+        }
+    }
+
     /// Locks every slot in RAM (`mlock`), so the OS can neither swap nor compress them.
     #[cfg(unix)]
     pub fn mlock(&self) -> std::io::Result<()> {
@@ -215,6 +251,39 @@ AnonHugePages:      2048 kB
             anon_huge_bytes("1000-2000 r\nAnonHugePages: x kB\n", 0x1000, 1),
             None
         );
+    }
+
+    /// Released slots leave the resident set and come back zeroed and writable.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn released_slots_leave_the_resident_set() {
+        let s = Slab::new(8, 4 << 20).unwrap();
+        // SAFETY: single-threaded test, no other access.
+        unsafe { (0..8).for_each(|i| s.slot_mut(i).fill(7)) };
+        let before = crate::rss::rss_bytes().unwrap();
+        assert!((0..6).all(|i| s.release(i)));
+        let after = crate::rss::rss_bytes().unwrap();
+        // 24 MiB released; other test threads allocate meanwhile, so ask for most of it.
+        assert!(
+            before >= after + (16 << 20),
+            "RSS {before} -> {after} after releasing 24 MiB"
+        );
+        // SAFETY: as above.
+        unsafe {
+            assert!(
+                s.slot(0).iter().all(|b| *b == 0),
+                "released pages read as zeros"
+            );
+            assert!(
+                s.slot(7).iter().all(|b| *b == 7),
+                "other slots keep their bytes"
+            );
+            s.slot_mut(0).fill(3);
+            assert!(
+                s.slot(0).iter().all(|b| *b == 3),
+                "a released slot is writable"
+            );
+        }
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub struct Telemetry {
     pub occupancy: Occupancy,
     /// RSS-guard shrink events.
     pub rss_shrinks: u64,
+    /// RSS-guard regrowth events (capacity given back after pressure stayed low).
+    pub rss_regrows: u64,
+    /// Slot bytes the guard returned to the OS (summed over shrinks).
+    pub released_bytes: u64,
 }
 
 /// Slots by role.

@@ -331,33 +331,125 @@ fn pinned_experts_load_at_start_and_always_hit() {
     assert!(io.reads.load(Ordering::SeqCst) > n);
 }
 
-#[test]
-fn rss_guard_shrinks_and_the_reduction_sticks() {
-    use nectar_residency::rss::{threshold, RssGuard};
-    let (io, layouts) = setup(2, 8);
-    let r = Residency::new(cfg(4, 4), layouts, Arc::new(io)).unwrap();
-    for e in 0..8 {
-        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
-        r.end_wave().unwrap();
-    }
-    let budget = 1_000_000_000;
-    let reading = Arc::new(AtomicUsize::new(0));
+/// A guard whose readings the test sets: (rss, headroom) with a 64 GB machine ceiling.
+fn guard_with(
+    budget: u64,
+) -> (
+    nectar_residency::rss::RssGuard,
+    Arc<Mutex<nectar_residency::rss::Reading>>,
+) {
+    use nectar_residency::rss::{Reading, RssGuard};
+    let reading = Arc::new(Mutex::new(Reading::default()));
     let rd = reading.clone();
-    let mut g = RssGuard::with_sampler(
-        budget,
-        Box::new(move || Some(rd.load(Ordering::SeqCst) as u64)),
-    );
-    reading.store(threshold(budget) as usize - 1, Ordering::SeqCst);
-    assert_eq!(g.check(&r, 2).unwrap(), 0);
-    reading.store(threshold(budget) as usize + 10, Ordering::SeqCst);
-    assert!(g.check(&r, 2).unwrap() >= 1);
+    let g = RssGuard::with_sampler(budget, Box::new(move || *rd.lock().unwrap()))
+        .with_timing(std::time::Duration::ZERO, std::time::Duration::ZERO);
+    (g, reading)
+}
+
+fn set(r: &Mutex<nectar_residency::rss::Reading>, rss: u64, headroom: Option<u64>) {
+    *r.lock().unwrap() = nectar_residency::rss::Reading {
+        rss: Some(rss),
+        headroom,
+        ceiling: Some(64_000_000_000),
+    };
+}
+
+#[test]
+fn rss_guard_shrinks_releases_and_regrows_only_when_calm() {
+    use nectar_residency::rss::threshold;
+    let (io, layouts) = setup(2, 8);
+    let file = io.files[0].clone();
+    let r = Residency::new(cfg(4, 4), layouts.clone(), Arc::new(io)).unwrap();
+    let fill = |r: &Residency| {
+        for e in 0..8 {
+            let l = r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap();
+            check_lease(&l, &layouts, &file);
+            drop(l);
+            r.end_wave().unwrap();
+        }
+    };
+    fill(&r);
+    let budget = 1_000_000_000;
+    let (mut g, reading) = guard_with(budget);
+    set(&reading, threshold(budget) - 1, None);
+    assert_eq!(g.check(&r).unwrap(), 0);
+    set(&reading, threshold(budget) + 10, None);
+    assert!(g.check(&r).unwrap() >= 1);
     assert_eq!(r.capacity(1), 3);
-    for e in 0..8 {
-        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
-        r.end_wave().unwrap();
-    }
+    let t = r.telemetry();
+    assert_eq!(t.occupancy.disabled, 2, "one slot per layer out of service");
+    assert_eq!(
+        t.released_bytes,
+        2 * r.slot_bytes() as u64,
+        "their pages went back to the OS"
+    );
+    fill(&r);
     assert_eq!(r.telemetry().occupancy.lru, 3, "capacity stays lowered");
     assert_eq!(g.events, 1);
+    // Under the limit with room for the whole cache again: capacity comes back (the calm
+    // period is zero here), and the slots taken back serve the right bytes.
+    set(&reading, 100_000_000, None);
+    assert_eq!(g.check(&r).unwrap(), 0);
+    assert_eq!(r.capacity(1), 4);
+    assert_eq!(g.regrows, 1);
+    fill(&r);
+    assert_eq!(r.telemetry().occupancy.lru, 4);
+    assert_eq!(r.telemetry().occupancy.disabled, 0);
+}
+
+#[test]
+fn machine_pressure_lowers_the_limit_and_the_floor_fails_cleanly() {
+    let (io, layouts) = setup(2, 8);
+    let r = Residency::new(cfg(6, 4), layouts, Arc::new(io)).unwrap();
+    let budget = 10_000_000_000;
+    let (mut g, reading) = guard_with(budget);
+    // Well under the budget, but another process took the machine's memory: RSS + headroom
+    // minus the reserve (1/32 of 64 GB, capped at 1 GiB) is below RSS.
+    let rss = 2_000_000_000;
+    set(&reading, rss, Some(1 << 29));
+    assert!(g.check(&r).unwrap() <= 6);
+    assert!(g.limit < rss, "the limit follows the machine: {}", g.limit);
+    assert_eq!(r.capacity(1), 1, "one slot per layer is the floor");
+    // Still over at the floor: a clear error, and the cache is still usable.
+    match g.check(&r) {
+        Err(Error::MemoryPressure { rss: seen, limit }) => {
+            assert_eq!(seen, rss);
+            assert!(limit < rss);
+        }
+        other => panic!("expected MemoryPressure, got {other:?}"),
+    }
+    drop(r.acquire(1, &[3]).unwrap().pop().unwrap().wait().unwrap());
+    r.end_wave().unwrap();
+    // Memory is back: growth is a quarter of the configured capacity per calm period.
+    set(&reading, rss, Some(40_000_000_000));
+    g.check(&r).unwrap();
+    assert_eq!(r.capacity(1), 3);
+    g.check(&r).unwrap();
+    assert_eq!(r.capacity(1), 5);
+    g.check(&r).unwrap();
+    assert_eq!(r.capacity(1), 6, "never above the configured capacity");
+    g.check(&r).unwrap();
+    assert_eq!(g.regrows, 3);
+}
+
+#[test]
+fn regrowth_waits_for_the_calm_period() {
+    use nectar_residency::rss::{threshold, Reading, RssGuard};
+    let (io, layouts) = setup(2, 8);
+    let r = Residency::new(cfg(4, 4), layouts, Arc::new(io)).unwrap();
+    let budget = 1_000_000_000;
+    let reading = Arc::new(Mutex::new(Reading::default()));
+    let rd = reading.clone();
+    let mut g = RssGuard::with_sampler(budget, Box::new(move || *rd.lock().unwrap())).with_timing(
+        std::time::Duration::ZERO,
+        std::time::Duration::from_secs(3600),
+    );
+    set(&reading, threshold(budget) + 1, None);
+    g.check(&r).unwrap();
+    assert_eq!(r.capacity(1), 3);
+    set(&reading, 1, None);
+    g.check(&r).unwrap();
+    assert_eq!(r.capacity(1), 3, "no regrowth within the calm period");
 }
 
 #[test]

@@ -27,6 +27,7 @@ pub mod backend;
 pub mod error;
 pub mod generation;
 pub mod glm_tools;
+mod guard;
 pub mod info;
 pub mod metrics;
 pub mod protocol;

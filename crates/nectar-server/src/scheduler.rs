@@ -16,6 +16,7 @@ use crate::backend::{
     engine_err, CancelToken, EngineOptions, Finish, FinishReason, GenEvent, Job, LoadState,
     ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
 };
+use crate::guard::MemoryGuard;
 use nectar_engine::{
     generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
     RowSummary, Speculation, Step, StopCause, Tokenizer, UsageLog, LEDGER_FILE,
@@ -24,7 +25,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
@@ -163,9 +164,18 @@ pub(crate) fn model_thread(
         "model loaded"
     );
     let mut usage = Ledger::new(&bundle);
+    let mut guard = MemoryGuard::new(&bundle, opts.memory_budget);
     match spec {
-        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx, &mut usage),
-        None => serve_batched(&bundle, opts.parallel.max(1), ctx, &shared, &rx, &mut usage),
+        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx, &mut usage, &mut guard),
+        None => serve_batched(
+            &bundle,
+            opts.parallel.max(1),
+            ctx,
+            &shared,
+            &rx,
+            &mut usage,
+            &mut guard,
+        ),
     }
     usage.flush(&bundle);
 }
@@ -217,6 +227,27 @@ fn repin(bundle: &ModelBundle) {
     }
 }
 
+/// How often an idle model thread lets the memory guard look (another process may take the
+/// memory while no request runs).
+const IDLE_GUARD: Duration = Duration::from_millis(100);
+
+/// Waits for the next job, running the memory guard while idle (a safe point: no step runs).
+fn recv_idle(
+    rx: &Receiver<Job>,
+    guard: &mut MemoryGuard,
+    bundle: &ModelBundle,
+) -> Result<Job, RecvTimeoutError> {
+    loop {
+        match rx.recv_timeout(IDLE_GUARD) {
+            Err(RecvTimeoutError::Timeout) => {
+                // Nothing to fail while idle: a request arriving later meets the same check.
+                let _ = guard.check(bundle);
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A live row's connection to its client.
 struct Client {
     cancel: CancelToken,
@@ -231,6 +262,7 @@ fn serve_batched(
     shared: &Shared,
     rx: &Receiver<Job>,
     usage: &mut Ledger,
+    guard: &mut MemoryGuard,
 ) {
     let model = &bundle.model;
     let tok = bundle.tokenizer.as_ref();
@@ -250,7 +282,7 @@ fn serve_batched(
         let mut closed = false;
         while batch.has_room() {
             let job = if batch.is_empty() {
-                rx.recv().map_err(|_| TryRecvError::Disconnected)
+                recv_idle(rx, guard, bundle).map_err(|_| TryRecvError::Disconnected)
             } else {
                 rx.try_recv()
             };
@@ -287,7 +319,11 @@ fn serve_batched(
         if batch.is_empty() {
             continue;
         }
-        let outcome = catch_unwind(AssertUnwindSafe(|| batch.step(model, tok)));
+        // Between steps no expert lease is alive: the memory guard's safe point.
+        let outcome = match guard.check(bundle) {
+            Ok(()) => catch_unwind(AssertUnwindSafe(|| batch.step(model, tok))),
+            Err(e) => Ok(Err(e)),
+        };
         let report = match outcome {
             Ok(Ok(r)) => r,
             failed => {
@@ -471,15 +507,16 @@ fn serve_speculative(
     shared: &Shared,
     rx: &Receiver<Job>,
     usage: &mut Ledger,
+    guard: &mut MemoryGuard,
 ) {
     let n = &shared.n;
-    while let Ok(job) = rx.recv() {
+    while let Ok(job) = recv_idle(rx, guard, bundle) {
         shared.queued.fetch_sub(1, Ordering::SeqCst);
         n.active.store(1, Ordering::SeqCst);
         let sink = job.sink.clone();
         let cancel = job.cancel.clone();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            run_speculative(bundle, spec, job, shared)
+            run_speculative(bundle, spec, job, shared, guard)
         }));
         n.active.store(0, Ordering::SeqCst);
         let event = match outcome {
@@ -513,6 +550,7 @@ fn run_speculative(
     spec: &Speculation,
     job: Job,
     shared: &Shared,
+    guard: &mut MemoryGuard,
 ) -> Result<Finish, String> {
     let n = &shared.n;
     let request: &Request = &job.request;
@@ -528,6 +566,8 @@ fn run_speculative(
         });
     }
     let gen = generate_spec(bundle, request, Some(spec), |step| {
+        // After each step every expert lease is released: the memory guard's safe point.
+        guard.check(bundle)?;
         if !send_step(bundle, &job.sink, step) {
             job.cancel.cancel();
         }

@@ -36,7 +36,6 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
-    let layers = bundle.model.cfg.raw.num_hidden_layers + 1;
     let mut guard = budget.map(RssGuard::new);
     let prompt_ids = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),
@@ -73,7 +72,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let on_step = |step: &nectar_engine::Step| {
         // After each step every expert lease is released: a safe point for the RSS guard.
         if let (Some(g), Some(r)) = (guard.as_mut(), bundle.model.residency()) {
-            g.check(r, layers)
+            g.check(r)
                 .map_err(|e| nectar_engine::Error::Model(e.into()))?;
         }
         if a.json {
@@ -279,6 +278,8 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "wait_seconds": t.wait_seconds,
         "occupancy": t.occupancy,
         "rss_shrinks": t.rss_shrinks,
+        "rss_regrows": t.rss_regrows,
+        "released_bytes": t.released_bytes,
         "pinned": t.occupancy.pinned,
         "slab_bytes": bundle.model.residency().map(|r| r.slab_bytes()),
         // Direct reads into scattered 4 KiB pages were 2.3× slower than into huge pages.

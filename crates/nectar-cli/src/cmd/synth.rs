@@ -7,8 +7,9 @@ use nectar_format::synth::{synth, SynthSpec};
 pub fn run(a: SynthArgs) -> Result<()> {
     let mut spec = match a.preset.as_str() {
         "glm52" => SynthSpec::glm52(a.layers),
+        "small" => SynthSpec::small(a.layers),
         "tiny" => SynthSpec::tiny(a.layers),
-        other => anyhow::bail!("unknown preset `{other}` (glm52 or tiny)"),
+        other => anyhow::bail!("unknown preset `{other}` (glm52, small or tiny)"),
     };
     spec.seed = a.seed;
     spec.mtp = a.mtp;
