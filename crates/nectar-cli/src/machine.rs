@@ -85,17 +85,13 @@ fn parse_size(s: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok().map(|n| n * mul)
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
+/// Memory this process may still take, in bytes: `MemAvailable`, or the memory cgroup's
+/// headroom (`memory.max` − usage + reclaimable cache) when that is smaller — in a container the
+/// cgroup, not the machine, decides when the OOM killer comes.
 pub fn mem_available() -> Option<usize> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<usize>()
-        .ok()
-        .map(|kib| kib << 10)
+    nectar_residency::memory::MemoryView::read()
+        .headroom()
+        .map(|b| b as usize)
 }
 
 #[cfg(test)]

@@ -246,3 +246,48 @@ fn a_memory_hog_makes_the_cache_shrink_and_the_output_is_unchanged() {
     );
     assert!(log.contains("memory pressure"), "{log}");
 }
+
+/// A budget above the cgroup's limit is planned down to what the cgroup can give: without that,
+/// the slab (allocated and touched at load) would bring the OOM killer before the first token.
+#[test]
+fn a_budget_above_the_cgroup_limit_is_planned_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("small");
+    let m = model.to_str().unwrap();
+    let (ok, _, err) = nectar(&["synth", "--preset", "small", "--layers", "8", "--out", m]);
+    assert!(ok, "{err}");
+    let cg = match Cgroup::create(300 * MB) {
+        Ok(cg) => cg,
+        Err(why) if std::env::var("NECTAR_REQUIRE_CGROUP").as_deref() != Ok("1") => {
+            eprintln!("skipped: {why} (set NECTAR_REQUIRE_CGROUP=1 to make this a failure)");
+            return;
+        }
+        Err(why) => panic!("{why}"),
+    };
+    let args = [
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "8",
+        "--memory-budget",
+        "2G",
+        "--no-usage-save",
+        "--json",
+    ];
+    let out = cg
+        .spawn(env!("CARGO_BIN_EXE_nectar"), &args, Stdio::null())
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert!(stderr.contains("planning for"), "{stderr}");
+    let v = json(&String::from_utf8_lossy(&out.stdout));
+    let planned = v["stats"]["residency"]["memory_budget"].as_u64().unwrap();
+    assert!(
+        planned < 300 * MB,
+        "planned for {planned} B inside a 300 MB cgroup"
+    );
+}

@@ -81,6 +81,28 @@ pub fn reserve(ceiling: Option<u64>) -> u64 {
     ceiling.map_or(256 << 20, |c| (c / 32).clamp(32 << 20, 1 << 30))
 }
 
+/// The budget to plan with: `budget`, or what this process can have now (RSS + headroom, less
+/// the reserve) when that is smaller — a budget above a container's `memory.max` would have the
+/// slab allocated at load and the OOM killer called before any guard could act. The message
+/// says what happened, for the user.
+pub fn fit_budget(budget: u64, r: &Reading) -> (u64, Option<String>) {
+    let (Some(rss), Some(head)) = (r.rss, r.headroom) else {
+        return (budget, None);
+    };
+    let can = (rss + head).saturating_sub(reserve(r.ceiling));
+    if can >= budget {
+        return (budget, None);
+    }
+    let msg = format!(
+        "the memory budget ({} MB) is more than this process can have now ({} MB after a {} MB reserve: MemAvailable or the memory cgroup's limit); planning for {} MB",
+        budget / 1_000_000,
+        (rss + head) / 1_000_000,
+        reserve(r.ceiling) / 1_000_000,
+        can / 1_000_000
+    );
+    (can, Some(msg))
+}
+
 /// Watches RSS against a budget and the machine's free memory, shrinking (and later regrowing)
 /// the expert cache.
 pub struct RssGuard {
@@ -220,6 +242,21 @@ impl RssGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn budgets_above_what_the_machine_has_are_lowered() {
+        let r = Reading {
+            rss: Some(100 << 20),
+            headroom: Some(900 << 20),
+            ceiling: Some(1 << 30),
+        };
+        // Reserve: 1/32 of 1 GiB = 32 MiB.
+        assert_eq!(fit_budget(512 << 20, &r), (512 << 20, None));
+        let (b, msg) = fit_budget(4 << 30, &r);
+        assert_eq!(b, (1000 - 32) << 20);
+        assert!(msg.unwrap().contains("planning for"));
+        assert_eq!(fit_budget(4 << 30, &Reading::default()), (4 << 30, None));
+    }
 
     /// The real sampler sees memory we touch: 64 MiB written page by page raises RSS by about
     /// that much (where the platform has a sampler).

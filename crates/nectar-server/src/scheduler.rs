@@ -35,8 +35,16 @@ const TOK_S_SMOOTHING: f64 = 0.1;
 
 /// Opens the model directory, with experts streamed under a budget when one is given.
 fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
+    // A budget above what the process can have (a container's memory.max) is planned down.
+    let budget = opts.memory_budget.map(|b| {
+        let (b, msg) = nectar_residency::rss::fit_budget(b, &nectar_residency::rss::Reading::now());
+        if let Some(m) = msg {
+            tracing::warn!("{m}");
+        }
+        b
+    });
     // With a budget, the hottest experts of the model's usage ledger are pinned (auto rule).
-    let pin = match opts.memory_budget {
+    let pin = match budget {
         Some(_) => {
             let (req, warning) = nectar_engine::pin_request(&opts.model_dir, None, None)
                 .map_err(|e| e.to_string())?;
@@ -49,7 +57,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
     };
     let load = nectar_model::arch::glm5::LoadOptions {
         pin,
-        memory_budget: opts.memory_budget,
+        memory_budget: budget,
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
         // The rows, and the conversations kept for continuing requests.
         sequences: opts.parallel.max(1) + 1,
