@@ -2,6 +2,9 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// MTP draft acceptance the route256 model measured: the default of every projection.
+pub const DEFAULT_ACCEPTANCE: f64 = 0.686;
+
 /// Nectar: a runtime for giant mixture-of-experts LLMs (GLM-5.x) on small-RAM machines.
 #[derive(Debug, Parser)]
 #[command(name = "nectar", version, about)]
@@ -450,7 +453,7 @@ pub struct BenchReplayArgs {
     pub mtp: Vec<String>,
     /// Probability that a draft is accepted (default: the MTP acceptance measured on the
     /// route256 model, 0.686).
-    #[arg(long, default_value_t = 0.686)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,
     /// Conversations replayed per run (the trace's first N segments).
     #[arg(long, default_value_t = 2)]
@@ -708,7 +711,7 @@ pub struct FitArgs {
     #[arg(long)]
     pub cores: Option<usize>,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
-    #[arg(long, default_value_t = 0.686)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,
     /// Routing trace for the hit-rate curve (default: route256, GLM-5.2's expert shape).
     #[arg(long)]

@@ -85,17 +85,51 @@ fn parse_size(s: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok().map(|n| n * mul)
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub fn mem_available() -> Option<usize> {
+/// A `/proc/meminfo` field (`MemAvailable`, `MemTotal`), in bytes.
+pub fn meminfo(field: &str) -> Option<usize> {
     std::fs::read_to_string("/proc/meminfo")
         .ok()?
         .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
+        .find(|l| l.split(':').next() == Some(field))?
         .split_whitespace()
         .nth(1)?
         .parse::<usize>()
         .ok()
         .map(|kib| kib << 10)
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<usize> {
+    meminfo("MemAvailable")
+}
+
+/// Memory a process here may use: the smaller of `MemAvailable` and the cgroup's headroom. A
+/// container's limit is invisible in /proc/meminfo (it shows the host's), and planning from
+/// MemAvailable alone gets the process OOM-killed by the cgroup.
+#[derive(Debug, Clone)]
+pub struct Usable {
+    /// `MemAvailable`, bytes.
+    pub available: Option<u64>,
+    /// The process's memory cgroup, if it has a limit or usage to read.
+    pub cgroup: Option<crate::cgroup::CgroupMemory>,
+    /// The smaller of the two (None: neither could be read).
+    pub bytes: Option<u64>,
+}
+
+/// This process's [`Usable`] memory.
+pub fn usable_memory() -> Usable {
+    let available = mem_available().map(|a| a as u64);
+    let cgroup = crate::cgroup::current();
+    let headroom = cgroup.as_ref().and_then(|c| c.headroom());
+    let bytes = match (available, headroom) {
+        (Some(a), Some(h)) => Some(a.min(h)),
+        (a, h) => a.or(h),
+    };
+    Usable {
+        available,
+        cgroup,
+        bytes,
+    }
 }
 
 #[cfg(test)]

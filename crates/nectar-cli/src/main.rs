@@ -1,5 +1,6 @@
 //! `nectar`: run giant mixture-of-experts models on machines with far less RAM than the model.
 mod args;
+mod cgroup;
 mod cmd;
 mod demo;
 mod machine;

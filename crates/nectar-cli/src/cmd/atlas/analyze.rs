@@ -1,12 +1,16 @@
 //! `nectar atlas analyze`: a probe directory → `experts.json` (Colibri §10, one entry per
 //! characterised expert) and `atlas.json` (provenance, counts, validation), both written
 //! crash-safely.
-use super::math::{characterise, leave_one_out, Expert, Lopo, Params, SMOOTHING};
+use super::math::{characterise, leave_one_out, shuffled, Expert, Lopo, Params, SMOOTHING};
 use super::stats::{read, Probe};
 use crate::args::AtlasAnalyzeArgs;
 use anyhow::{Context, Result};
 use nectar_format::atomic::write_atomic_bytes;
 use serde_json::{json, Value};
+use std::io::Write;
+
+/// Seed of the label-shuffled control.
+const CONTROL_SEED: u64 = 0x5eed;
 
 /// Rounded to 4 decimals (keeps GLM-5.2's 19,456 experts × C probabilities small).
 fn r4(x: f64) -> f64 {
@@ -52,6 +56,7 @@ pub fn analyze(probe: &Probe, params: &Params) -> (Value, Value) {
     let cats = &s.categories;
     let experts = characterise(s, params);
     let lopo = leave_one_out(s, params);
+    let control = leave_one_out(&shuffled(s, CONTROL_SEED), params);
     let cells_used = (0..s.runs.first().map_or(0, |r| r.counts.len()))
         .filter(|&c| s.runs.iter().any(|r| r.counts[c] > 0))
         .count();
@@ -62,7 +67,10 @@ pub fn analyze(probe: &Probe, params: &Params) -> (Value, Value) {
             let runs: Vec<usize> = (0..s.runs.len())
                 .filter(|&i| s.runs[i].category == k)
                 .collect();
-            let sel: u64 = runs.iter().map(|&i| s.runs[i].counts.iter().sum::<u64>()).sum();
+            let sel: u64 = runs
+                .iter()
+                .map(|&i| s.runs[i].counts.iter().sum::<u64>())
+                .sum();
             let toks = |f: fn(&super::stats::RunInfo) -> usize| {
                 probe.manifest.as_ref().map(|m| {
                     m.runs
@@ -107,6 +115,13 @@ pub fn analyze(probe: &Probe, params: &Params) -> (Value, Value) {
             "unreplicated_strong": strong - experts.iter().filter(|e| e.spec >= params.strong && e.replicated).count(),
         },
         "validation": lopo_json(&lopo, cats),
+        "control": {
+            "method": "the same leave-one-prompt-out on these runs with category labels \
+                       shuffled (sizes kept): what the classifier reaches without information",
+            "seed": CONTROL_SEED,
+            "correct": control.correct,
+            "accuracy": control.accuracy,
+        },
     });
     (out, atlas)
 }
@@ -127,7 +142,10 @@ pub fn run(a: AtlasAnalyzeArgs) -> Result<()> {
     )?;
     let e = &atlas["experts"];
     let v = &atlas["validation"];
-    println!(
+    let f = |x: &Value| x.as_f64().unwrap_or(0.0);
+    let mut o = std::io::stdout().lock();
+    writeln!(
+        o,
         "{} prompts in {} categories: {} experts characterised ({} sparse), {} specialists \
          (spec ≥ {}, replicated in ≥ {} prompts), {} strong but unreplicated",
         probe.stats.runs.len(),
@@ -138,14 +156,16 @@ pub fn run(a: AtlasAnalyzeArgs) -> Result<()> {
         a.strong,
         a.min_runs,
         e["unreplicated_strong"]
-    );
-    println!(
-        "leave-one-prompt-out: {}/{} = {:.3} (chance {:.3})",
+    )?;
+    writeln!(
+        o,
+        "leave-one-prompt-out: {}/{} = {:.3} (chance {:.3}; labels shuffled: {:.3})",
         v["correct"],
         v["prompts"],
-        v["accuracy"].as_f64().unwrap_or(0.0),
-        v["chance"].as_f64().unwrap_or(0.0)
-    );
-    println!("wrote {}/experts.json and atlas.json", a.out.display());
+        f(&v["accuracy"]),
+        f(&v["chance"]),
+        f(&atlas["control"]["accuracy"])
+    )?;
+    writeln!(o, "wrote {}/experts.json and atlas.json", a.out.display())?;
     Ok(())
 }

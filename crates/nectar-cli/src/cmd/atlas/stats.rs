@@ -196,7 +196,11 @@ mod tests {
     #[test]
     fn a_colibri_stats_directory_reads_without_a_manifest() {
         let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("code_0.txt"), "-1 2 4\n-2 1 3815245270\n1 3 7\n").unwrap();
+        std::fs::write(
+            d.path().join("code_0.txt"),
+            "-1 2 4\n-2 1 3815245270\n1 3 7\n",
+        )
+        .unwrap();
         // Legacy: no headers; duplicates sum.
         std::fs::write(d.path().join("math_0.txt"), "0 1 5\n0 1 2\n").unwrap();
         std::fs::write(d.path().join("notes.md"), "ignored").unwrap();
