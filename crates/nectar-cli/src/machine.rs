@@ -121,14 +121,18 @@ pub fn usable_memory() -> Usable {
     let available = mem_available().map(|a| a as u64);
     let cgroup = crate::cgroup::current();
     let headroom = cgroup.as_ref().and_then(|c| c.headroom());
-    let bytes = match (available, headroom) {
-        (Some(a), Some(h)) => Some(a.min(h)),
-        (a, h) => a.or(h),
-    };
     Usable {
+        bytes: smaller(available, headroom),
         available,
         cgroup,
-        bytes,
+    }
+}
+
+/// The smaller of two limits, either of which may be unknown (then the other stands).
+fn smaller(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -143,6 +147,18 @@ mod tests {
         assert_eq!(parse_size("512"), Some(512));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn usable_memory_is_the_smaller_known_limit() {
+        // A container: the host shows 60 GiB available, the cgroup leaves 6.
+        assert_eq!(smaller(Some(60 << 30), Some(6 << 30)), Some(6 << 30));
+        assert_eq!(smaller(Some(6 << 30), Some(60 << 30)), Some(6 << 30));
+        assert_eq!(smaller(Some(5), None), Some(5));
+        assert_eq!(smaller(None, Some(7)), Some(7));
+        assert_eq!(smaller(None, None), None);
+        let u = usable_memory();
+        assert!(u.bytes <= u.available.or(u.bytes));
     }
 
     #[test]

@@ -8,7 +8,8 @@ use crate::machine::usable_memory;
 use anyhow::Result;
 use nectar_format::Catalog;
 use nectar_model::arch::glm5::{plan_memory, Config, Inventory, LoadOptions};
-use nectar_residency::planner::{human, parse_size};
+use super::fit::resolve_budget;
+use nectar_residency::planner::human;
 use serde::Serialize;
 use serde_json::json;
 use std::io::Write;
@@ -389,8 +390,8 @@ pub fn run(a: DoctorArgs) -> Result<()> {
     let mut out = Vec::new();
     let usable = machine_checks(&mut out);
     let budget = match &a.memory_budget {
-        Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
-        None => usable.map(|u| u / 10 * 9),
+        Some(s) => Some(resolve_budget(Some(s))?),
+        None => resolve_budget(None).ok(),
     };
     if let (Some(b), Some(u), Some(_)) = (budget, usable, &a.memory_budget) {
         if b > u {

@@ -26,7 +26,7 @@ use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, PlanInputs};
-use nectar_residency::replay::{compare, steps};
+use nectar_residency::replay::{replay_policy, steps};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
@@ -165,11 +165,13 @@ impl Effort {
 }
 
 /// Arena of the memory measurements: at least 8× the last-level cache and `min`, at most half
-/// of the available memory.
+/// of the usable memory (a cgroup's limit included).
 fn arena_bytes(min: usize) -> usize {
     let (llc, _) = crate::machine::llc_bytes();
     let want = (8 * llc).max(min);
-    crate::machine::mem_available().map_or(want, |m| want.min(m / 2))
+    crate::machine::usable_memory()
+        .bytes
+        .map_or(want, |m| want.min(m as usize / 2))
 }
 
 /// The benchmarks' read reference (best of `effort.read_passes` passes per mode) on `threads`
@@ -250,12 +252,19 @@ pub fn measure_disk(dir: &Path, threads: usize, secs: f64) -> Result<(f64, usize
 /// Hit rate and unique experts per layer and forward at `c` slots, `window` rows per forward,
 /// from the trace replayed through the default policy.
 fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, f64) {
-    let r = compare(trace, window, layers, c, Admission::PREDICTIVE);
-    let fwd = steps(trace, window).iter().filter(|s| s.counted).count() * layers.len();
-    (
-        r.policy.rate(),
-        r.policy.requests as f64 / fwd.max(1) as f64,
-    )
+    // The policy alone: Belady-OPT (what `compare` adds) is not part of the projection and
+    // took most of its time.
+    let st = steps(trace, window);
+    let (hits, requests) = replay_policy(trace, &st, layers, c, Admission::PREDICTIVE)
+        .iter()
+        .fold((0, 0), |a, x| (a.0 + x.hits, a.1 + x.requests));
+    let fwd = st.iter().filter(|s| s.counted).count() * layers.len();
+    let rate = if requests == 0 {
+        0.0
+    } else {
+        hits as f64 / requests as f64
+    };
+    (rate, requests as f64 / fwd.max(1) as f64)
 }
 
 /// One projection.
