@@ -2,13 +2,13 @@
 //! non-zero when something blocks a run. The figures come from the code that uses them: the
 //! memory plan of `nectar fit`, the projection and its measurements of `fit --project` (run
 //! with [`Effort::QUICK`]), the usable-memory rule of every default budget.
+use super::fit::resolve_budget;
 use super::project::{self, Effort};
 use crate::args::{DoctorArgs, FitArgs, DEFAULT_ACCEPTANCE};
 use crate::machine::usable_memory;
 use anyhow::Result;
 use nectar_format::Catalog;
 use nectar_model::arch::glm5::{plan_memory, Config, Inventory, LoadOptions};
-use super::fit::resolve_budget;
 use nectar_residency::planner::human;
 use serde::Serialize;
 use serde_json::json;

@@ -279,13 +279,22 @@ pub fn project(
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
     let c = slots.min(trace.experts_per_layer);
-    let (h1, u1) = hit_curve(trace, &main, c, 1);
-    let (h2, u2) = hit_curve(trace, &main, c, 2);
-    let (hm, _) = if mtp_l.is_empty() || g.mtp_expert == 0.0 {
-        (0.0, 0.0)
-    } else {
-        hit_curve(trace, &mtp_l, c, 1)
-    };
+    // Three independent replays (deterministic each): run side by side.
+    let (((h1, u1), (h2, u2)), (hm, _)) = rayon::join(
+        || {
+            rayon::join(
+                || hit_curve(trace, &main, c, 1),
+                || hit_curve(trace, &main, c, 2),
+            )
+        },
+        || {
+            if mtp_l.is_empty() || g.mtp_expert == 0.0 {
+                (0.0, 0.0)
+            } else {
+                hit_curve(trace, &mtp_l, c, 1)
+            }
+        },
+    );
     let l = g.moe_layers as f64;
     let shared = l * g.expert;
     let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9);
