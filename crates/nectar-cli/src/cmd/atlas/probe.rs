@@ -255,8 +255,9 @@ pub fn run(a: AtlasProbeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Removes a previous probe's manifest and usage files from `out`, so the directory never
-/// mixes two probes (the manifest goes first: without one, nothing claims the files).
+/// Removes a previous probe's usage files (those its manifest lists) and then the manifest, so
+/// the directory never mixes two probes. Files no manifest claims are left alone: they are not
+/// this command's to delete, and `analyze` reads only what the new manifest lists.
 fn clear_old(out: &Path) -> Result<()> {
     let rm = |p: &Path| match std::fs::remove_file(p) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -264,24 +265,48 @@ fn clear_old(out: &Path) -> Result<()> {
         }
         _ => Ok(()),
     };
-    rm(&out.join(MANIFEST))?;
-    for e in std::fs::read_dir(out).with_context(|| format!("reading {}", out.display()))? {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        let usage = name
-            .strip_suffix(".txt")
-            .and_then(|s| s.rsplit_once('_'))
-            .is_some_and(|(c, i)| !c.is_empty() && i.parse::<usize>().is_ok());
-        if usage {
-            rm(&e.path())?;
+    let mpath = out.join(MANIFEST);
+    let old: Option<Manifest> = std::fs::read(&mpath)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    for r in old.iter().flat_map(|m| &m.runs) {
+        // Only plain names inside `out`: a manifest never sends a deletion elsewhere.
+        if Path::new(&r.file).file_name() == Some(std::ffi::OsStr::new(&r.file)) {
+            rm(&out.join(&r.file))?;
         }
     }
-    Ok(())
+    rm(&mpath)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_probe_removes_only_the_old_probes_files() {
+        let d = tempfile::tempdir().unwrap();
+        let m = serde_json::json!({
+            "version": 1, "created": "", "model": {}, "prompts": {}, "tokens": "both",
+            "generate": 0, "categories": ["a"], "layers": 1, "experts": 2, "top_k": 1,
+            "runs": [
+                {"file": "a_0.txt", "category": "a", "line": 1, "prompt_tokens": 1,
+                 "generated_tokens": 0, "selections": 1},
+                {"file": "../evil_0.txt", "category": "a", "line": 2, "prompt_tokens": 1,
+                 "generated_tokens": 0, "selections": 1},
+            ],
+        });
+        let out = d.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join(MANIFEST), m.to_string()).unwrap();
+        for f in ["out/a_0.txt", "out/notes_1.txt", "evil_0.txt"] {
+            std::fs::write(d.path().join(f), "0 0 1\n").unwrap();
+        }
+        clear_old(&out).unwrap();
+        assert!(!out.join("a_0.txt").exists() && !out.join(MANIFEST).exists());
+        assert!(out.join("notes_1.txt").exists() && d.path().join("evil_0.txt").exists());
+        // An empty directory is fine.
+        clear_old(&out).unwrap();
+    }
 
     #[test]
     fn prompts_accept_domain_or_category_and_name_bad_lines() {
