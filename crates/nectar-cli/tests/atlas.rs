@@ -206,3 +206,28 @@ fn sha256(b: &[u8]) -> String {
         .map(|x| format!("{x:02x}"))
         .collect()
 }
+
+#[test]
+fn the_shipped_demo_atlas_belongs_to_the_shipped_model_and_prompts() {
+    // A stale atlas (prompts, config or tokenizer changed since) fails here: re-run the two
+    // commands of docs/atlas.md.
+    let dir = root().join("models/nectar-demo-glm5");
+    let a = json(&std::fs::read_to_string(dir.join("atlas.json")).unwrap());
+    let file = |f: &str| sha256(&std::fs::read(dir.join(f)).unwrap());
+    assert_eq!(
+        a["prompts"]["sha256"].as_str().unwrap(),
+        file("atlas-prompts.jsonl")
+    );
+    assert_eq!(
+        a["model"]["config_sha256"].as_str().unwrap(),
+        file("config.json")
+    );
+    assert_eq!(
+        a["model"]["tokenizer_sha256"].as_str().unwrap(),
+        file("tokenizer.json")
+    );
+    assert_eq!(a["validation"]["prompts"], 120);
+    let e = json(&std::fs::read_to_string(dir.join("experts.json")).unwrap());
+    assert_eq!(e["categories"].as_array().unwrap().len(), 12);
+    assert_eq!(e["experts"].as_array().unwrap().len(), 7 * 32);
+}
