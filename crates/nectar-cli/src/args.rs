@@ -2,6 +2,9 @@
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
+/// MTP draft acceptance the route256 model measured: the default of every projection.
+pub const DEFAULT_ACCEPTANCE: f64 = 0.686;
+
 /// Nectar: a runtime for giant mixture-of-experts LLMs (GLM-5.x) on small-RAM machines.
 #[derive(Debug, Parser)]
 #[command(name = "nectar", version, about)]
@@ -39,6 +42,97 @@ pub enum Command {
     Synth(SynthArgs),
     /// Serve the OpenAI and Anthropic HTTP APIs. Without --model, serves the built-in demo model.
     Serve(ServeArgs),
+    /// The expert Atlas: which routed experts each prompt domain uses (`probe`), and what that
+    /// says per expert, validated leave-one-prompt-out (`analyze`).
+    Atlas(AtlasArgs),
+    /// Check this machine and a model directory, and say what to fix before a run.
+    Doctor(DoctorArgs),
+}
+
+/// `nectar atlas`.
+#[derive(Debug, Args)]
+pub struct AtlasArgs {
+    #[command(subcommand)]
+    pub what: AtlasWhat,
+}
+
+/// What `nectar atlas` does.
+#[derive(Debug, Subcommand)]
+pub enum AtlasWhat {
+    /// Run every prompt of a JSONL file with a fresh cache and record the router's true top-k
+    /// selections per token: one usage file per prompt (`<category>_<idx>.txt`) and `probe.json`.
+    Probe(AtlasProbeArgs),
+    /// Turn a probe directory into `experts.json` (per expert: p(category | expert),
+    /// specialisation, lift, reliability) and `atlas.json` (provenance and validation).
+    Analyze(AtlasAnalyzeArgs),
+}
+
+/// `nectar atlas probe`.
+#[derive(Debug, Args)]
+pub struct AtlasProbeArgs {
+    /// Model directory. Default: the built-in demo model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompts, one JSON object per line: `{"domain": NAME, "text": ...}` (`category` is
+    /// accepted for `domain`). Default: the model directory's `atlas-prompts.jsonl`.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Output directory (created; existing usage files in it are replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Greedy tokens generated after each prompt (stops early at an end token).
+    #[arg(long, default_value_t = 32)]
+    pub generate: usize,
+    /// Which tokens' selections count: `prompt`, `generated` or `both`.
+    #[arg(long, default_value = "both", value_parser = ["prompt", "generated", "both"])]
+    pub tokens: String,
+    /// Probe at most this many prompts per category (in file order). Default: all.
+    #[arg(long)]
+    pub per_category: Option<usize>,
+    /// Stream routed experts under this memory budget (as `nectar run --memory-budget`);
+    /// default: every expert resident. Routing is the same either way.
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+}
+
+/// `nectar atlas analyze`.
+#[derive(Debug, Args)]
+pub struct AtlasAnalyzeArgs {
+    /// A probe directory: `<category>_<idx>.txt` usage files (Colibri's STATS format), with
+    /// `probe.json` when `nectar atlas probe` wrote it.
+    #[arg(long)]
+    pub stats: PathBuf,
+    /// Output directory for `experts.json` and `atlas.json` (created).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Experts selected fewer times than this over all prompts are dropped as sparse.
+    #[arg(long, default_value_t = 30)]
+    pub min_count: u64,
+    /// An affinity counts only if it holds in at least this many prompts of its category.
+    #[arg(long, default_value_t = 2)]
+    pub min_runs: usize,
+    /// Specialisation (1 − H/ln C) at or above which a replicated expert is a specialist.
+    #[arg(long, default_value_t = 0.5)]
+    pub strong: f64,
+}
+
+/// `nectar doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Model directory to check (inventory, formats, memory plan, disk speed, projection).
+    /// Default: the machine only.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Budget to plan for (e.g. 24G). Default: 90 % of the usable memory (the smaller of
+    /// MemAvailable and the cgroup's headroom).
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// Context length the plan reserves KV for.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `nectar run`.
@@ -359,7 +453,7 @@ pub struct BenchReplayArgs {
     pub mtp: Vec<String>,
     /// Probability that a draft is accepted (default: the MTP acceptance measured on the
     /// route256 model, 0.686).
-    #[arg(long, default_value_t = 0.686)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,
     /// Conversations replayed per run (the trace's first N segments).
     #[arg(long, default_value_t = 2)]
@@ -617,7 +711,7 @@ pub struct FitArgs {
     #[arg(long)]
     pub cores: Option<usize>,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
-    #[arg(long, default_value_t = 0.686)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,
     /// Routing trace for the hit-rate curve (default: route256, GLM-5.2's expert shape).
     #[arg(long)]

@@ -85,13 +85,33 @@ fn parse_size(s: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok().map(|n| n * mul)
 }
 
-/// Memory this process may still take, in bytes: `MemAvailable`, or the memory cgroup's
-/// headroom (`memory.max` − usage + reclaimable cache) when that is smaller — in a container the
-/// cgroup, not the machine, decides when the OOM killer comes.
-pub fn mem_available() -> Option<usize> {
-    nectar_residency::memory::MemoryView::read()
-        .headroom()
-        .map(|b| b as usize)
+/// A `/proc/meminfo` field (`MemAvailable`, `MemTotal`), in bytes.
+pub fn meminfo(field: &str) -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    nectar_residency::memory::meminfo_bytes(&text, field).map(|b| b as usize)
+}
+
+/// Memory a process here may use: the smaller of `MemAvailable` and the cgroup's headroom. A
+/// container's limit is invisible in /proc/meminfo (it shows the host's), and planning from
+/// MemAvailable alone gets the process OOM-killed by the cgroup.
+#[derive(Debug, Clone)]
+pub struct Usable {
+    /// `MemAvailable`, bytes.
+    pub available: Option<u64>,
+    /// The process's memory cgroup, if it has a limit or usage to read.
+    pub cgroup: Option<nectar_residency::cgroup::CgroupMemory>,
+    /// The smaller of the two (None: neither could be read).
+    pub bytes: Option<u64>,
+}
+
+/// This process's [`Usable`] memory (the memory guard's view: `nectar_residency::memory`).
+pub fn usable_memory() -> Usable {
+    let v = nectar_residency::memory::MemoryView::read();
+    Usable {
+        bytes: v.headroom(),
+        available: v.available,
+        cgroup: v.cgroup,
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +125,13 @@ mod tests {
         assert_eq!(parse_size("512"), Some(512));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn usable_memory_is_at_most_mem_available() {
+        let u = usable_memory();
+        assert!(u.bytes <= u.available.or(u.bytes));
+        assert_eq!(meminfo("MemAvailable").is_some(), cfg!(target_os = "linux"));
     }
 
     #[test]

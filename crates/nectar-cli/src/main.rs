@@ -63,6 +63,8 @@ fn main() {
         args::Command::Fit(a) => cmd::fit::run(a),
         args::Command::Synth(a) => cmd::synth::run(a),
         args::Command::Serve(a) => cmd::serve::run(a, cli.threads),
+        args::Command::Atlas(a) => cmd::atlas::run(a),
+        args::Command::Doctor(a) => cmd::doctor::run(a),
     };
     if let Err(e) = result {
         // A closed stdout (`nectar run | head`) is not an error.

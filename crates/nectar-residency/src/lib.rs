@@ -14,6 +14,7 @@
 //! policy (which expert stays) is ours, testable against a reference model.
 #![deny(missing_docs)]
 
+pub mod cgroup;
 mod error;
 pub mod io;
 pub mod layout;

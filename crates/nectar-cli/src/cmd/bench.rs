@@ -20,7 +20,7 @@
 //! repetition is reported. Before timing, sampled outputs of every matrix case are checked bit
 //! for bit against the scalar reference, and the fused expert against the separate steps.
 use crate::args::{BenchArgs, BenchKernelsArgs, BenchWhat};
-use crate::machine::{llc_bytes, mem_available, read_reference};
+use crate::machine::{llc_bytes, read_reference, usable_memory};
 use anyhow::{bail, Context, Result};
 use nectar_kernels::{
     decode_row, dot_scalar, expert_swiglu, matmul, matmul_int8_act, swiglu_in_place, ExpertRef,
@@ -324,7 +324,7 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
     // (this machine is shared; the bench must not push others into swap).
     let (llc, llc_source) = llc_bytes();
     let want = (LLC_MULTIPLE * llc).max(ARENA_FLOOR);
-    let cap = mem_available().map(|m| m / 2);
+    let cap = usable_memory().bytes.map(|m| m as usize / 2);
     let target = cap.map_or(want, |c| want.min(c.max(ARENA_FLOOR)));
     let arena_len = all
         .iter()

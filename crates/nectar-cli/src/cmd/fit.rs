@@ -6,12 +6,14 @@ use nectar_model::arch::glm5::{plan_memory, LoadOptions};
 use nectar_residency::planner::{human, parse_size, render};
 use serde_json::json;
 
-/// The budget to plan for: the given size, else 90 % of available memory.
+/// The budget to plan for: the given size, else 90 % of the usable memory (the smaller of
+/// MemAvailable and the memory cgroup's headroom).
 pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
     match given {
         Some(s) => parse_size(s).map_err(anyhow::Error::msg),
-        None => crate::machine::mem_available()
-            .map(|a| a as u64 / 10 * 9)
+        None => crate::machine::usable_memory()
+            .bytes
+            .map(|a| a / 10 * 9)
             .ok_or_else(|| anyhow::anyhow!("cannot read available memory; pass --memory-budget")),
     }
 }

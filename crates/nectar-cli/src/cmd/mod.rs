@@ -1,4 +1,5 @@
 //! One module per subcommand.
+pub mod atlas;
 pub mod bench;
 pub mod bench_decode;
 pub mod bench_io;
@@ -6,6 +7,7 @@ pub mod bench_pilot;
 pub mod bench_policy;
 pub mod bench_replay;
 pub mod convert;
+pub mod doctor;
 pub mod fit;
 pub mod grammar;
 pub mod inspect;

@@ -26,7 +26,7 @@ use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, PlanInputs};
-use nectar_residency::replay::{compare, steps};
+use nectar_residency::replay::{replay_policy, steps};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
@@ -133,32 +133,66 @@ pub struct Machine {
     pub gflops: f64,
 }
 
-/// Arena of the memory measurements: at least 8× the last-level cache and 1 GiB, at most half
-/// of the available memory.
-fn arena_bytes() -> usize {
-    let (llc, _) = crate::machine::llc_bytes();
-    let want = (8 * llc).max(1 << 30);
-    crate::machine::mem_available().map_or(want, |m| want.min(m / 2))
+/// How long the measurements run: `fit --project` takes its time (about 10 s), `doctor` takes
+/// a quick look (a few seconds), with the same code.
+#[derive(Debug, Clone, Copy)]
+pub struct Effort {
+    /// Passes of the read reference per mode (best kept).
+    pub read_passes: usize,
+    /// Passes of the M = 1 kernel over the arena (best kept).
+    pub kernel_passes: usize,
+    /// Seconds of disk reads.
+    pub disk_secs: f64,
+    /// The memory arena's floor, bytes (it is also at least 8× the last-level cache).
+    pub min_arena: usize,
 }
 
-/// The benchmarks' read reference (best of 5 passes per mode) on `threads` threads, GB/s.
-fn measure_read(threads: usize) -> Result<f64> {
-    let buf = vec![1u8; arena_bytes()];
+impl Effort {
+    /// `nectar fit --project`.
+    pub const FIT: Effort = Effort {
+        read_passes: 5,
+        kernel_passes: 3,
+        disk_secs: 2.0,
+        min_arena: 1 << 30,
+    };
+    /// `nectar doctor`.
+    pub const QUICK: Effort = Effort {
+        read_passes: 2,
+        kernel_passes: 1,
+        disk_secs: 0.5,
+        min_arena: 256 << 20,
+    };
+}
+
+/// Arena of the memory measurements: at least 8× the last-level cache and `min`, at most half
+/// of the usable memory (a cgroup's limit included).
+fn arena_bytes(min: usize) -> usize {
+    let (llc, _) = crate::machine::llc_bytes();
+    let want = (8 * llc).max(min);
+    crate::machine::usable_memory()
+        .bytes
+        .map_or(want, |m| want.min(m as usize / 2))
+}
+
+/// The benchmarks' read reference (best of `effort.read_passes` passes per mode) on `threads`
+/// threads, GB/s.
+pub fn measure_read(threads: usize, effort: &Effort) -> Result<f64> {
+    let buf = vec![1u8; arena_bytes(effort.min_arena)];
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
         .build()?;
-    Ok(crate::machine::read_reference(&pool, &buf, 5).0)
+    Ok(crate::machine::read_reference(&pool, &buf, effort.read_passes).0)
 }
 
 /// The int4 g64 kernel on GLM-5.2's expert gate shape (2048 × 6144) over rotating copies
 /// filling [`arena_bytes`] (so M = 1 streams from DRAM):
 /// (weight GB/s at M = 1, GFLOP/s at M = 64), best of 3 passes each.
-fn measure_kernel() -> Result<(f64, f64)> {
+fn measure_kernel(effort: &Effort) -> Result<(f64, f64)> {
     let (rows, cols) = (2048usize, 6144usize);
     let data_b = rows * cols / 2;
     let scales_n = rows * cols / 64;
     let per = data_b + scales_n * 4;
-    let copies = (arena_bytes() / per).max(2);
+    let copies = (arena_bytes(effort.min_arena) / per).max(2);
     let data = super::bench::random_bytes(data_b * copies, 7);
     let scales = super::bench::random_scales(scales_n * copies, 7);
     let mats: Vec<MatRef<'_>> = (0..copies)
@@ -176,7 +210,11 @@ fn measure_kernel() -> Result<(f64, f64)> {
         let x = vec![0.5f32; m * cols];
         let mut y = vec![0.0f32; m * rows];
         let mut best = f64::INFINITY;
-        let passes = if m == 1 { 3 } else { 1 };
+        let passes = if m == 1 {
+            effort.kernel_passes.max(1)
+        } else {
+            1
+        };
         for _ in 0..passes {
             let n = if m == 1 { copies } else { copies.min(8) };
             let t0 = Instant::now();
@@ -195,29 +233,38 @@ fn measure_kernel() -> Result<(f64, f64)> {
     ))
 }
 
-/// Random whole experts of the container's streamed layers, read with `threads` workers for 2 s
-/// (O_DIRECT, into huge-page buffers as the slab's), GB/s.
-fn measure_disk(dir: &Path, threads: usize) -> Result<f64> {
+/// Random whole experts of the container's streamed layers, read with `threads` workers for
+/// `secs` (O_DIRECT where the filesystem allows it, into huge-page buffers as the slab's):
+/// GB/s, and how many of the shards direct I/O opened (of how many).
+pub fn measure_disk(dir: &Path, threads: usize, secs: f64) -> Result<(f64, usize, usize)> {
     let (layouts, paths) = expert_layouts(dir)?;
     let io = Arc::new(FileIo::open(&paths, true)?);
+    let direct = (io.direct_count(), paths.len());
     let moe: Vec<usize> = (0..layouts.len())
         .filter(|&l| !layouts[l].is_empty())
         .collect();
     anyhow::ensure!(!moe.is_empty(), "{} streams no experts", dir.display());
     let keys = super::bench_io::random_experts(&layouts, &moe, 4096, 7);
     let raw = super::bench_io::RawReader::new(io, &paths, &layouts, threads, 32, true)?;
-    raw.experts(&layouts, &keys, 2.0)
+    Ok((raw.experts(&layouts, &keys, secs)?, direct.0, direct.1))
 }
 
 /// Hit rate and unique experts per layer and forward at `c` slots, `window` rows per forward,
 /// from the trace replayed through the default policy.
 fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, f64) {
-    let r = compare(trace, window, layers, c, Admission::PREDICTIVE);
-    let fwd = steps(trace, window).iter().filter(|s| s.counted).count() * layers.len();
-    (
-        r.policy.rate(),
-        r.policy.requests as f64 / fwd.max(1) as f64,
-    )
+    // The policy alone: Belady-OPT (what `compare` adds) is not part of the projection and
+    // took most of its time.
+    let st = steps(trace, window);
+    let (hits, requests) = replay_policy(trace, &st, layers, c, Admission::PREDICTIVE)
+        .iter()
+        .fold((0, 0), |a, x| (a.0 + x.hits, a.1 + x.requests));
+    let fwd = st.iter().filter(|s| s.counted).count() * layers.len();
+    let rate = if requests == 0 {
+        0.0
+    } else {
+        hits as f64 / requests as f64
+    };
+    (rate, requests as f64 / fwd.max(1) as f64)
 }
 
 /// One projection.
@@ -232,13 +279,22 @@ pub fn project(
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
     let c = slots.min(trace.experts_per_layer);
-    let (h1, u1) = hit_curve(trace, &main, c, 1);
-    let (h2, u2) = hit_curve(trace, &main, c, 2);
-    let (hm, _) = if mtp_l.is_empty() || g.mtp_expert == 0.0 {
-        (0.0, 0.0)
-    } else {
-        hit_curve(trace, &mtp_l, c, 1)
-    };
+    // Three independent replays (deterministic each): run side by side.
+    let (((h1, u1), (h2, u2)), (hm, _)) = rayon::join(
+        || {
+            rayon::join(
+                || hit_curve(trace, &main, c, 1),
+                || hit_curve(trace, &main, c, 2),
+            )
+        },
+        || {
+            if mtp_l.is_empty() || g.mtp_expert == 0.0 {
+                (0.0, 0.0)
+            } else {
+                hit_curve(trace, &mtp_l, c, 1)
+            }
+        },
+    );
     let l = g.moe_layers as f64;
     let shared = l * g.expert;
     let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9);
@@ -289,6 +345,17 @@ pub fn project(
 
 /// `nectar fit --project`.
 pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
+    let full = compute(a, budget, &Effort::FIT)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&full)?);
+        return Ok(());
+    }
+    print!("{}", render(&full));
+    Ok(())
+}
+
+/// The projection of `fit --project` as JSON (`nectar doctor` reports the same).
+pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::Value> {
     let trace_dir = a
         .trace
         .clone()
@@ -333,12 +400,12 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
     // Measure only what the flags leave open: the kernel (its decode GB/s, its share of the
     // read rate, its prefill GFLOP/s) and the read reference (the share's denominator).
     let kernel = if a.mem_gbps.is_none() || a.kernel_share.is_none() || a.gflops.is_none() {
-        Some(measure_kernel()?)
+        Some(measure_kernel(effort)?)
     } else {
         None
     };
     let read = if a.mem_gbps.is_none() || a.kernel_share.is_none() {
-        Some(measure_read(threads)?)
+        Some(measure_read(threads, effort)?)
     } else {
         None
     };
@@ -350,6 +417,7 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
     let measured = |what: Option<f64>, name: &str| {
         what.ok_or_else(|| anyhow::anyhow!("{name} was neither given nor measured"))
     };
+    let mut disk_direct = None;
     let machine = Machine {
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
@@ -361,7 +429,11 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         },
         disk_gbps: match (a.disk_gbps, &model_dir) {
             (Some(d), _) => d,
-            (None, Some(dir)) => measure_disk(dir, a.io_threads)?,
+            (None, Some(dir)) => {
+                let (g, d, n) = measure_disk(dir, a.io_threads, effort.disk_secs)?;
+                disk_direct = Some((d, n));
+                g
+            }
             (None, None) => anyhow::bail!("no disk speed to project with"),
         },
         gflops: match a.gflops {
@@ -381,6 +453,7 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
             "decode_kernel_gbps": machine.dec_gbps,
             "kernel_share_of_read_bandwidth": share,
             "disk_gbps": machine.disk_gbps,
+            "disk_direct_shards": disk_direct.map(|(d, n)| json!({"direct": d, "of": n})),
             "prefill_gflops": machine.gflops,
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "gflops": kernel.map(|k| k.1),
@@ -389,45 +462,46 @@ pub fn run(a: &FitArgs, budget: u64) -> Result<()> {
         "trace": trace.path.display().to_string(),
         "projection": out,
     });
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&full)?);
-        return Ok(());
-    }
+    Ok(full)
+}
+
+/// The text report of a [`compute`] result.
+pub fn render(full: &serde_json::Value) -> String {
     let o = &full["projection"];
+    let m = &full["machine"];
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
-    println!(
-        "projection for {} under {} ({} LRU slots per layer)",
-        geom.source,
-        nectar_residency::planner::human(budget),
-        p.lru_per_layer
+    let slots = o["lru_slots_per_layer"].as_u64().unwrap_or(0);
+    let mut s = format!(
+        "projection for {} under {} ({slots} LRU slots per layer)\n",
+        full["geometry"].as_str().unwrap_or(""),
+        nectar_residency::planner::human(full["budget"].as_u64().unwrap_or(0)),
     );
-    println!(
-        "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s",
-        machine.dec_gbps, machine.mem_gbps, machine.disk_gbps, machine.gflops
+    s += &format!(
+        "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s\n",
+        f(&m["decode_kernel_gbps"]), f(&m["read_gbps"]), f(&m["disk_gbps"]), f(&m["prefill_gflops"])
     );
-    println!(
-        "  hit rate {:.3} (route256 replay at {} slots), {:.2} GB/token from disk, bound: {}",
+    s += &format!(
+        "  hit rate {:.3} (route256 replay at {slots} slots), {:.2} GB/token from disk, bound: {}\n",
         f(&o["hit_rate"]["mtp_off"]),
-        p.lru_per_layer,
         f(&o["ssd_gb_per_token"]["mtp_off"]),
         o["bound"].as_str().unwrap_or("")
     );
-    println!(
-        "  decode: {:.2} tok/s (MTP off), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}",
+    s += &format!(
+        "  decode: {:.2} tok/s (MTP off), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}\n",
         f(&o["decode_tok_s"]["mtp_off"]),
         f(&o["decode_tok_s"]["mtp_on"]),
-        a.acceptance,
+        o["acceptance"],
         f(&o["ram_wall_tok_s"])
     );
-    println!(
-        "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s",
+    s += &format!(
+        "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",
         f(&o["overlap_ceiling_tok_s"])
     );
-    println!(
-        "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts",
+    s += &format!(
+        "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts\n",
         f(&o["prefill_tok_s"]["512"]),
         f(&o["prefill_tok_s"]["2048"]),
         f(&o["prefill_tok_s"]["8192"])
     );
-    Ok(())
+    s
 }
