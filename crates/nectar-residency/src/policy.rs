@@ -50,7 +50,7 @@
 //!   256-expert traces (`benchmarks/policy-research/`), it keeps 0.87–0.89 of Belady-with-bypass
 //!   at 8–16 slots on greedy decode (decayed frequency top-C: 0.70–0.76) and 0.72–0.75 on
 //!   sampled decode (0.62–0.68).
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 mod predict;
 

@@ -2,7 +2,8 @@
 //! index (longest earlier occurrence of the current context), the routes every layer took at
 //! each history row, and per-layer expert-to-expert transition counts (row `s` → row `s + 1`).
 //! Everything here is learned online from rows already processed; nothing reads ahead.
-use std::collections::{HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::VecDeque;
 
 /// Context lengths tried for a match, longest first.
 pub(crate) const NGRAMS: [usize; 6] = [32, 16, 8, 4, 2, 1];
