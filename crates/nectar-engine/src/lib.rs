@@ -28,6 +28,7 @@ mod bundle;
 mod chat_template;
 mod error;
 mod generate;
+pub mod glm;
 mod grammar;
 mod jinja_env;
 mod prefix_cache;
