@@ -93,7 +93,8 @@ fn user(text: &str) -> Value {
 }
 
 fn weather_tool() -> Value {
-    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}])
 }
 
 #[tokio::test]
@@ -392,10 +393,18 @@ async fn chat_stream_sequence() {
         .collect();
     assert_eq!(text, "Let me check.");
     assert_eq!(reasoning, "need the tool");
+    // The call streams: its name and id first, then its arguments as they are generated (the
+    // string value's first characters before the value closes).
     let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
-    assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0][0]["index"], 0);
-    assert_eq!(calls[0][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert!(calls.iter().all(|c| c[0]["index"] == 0));
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert!(calls[0][0]["id"].as_str().unwrap().starts_with("call_"));
+    let fragments: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c[0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(fragments.concat(), "{\"city\":\"Paris\"}");
+    assert_eq!(fragments, ["", "{\"city\":\"Par", "is\"}"]);
     let last_choice = &chunks[chunks.len() - 2]["choices"][0];
     assert_eq!(last_choice["finish_reason"], "tool_calls");
     let usage = &chunks[chunks.len() - 1];

@@ -86,7 +86,10 @@ mod tests {
         };
         // Markup of the call: 4 tokens; of an argument: 4 + its key; margin 2.
         let tight = plan(14);
-        assert!(tight.contains("call_0: \"get_weather\" \"\\n\" arg_0_0\n"), "{tight}");
+        assert!(
+            tight.contains("call_0: \"get_weather\" \"\\n\" arg_0_0\n"),
+            "{tight}"
+        );
         assert!(tight.contains("val_0_0[max_tokens="), "{tight}");
         let roomy = plan(200);
         assert!(roomy.contains("arg_0_1? arg_0_2?"), "{roomy}");
@@ -96,9 +99,15 @@ mod tests {
     fn integers_without_bounds_get_bounds() {
         let s = bound_integers(&json!({"type": "object", "properties": {
             "n": {"type": "integer"}, "m": {"type": "integer", "maximum": 5}, "x": {"type": "number"}}}));
-        assert_eq!(s["properties"]["n"]["maximum"], json!(999_999_999_999_999i64));
+        assert_eq!(
+            s["properties"]["n"]["maximum"],
+            json!(999_999_999_999_999i64)
+        );
         assert_eq!(s["properties"]["m"]["maximum"], json!(5));
-        assert_eq!(s["properties"]["m"]["minimum"], json!(-999_999_999_999_999i64));
+        assert_eq!(
+            s["properties"]["m"]["minimum"],
+            json!(-999_999_999_999_999i64)
+        );
         assert!(s["properties"]["x"].get("maximum").is_none());
     }
 
@@ -111,11 +120,13 @@ mod tests {
         let vocab = tok.vocab_size();
         let eos = [tok.token_to_id("<|user|>").unwrap()];
         let compiler = GrammarCompiler::new(&tok, vocab, &eos).unwrap();
-        let tools = [json!({"type": "function", "function": {"name": "lookup", "parameters": {
+        let tools = [
+            json!({"type": "function", "function": {"name": "lookup", "parameters": {
             "type": "object",
             "properties": {"word": {"type": "string"}, "limit": {"type": "integer"},
                            "score": {"type": "number"}, "note": {"type": "string"}},
-            "required": ["word", "limit", "score"]}}})];
+            "required": ["word", "limit", "score"]}}}),
+        ];
         let count = |s: &str| tok.encode(s, false).map_or(s.len(), |ids| ids.len());
         let texts: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| tok.decode(&[id], false).unwrap_or_default().into_bytes())
@@ -166,7 +177,12 @@ mod tests {
                     "budget {max_tokens} exceeded: {:?}\n{g}",
                     tok.decode(&out, false)
                 );
-                if m.mask().unwrap().iter().enumerate().all(|(i, &ok)| !ok || eos.contains(&(i as u32))) {
+                if m.mask()
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &ok)| !ok || eos.contains(&(i as u32)))
+                {
                     break;
                 }
             }

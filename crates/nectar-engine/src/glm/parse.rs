@@ -190,7 +190,10 @@ impl OutputParser {
                 let rest = &rest[..partial_tag_start(&rest, &[VALUE_CLOSE, TOOL_CLOSE])];
                 match std::mem::replace(&mut c.at, At::Args) {
                     At::Name => {
-                        tracing::debug!(name = rest, "tool call cut before its name ended: dropped");
+                        tracing::debug!(
+                            name = rest,
+                            "tool call cut before its name ended: dropped"
+                        );
                         return out;
                     }
                     At::Value { string: true, .. } => {
@@ -560,11 +563,22 @@ mod tests {
                     assert!(open.is_none(), "call started inside a call");
                     open = Some((name, String::new()));
                 }
-                Piece::CallArgs(a) => open.as_mut().expect("arguments outside a call").1.push_str(&a),
+                Piece::CallArgs(a) => open
+                    .as_mut()
+                    .expect("arguments outside a call")
+                    .1
+                    .push_str(&a),
                 Piece::CallEnd(c) => {
                     let (name, args) = open.take().expect("end without a start");
-                    assert_eq!((name.as_str(), args.as_str()), (c.name.as_str(), c.arguments.as_str()));
-                    assert!(serde_json::from_str::<Map<String, Value>>(&c.arguments).is_ok(), "{}", c.arguments);
+                    assert_eq!(
+                        (name.as_str(), args.as_str()),
+                        (c.name.as_str(), c.arguments.as_str())
+                    );
+                    assert!(
+                        serde_json::from_str::<Map<String, Value>>(&c.arguments).is_ok(),
+                        "{}",
+                        c.arguments
+                    );
                     out.push(Piece::CallEnd(c));
                 }
                 other => {
@@ -718,18 +732,22 @@ mod tests {
     #[test]
     fn a_started_call_always_ends_as_a_call_without_markup() {
         for (body, args) in [
-            ("f\n<arg_key>a</arg_key>\n", json!({})),             // key without value
-            ("f\n<arg_value>1</arg_value>", json!({})),            // value without key
-            ("f\ngarbage", json!({})),                             // stray text
+            ("f\n<arg_key>a</arg_key>\n", json!({})), // key without value
+            ("f\n<arg_value>1</arg_value>", json!({})), // value without key
+            ("f\ngarbage", json!({})),                // stray text
             ("f\n<arg_key>a</arg_key><arg_value>1", json!({"a": 1})), // unclosed value
-            ("f\n{\"a\": ", json!({})),                            // broken JSON
-            ("f\n[1, 2]", json!({})),                              // JSON that is not an object
+            ("f\n{\"a\": ", json!({})),               // broken JSON
+            ("f\n[1, 2]", json!({})),                 // JSON that is not an object
         ] {
             let text = format!("x<tool_call>{body}</tool_call>y");
             let out = parse_all(&text, false, true);
             assert_eq!(
                 out,
-                [Piece::Text("x".into()), call("f", args), Piece::Text("y".into())],
+                [
+                    Piece::Text("x".into()),
+                    call("f", args),
+                    Piece::Text("y".into())
+                ],
                 "{body:?}"
             );
         }
@@ -738,8 +756,12 @@ mod tests {
     #[test]
     fn a_call_cut_short_is_closed_with_what_was_generated() {
         let text = "a\n<tool_call>f\n<arg_key>k</arg_key>\n<arg_val";
-        assert_eq!(parse_all(text, false, true), [Piece::Text("a".into()), call("f", json!({}))]);
-        let strings = StringParams::of_tools(&[json!({"type": "function", "function": {"name": "f",
+        assert_eq!(
+            parse_all(text, false, true),
+            [Piece::Text("a".into()), call("f", json!({}))]
+        );
+        let strings =
+            StringParams::of_tools(&[json!({"type": "function", "function": {"name": "f",
             "parameters": {"properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}}})]);
         let text = "<tool_call>f\n<arg_key>n</arg_key><arg_value>12</arg_value><arg_key>s</arg_key><arg_value>Par</arg_v";
         assert_eq!(
@@ -747,15 +769,20 @@ mod tests {
             [call("f", json!({"n": 12, "s": "Par"}))]
         );
         let text = "<tool_call>f\n<arg_key>n</arg_key><arg_value>12";
-        assert_eq!(parse_typed(text, false, true, &strings), [call("f", json!({"n": 12}))]);
+        assert_eq!(
+            parse_typed(text, false, true, &strings),
+            [call("f", json!({"n": 12}))]
+        );
         // A name never finished is no call at all, and no markup either.
         assert_eq!(parse_all("<tool_call>get_wea", false, true), []);
     }
 
     #[test]
     fn string_parameters_stream_as_generated_and_stay_strings() {
-        let strings = StringParams::of_tools(&[json!({"type": "function", "function": {"name": "w",
-            "parameters": {"properties": {"text": {"type": "string"}, "n": {"type": "number"}}}}})]);
+        let strings = StringParams::of_tools(&[
+            json!({"type": "function", "function": {"name": "w",
+            "parameters": {"properties": {"text": {"type": "string"}, "n": {"type": "number"}}}}}),
+        ]);
         let text = "<tool_call>w\n<arg_key>text</arg_key><arg_value>3 \"q\"</arg_value><arg_key>n</arg_key><arg_value>3</arg_value></tool_call>";
         assert_eq!(
             parse_typed(text, false, true, &strings),
@@ -763,8 +790,14 @@ mod tests {
         );
         // Fed token by token, the string's characters arrive before its value closes.
         let mut p = OutputParser::new(false, true).with_string_params(strings);
-        assert_eq!(p.push("<tool_call>w\n"), [Piece::CallStart { name: "w".into() }]);
-        assert_eq!(p.push("<arg_key>text</arg_key><arg_value>He"), [Piece::CallArgs("{\"text\":\"He".into())]);
+        assert_eq!(
+            p.push("<tool_call>w\n"),
+            [Piece::CallStart { name: "w".into() }]
+        );
+        assert_eq!(
+            p.push("<arg_key>text</arg_key><arg_value>He"),
+            [Piece::CallArgs("{\"text\":\"He".into())]
+        );
         assert_eq!(p.push("llo</arg"), [Piece::CallArgs("llo".into())]);
         assert_eq!(p.push("_value>"), [Piece::CallArgs("\"".into())]);
         assert_eq!(
@@ -783,7 +816,10 @@ mod tests {
             false,
             true,
         );
-        assert_eq!(out, [call("broken", json!({})), call("g", json!({"a": "x"}))]);
+        assert_eq!(
+            out,
+            [call("broken", json!({})), call("g", json!({"a": "x"}))]
+        );
     }
 
     #[test]

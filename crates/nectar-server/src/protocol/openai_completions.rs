@@ -5,15 +5,13 @@
 //! `max_tokens` defaults to 16, as in OpenAI's API. The output is raw text: tags are not
 //! interpreted. Streaming sends `text_completion` objects as `data:` lines, then `data: [DONE]`.
 
-use crate::backend::TokenLogprob;
-use crate::backend::{CancelToken, GenRequest, Prompt, Sampling};
+use crate::backend::{CancelToken, GenRequest, Piece, Prompt, Sampling, TokenLogprob};
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{openai_finish_reason, Generation, OutputEvent, OutputMode};
-use crate::glm_tools::Piece;
 use crate::protocol::openai_chat::{stream_error, usage_json};
 use crate::protocol::{
-    new_id, parse_body, parse_logit_bias, unix_now, validate_max_tokens, validate_sampling,
-    StopField,
+    check_model, new_id, parse_body, parse_logit_bias, unix_now, validate_max_tokens,
+    validate_sampling, StopField,
 };
 use crate::sse;
 use crate::state::AppState;
@@ -32,7 +30,7 @@ const DEFAULT_MAX_TOKENS: u64 = 16;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// Ignored: one model is served.
+    /// The served model's id or an alias (`--alias`); another name is 404.
     #[serde(default)]
     pub model: Option<String>,
     /// Text, token ids, or a one-element list of either.
@@ -137,6 +135,7 @@ fn prompt_of(v: &Value) -> ApiResult<Prompt> {
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: CompletionRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
+    check_model(&state, req.model.as_deref())?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
     }
