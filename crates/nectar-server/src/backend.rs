@@ -118,6 +118,8 @@ pub struct Sampling {
     pub logit_bias: BTreeMap<u32, f32>,
     /// Report each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Report the prompt's tokens too (completions' `echo` with `logprobs`): one more prefill.
+    pub prompt_logprobs: bool,
 }
 
 impl Sampling {
@@ -290,6 +292,15 @@ pub enum GenEvent {
         text: String,
         /// Log-probabilities of `ids`, when the request asked for them.
         logprobs: Vec<TokenLogprob>,
+    },
+    /// The prompt's tokens with their log-probabilities (sent first, when the request asked
+    /// for [`Sampling::prompt_logprobs`]): the first token, which nothing predicts, then the
+    /// others.
+    Prompt {
+        /// The first prompt token's id and text.
+        first: (u32, String),
+        /// The other prompt tokens.
+        rest: Vec<TokenLogprob>,
     },
     /// Generation ended normally.
     Finish(Finish),
@@ -535,6 +546,8 @@ pub(crate) struct Job {
     pub(crate) state: RequestState,
     /// The request itself (serial speculative decoding builds its own state from it).
     pub(crate) request: Request,
+    /// Send the prompt's logprobs first, with this many alternatives per token.
+    pub(crate) prompt_logprobs: Option<usize>,
     pub(crate) cancel: CancelToken,
     pub(crate) sink: UnboundedSender<GenEvent>,
 }
@@ -730,6 +743,10 @@ impl Backend for EngineBackend {
         let job = Job {
             state,
             request,
+            prompt_logprobs: req
+                .sampling
+                .prompt_logprobs
+                .then(|| req.sampling.logprobs.unwrap_or(0)),
             cancel: req.cancel,
             sink,
         };

@@ -41,6 +41,14 @@ pub enum OutputEvent {
         /// Their logprobs (empty unless asked for).
         logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's tokens with their logprobs (first, when asked for): the first token's id
+    /// and text (nothing predicts it), then the others.
+    Prompt {
+        /// The first prompt token.
+        first: (u32, String),
+        /// The others.
+        rest: Vec<TokenLogprob>,
+    },
     /// The end.
     Finish(Finish),
     /// The model failed mid-generation; the cause is logged, the client gets a generic error.
@@ -78,6 +86,8 @@ pub struct Collected {
     pub ids: Vec<u32>,
     /// Their logprobs, when the request asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's tokens with logprobs, when asked for (see [`OutputEvent::Prompt`]).
+    pub prompt: Option<((u32, String), Vec<TokenLogprob>)>,
     /// How it ended.
     pub finish: Finish,
 }
@@ -206,6 +216,9 @@ impl Generation {
                     self.pending
                         .extend(pieces.into_iter().map(OutputEvent::Piece));
                 }
+                Some(GenEvent::Prompt { first, rest }) => {
+                    self.pending.push_back(OutputEvent::Prompt { first, rest });
+                }
                 Some(GenEvent::Finish(f)) => {
                     self.flush_parser();
                     self.pending.push_back(OutputEvent::Finish(f));
@@ -240,6 +253,7 @@ impl Generation {
         let mut pieces: Vec<Part> = Vec::new();
         let mut ids = Vec::new();
         let mut lps = Vec::new();
+        let mut prompt = None;
         while let Some(e) = self.next().await {
             match e {
                 OutputEvent::Piece(p) => match (p, pieces.last_mut()) {
@@ -255,11 +269,13 @@ impl Generation {
                     ids.extend(i);
                     lps.extend(logprobs);
                 }
+                OutputEvent::Prompt { first, rest } => prompt = Some((first, rest)),
                 OutputEvent::Finish(finish) => {
                     return Ok(Collected {
                         pieces,
                         ids,
                         logprobs: lps,
+                        prompt,
                         finish,
                     })
                 }

@@ -596,7 +596,7 @@ impl MessagesStream {
                 ));
                 self.index += 1;
             }
-            OutputEvent::Piece(_) | OutputEvent::Tokens { .. } => {}
+            OutputEvent::Piece(_) | OutputEvent::Tokens { .. } | OutputEvent::Prompt { .. } => {}
             OutputEvent::Finish(f) => {
                 self.stop_block(&mut out);
                 if !self.pinged {

@@ -296,6 +296,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
         seed: req.seed.map(|s| s as u64),
         logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
         logprobs: logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize),
+        prompt_logprobs: false,
     };
     validate_sampling(&sampling)?;
     let max_tokens = match req.max_completion_tokens {
@@ -511,6 +512,7 @@ impl ChatStream {
                 out.push(sse::done());
                 out
             }
+            OutputEvent::Prompt { .. } => vec![],
             OutputEvent::Failed => vec![sse::data(&stream_error())],
         }
     }

@@ -874,7 +874,9 @@ impl ResponsesStream {
                     json!({"item_id": id, "output_index": index, "delta": a}),
                 ));
             }
-            OutputEvent::Piece(Piece::CallEnd(_)) | OutputEvent::Tokens { .. } => {}
+            OutputEvent::Piece(Piece::CallEnd(_))
+            | OutputEvent::Tokens { .. }
+            | OutputEvent::Prompt { .. } => {}
             OutputEvent::Finish(f) => {
                 let status = status_of(&f.reason);
                 self.close(status, &mut out);
