@@ -199,14 +199,11 @@ impl Constraint {
             Constraint::JsonSchema(v) => GrammarSpec::JsonSchema(glm::bound_integers(v)),
             Constraint::Lark(g) => GrammarSpec::Lark(g.clone()),
             Constraint::ToolCall { tools, only } => {
-                let count = |s: &str| {
-                    tokenizer
-                        .and_then(|t| t.encode(s, false).ok())
-                        .map_or(s.len(), |ids| ids.len())
-                };
+                // GLM's tags are single tokens: the grammar asks for those tokens.
+                let tag_id = |s: &str| tokenizer.and_then(|t| t.token_to_id(s));
                 let budget = CallBudget {
                     max_tokens,
-                    count: &count,
+                    tag_id: &tag_id,
                 };
                 GrammarSpec::Lark(
                     glm::tool_call_grammar(tools, only.as_deref(), Some(&budget))

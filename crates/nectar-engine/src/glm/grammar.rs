@@ -17,15 +17,18 @@
 //! writes `7777…` until the budget runs out).
 //!
 //! **Budget planning.** With a [`CallBudget`], each alternative is planned to close within
-//! `max_tokens`: the markup, the key names, the enum and boolean values are counted with the
-//! tokenizer (the tags are single tokens in GLM's vocabulary); what is left, less a margin,
-//! is shared among the free values — a string value gets that many tokens at most
-//! (llguidance's `max_tokens=` on its rule), an unbounded number that many digits at most;
-//! optional parameters are offered only while their markup fits. So a forced call whose
-//! minimal form fits `max_tokens` always closes and parses. Values of object, array or
-//! range-bounded number type are not shortened (their JSON must complete to be valid): a call
-//! with such a parameter is planned as if that value took its minimal form, and may still be
-//! cut, in which case the parser closes it with what was generated.
+//! `max_tokens` whatever tokens the model picks: the tags are asked for as their single
+//! vocabulary tokens (`<[id]>`, so a tag costs exactly one token — a model left free to spell
+//! `<arg_value>` as `<`, `arg`, `_value`, `>` would), and every other fixed character (names,
+//! keys, newlines, enum and boolean values) is counted as one token, the most a character can
+//! cost. What is left is shared among the free values: a string value gets that many tokens at
+//! most (llguidance's `max_tokens=` on its rule), an unbounded number that many characters at
+//! most; optional parameters are offered only while they fit. So a forced call whose minimal
+//! form — counted that way, with one-character free values — fits `max_tokens` always closes
+//! and parses. Values of object, array or range-bounded number type are not shortened (their
+//! JSON must complete to be valid): a call with such a parameter is planned as if that value
+//! took its minimal form, and may still be cut, in which case the parser closes it with what
+//! was generated.
 
 use super::{KEY_CLOSE, KEY_OPEN, TOOL_CLOSE, TOOL_OPEN, VALUE_CLOSE, VALUE_OPEN};
 use crate::error::{Error, Result};
@@ -37,15 +40,20 @@ pub const DEFAULT_MAX_DIGITS: usize = 15;
 /// Fraction digits of a number whose schema gives no bounds.
 const MAX_FRACTION_DIGITS: usize = 6;
 
-/// Tokens kept back from the plan: a value's last token may merge with the tag after it.
-const MARGIN: usize = 2;
-
 /// The budget a forced call must close within.
 pub struct CallBudget<'a> {
     /// Tokens the call may take.
     pub max_tokens: usize,
-    /// Tokens of a text as the model writes it (the tokenizer's encoding).
-    pub count: &'a dyn Fn(&str) -> usize,
+    /// The id of a tag that is one token of the vocabulary (GLM's tags are), if it is.
+    pub tag_id: &'a dyn Fn(&str) -> Option<u32>,
+}
+
+/// How the grammar spells a tag, and what it costs at most.
+fn tag(t: &str, budget: Option<&CallBudget>) -> (String, usize) {
+    match budget.and_then(|b| (b.tag_id)(t)) {
+        Some(id) => (format!("<[{id}]>"), 1),
+        None => (lark_str(t), t.len()),
+    }
 }
 
 /// How one argument's value is written.
@@ -73,7 +81,14 @@ pub fn tool_call_grammar(
     only: Option<&str>,
     budget: Option<&CallBudget>,
 ) -> Result<String> {
-    let count = |s: &str| budget.map_or(0, |b| (b.count)(s));
+    // At most one token per byte: every token of the vocabulary spells at least one.
+    let count = |s: &str| s.len();
+    let (tool_open, tool_open_cost) = tag(TOOL_OPEN, budget);
+    let (tool_close, tool_close_cost) = tag(TOOL_CLOSE, budget);
+    let (key_open, key_open_cost) = tag(KEY_OPEN, budget);
+    let (key_close, key_close_cost) = tag(KEY_CLOSE, budget);
+    let (value_open, value_open_cost) = tag(VALUE_OPEN, budget);
+    let (value_close, value_close_cost) = tag(VALUE_CLOSE, budget);
     let mut rules = Vec::new();
     let mut alts = Vec::new();
     for (i, t) in tools.iter().enumerate() {
@@ -89,9 +104,8 @@ pub fn tool_call_grammar(
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        let markup = count(KEY_OPEN)
-            + count(&format!("{KEY_CLOSE}\n{VALUE_OPEN}"))
-            + count(&format!("{VALUE_CLOSE}\n"));
+        // `<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n`, less the key and value.
+        let markup = key_open_cost + key_close_cost + 1 + value_open_cost + value_close_cost + 1;
         let mut args: Vec<Arg> = params["properties"]
             .as_object()
             .into_iter()
@@ -112,8 +126,8 @@ pub fn tool_call_grammar(
             .collect();
         let mut share = None;
         if let Some(b) = budget {
-            let call = count(TOOL_OPEN) + count(name) + count("\n") + count(TOOL_CLOSE);
-            let avail = b.max_tokens.saturating_sub(MARGIN);
+            let call = tool_open_cost + count(name) + 1 + tool_close_cost;
+            let avail = b.max_tokens;
             let is_free = |a: &Arg| !matches!(a.value, ValueRule::Fixed { .. });
             // A free value needs a token at least; a few more before an optional one is offered.
             let mut used = call
@@ -147,11 +161,8 @@ pub fn tool_call_grammar(
             let v = format!("val_{i}_{j}");
             rules.push(value_lark(&v, &a.value, share));
             rules.push(format!(
-                "arg_{i}_{j}: {} {} {} {v} {}",
-                lark_str(KEY_OPEN),
+                "arg_{i}_{j}: {key_open} {} {key_close} \"\\n\" {value_open} {v} {value_close} \"\\n\"",
                 lark_str(&a.key),
-                lark_str(&format!("{KEY_CLOSE}\n{VALUE_OPEN}")),
-                lark_str(&format!("{VALUE_CLOSE}\n"))
             ));
             let opt = if a.required { "" } else { "?" };
             seq.push_str(&format!(" arg_{i}_{j}{opt}"));
@@ -168,12 +179,7 @@ pub fn tool_call_grammar(
             },
         });
     }
-    let mut g = format!(
-        "start: {} ({}) {}\n",
-        lark_str(TOOL_OPEN),
-        alts.join(" | "),
-        lark_str(TOOL_CLOSE)
-    );
+    let mut g = format!("start: {tool_open} ({}) {tool_close}\n", alts.join(" | "));
     for r in rules {
         g.push_str(&r);
         g.push('\n');
@@ -245,15 +251,28 @@ fn value_lark(v: &str, value: &ValueRule, share: Option<usize>) -> String {
             }
         }
         ValueRule::Number { integer } => {
-            // A digit is a token at most; the sign (and the point) one more each.
-            let reserve = if *integer { 1 } else { 2 + MAX_FRACTION_DIGITS };
+            // A character is a token at most: the sign, the digits (and the point, and the
+            // fraction's digits) fit the share.
             let digits = share
-                .map_or(DEFAULT_MAX_DIGITS, |k| k.saturating_sub(reserve))
+                .map_or(DEFAULT_MAX_DIGITS, |k| {
+                    if *integer {
+                        k.saturating_sub(1)
+                    } else {
+                        k.saturating_sub(2) / 2
+                    }
+                })
                 .clamp(1, DEFAULT_MAX_DIGITS);
-            let int = if digits == 1 {
-                "-?[0-9]".to_owned()
+            // No room for a sign when the share is one character.
+            let sign = if share.is_some_and(|k| k < 2) {
+                ""
             } else {
-                format!("-?(0|[1-9][0-9]{{0,{}}})", digits - 1)
+                "-?"
+            };
+            // `-0` is not an integer in JSON readers (it reads back as a float).
+            let int = if digits == 1 {
+                format!("(0|{sign}[1-9])")
+            } else {
+                format!("(0|{sign}[1-9][0-9]{{0,{}}})", digits - 1)
             };
             let fraction = share.map_or(MAX_FRACTION_DIGITS, |k| {
                 k.saturating_sub(2 + digits).min(MAX_FRACTION_DIGITS)

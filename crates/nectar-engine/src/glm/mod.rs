@@ -64,7 +64,7 @@ mod tests {
         );
         assert!(g.contains("val_0_0: /[^<]{0,20}/"), "{g}");
         // An unbounded integer has bounded digits.
-        assert!(g.contains("val_0_1: /-?(0|[1-9][0-9]{0,14})/"), "{g}");
+        assert!(g.contains("val_0_1: /(0|-?[1-9][0-9]{0,14})/"), "{g}");
         assert!(g.contains("(\"c\" | \"f\")"), "{g}");
         let e = tool_call_grammar(&[weather()], Some("nope"), None).unwrap_err();
         assert!(e.to_string().contains("nope"));
@@ -72,20 +72,22 @@ mod tests {
 
     #[test]
     fn the_plan_shortens_values_and_drops_optional_arguments_that_do_not_fit() {
-        let one = |_: &str| 1;
+        let one = |_: &str| Some(7);
         let plan = |max_tokens| {
             tool_call_grammar(
                 &[weather()],
                 None,
                 Some(&CallBudget {
                     max_tokens,
-                    count: &one,
+                    tag_id: &one,
                 }),
             )
             .unwrap()
         };
-        // Markup of the call: 4 tokens; of an argument: 4 + its key; margin 2.
-        let tight = plan(14);
+        // The call: 2 tags, the name (11 characters) and a newline; an argument: 4 tags, its
+        // key and 2 newlines. `city` with a one-token value: 14 + 10 + 1.
+        let tight = plan(26);
+        assert!(tight.starts_with("start: <[7]> (call_0) <[7]>"), "{tight}");
         assert!(
             tight.contains("call_0: \"get_weather\" \"\\n\" arg_0_0\n"),
             "{tight}"
@@ -127,24 +129,20 @@ mod tests {
                            "score": {"type": "number"}, "note": {"type": "string"}},
             "required": ["word", "limit", "score"]}}}),
         ];
-        let count = |s: &str| tok.encode(s, false).map_or(s.len(), |ids| ids.len());
+        let tag_id = |s: &str| tok.token_to_id(s);
         let texts: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| tok.decode(&[id], false).unwrap_or_default().into_bytes())
             .collect();
-        // The call with one-token values: the smallest budget the plan promises to close in
-        // is that plus its margin.
-        let minimal = count(
-            "<tool_call>lookup\n<arg_key>word</arg_key>\n<arg_value>a</arg_value>\n\
-             <arg_key>limit</arg_key>\n<arg_value>1</arg_value>\n\
-             <arg_key>score</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
-        );
-        for max_tokens in (minimal + 2..minimal + 12).chain([64, 80, 128]) {
+        // The minimal call, each tag one token and every other character one: the smallest
+        // budget the plan promises to close in.
+        let minimal = 2 + "lookup\n".len() + 3 * 4 + 3 * 2 + "wordlimitscore".len() + 3;
+        for max_tokens in (minimal..minimal + 12).chain([64, 80, 128]) {
             let g = tool_call_grammar(
                 &tools,
                 None,
                 Some(&CallBudget {
                     max_tokens,
-                    count: &count,
+                    tag_id: &tag_id,
                 }),
             )
             .unwrap();
