@@ -150,11 +150,12 @@ pub fn tool_call_grammar(
                 fits
             });
             let fixed: usize = call + args.iter().map(|a| a.fixed).sum::<usize>();
-            share = Some(if free == 0 {
-                0
-            } else {
-                (avail.saturating_sub(fixed) / free).max(1)
-            });
+            share = Some(
+                avail
+                    .saturating_sub(fixed)
+                    .checked_div(free)
+                    .map_or(0, |k| k.max(1)),
+            );
         }
         let mut seq = String::new();
         for (j, a) in args.iter().enumerate() {
