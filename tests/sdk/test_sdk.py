@@ -348,6 +348,300 @@ class AnthropicMessages(unittest.TestCase):
         self.assertGreater(n.input_tokens, 3)
 
 
+LOOKUP_PARAMS = {
+    "type": "object",
+    # No bounds on either: the grammar's plan must bound them to fit the budget.
+    "properties": {"word": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["word", "limit"],
+}
+OAI_LOOKUP = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up in the dictionary.",
+            "parameters": LOOKUP_PARAMS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "define", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+ANT_LOOKUP = [
+    {"name": "lookup", "description": "Look a word up.", "input_schema": LOOKUP_PARAMS}
+]
+FORCE_LOOKUP = {"type": "function", "function": {"name": "lookup"}}
+
+
+def demo_token_id(text):
+    """The demo tokenizer's id of one token's text (byte-level BPE, GPT-2's byte alphabet)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "models", MODEL, "tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    alphabet = dict(zip(bs, map(chr, cs)))
+    return vocab["".join(alphabet[b] for b in text.encode("utf-8"))]
+
+
+def no_markup(test, text):
+    for tag in ("<tool_call>", "<arg_key>", "<arg_value>", "</tool_call>"):
+        test.assertNotIn(tag, text or "")
+
+
+class Deviations(unittest.TestCase):
+    """Issue 13's protocol deviations D1-D10, each through the official SDKs."""
+
+    def test_d1_forced_call_within_the_budget_closes_and_parses(self):
+        # The minimal call counted as the plan counts it (each tag one token, every other
+        # character one): 2 tags, "lookup\n", per argument 4 tags, 2 newlines, its key and a
+        # one-character value. Every budget from there up must close the call.
+        minimal = 2 + len("lookup\n") + 2 * (4 + 2 + 1) + len("word") + len("limit")
+        self.assertEqual(minimal, 32)
+        for max_tokens in (minimal, minimal + 5, 64):
+            r = oai().chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": HARBOR}],
+                tools=OAI_LOOKUP,
+                tool_choice=FORCE_LOOKUP,
+                max_tokens=max_tokens,
+            )
+            choice = r.choices[0]
+            self.assertEqual(choice.finish_reason, "tool_calls", max_tokens)
+            no_markup(self, choice.message.content)
+            args = json.loads(choice.message.tool_calls[0].function.arguments)
+            self.assertIsInstance(args["word"], str)
+            self.assertIsInstance(args["limit"], int)
+            self.assertLessEqual(r.usage.completion_tokens, max_tokens)
+
+    def test_d1_a_call_cut_by_max_tokens_is_a_call_everywhere(self):
+        # Too small for the minimal call: it is cut, and comes back as a (cut) call.
+        r = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": HARBOR}],
+            tools=OAI_LOOKUP,
+            tool_choice=FORCE_LOOKUP,
+            max_tokens=6,
+        )
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        no_markup(self, r.choices[0].message.content)
+        self.assertEqual(r.choices[0].message.tool_calls[0].function.name, "lookup")
+        json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+        stream = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": HARBOR}],
+            tools=OAI_LOOKUP,
+            tool_choice=FORCE_LOOKUP,
+            max_tokens=6,
+            stream=True,
+        )
+        content, finish, names = "", None, []
+        for chunk in stream:
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                for tc in c.delta.tool_calls or []:
+                    if tc.function and tc.function.name:
+                        names.append(tc.function.name)
+                finish = c.finish_reason or finish
+        self.assertEqual((content, finish, names), ("", "length", ["lookup"]))
+        resp = oai().responses.create(
+            model=MODEL,
+            input=HARBOR,
+            tools=[dict(type="function", **t["function"]) for t in OAI_LOOKUP],
+            tool_choice={"type": "function", "name": "lookup"},
+            max_output_tokens=6,
+        )
+        self.assertEqual(resp.status, "incomplete")
+        self.assertEqual([i.type for i in resp.output], ["function_call"])
+        self.assertEqual(resp.output[0].status, "incomplete")
+        m = ant().messages.create(
+            model=MODEL,
+            max_tokens=6,
+            tools=ANT_LOOKUP,
+            tool_choice={"type": "tool", "name": "lookup"},
+            messages=[{"role": "user", "content": HARBOR}],
+        )
+        self.assertEqual(m.stop_reason, "max_tokens")
+        self.assertEqual([b.type for b in m.content], ["tool_use"])
+
+    def test_tool_call_arguments_stream_as_generated(self):
+        stream = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": HARBOR}],
+            tools=OAI_LOOKUP,
+            tool_choice=FORCE_LOOKUP,
+            max_tokens=60,
+            stream=True,
+        )
+        fragments = []
+        for chunk in stream:
+            for c in chunk.choices:
+                for tc in c.delta.tool_calls or []:
+                    if tc.function and tc.function.arguments:
+                        fragments.append(tc.function.arguments)
+        # The string value arrives token by token, not in one piece at the end.
+        self.assertGreater(len(fragments), 3, fragments)
+        json.loads("".join(fragments))
+
+    def test_d2_anthropic_message_delta_carries_input_tokens(self):
+        msgs = [{"role": "user", "content": HARBOR}]
+        n = ant().messages.count_tokens(model=MODEL, messages=msgs).input_tokens
+        seen = None
+        with ant().messages.stream(model=MODEL, max_tokens=4, messages=msgs) as s:
+            for ev in s:
+                if ev.type == "message_delta":
+                    seen = ev.usage.input_tokens
+        self.assertEqual(seen, n)
+
+    def test_d3_a_response_format_beside_a_forced_call(self):
+        fmt = {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object"}},
+        }
+        r = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": HARBOR}],
+            tools=OAI_LOOKUP,
+            tool_choice=FORCE_LOOKUP,
+            response_format=fmt,
+            max_tokens=40,
+        )
+        self.assertEqual(r.choices[0].message.tool_calls[0].function.name, "lookup")
+        resp = oai().responses.create(
+            model=MODEL,
+            input=HARBOR,
+            tools=[dict(type="function", **OAI_LOOKUP[0]["function"])],
+            tool_choice="required",
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            max_output_tokens=40,
+        )
+        self.assertEqual(resp.output[0].type, "function_call")
+
+    def test_d4_anthropic_structured_outputs(self):
+        import pydantic
+
+        class Word(pydantic.BaseModel):
+            word: str
+            letters: int
+
+        m = ant().messages.parse(
+            model=MODEL,
+            max_tokens=60,
+            messages=[{"role": "user", "content": HARBOR}],
+            output_format=Word,
+        )
+        self.assertIsInstance(m.parsed_output, Word)
+        schema = {
+            "type": "object",
+            "properties": {"kind": {"type": "string", "enum": ["noun", "verb"]}},
+            "required": ["kind"],
+            "additionalProperties": False,
+        }
+        m = ant().messages.create(
+            model=MODEL,
+            max_tokens=30,
+            messages=[{"role": "user", "content": HARBOR}],
+            output_config={"format": {"type": "json_schema", "schema": schema}},
+        )
+        self.assertIn(json.loads(m.content[0].text)["kind"], ("noun", "verb"))
+
+    def test_d5_allowed_tools(self):
+        r = oai().chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": HARBOR}],
+            tools=OAI_LOOKUP,
+            tool_choice={
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": "required",
+                    "tools": [{"type": "function", "function": {"name": "define"}}],
+                },
+            },
+            max_tokens=20,
+        )
+        self.assertEqual(r.choices[0].message.tool_calls[0].function.name, "define")
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+
+    def test_d6_echo_logprobs_cover_the_prompt(self):
+        prompt = [100, 200, 300]
+        step = oai().completions.create(model=MODEL, prompt=prompt, max_tokens=1, logprobs=1)
+        text, lp = step.choices[0].logprobs.tokens[0], step.choices[0].logprobs.token_logprobs[0]
+        # Echo the prompt continued by that token: the prompt pass must give the token the
+        # logprob decoding gave it.
+        ids = prompt + [demo_token_id(text)]
+        r = oai().completions.create(model=MODEL, prompt=ids, max_tokens=1, echo=True, logprobs=1)
+        got = r.choices[0].logprobs
+        self.assertEqual(len(got.tokens), len(ids) + 1)
+        self.assertIsNone(got.token_logprobs[0])
+        self.assertIsNone(got.top_logprobs[0])
+        self.assertEqual(got.tokens[3], text)
+        self.assertAlmostEqual(got.token_logprobs[3], lp, delta=1e-3)
+        self.assertEqual(got.text_offset[0], 0)
+        self.assertTrue(all(x <= 0 for x in got.token_logprobs[1:]), got.token_logprobs)
+
+    def test_d7_unknown_model_is_404_aliases_are_served(self):
+        with self.assertRaises(openai.NotFoundError) as cm:
+            oai().chat.completions.create(
+                model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=1
+            )
+        self.assertEqual(cm.exception.code, "model_not_found")
+        with self.assertRaises(anthropic.NotFoundError):
+            ant().messages.create(
+                model="no-such-model", max_tokens=1, messages=[{"role": "user", "content": "x"}]
+            )
+        for alias in ("nectar-alias", "gpt-4o-mini"):
+            r = oai().chat.completions.create(
+                model=alias, messages=[{"role": "user", "content": HARBOR}], max_tokens=2
+            )
+            self.assertEqual(r.model, MODEL)
+
+    def test_d8_responses_report_the_sampling_used(self):
+        r = oai().responses.create(model=MODEL, input=HARBOR, max_output_tokens=2)
+        self.assertEqual((r.temperature, r.top_p), (0.0, 1.0))
+        r = oai().responses.create(
+            model=MODEL, input=HARBOR, max_output_tokens=2, temperature=0.7, top_p=0.8
+        )
+        self.assertEqual((r.temperature, r.top_p), (0.7, 0.8))
+
+    def test_d9_thinking_enabled_with_empty_reasoning_keeps_its_block(self):
+        msgs = [{"role": "user", "content": HARBOR}]
+        thinking = {"type": "enabled", "budget_tokens": 1024}
+        m = ant().messages.create(model=MODEL, max_tokens=3, thinking=thinking, messages=msgs)
+        # The demo closes its reasoning at once: the thinking block is there, empty.
+        self.assertEqual((m.content[0].type, m.content[0].thinking), ("thinking", ""))
+        self.assertEqual(m.content[1].type, "text")
+        with ant().messages.stream(
+            model=MODEL, max_tokens=3, thinking=thinking, messages=msgs
+        ) as s:
+            final = s.get_final_message()
+        self.assertEqual([b.type for b in final.content], ["thinking", "text"])
+        self.assertEqual(final.content[1].text, m.content[1].text)
+        # Thinking not asked for: no block is invented.
+        m = ant().messages.create(model=MODEL, max_tokens=3, messages=msgs)
+        self.assertEqual([b.type for b in m.content], ["text"])
+
+    def test_d10_responses_delete_and_input_items(self):
+        c = oai()
+        r = c.responses.create(
+            model=MODEL,
+            input=[{"role": "user", "content": "one"}, {"role": "user", "content": HARBOR}],
+            max_output_tokens=2,
+        )
+        items = c.responses.input_items.list(r.id, order="asc")
+        self.assertEqual([i.content[0].text for i in items.data], ["one", HARBOR])
+        c.responses.delete(r.id)
+        with self.assertRaises(openai.NotFoundError):
+            c.responses.retrieve(r.id)
+
+
 class Errors(unittest.TestCase):
     def test_wrong_key_is_refused_by_both_sdks(self):
         with self.assertRaises(openai.AuthenticationError):

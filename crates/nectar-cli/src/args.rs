@@ -761,6 +761,10 @@ pub struct ServeArgs {
     /// Require this key on every route but /health (`Authorization: Bearer KEY` or `x-api-key`).
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Another name clients may give as `model` (repeatable). A request naming any model
+    /// other than the served one (the directory's name) or an alias is 404 `model_not_found`.
+    #[arg(long = "alias", value_name = "NAME")]
+    pub alias: Vec<String>,
     /// Context length in tokens (prompt + reply). Default: the model's, at most 4096.
     #[arg(long)]
     pub ctx_size: Option<usize>,

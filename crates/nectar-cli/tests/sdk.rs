@@ -1,7 +1,7 @@
 //! `nectar serve` driven by the official OpenAI and Anthropic Python SDKs (`tests/sdk/`).
 //!
-//! Starts the real binary on the demo model (an API key, 8 rows of continuous batching, a free
-//! port), waits until the model is ready, and runs `tests/sdk/test_sdk.py` with the Python of
+//! Starts the real binary on the demo model (an API key, 8 rows of continuous batching, two
+//! model aliases, a free port), waits until the model is ready, and runs `tests/sdk/test_sdk.py` with the Python of
 //! `.venv-sdk` — which `scripts/test` (the README's test command) creates with the pinned SDK
 //! versions of `tests/sdk/requirements.txt`. `NECTAR_SDK_PYTHON` names another interpreter.
 
@@ -43,6 +43,7 @@ fn python() -> PathBuf {
 fn start() -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_nectar"))
         .args(["serve", "--port", "0", "--api-key", KEY, "--parallel", "8"])
+        .args(["--alias", "nectar-alias", "--alias", "gpt-4o-mini"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

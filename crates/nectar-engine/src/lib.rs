@@ -12,8 +12,10 @@
 //! batched forward) lives here too, and so do sessions ([`Session`]: caches
 //! kept between turns with prefix reuse, saved and restored crash-safely)
 //! and structured output ([`GrammarSpec`] on a [`Request`]: JSON schema,
-//! JSON object, regex or Lark grammar, through `llguidance`). The model crate only ever
-//! sees token ids and knows nothing of text.
+//! JSON object, regex or Lark grammar, through `llguidance`). GLM's output
+//! format — its reasoning and tool-call tags, the streaming parser of its
+//! output and the grammar of a forced tool call — is in one place, [`glm`]. The
+//! model crate only ever sees token ids and knows nothing of text.
 //!
 //! The decision a newcomer would question: greedy decoding goes through the
 //! full sampler rather than a shortcut. It costs one copy of the logits row,
@@ -28,6 +30,7 @@ mod bundle;
 mod chat_template;
 mod error;
 mod generate;
+pub mod glm;
 mod grammar;
 mod jinja_env;
 mod prefix_cache;

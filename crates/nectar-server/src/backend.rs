@@ -20,9 +20,13 @@
 //! (deterministic, like `nectar run`); the model's `generation_config.json` sampling defaults
 //! are not applied.
 
+use nectar_engine::glm::{self, CallBudget};
 use nectar_engine::{
     ChatTemplate, GrammarSpec, Request, RequestState, SamplingParams, Speculation, Tokenizer,
 };
+
+/// GLM's output format as the protocols see it (the engine's `glm` module owns it).
+pub use nectar_engine::glm::{OutputParser, Piece, StringParams, ToolCall};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -114,9 +118,21 @@ pub struct Sampling {
     pub logit_bias: BTreeMap<u32, f32>,
     /// Report each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Report the prompt's tokens too (completions' `echo` with `logprobs`): one more prefill.
+    pub prompt_logprobs: bool,
 }
 
 impl Sampling {
+    /// The temperature decoding uses (absent: the engine's 0, greedy).
+    pub fn temperature_used(&self) -> f32 {
+        self.to_params().temperature
+    }
+
+    /// The nucleus mass decoding uses (absent: 1, off).
+    pub fn top_p_used(&self) -> f32 {
+        self.to_params().top_p
+    }
+
     /// The engine's parameters: every absent knob at its neutral default.
     fn to_params(&self) -> SamplingParams {
         let d = SamplingParams::default();
@@ -159,15 +175,42 @@ pub enum Constraint {
     JsonSchema(Value),
     /// Text in this Lark grammar (llguidance's dialect; `%json {…}` embeds a schema).
     Lark(String),
+    /// One tool call to `only` (or to any of `tools`, in the chat template's form), planned to
+    /// close within the request's token budget.
+    ToolCall {
+        /// The tools.
+        tools: Vec<Value>,
+        /// The one that must be called.
+        only: Option<String>,
+    },
 }
 
 impl Constraint {
-    fn to_spec(&self) -> GrammarSpec {
-        match self {
+    /// The engine's grammar; `max_tokens` (after clamping) is the budget a forced call is
+    /// planned for, counted with `tokenizer`.
+    fn to_spec(
+        &self,
+        max_tokens: usize,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<GrammarSpec, BackendError> {
+        Ok(match self {
             Constraint::JsonObject => GrammarSpec::JsonObject,
-            Constraint::JsonSchema(v) => GrammarSpec::JsonSchema(v.clone()),
+            // Integers without bounds get bounds, so digits cannot run away.
+            Constraint::JsonSchema(v) => GrammarSpec::JsonSchema(glm::bound_integers(v)),
             Constraint::Lark(g) => GrammarSpec::Lark(g.clone()),
-        }
+            Constraint::ToolCall { tools, only } => {
+                // GLM's tags are single tokens: the grammar asks for those tokens.
+                let tag_id = |s: &str| tokenizer.and_then(|t| t.token_to_id(s));
+                let budget = CallBudget {
+                    max_tokens,
+                    tag_id: &tag_id,
+                };
+                GrammarSpec::Lark(
+                    glm::tool_call_grammar(tools, only.as_deref(), Some(&budget))
+                        .map_err(engine_err)?,
+                )
+            }
+        })
     }
 }
 
@@ -246,6 +289,15 @@ pub enum GenEvent {
         text: String,
         /// Log-probabilities of `ids`, when the request asked for them.
         logprobs: Vec<TokenLogprob>,
+    },
+    /// The prompt's tokens with their log-probabilities (sent first, when the request asked
+    /// for [`Sampling::prompt_logprobs`]): the first token, which nothing predicts, then the
+    /// others.
+    Prompt {
+        /// The first prompt token's id and text.
+        first: (u32, String),
+        /// The other prompt tokens.
+        rest: Vec<TokenLogprob>,
     },
     /// Generation ended normally.
     Finish(Finish),
@@ -491,6 +543,8 @@ pub(crate) struct Job {
     pub(crate) state: RequestState,
     /// The request itself (serial speculative decoding builds its own state from it).
     pub(crate) request: Request,
+    /// Send the prompt's logprobs first, with this many alternatives per token.
+    pub(crate) prompt_logprobs: Option<usize>,
     pub(crate) cancel: CancelToken,
     pub(crate) sink: UnboundedSender<GenEvent>,
 }
@@ -598,7 +652,7 @@ impl EngineBackend {
                 let rendered = template
                     .render(messages, tools, true, &extra)
                     .map_err(engine_err)?;
-                let opens = rendered.trim_end().ends_with("<think>");
+                let opens = glm::opens_in_reasoning(&rendered);
                 (
                     tokenizer()?.encode(&rendered, false).map_err(engine_err)?,
                     opens,
@@ -660,18 +714,22 @@ impl Backend for EngineBackend {
             max_tokens,
             opens_in_reasoning,
         };
+        let text = self.text()?;
+        let grammar = match &req.constraint {
+            Some(c) => Some(c.to_spec(max_tokens, text.tokenizer.as_ref())?),
+            None => None,
+        };
         let request = Request {
             prompt_ids: prompt,
             params: req.sampling.to_params(),
             max_tokens,
             stop_strings: req.stop,
             extra_stop_ids: Vec::new(),
-            grammar: req.constraint.as_ref().map(Constraint::to_spec),
+            grammar,
         };
         // Refuse a bad knob or grammar now, as a 400, rather than as a failure after the stream
         // started: the request's whole state (sampler, stops, compiled grammar) is built here
         // and travels to the model thread, which only decodes.
-        let text = self.text()?;
         let state = RequestState::new(
             &request,
             &text.stop_ids,
@@ -682,6 +740,10 @@ impl Backend for EngineBackend {
         let job = Job {
             state,
             request,
+            prompt_logprobs: req
+                .sampling
+                .prompt_logprobs
+                .then(|| req.sampling.logprobs.unwrap_or(0)),
             cancel: req.cancel,
             sink,
         };

@@ -8,10 +8,9 @@
 
 use crate::backend::{
     Backend, BackendError, CancelOnDrop, Finish, FinishReason, GenEvent, GenRequest, GenStart,
-    TokenLogprob,
+    OutputParser, Piece, Prompt, StringParams, TokenLogprob, ToolCall,
 };
 use crate::error::ApiError;
-use crate::glm_tools::{OutputParser, Piece, ToolCall};
 use futures_util::Stream;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -42,6 +41,14 @@ pub enum OutputEvent {
         /// Their logprobs (empty unless asked for).
         logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's tokens with their logprobs (first, when asked for): the first token's id
+    /// and text (nothing predicts it), then the others.
+    Prompt {
+        /// The first prompt token.
+        first: (u32, String),
+        /// The others.
+        rest: Vec<TokenLogprob>,
+    },
     /// The end.
     Finish(Finish),
     /// The model failed mid-generation; the cause is logged, the client gets a generic error.
@@ -59,15 +66,28 @@ pub struct Generation {
     _guard: CancelOnDrop,
 }
 
+/// One part of a collected output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    /// Answer text.
+    Text(String),
+    /// Reasoning text.
+    Reasoning(String),
+    /// A whole tool call.
+    Call(ToolCall),
+}
+
 /// A finished generation, collected.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Collected {
-    /// The output in order (adjacent pieces of one kind merged).
-    pub pieces: Vec<Piece>,
+    /// The output in order (adjacent parts of one kind merged).
+    pub pieces: Vec<Part>,
     /// Every generated id (model stop ids excluded).
     pub ids: Vec<u32>,
     /// Their logprobs, when the request asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's tokens with logprobs, when asked for (see [`OutputEvent::Prompt`]).
+    pub prompt: Option<((u32, String), Vec<TokenLogprob>)>,
     /// How it ended.
     pub finish: Finish,
 }
@@ -78,7 +98,7 @@ impl Collected {
         self.pieces
             .iter()
             .filter_map(|p| match p {
-                Piece::Text(t) => Some(t.as_str()),
+                Part::Text(t) => Some(t.as_str()),
                 _ => None,
             })
             .collect()
@@ -89,7 +109,7 @@ impl Collected {
         self.pieces
             .iter()
             .filter_map(|p| match p {
-                Piece::Reasoning(t) => Some(t.as_str()),
+                Part::Reasoning(t) => Some(t.as_str()),
                 _ => None,
             })
             .collect()
@@ -100,7 +120,7 @@ impl Collected {
         self.pieces
             .iter()
             .filter_map(|p| match p {
-                Piece::ToolCall(c) => Some(c),
+                Part::Call(c) => Some(c),
                 _ => None,
             })
             .collect()
@@ -140,6 +160,14 @@ impl Generation {
         prompt_param: &str,
     ) -> Result<Generation, ApiError> {
         let guard = req.cancel.guard();
+        // String parameters of the tools shown stream as generated and stay strings.
+        let strings = match &req.prompt {
+            Prompt::Chat {
+                tools: Some(serde_json::Value::Array(tools)),
+                ..
+            } => StringParams::of_tools(tools),
+            _ => StringParams::default(),
+        };
         let (tx, rx) = unbounded_channel();
         let start = tokio::task::spawn_blocking(move || backend.generate(req, tx))
             .await
@@ -147,7 +175,9 @@ impl Generation {
             .map_err(|e| backend_error(e, prompt_param))?;
         let parser = match mode {
             OutputMode::Raw => None,
-            OutputMode::Chat { tools } => Some(OutputParser::new(start.opens_in_reasoning, tools)),
+            OutputMode::Chat { tools } => {
+                Some(OutputParser::new(start.opens_in_reasoning, tools).with_string_params(strings))
+            }
         };
         Ok(Generation {
             start,
@@ -186,6 +216,9 @@ impl Generation {
                     self.pending
                         .extend(pieces.into_iter().map(OutputEvent::Piece));
                 }
+                Some(GenEvent::Prompt { first, rest }) => {
+                    self.pending.push_back(OutputEvent::Prompt { first, rest });
+                }
                 Some(GenEvent::Finish(f)) => {
                     self.flush_parser();
                     self.pending.push_back(OutputEvent::Finish(f));
@@ -217,25 +250,32 @@ impl Generation {
 
     /// Waits for the whole output.
     pub async fn collect(mut self) -> Result<Collected, ApiError> {
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut pieces: Vec<Part> = Vec::new();
         let mut ids = Vec::new();
         let mut lps = Vec::new();
+        let mut prompt = None;
         while let Some(e) = self.next().await {
             match e {
                 OutputEvent::Piece(p) => match (p, pieces.last_mut()) {
-                    (Piece::Text(t), Some(Piece::Text(last))) => last.push_str(&t),
-                    (Piece::Reasoning(t), Some(Piece::Reasoning(last))) => last.push_str(&t),
-                    (p, _) => pieces.push(p),
+                    (Piece::Text(t), Some(Part::Text(last))) => last.push_str(&t),
+                    (Piece::Reasoning(t), Some(Part::Reasoning(last))) => last.push_str(&t),
+                    (Piece::Text(t), _) => pieces.push(Part::Text(t)),
+                    (Piece::Reasoning(t), _) => pieces.push(Part::Reasoning(t)),
+                    (Piece::CallEnd(c), _) => pieces.push(Part::Call(c)),
+                    // A call's start and argument fragments are for streams; its end is whole.
+                    (Piece::CallStart { .. } | Piece::CallArgs(_), _) => {}
                 },
                 OutputEvent::Tokens { ids: i, logprobs } => {
                     ids.extend(i);
                     lps.extend(logprobs);
                 }
+                OutputEvent::Prompt { first, rest } => prompt = Some((first, rest)),
                 OutputEvent::Finish(finish) => {
                     return Ok(Collected {
                         pieces,
                         ids,
                         logprobs: lps,
+                        prompt,
                         finish,
                     })
                 }

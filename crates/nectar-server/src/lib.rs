@@ -5,8 +5,9 @@
 //! protocol-neutral [`backend::GenRequest`] (a prompt as ids, text, or chat messages plus tools;
 //! a token budget; sampling knobs; stop strings; a cancel token), and the backend's neutral events
 //! (text deltas, token ids, a finish with usage) become that family's responses and exact
-//! streaming event sequences. GLM's `<think>` and `<tool_call>` output is parsed here
-//! ([`glm_tools`]) because each protocol spells reasoning and tool calls differently.
+//! streaming event sequences. GLM's `<think>` and `<tool_call>` output is parsed by the
+//! engine's `glm` module (re-exported by [`backend`]); each protocol here spells the resulting
+//! reasoning and tool calls its own way.
 //!
 //! What it does not do: tokenise, template, sample or decode. The engine is protocol-neutral and
 //! sits behind the [`backend::Backend`] trait; [`backend`] is the only module that names
@@ -26,7 +27,6 @@ pub mod auth;
 pub mod backend;
 pub mod error;
 pub mod generation;
-pub mod glm_tools;
 mod guard;
 pub mod info;
 pub mod metrics;
@@ -63,7 +63,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai_chat::handle))
         .route("/v1/completions", post(openai_completions::handle))
         .route("/v1/responses", post(responses::create))
-        .route("/v1/responses/{id}", get(responses::get))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .fallback(not_found)

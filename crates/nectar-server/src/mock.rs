@@ -92,6 +92,21 @@ impl Backend for MockBackend {
             _ => {}
         }
         let max = req.max_tokens.unwrap_or(usize::MAX);
+        if req.sampling.prompt_logprobs {
+            // Prompt tokens 100, 101, …, each predicted with logprob −1.
+            let rest = (1..self.prompt_tokens as u32)
+                .map(|i| crate::backend::TokenLogprob {
+                    id: 100 + i,
+                    token: format!("p{i}"),
+                    logprob: -1.0,
+                    top: vec![],
+                })
+                .collect();
+            let _ = sink.send(GenEvent::Prompt {
+                first: (100, "p0".into()),
+                rest,
+            });
+        }
         self.seen.lock().unwrap().push(req);
         let mut n = 0;
         for (i, text) in self.script.iter().enumerate().take(max) {

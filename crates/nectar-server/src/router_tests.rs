@@ -93,7 +93,8 @@ fn user(text: &str) -> Value {
 }
 
 fn weather_tool() -> Value {
-    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+    json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}])
 }
 
 #[tokio::test]
@@ -392,10 +393,18 @@ async fn chat_stream_sequence() {
         .collect();
     assert_eq!(text, "Let me check.");
     assert_eq!(reasoning, "need the tool");
+    // The call streams: its name and id first, then its arguments as they are generated (the
+    // string value's first characters before the value closes).
     let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
-    assert_eq!(calls.len(), 1);
-    assert_eq!(calls[0][0]["index"], 0);
-    assert_eq!(calls[0][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert!(calls.iter().all(|c| c[0]["index"] == 0));
+    assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+    assert!(calls[0][0]["id"].as_str().unwrap().starts_with("call_"));
+    let fragments: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c[0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(fragments.concat(), "{\"city\":\"Paris\"}");
+    assert_eq!(fragments, ["", "{\"city\":\"Par", "is\"}"]);
     let last_choice = &chunks[chunks.len() - 2]["choices"][0];
     assert_eq!(last_choice["finish_reason"], "tool_calls");
     let usage = &chunks[chunks.len() - 1];
@@ -726,4 +735,400 @@ async fn count_tokens_and_models_and_metrics() {
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["state"], "ready");
     assert_eq!(v["config"]["parallel"], 1);
+}
+
+/// A forced call the token budget cuts mid-value.
+const CUT_CALL: &[&str] = &[
+    "<tool_call>get_weather\n",
+    "<arg_key>city</arg_key>\n<arg_value>Par",
+    "is</arg_value>\n</tool_call>",
+];
+
+#[tokio::test]
+async fn d1_a_forced_call_cut_by_max_tokens_is_a_call_in_every_protocol() {
+    let forced = json!({"type": "function", "function": {"name": "get_weather"}});
+    let chat = json!({"messages": user("x"), "tools": weather_tool(), "tool_choice": forced,
+                      "max_tokens": 2});
+    let (app, mock) = app(MockBackend::new(CUT_CALL));
+    let (st, body) = post(&app, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    assert!(
+        !body.contains("<tool_call>") && !body.contains("arg_"),
+        "{body}"
+    );
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["arguments"],
+        "{\"city\":\"Par\"}"
+    );
+    // The backend got the call to plan, not a grammar fixed without the budget.
+    assert!(matches!(
+        mock.seen.lock().unwrap()[0].constraint,
+        Some(crate::backend::Constraint::ToolCall { ref only, .. }) if only.as_deref() == Some("get_weather")
+    ));
+
+    let mut stream = chat.clone();
+    stream["stream"] = json!(true);
+    let (_, body) = post(&app, "/v1/chat/completions", stream).await;
+    assert!(
+        !body.contains("<tool_call>") && !body.contains("arg_"),
+        "{body}"
+    );
+    assert!(body.contains("\"finish_reason\":\"length\""), "{body}");
+
+    let rtools = json!([{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let resp = json!({"input": "x", "tools": rtools, "max_output_tokens": 2,
+                      "tool_choice": {"type": "function", "name": "get_weather"}});
+    let (_, body) = post(&app, "/v1/responses", resp.clone()).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "incomplete");
+    let items = v["output"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{body}");
+    assert_eq!(items[0]["type"], "function_call");
+    assert_eq!(items[0]["status"], "incomplete");
+    assert_eq!(items[0]["arguments"], "{\"city\":\"Par\"}");
+    let mut s = resp;
+    s["stream"] = json!(true);
+    let (_, body) = post(&app, "/v1/responses", s).await;
+    assert!(!body.contains("<tool_call>"), "{body}");
+    let last: Value = serde_json::from_str(&sse_events(&body).last().unwrap().1).unwrap();
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+
+    let atools = json!([{"name": "get_weather", "input_schema": {"type": "object",
+        "properties": {"city": {"type": "string"}}}}]);
+    let msg = json!({"max_tokens": 2, "messages": user("x"), "tools": atools,
+                     "tool_choice": {"type": "tool", "name": "get_weather"}});
+    let (_, body) = post(&app, "/v1/messages", msg.clone()).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["stop_reason"], "max_tokens");
+    assert_eq!(
+        v["content"],
+        json!([{"type": "tool_use", "id": v["content"][0]["id"],
+        "name": "get_weather", "input": {"city": "Par"}}])
+    );
+    let mut s = msg;
+    s["stream"] = json!(true);
+    let (_, body) = post(&app, "/v1/messages", s).await;
+    assert!(
+        !body.contains("<tool_call>") && body.contains("\"input_json_delta\""),
+        "{body}"
+    );
+    assert!(body.contains("\"stop_reason\":\"max_tokens\""), "{body}");
+}
+
+#[tokio::test]
+async fn d2_anthropic_message_delta_carries_cumulative_input_tokens() {
+    let (app, _) = app(MockBackend::new(&["a", "b"]));
+    let (_, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 8, "messages": user("x"), "stream": true}),
+    )
+    .await;
+    let delta = sse_events(&body)
+        .into_iter()
+        .find(|(n, _)| n == "message_delta")
+        .unwrap();
+    let v: Value = serde_json::from_str(&delta.1).unwrap();
+    assert_eq!(v["usage"]["input_tokens"], 7);
+    assert_eq!(v["usage"]["output_tokens"], 2);
+}
+
+#[tokio::test]
+async fn d3_a_response_format_beside_a_forced_call_is_accepted() {
+    let (app, mock) = app(MockBackend::new(CUT_CALL));
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let (st, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("x"), "tools": weather_tool(), "tool_choice": "required",
+               "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let (st, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "x", "tool_choice": "required",
+               "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}],
+               "text": {"format": {"type": "json_schema", "name": "a", "schema": schema}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["output"][0]["type"], "function_call");
+    assert_eq!(v["text"]["format"]["type"], "json_schema");
+    // The call is what is forced.
+    for r in mock.seen.lock().unwrap().iter() {
+        assert!(matches!(
+            r.constraint,
+            Some(crate::backend::Constraint::ToolCall { .. })
+        ));
+    }
+}
+
+#[tokio::test]
+async fn d4_anthropic_structured_outputs_constrain_the_answer() {
+    let (app, mock) = app(MockBackend::new(&["{\"a\": 1}"]));
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    for body in [
+        json!({"max_tokens": 8, "messages": user("x"),
+               "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+        json!({"max_tokens": 8, "messages": user("x"),
+               "output_format": {"type": "json_schema", "schema": schema}}),
+    ] {
+        let (st, b) = post(&app, "/v1/messages", body).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+    }
+    for r in mock.seen.lock().unwrap().iter() {
+        assert_eq!(
+            r.constraint,
+            Some(crate::backend::Constraint::JsonSchema(schema.clone()))
+        );
+    }
+    // A known feature this server cannot honour is refused by name, not dropped.
+    let (st, b) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 8, "messages": user("x"), "mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert!(b.contains("mcp_servers"), "{b}");
+    let (st, _) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 8, "messages": user("x"), "output_config": {"format": {"type": "xml"}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn d5_allowed_tools_narrow_the_tools_shown() {
+    let (app, mock) = app(MockBackend::new(&["ok"]));
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}
+    ]);
+    let (st, body) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("x"), "tools": tools, "tool_choice": {"type": "allowed_tools",
+               "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "other"}}]}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let seen = mock.seen.lock().unwrap();
+    let crate::backend::Prompt::Chat {
+        tools: Some(shown), ..
+    } = &seen[0].prompt
+    else {
+        panic!()
+    };
+    assert_eq!(shown.as_array().unwrap().len(), 1);
+    assert_eq!(shown[0]["function"]["name"], "other");
+    assert!(matches!(
+        &seen[0].constraint,
+        Some(crate::backend::Constraint::ToolCall { tools, only: None }) if tools.len() == 1
+    ));
+}
+
+#[tokio::test]
+async fn d7_an_unknown_model_is_404_unless_it_is_an_alias() {
+    let cfg = ServerConfig {
+        aliases: vec!["gpt-4o".into()],
+        ..ServerConfig::default()
+    };
+    let (s, _) = state_with(MockBackend::new(&["a"]), cfg, None);
+    let app = router(s);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "nope", "messages": user("x")}),
+        ),
+        ("/v1/completions", json!({"model": "nope", "prompt": "x"})),
+        ("/v1/responses", json!({"model": "nope", "input": "x"})),
+        (
+            "/v1/messages",
+            json!({"model": "nope", "max_tokens": 4, "messages": user("x")}),
+        ),
+        (
+            "/v1/messages/count_tokens",
+            json!({"model": "nope", "messages": user("x")}),
+        ),
+    ] {
+        let (st, b) = post(&app, path, body).await;
+        assert_eq!(st, StatusCode::NOT_FOUND, "{path}: {b}");
+        assert!(b.contains("nope"), "{b}");
+        if !path.starts_with("/v1/messages") {
+            let v: Value = serde_json::from_str(&b).unwrap();
+            assert_eq!(v["error"]["code"], "model_not_found");
+        }
+    }
+    for model in ["mock-model", "gpt-4o"] {
+        let (st, b) = post(
+            &app,
+            "/v1/chat/completions",
+            json!({"model": model, "messages": user("x")}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+    }
+}
+
+#[tokio::test]
+async fn d8_responses_report_the_sampling_values_used() {
+    let (app, _) = app(MockBackend::new(&["a"]));
+    let (_, body) = post(&app, "/v1/responses", json!({"input": "x"})).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    // Nothing asked: greedy decoding, reported as temperature 0.
+    assert_eq!(v["temperature"], json!(0.0));
+    assert_eq!(v["top_p"], json!(1.0));
+    let (_, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": "x", "temperature": 0.7, "top_p": 0.8}),
+    )
+    .await;
+    assert!(body.contains("\"top_p\":0.8,"), "{body}");
+    assert!(body.contains("\"temperature\":0.7,"), "{body}");
+}
+
+#[tokio::test]
+async fn d9_thinking_on_with_empty_reasoning_still_has_a_thinking_block() {
+    let (app, _) = app(MockBackend::new(&["<think>", "</think>", "answer"]));
+    let req = json!({"max_tokens": 8, "messages": user("x"),
+                     "thinking": {"type": "enabled", "budget_tokens": 1024}});
+    let (_, body) = post(&app, "/v1/messages", req.clone()).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["content"][0],
+        json!({"type": "thinking", "thinking": "", "signature": ""})
+    );
+    assert_eq!(v["content"][1]["text"], "answer");
+    let mut s = req;
+    s["stream"] = json!(true);
+    let (_, body) = post(&app, "/v1/messages", s).await;
+    let starts: Vec<Value> = sse_events(&body)
+        .into_iter()
+        .filter(|(n, _)| n == "content_block_start")
+        .map(|(_, d)| serde_json::from_str::<Value>(&d).unwrap())
+        .collect();
+    assert_eq!(starts[0]["content_block"]["type"], "thinking");
+    assert_eq!(starts[1]["content_block"]["type"], "text");
+    assert_eq!(starts[1]["index"], 1);
+    // Thinking not asked for: no block is invented.
+    let (_, body) = post(
+        &app,
+        "/v1/messages",
+        json!({"max_tokens": 8, "messages": user("x")}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["content"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn d10_responses_delete_and_input_items() {
+    let (app, _) = app(MockBackend::new(&["a"]));
+    let (_, body) = post(
+        &app,
+        "/v1/responses",
+        json!({"input": [{"role": "user", "content": "one"},
+                         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}]}),
+    )
+    .await;
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (st, _, body) = call(
+        &app,
+        "GET",
+        &format!("/v1/responses/{id}/input_items"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    // Newest first by default, as in OpenAI's API.
+    assert_eq!(v["data"][0]["content"][0]["text"], "two");
+    assert_eq!(
+        v["data"][1]["content"],
+        json!([{"type": "input_text", "text": "one"}])
+    );
+    assert!(v["data"][1]["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(v["has_more"], false);
+    let (_, _, body) = call(
+        &app,
+        "GET",
+        &format!("/v1/responses/{id}/input_items?order=asc&limit=1"),
+        None,
+        &[],
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"][0]["content"][0]["text"], "one");
+    assert_eq!(v["has_more"], true);
+    let (st, _, body) = call(&app, "DELETE", &format!("/v1/responses/{id}"), None, &[]).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"id": id, "object": "response", "deleted": true})
+    );
+    let (st, _, _) = call(&app, "GET", &format!("/v1/responses/{id}"), None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _, _) = call(&app, "DELETE", &format!("/v1/responses/{id}"), None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn d6_completions_echo_with_logprobs_cover_the_prompt_tokens() {
+    let (app, mock) = app(MockBackend::new(&[" wor", "ld"]));
+    let (_, body) = post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": "hello", "echo": true, "logprobs": 1}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["text"], "hello world");
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, ["p0", "p1", "p2", "p3", "p4", "p5", "p6"]);
+    assert_eq!(lp["token_logprobs"][0], Value::Null);
+    assert_eq!(lp["top_logprobs"][0], Value::Null);
+    assert_eq!(lp["token_logprobs"][1], json!(-1.0));
+    assert_eq!(lp["text_offset"][0], 0);
+    assert!(mock.seen.lock().unwrap()[0].sampling.prompt_logprobs);
+    // Streamed: the echo chunk carries the prompt's logprobs.
+    let (_, body) = post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": "hello", "echo": true, "logprobs": 1, "stream": true}),
+    )
+    .await;
+    let first: Value = serde_json::from_str(&sse_events(&body)[0].1).unwrap();
+    assert_eq!(first["choices"][0]["text"], "hello");
+    assert_eq!(first["choices"][0]["logprobs"]["tokens"][0], "p0");
+    // Without echo, no prompt pass is asked for.
+    post(
+        &app,
+        "/v1/completions",
+        json!({"prompt": "hello", "logprobs": 1}),
+    )
+    .await;
+    assert!(!mock.seen.lock().unwrap()[2].sampling.prompt_logprobs);
 }

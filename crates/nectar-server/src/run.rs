@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub queue_capacity: usize,
     /// Compute threads of the model (`None`: one per core).
     pub threads: Option<usize>,
+    /// Other names a request's `model` may give (`--alias`).
+    pub aliases: Vec<String>,
 }
 
 /// Why the server stopped with an error.
@@ -102,6 +104,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         listen: local.to_string(),
         parallel: opts.parallel,
         mtp: opts.mtp.clone(),
+        aliases: opts.aliases.clone(),
         ..Default::default()
     };
     tracing::info!(?config, model = %opts.model_dir.display(), "resolved server configuration");

@@ -21,6 +21,7 @@ use nectar_engine::{
     generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
     RowSummary, Speculation, Step, StopCause, Tokenizer, UsageLog, LEDGER_FILE,
 };
+use nectar_model::{NoObserver, SeqStep};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -419,6 +420,11 @@ fn admit(
         }));
         return;
     }
+    if let Err(cause) = send_prompt_logprobs(bundle, &job) {
+        n.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = job.sink.send(GenEvent::Error(cause));
+        return;
+    }
     let admitted = catch_unwind(AssertUnwindSafe(|| {
         batch.admit_state(&bundle.model, id, job.state)
     }));
@@ -444,6 +450,55 @@ fn admit(
             let _ = job.sink.send(GenEvent::Error(cause));
         }
     }
+}
+
+/// When the request asked for the prompt's logprobs (`echo` with `logprobs`), runs the prompt
+/// once more through a fresh cache, keeping every position's logits (one row at a time, so
+/// memory is one vocabulary row), and sends them before any output.
+fn send_prompt_logprobs(bundle: &ModelBundle, job: &Job) -> Result<(), String> {
+    let Some(top) = job.prompt_logprobs else {
+        return Ok(());
+    };
+    let ids = &job.request.prompt_ids;
+    let Some(&first) = ids.first() else {
+        return Ok(());
+    };
+    let tok = bundle.tokenizer.as_ref();
+    let temperature = job.request.params.temperature;
+    let run = || -> Result<Vec<TokenLogprob>, String> {
+        let model = &bundle.model;
+        let mut cache = model.new_cache();
+        let hidden = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: ids,
+                }],
+                &mut NoObserver,
+            )
+            .map_err(|e| e.to_string())?;
+        let d = hidden.len() / ids.len();
+        // Position i predicts token i + 1.
+        (0..ids.len() - 1)
+            .map(|i| {
+                let logits = model
+                    .logits(&hidden[i * d..(i + 1) * d])
+                    .map_err(|e| e.to_string())?;
+                let lp = nectar_engine::logprobs(&logits, temperature, ids[i + 1], top);
+                Ok(token_logprob(tok, ids[i + 1], &lp))
+            })
+            .collect()
+    };
+    let rest = catch_unwind(AssertUnwindSafe(run))
+        .unwrap_or_else(|_| Err("prompt logprobs panicked".into()))?;
+    let text = tok
+        .and_then(|t| t.decode(&[first], false).ok())
+        .unwrap_or_default();
+    let _ = job.sink.send(GenEvent::Prompt {
+        first: (first, text),
+        rest,
+    });
+    Ok(())
 }
 
 /// Sends a row's last event and counts it.
@@ -573,6 +628,7 @@ fn run_speculative(
             decode_tok_s: 0.0,
         });
     }
+    send_prompt_logprobs(bundle, &job)?;
     let gen = generate_spec(bundle, request, Some(spec), |step| {
         // After each step every expert lease is released: the memory guard's safe point.
         guard.check(bundle)?;

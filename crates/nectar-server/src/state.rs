@@ -31,6 +31,9 @@ pub struct ServerConfig {
     pub stored_responses: usize,
     /// Whether an API key is required (the key itself is never reported).
     pub auth: bool,
+    /// Other names a request's `model` may give for the served model (`--alias`); any other
+    /// name is 404 `model_not_found`.
+    pub aliases: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +45,7 @@ impl Default for ServerConfig {
             mtp: "off".into(),
             stored_responses: DEFAULT_STORED_RESPONSES,
             auth: false,
+            aliases: Vec::new(),
         }
     }
 }

@@ -15,6 +15,8 @@ pub struct StoredResponse {
     pub conversation: Vec<Value>,
     /// The response object as returned to the client.
     pub response: Value,
+    /// The request's input items, each with an id (`GET /v1/responses/{id}/input_items`).
+    pub input_items: Vec<Value>,
 }
 
 /// The store.
@@ -55,6 +57,17 @@ impl ResponseStore {
         g.0.get(id).cloned()
     }
 
+    /// Forgets the response stored under `id`; `false` when there was none.
+    pub fn remove(&self, id: &str) -> bool {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, order) = &mut *g;
+        if map.remove(id).is_none() {
+            return false;
+        }
+        order.retain(|k| k != id);
+        true
+    }
+
     /// Number of stored responses.
     pub fn len(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).0.len()
@@ -75,6 +88,7 @@ mod tests {
         StoredResponse {
             conversation: vec![json!(n)],
             response: json!({"n": n}),
+            input_items: vec![],
         }
     }
 
@@ -87,5 +101,8 @@ mod tests {
         assert!(s.get("a").is_none());
         assert_eq!(s.get("c").unwrap().response, json!({"n": 3}));
         assert_eq!(s.len(), 2);
+        assert!(s.remove("b") && !s.remove("b"));
+        assert!(s.get("b").is_none());
+        assert_eq!(s.len(), 1);
     }
 }

@@ -105,7 +105,7 @@ fn sse(body: &str) -> Vec<(String, Value)> {
 }
 
 fn chat_body(text: &str, max_tokens: u64) -> Value {
-    json!({"model": "whatever", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
+    json!({"model": "nectar-demo-glm5", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
 }
 
 async fn chat_text(app: &Router, text: &str, max_tokens: u64) -> String {
@@ -227,7 +227,7 @@ async fn responses_continue_a_stored_response() {
 #[tokio::test]
 async fn anthropic_messages_and_stream() {
     let app = app().await;
-    let body = json!({"model": "claude-x", "max_tokens": 12, "messages": [{"role": "user", "content": HARBOR}]});
+    let body = json!({"model": "nectar-demo-glm5", "max_tokens": 12, "messages": [{"role": "user", "content": HARBOR}]});
     let v = post_json(&app, "/v1/messages", body.clone()).await;
     assert_eq!(v["type"], "message");
     assert_eq!(v["role"], "assistant");
@@ -265,7 +265,7 @@ async fn anthropic_messages_and_stream() {
     let n = post_json(
         &app,
         "/v1/messages/count_tokens",
-        json!({"model": "m", "messages": body["messages"]}),
+        json!({"model": "nectar-demo-glm5", "messages": body["messages"]}),
     )
     .await;
     assert_eq!(n["input_tokens"], v["usage"]["input_tokens"]);

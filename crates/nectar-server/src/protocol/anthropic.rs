@@ -4,19 +4,26 @@
 //! `tool_calls`, `tool_result` (user) → a `tool` message, `thinking` (assistant) →
 //! `reasoning_content`. The output maps back: `<think>` → a `thinking` block (with an empty
 //! `signature`: nothing is signed here), text → `text`, GLM tool calls → `tool_use` blocks and
-//! `stop_reason: "tool_use"`. `thinking: {"type": "enabled"|"disabled"}` switches thinking.
+//! `stop_reason: "tool_use"`. `thinking: {"type": "enabled"|"disabled"}` switches thinking; when
+//! it is enabled the answer starts with a thinking block even if the reasoning is empty.
+//! Structured outputs (`output_config.format`, or the beta's `output_format`) constrain the
+//! text to the JSON schema. Fields this server cannot honour (`container`, `mcp_servers`) are
+//! refused by name rather than dropped.
 //!
 //! Streaming follows the official sequence: `message_start`, then per block
 //! `content_block_start`, `content_block_delta` (`text_delta`, `thinking_delta`,
 //! `input_json_delta`), `content_block_stop`; a `ping` after the first block starts;
-//! `message_delta` (stop reason, output tokens) and `message_stop`.
+//! `message_delta` (stop reason; cumulative usage, input tokens included) and `message_stop`.
+//! A tool call streams as it is generated: its block starts when its name is known and its
+//! arguments arrive as `input_json_delta`s.
 
-use crate::backend::{CancelToken, Finish, FinishReason, GenRequest, Prompt, Sampling};
+use crate::backend::{
+    CancelToken, Finish, FinishReason, GenRequest, Piece, Prompt, Sampling, ToolCall,
+};
 use crate::error::{ApiError, ApiResult, Flavour};
-use crate::generation::{backend_error, Generation, OutputEvent, OutputMode};
-use crate::glm_tools::{Piece, ToolCall};
+use crate::generation::{backend_error, Generation, OutputEvent, OutputMode, Part};
 use crate::protocol::constraint::{self, ToolChoice};
-use crate::protocol::{function_tool, new_id, parse_body, validate_sampling};
+use crate::protocol::{check_model, function_tool, new_id, parse_body, validate_sampling};
 use crate::sse;
 use crate::state::AppState;
 use axum::body::Bytes;
@@ -31,7 +38,7 @@ use serde_json::{json, Value};
 /// The request body (also of `count_tokens`, where `max_tokens` is not needed).
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
-    /// Ignored: one model is served.
+    /// The served model's id or an alias (`--alias`); another name is 404.
     #[serde(default)]
     pub model: Option<String>,
     /// The conversation.
@@ -69,14 +76,29 @@ pub struct MessagesRequest {
     /// Accepted and ignored.
     #[serde(default)]
     pub metadata: Option<Value>,
+    /// Structured outputs: `{"format": {"type": "json_schema", "schema"}}` (`effort` is a hint
+    /// this server does not need).
+    #[serde(default)]
+    pub output_config: Option<Value>,
+    /// The structured-outputs beta's form of `output_config.format`.
+    #[serde(default)]
+    pub output_format: Option<Value>,
+    /// Code-execution container: not supported (refused).
+    #[serde(default)]
+    pub container: Option<Value>,
+    /// Remote MCP servers: not supported (refused).
+    #[serde(default)]
+    pub mcp_servers: Option<Value>,
 }
 
 /// What both routes derive from a request.
 struct Converted {
     prompt: Prompt,
     tools: bool,
-    /// A forced tool call's grammar (`tool_choice` any/tool).
+    /// A forced tool call or a structured output format.
     constraint: Option<crate::backend::Constraint>,
+    /// Thinking is on: the answer starts with a thinking block.
+    thinking: bool,
 }
 
 /// Translates the conversation (shared by `messages` and `count_tokens`).
@@ -109,9 +131,22 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
             }
         }
     }
+    for (field, v) in [
+        ("container", &req.container),
+        ("mcp_servers", &req.mcp_servers),
+    ] {
+        if v.as_ref().is_some_and(|v| !v.is_null() && v != &json!([])) {
+            return Err(ApiError::invalid_param(
+                field,
+                format!("`{field}` is not supported by this server"),
+            ));
+        }
+    }
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
     let choice = ToolChoice::anthropic(req.tool_choice.as_ref())?;
-    let resolved = constraint::resolve(&choice, &tools, None)?;
+    let format =
+        constraint::anthropic_format(req.output_format.as_ref(), req.output_config.as_ref())?;
+    let resolved = constraint::resolve(&choice, &tools, format)?;
     let tools_on = resolved.tools_on;
     let enable_thinking = match req
         .thinking
@@ -129,14 +164,16 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
             ))
         }
     };
+    let enable_thinking = resolved.enable_thinking(enable_thinking);
     Ok(Converted {
         prompt: Prompt::Chat {
             messages: Value::Array(messages),
-            tools: tools_on.then(|| Value::Array(tools)),
-            enable_thinking: resolved.enable_thinking(enable_thinking),
+            tools: tools_on.then(|| Value::Array(resolved.tools.clone())),
+            enable_thinking,
         },
         tools: tools_on,
         constraint: resolved.constraint,
+        thinking: enable_thinking == Some(true),
     })
 }
 
@@ -301,6 +338,10 @@ fn usage_json(input: usize, output: usize) -> Value {
     })
 }
 
+fn thinking_block(t: &str) -> Value {
+    json!({"type": "thinking", "thinking": t, "signature": ""})
+}
+
 fn tool_use_block(c: &ToolCall, id: &str, input: Value) -> Value {
     json!({"type": "tool_use", "id": id, "name": c.name, "input": input})
 }
@@ -323,6 +364,7 @@ pub async fn count_tokens(
 ) -> Response {
     let run = async {
         let req: MessagesRequest = parse_body(body, Flavour::Anthropic, state.config.body_limit)?;
+        check_model(&state, req.model.as_deref())?;
         let c = convert(&req)?;
         let backend = state.backend.clone();
         let n = tokio::task::spawn_blocking(move || backend.count_tokens(&c.prompt))
@@ -339,6 +381,7 @@ pub async fn count_tokens(
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: MessagesRequest = parse_body(body, Flavour::Anthropic, state.config.body_limit)?;
+    check_model(&state, req.model.as_deref())?;
     let max_tokens = match req.max_tokens {
         None => {
             return Err(ApiError::invalid_param(
@@ -400,6 +443,8 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             open: None,
             pinged: false,
             called_tools: false,
+            prompt_tokens: gen.start.prompt_tokens,
+            thinking_due: c.thinking,
         };
         let start = sse::named(
             "message_start",
@@ -419,15 +464,19 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         return Ok(sse::response(events));
     }
     let out = gen.collect().await?;
-    let content: Vec<Value> = out
+    let mut content: Vec<Value> = out
         .pieces
         .iter()
         .map(|p| match p {
-            Piece::Text(t) => json!({"type": "text", "text": t}),
-            Piece::Reasoning(t) => json!({"type": "thinking", "thinking": t, "signature": ""}),
-            Piece::ToolCall(c) => tool_use_block(c, &new_id("toolu_"), c.input()),
+            Part::Text(t) => json!({"type": "text", "text": t}),
+            Part::Reasoning(t) => json!({"type": "thinking", "thinking": t, "signature": ""}),
+            Part::Call(c) => tool_use_block(c, &new_id("toolu_"), c.input()),
         })
         .collect();
+    // Thinking was on: the answer starts with its thinking block, even an empty one.
+    if c.thinking && !matches!(out.pieces.first(), Some(Part::Reasoning(_))) {
+        content.insert(0, thinking_block(""));
+    }
     let (reason, seq) = stop_reason(&out.finish, !out.tool_calls().is_empty());
     let body = json!({
         "id": id,
@@ -455,6 +504,9 @@ struct MessagesStream {
     open: Option<Block>,
     pinged: bool,
     called_tools: bool,
+    prompt_tokens: usize,
+    /// Thinking is on and no thinking block was sent yet: one comes before any other block.
+    thinking_due: bool,
 }
 
 impl MessagesStream {
@@ -490,8 +542,24 @@ impl MessagesStream {
         }
     }
 
+    /// The empty thinking block owed when thinking is on but the reasoning was empty.
+    fn owed_thinking(&mut self, out: &mut Vec<Event>) {
+        if std::mem::take(&mut self.thinking_due) {
+            self.start_block(thinking_block(""), out);
+            self.open = Some(Block::Thinking);
+            self.stop_block(out);
+        }
+    }
+
     fn on_event(&mut self, ev: OutputEvent) -> Vec<Event> {
         let mut out = Vec::new();
+        match &ev {
+            OutputEvent::Piece(Piece::Reasoning(t)) if !t.is_empty() => self.thinking_due = false,
+            OutputEvent::Piece(Piece::Text(t)) if t.is_empty() => {}
+            OutputEvent::Piece(Piece::Text(_) | Piece::CallStart { .. })
+            | OutputEvent::Finish(_) => self.owed_thinking(&mut out),
+            _ => {}
+        }
         match ev {
             OutputEvent::Piece(Piece::Text(t)) if !t.is_empty() => {
                 if self.open != Some(Block::Text) {
@@ -504,28 +572,31 @@ impl MessagesStream {
             OutputEvent::Piece(Piece::Reasoning(t)) if !t.is_empty() => {
                 if self.open != Some(Block::Thinking) {
                     self.stop_block(&mut out);
-                    self.start_block(
-                        json!({"type": "thinking", "thinking": "", "signature": ""}),
-                        &mut out,
-                    );
+                    self.start_block(thinking_block(""), &mut out);
                     self.open = Some(Block::Thinking);
                 }
                 out.push(self.delta(json!({"type": "thinking_delta", "thinking": t})));
             }
-            OutputEvent::Piece(Piece::ToolCall(c)) => {
+            OutputEvent::Piece(Piece::CallStart { name }) => {
                 self.stop_block(&mut out);
                 self.called_tools = true;
+                let c = ToolCall {
+                    name,
+                    arguments: String::new(),
+                };
                 self.start_block(tool_use_block(&c, &new_id("toolu_"), json!({})), &mut out);
-                out.push(
-                    self.delta(json!({"type": "input_json_delta", "partial_json": c.arguments})),
-                );
+            }
+            OutputEvent::Piece(Piece::CallArgs(a)) => {
+                out.push(self.delta(json!({"type": "input_json_delta", "partial_json": a})));
+            }
+            OutputEvent::Piece(Piece::CallEnd(_)) => {
                 out.push(sse::named(
                     "content_block_stop",
                     &json!({"type": "content_block_stop", "index": self.index}),
                 ));
                 self.index += 1;
             }
-            OutputEvent::Piece(_) | OutputEvent::Tokens { .. } => {}
+            OutputEvent::Piece(_) | OutputEvent::Tokens { .. } | OutputEvent::Prompt { .. } => {}
             OutputEvent::Finish(f) => {
                 self.stop_block(&mut out);
                 if !self.pinged {
@@ -538,7 +609,8 @@ impl MessagesStream {
                     &json!({
                         "type": "message_delta",
                         "delta": {"stop_reason": reason, "stop_sequence": seq},
-                        "usage": {"output_tokens": f.usage.completion_tokens},
+                        // Cumulative, as Anthropic sends it (clients read input tokens here).
+                        "usage": usage_json(self.prompt_tokens, f.usage.completion_tokens),
                     }),
                 ));
                 out.push(sse::named("message_stop", &json!({"type": "message_stop"})));

@@ -1,23 +1,14 @@
 //! Structured output and forced tool calls, shared by the protocols: `response_format` /
-//! `text.format` become a [`Constraint`], and a `tool_choice` that forces a call becomes a Lark
-//! grammar of GLM's tool-call syntax, so the model can only answer with a well-formed call.
+//! `text.format` / Anthropic's `output_config.format` become a [`Constraint`], and a
+//! `tool_choice` that forces a call becomes [`Constraint::ToolCall`], which the backend turns
+//! into the grammar of GLM's tool-call syntax planned for the request's token budget
+//! (`nectar_engine::glm`), so the model can only answer with a well-formed call.
 //!
-//! A forced call is written the way the chat template renders past calls (and
-//! `glm_tools` parses them):
-//!
-//! ```text
-//! <tool_call>NAME
-//! <arg_key>KEY</arg_key>
-//! <arg_value>VALUE</arg_value>
-//! </tool_call>
-//! ```
-//!
-//! Each declared parameter is an argument (required ones must appear, optional ones may), in
-//! declaration order. String values are free text without `<` (so a value cannot run into the
-//! closing tag); any other type is JSON valid under the parameter's own schema (llguidance's
-//! `%json`), which `glm_tools` types back into the arguments object. Constrained requests run
-//! with thinking off: the constraint applies to the answer, and a `<think>` block would not
-//! match it.
+//! A forced call and a response format may come together (OpenAI accepts both, and instructor
+//! sends both): the call is forced, and the format would apply to text the call leaves no room
+//! for. `allowed_tools` narrows the tools shown to the model to those it names (`mode: auto`
+//! lets the model choose to call one, `required` forces one). Constrained requests run with
+//! thinking off: the constraint applies to the answer, and a `<think>` block would not match it.
 
 use crate::backend::Constraint;
 use crate::error::{ApiError, ApiResult};
@@ -34,11 +25,20 @@ pub enum ToolChoice {
     Required,
     /// This function must be called.
     Named(String),
+    /// Only these tools may be called; `required`: one of them must be.
+    Allowed {
+        /// The tools' names.
+        names: Vec<String>,
+        /// A call is forced (`mode: required`).
+        required: bool,
+    },
 }
 
 impl ToolChoice {
     /// OpenAI's forms: `"auto" | "none" | "required"`, `{"type":"function","function":{"name"}}`
-    /// (Chat) or `{"type":"function","name"}` (Responses).
+    /// (Chat) or `{"type":"function","name"}` (Responses), and `{"type": "allowed_tools",
+    /// "mode", "tools"}` (Responses) or `{"type": "allowed_tools", "allowed_tools": {"mode",
+    /// "tools"}}` (Chat).
     pub fn openai(v: Option<&Value>) -> ApiResult<ToolChoice> {
         let bad = |msg: String| Err(ApiError::invalid_param("tool_choice", msg));
         match v {
@@ -57,6 +57,33 @@ impl ToolChoice {
                     Some(n) => Ok(ToolChoice::Named(n.to_owned())),
                     None => bad("a function tool_choice needs the function's name".into()),
                 }
+            }
+            Some(o @ Value::Object(_)) if o["type"] == "allowed_tools" => {
+                let spec = if o["allowed_tools"].is_object() {
+                    &o["allowed_tools"]
+                } else {
+                    o
+                };
+                let required = match spec["mode"].as_str() {
+                    Some("auto") | None => false,
+                    Some("required") => true,
+                    Some(m) => {
+                        return bad(format!(
+                            "unknown allowed_tools mode `{m}`; expected auto or required"
+                        ))
+                    }
+                };
+                let Some(tools) = spec["tools"].as_array() else {
+                    return bad("allowed_tools needs a list of `tools`".into());
+                };
+                let mut names = Vec::new();
+                for t in tools {
+                    match t["function"]["name"].as_str().or(t["name"].as_str()) {
+                        Some(n) => names.push(n.to_owned()),
+                        None => return bad(format!("allowed_tools entry {t} names no function")),
+                    }
+                }
+                Ok(ToolChoice::Allowed { names, required })
             }
             Some(other) => bad(format!("unsupported tool_choice {other}")),
         }
@@ -91,6 +118,8 @@ impl ToolChoice {
 pub struct Resolved {
     /// Tools are shown to the model (and its tool-call output parsed).
     pub tools_on: bool,
+    /// The tools shown (all of them, or those `allowed_tools` names).
+    pub tools: Vec<Value>,
     /// The output constraint, if any.
     pub constraint: Option<Constraint>,
 }
@@ -113,6 +142,9 @@ pub fn resolve(
     tools: &[Value],
     format: Option<Constraint>,
 ) -> ApiResult<Resolved> {
+    let name_of = |t: &Value| t["function"]["name"].as_str().unwrap_or("").to_owned();
+    let has = |n: &str| tools.iter().any(|t| name_of(t) == n);
+    let mut shown = tools.to_vec();
     let forced = match choice {
         ToolChoice::Auto | ToolChoice::None => None,
         ToolChoice::Required if tools.is_empty() => {
@@ -121,18 +153,44 @@ pub fn resolve(
                 "tool_choice forces a tool call, but the request has no tools",
             ))
         }
-        ToolChoice::Required => Some(tool_call_grammar(tools, None)?),
-        ToolChoice::Named(n) => Some(tool_call_grammar(tools, Some(n))?),
+        ToolChoice::Required => Some(None),
+        ToolChoice::Named(n) if !has(n) => {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                format!("tool_choice names `{n}`, which is not among the tools"),
+            ))
+        }
+        ToolChoice::Named(n) => Some(Some(n.clone())),
+        ToolChoice::Allowed { names, required } => {
+            if let Some(n) = names.iter().find(|n| !has(n)) {
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    format!("allowed_tools names `{n}`, which is not among the tools"),
+                ));
+            }
+            shown.retain(|t| names.contains(&name_of(t)));
+            if *required && shown.is_empty() {
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    "allowed_tools forces a tool call, but names no tool",
+                ));
+            }
+            required.then_some(None)
+        }
     };
-    if forced.is_some() && format.is_some() {
-        return Err(ApiError::invalid_param(
-            "tool_choice",
-            "a forced tool call and a structured response format cannot both apply",
-        ));
-    }
+    let tools_on = *choice != ToolChoice::None && !shown.is_empty();
+    // A forced call wins over a response format: the answer is the call.
+    let constraint = match forced {
+        Some(only) => Some(Constraint::ToolCall {
+            tools: shown.clone(),
+            only,
+        }),
+        None => format,
+    };
     Ok(Resolved {
-        tools_on: *choice != ToolChoice::None && !tools.is_empty(),
-        constraint: forced.map(Constraint::Lark).or(format),
+        tools_on,
+        tools: if tools_on { shown } else { vec![] },
+        constraint,
     })
 }
 
@@ -153,6 +211,28 @@ pub fn text_format(text: Option<&Value>) -> ApiResult<Option<Constraint>> {
     }
 }
 
+/// Anthropic structured outputs: `output_config.format` (or the beta's top-level
+/// `output_format`), `{"type": "json_schema", "schema": {…}}`.
+pub fn anthropic_format(
+    output_format: Option<&Value>,
+    output_config: Option<&Value>,
+) -> ApiResult<Option<Constraint>> {
+    let (f, param) = match output_config.map(|c| &c["format"]).filter(|f| !f.is_null()) {
+        Some(f) => (f, "output_config.format"),
+        None => match output_format.filter(|f| !f.is_null()) {
+            Some(f) => (f, "output_format"),
+            None => return Ok(None),
+        },
+    };
+    if f["type"] != "json_schema" {
+        return Err(ApiError::invalid_param(
+            param,
+            format!("unknown format type {}; expected json_schema", f["type"]),
+        ));
+    }
+    format_of(f, &f["schema"], param)
+}
+
 fn format_of(f: &Value, schema: &Value, param: &str) -> ApiResult<Option<Constraint>> {
     match f["type"].as_str() {
         None | Some("text") => Ok(None),
@@ -169,93 +249,6 @@ fn format_of(f: &Value, schema: &Value, param: &str) -> ApiResult<Option<Constra
             format!("unknown format type `{other}`; expected text, json_object or json_schema"),
         )),
     }
-}
-
-/// The Lark grammar of one GLM tool call to `only` (or any of `tools`).
-pub fn tool_call_grammar(tools: &[Value], only: Option<&str>) -> ApiResult<String> {
-    let mut rules = Vec::new();
-    let mut alts = Vec::new();
-    for (i, t) in tools.iter().enumerate() {
-        let f = &t["function"];
-        let Some(name) = f["name"].as_str() else {
-            continue;
-        };
-        if only.is_some_and(|o| o != name) {
-            continue;
-        }
-        let params = &f["parameters"];
-        let required: Vec<&str> = params["required"]
-            .as_array()
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let mut args = String::new();
-        if let Some(props) = params["properties"].as_object() {
-            for (j, (key, schema)) in props.iter().enumerate() {
-                let value = value_rule(schema);
-                rules.push(format!(
-                    "arg_{i}_{j}: \"<arg_key>\" {} \"</arg_key>\\n<arg_value>\" {value} \"</arg_value>\\n\"",
-                    lark_str(key)
-                ));
-                let opt = if required.contains(&key.as_str()) {
-                    ""
-                } else {
-                    "?"
-                };
-                args.push_str(&format!(" arg_{i}_{j}{opt}"));
-            }
-        }
-        rules.push(format!("call_{i}: {} \"\\n\"{args}", lark_str(name)));
-        alts.push(format!("call_{i}"));
-    }
-    if alts.is_empty() {
-        return Err(ApiError::invalid_param(
-            "tool_choice",
-            match only {
-                Some(n) => format!("tool_choice names `{n}`, which is not among the tools"),
-                None => "no tool has a name".into(),
-            },
-        ));
-    }
-    let mut g = format!(
-        "start: \"<tool_call>\" ({}) \"</tool_call>\"\n",
-        alts.join(" | ")
-    );
-    for r in rules {
-        g.push_str(&r);
-        g.push('\n');
-    }
-    Ok(g)
-}
-
-/// The value of one argument: free text without `<` for strings (their enum, or their length
-/// bounds, when given), JSON under the parameter's schema otherwise.
-fn value_rule(schema: &Value) -> String {
-    if schema["type"] == "string" {
-        if let Some(e) = schema["enum"].as_array() {
-            let alts: Vec<String> = e.iter().filter_map(Value::as_str).map(lark_str).collect();
-            if !alts.is_empty() {
-                return format!("({})", alts.join(" | "));
-            }
-        }
-        // `minLength` / `maxLength` bound the text (a weak model may otherwise never close it).
-        let min = schema["minLength"].as_u64().unwrap_or(0);
-        return match schema["maxLength"].as_u64() {
-            Some(max) => format!("/[^<]{{{min},{}}}/", max.max(min)),
-            None if min > 0 => format!("/[^<]{{{min},}}/"),
-            None => "/[^<]*/".into(),
-        };
-    }
-    let s = if schema.is_object() {
-        schema.clone()
-    } else {
-        serde_json::json!({})
-    };
-    format!("%json {s}")
-}
-
-/// A Lark string literal (JSON's escaping is a subset Lark reads).
-fn lark_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 #[cfg(test)]
@@ -294,26 +287,6 @@ mod tests {
     }
 
     #[test]
-    fn grammar_names_each_argument_with_its_type() {
-        let g = tool_call_grammar(&[weather()], None).unwrap();
-        assert!(
-            g.starts_with("start: \"<tool_call>\" (call_0) \"</tool_call>\""),
-            "{g}"
-        );
-        assert!(
-            g.contains("call_0: \"get_weather\" \"\\n\" arg_0_0 arg_0_1? arg_0_2?"),
-            "{g}"
-        );
-        assert!(
-            g.contains("/[^<]{0,20}/") && g.contains("%json {\"type\":\"integer\"}"),
-            "{g}"
-        );
-        assert!(g.contains("(\"c\" | \"f\")"), "{g}");
-        let e = tool_call_grammar(&[weather()], Some("nope")).unwrap_err();
-        assert!(e.message.contains("nope"));
-    }
-
-    #[test]
     fn formats_and_conflicts() {
         assert_eq!(
             response_format(Some(&json!({"type": "text"}))).unwrap(),
@@ -340,16 +313,56 @@ mod tests {
             Some(Constraint::JsonSchema(s))
         );
         let r = resolve(&ToolChoice::Required, &[weather()], None).unwrap();
-        assert!(r.tools_on && matches!(r.constraint, Some(Constraint::Lark(_))));
+        assert!(
+            r.tools_on && matches!(r.constraint, Some(Constraint::ToolCall { only: None, .. }))
+        );
         assert_eq!(r.enable_thinking(Some(true)), Some(false));
         assert!(resolve(&ToolChoice::Required, &[], None).is_err());
-        assert!(resolve(
-            &ToolChoice::Required,
+        // A forced call and a response format together: the call is forced (OpenAI accepts both).
+        let r = resolve(
+            &ToolChoice::Named("get_weather".into()),
             &[weather()],
-            Some(Constraint::JsonObject)
+            Some(Constraint::JsonObject),
         )
-        .is_err());
+        .unwrap();
+        assert_eq!(
+            r.constraint,
+            Some(Constraint::ToolCall {
+                tools: vec![weather()],
+                only: Some("get_weather".into())
+            })
+        );
+        let e = resolve(&ToolChoice::Named("nope".into()), &[weather()], None).unwrap_err();
+        assert!(e.message.contains("nope"));
         let r = resolve(&ToolChoice::None, &[weather()], None).unwrap();
         assert!(!r.tools_on && r.constraint.is_none());
+    }
+
+    #[test]
+    fn allowed_tools_narrow_what_is_shown() {
+        let other = json!({"type": "function", "function": {"name": "other"}});
+        let tools = [weather(), other];
+        let chat = json!({"type": "allowed_tools", "allowed_tools": {"mode": "required",
+            "tools": [{"type": "function", "function": {"name": "get_weather"}}]}});
+        let c = ToolChoice::openai(Some(&chat)).unwrap();
+        assert_eq!(
+            c,
+            ToolChoice::Allowed {
+                names: vec!["get_weather".into()],
+                required: true
+            }
+        );
+        let r = resolve(&c, &tools, None).unwrap();
+        assert_eq!(r.tools, vec![weather()]);
+        assert!(
+            matches!(r.constraint, Some(Constraint::ToolCall { ref tools, only: None }) if tools.len() == 1)
+        );
+        let responses = json!({"type": "allowed_tools", "mode": "auto",
+            "tools": [{"type": "function", "name": "other"}]});
+        let r = resolve(&ToolChoice::openai(Some(&responses)).unwrap(), &tools, None).unwrap();
+        assert_eq!(r.tools.len(), 1);
+        assert!(r.tools_on && r.constraint.is_none());
+        let bad = json!({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "x"}]});
+        assert!(resolve(&ToolChoice::openai(Some(&bad)).unwrap(), &tools, None).is_err());
     }
 }

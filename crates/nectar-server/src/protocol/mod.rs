@@ -10,6 +10,7 @@ pub mod responses;
 
 use crate::backend::{Sampling, TokenLogprob};
 use crate::error::{ApiError, ApiResult, Flavour};
+use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
@@ -104,6 +105,33 @@ pub fn validate_sampling(s: &Sampling) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+/// The request's `model` must be the served id or one of its aliases (`--alias`): another name
+/// is 404 `model_not_found`, as OpenAI and Anthropic answer, rather than being served by a
+/// model the client did not ask for. An absent `model` means the served one.
+pub fn check_model(state: &AppState, model: Option<&str>) -> ApiResult<()> {
+    let Some(m) = model else { return Ok(()) };
+    if m == state.backend.model_id() || state.config.aliases.iter().any(|a| a == m) {
+        return Ok(());
+    }
+    let mut e = ApiError::not_found(format!(
+        "the model `{m}` does not exist: this server serves `{}`",
+        state.backend.model_id()
+    ));
+    e.param = Some("model".into());
+    e.code = Some("model_not_found");
+    Err(e)
+}
+
+/// A sampling value as JSON, written as its shortest decimal (`0.8`, not the `f32` widened to
+/// `0.800000011920929`).
+pub fn f32_json(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
 }
 
 /// `max_tokens`-style budgets: at least 1.

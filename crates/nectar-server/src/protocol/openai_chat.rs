@@ -7,14 +7,13 @@
 //! deltas, a last chunk with `finish_reason`, a usage chunk (`choices: []`) when
 //! `stream_options.include_usage` is set, then `data: [DONE]`.
 
-use crate::backend::{CancelToken, GenRequest, Prompt, Sampling, Usage};
+use crate::backend::{CancelToken, GenRequest, Piece, Prompt, Sampling, ToolCall, Usage};
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{openai_finish_reason, Generation, OutputEvent, OutputMode};
-use crate::glm_tools::{Piece, ToolCall};
 use crate::protocol::constraint::{self, ToolChoice};
 use crate::protocol::{
-    chat_logprob, content_text, function_tool, new_id, parse_body, parse_logit_bias, unix_now,
-    validate_max_tokens, validate_sampling, StopField,
+    chat_logprob, check_model, content_text, function_tool, new_id, parse_body, parse_logit_bias,
+    unix_now, validate_max_tokens, validate_sampling, StopField,
 };
 use crate::sse;
 use crate::state::AppState;
@@ -30,7 +29,7 @@ use serde_json::{json, Map, Value};
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
-    /// Ignored: one model is served (responses name it).
+    /// The served model's id or an alias (`--alias`); another name is 404.
     #[serde(default)]
     pub model: Option<String>,
     /// The conversation.
@@ -156,6 +155,7 @@ pub async fn handle(
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: ChatRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
+    check_model(&state, req.model.as_deref())?;
     let plan = plan(req)?;
     let gen = Generation::start(
         state.backend.clone(),
@@ -276,7 +276,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
     let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
     let resolved = constraint::resolve(&choice, &template_tools, format)?;
     let tools_on = resolved.tools_on;
-    let tool_values = tools_on.then(|| Value::Array(template_tools));
+    let tool_values = tools_on.then(|| Value::Array(resolved.tools.clone()));
     let messages = chat_messages(&req.messages)?;
     let enable_thinking = req
         .chat_template_kwargs
@@ -296,6 +296,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
         seed: req.seed.map(|s| s as u64),
         logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
         logprobs: logprobs.then(|| req.top_logprobs.unwrap_or(0) as usize),
+        prompt_logprobs: false,
     };
     validate_sampling(&sampling)?;
     let max_tokens = match req.max_completion_tokens {
@@ -468,10 +469,24 @@ impl ChatStream {
                     &self.chunk(json!({"reasoning_content": t}), None),
                 )]
             }
-            OutputEvent::Piece(Piece::ToolCall(c)) => {
-                let call = tool_call_json(&c, Some(self.tool_index), &new_id("call_"));
-                self.tool_index += 1;
+            OutputEvent::Piece(Piece::CallStart { name }) => {
+                let call = tool_call_json(
+                    &ToolCall {
+                        name,
+                        arguments: String::new(),
+                    },
+                    Some(self.tool_index),
+                    &new_id("call_"),
+                );
                 vec![sse::data(&self.chunk(json!({"tool_calls": [call]}), None))]
+            }
+            OutputEvent::Piece(Piece::CallArgs(a)) => {
+                let delta = json!({"index": self.tool_index, "function": {"arguments": a}});
+                vec![sse::data(&self.chunk(json!({"tool_calls": [delta]}), None))]
+            }
+            OutputEvent::Piece(Piece::CallEnd(_)) => {
+                self.tool_index += 1;
+                vec![]
             }
             OutputEvent::Tokens { logprobs, .. } => {
                 self.pending_logprobs
@@ -497,6 +512,7 @@ impl ChatStream {
                 out.push(sse::done());
                 out
             }
+            OutputEvent::Prompt { .. } => vec![],
             OutputEvent::Failed => vec![sse::data(&stream_error())],
         }
     }

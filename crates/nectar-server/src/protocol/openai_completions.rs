@@ -4,16 +4,17 @@
 //! request: several prompts would be several choices, which this server does not batch yet).
 //! `max_tokens` defaults to 16, as in OpenAI's API. The output is raw text: tags are not
 //! interpreted. Streaming sends `text_completion` objects as `data:` lines, then `data: [DONE]`.
+//! With `echo` and `logprobs`, `logprobs` covers the prompt's tokens too (the first with null
+//! logprobs, as nothing predicts it), as in OpenAI's API: the prompt runs through the model
+//! once more for them.
 
-use crate::backend::TokenLogprob;
-use crate::backend::{CancelToken, GenRequest, Prompt, Sampling};
+use crate::backend::{CancelToken, GenRequest, Piece, Prompt, Sampling, TokenLogprob};
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{openai_finish_reason, Generation, OutputEvent, OutputMode};
-use crate::glm_tools::Piece;
 use crate::protocol::openai_chat::{stream_error, usage_json};
 use crate::protocol::{
-    new_id, parse_body, parse_logit_bias, unix_now, validate_max_tokens, validate_sampling,
-    StopField,
+    check_model, new_id, parse_body, parse_logit_bias, unix_now, validate_max_tokens,
+    validate_sampling, StopField,
 };
 use crate::sse;
 use crate::state::AppState;
@@ -32,7 +33,7 @@ const DEFAULT_MAX_TOKENS: u64 = 16;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
-    /// Ignored: one model is served.
+    /// The served model's id or an alias (`--alias`); another name is 404.
     #[serde(default)]
     pub model: Option<String>,
     /// Text, token ids, or a one-element list of either.
@@ -137,6 +138,7 @@ fn prompt_of(v: &Value) -> ApiResult<Prompt> {
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: CompletionRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
+    check_model(&state, req.model.as_deref())?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
     }
@@ -170,6 +172,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         seed: req.seed.map(|s| s as u64),
         logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
         logprobs: req.logprobs.map(|n| n as usize),
+        prompt_logprobs: req.echo.unwrap_or(false) && req.logprobs.is_some(),
     };
     validate_sampling(&sampling)?;
     let max_tokens = validate_max_tokens(
@@ -228,8 +231,13 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             model,
             include_usage,
             logprobs: want_logprobs.then(|| LegacyLogprobs::new(echoed.len())),
+            echo_with_prompt: None,
         };
+        // With logprobs, the echoed prompt goes out with its tokens' logprobs (they come first).
         let first = if echoed.is_empty() {
+            vec![]
+        } else if want_logprobs {
+            st.echo_with_prompt = Some(echoed);
             vec![]
         } else {
             vec![sse::data(&st.chunk(&echoed, None))]
@@ -252,6 +260,9 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             "index": 0,
             "logprobs": if want_logprobs {
                 let mut l = LegacyLogprobs::new(echoed.len());
+                if let Some((first, rest)) = &out.prompt {
+                    l.prompt(first, rest, echoed.len());
+                }
                 l.extend(&out.logprobs);
                 l.take()
             } else {
@@ -300,6 +311,19 @@ impl LegacyLogprobs {
         }
     }
 
+    /// The prompt's tokens (echo): the first has null logprobs; offsets count from 0, and the
+    /// generated tokens' from `echoed` (the echoed text's length).
+    fn prompt(&mut self, first: &(u32, String), rest: &[TokenLogprob], echoed: usize) {
+        self.offset = 0;
+        self.tokens.push(json!(first.1));
+        self.token_logprobs.push(Value::Null);
+        self.top_logprobs.push(Value::Null);
+        self.text_offset.push(json!(0));
+        self.offset = first.1.len();
+        self.extend(rest);
+        self.offset = echoed;
+    }
+
     fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
@@ -324,6 +348,8 @@ struct CompletionStream {
     include_usage: bool,
     /// Logprobs of tokens not yet sent; they ride on the next chunk.
     logprobs: Option<LegacyLogprobs>,
+    /// The echoed prompt, sent when its tokens' logprobs arrive.
+    echo_with_prompt: Option<String>,
 }
 
 impl CompletionStream {
@@ -356,6 +382,15 @@ impl CompletionStream {
                 vec![]
             }
             OutputEvent::Piece(_) => vec![],
+            OutputEvent::Prompt { first, rest } => {
+                let Some(echoed) = self.echo_with_prompt.take() else {
+                    return vec![];
+                };
+                if let Some(l) = &mut self.logprobs {
+                    l.prompt(&first, &rest, echoed.len());
+                }
+                vec![sse::data(&self.chunk(&echoed, None))]
+            }
             OutputEvent::Finish(f) => {
                 let mut out = vec![sse::data(
                     &self.chunk("", Some(openai_finish_reason(&f, false))),

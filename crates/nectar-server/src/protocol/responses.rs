@@ -15,14 +15,15 @@
 //! `response.completed` (or `response.incomplete` when `max_output_tokens` was reached, or
 //! `response.failed`).
 
-use crate::backend::{CancelToken, FinishReason, GenRequest, Prompt, Sampling, Usage};
+use crate::backend::{
+    CancelToken, FinishReason, GenRequest, Piece, Prompt, Sampling, ToolCall, Usage,
+};
 use crate::error::{ApiError, ApiResult, Flavour};
-use crate::generation::{Generation, OutputEvent, OutputMode};
-use crate::glm_tools::{Piece, ToolCall};
+use crate::generation::{Generation, OutputEvent, OutputMode, Part};
 use crate::protocol::constraint::{self, ToolChoice};
 use crate::protocol::{
-    content_text, function_tool, new_id, parse_body, unix_now, validate_max_tokens,
-    validate_sampling,
+    check_model, content_text, f32_json, function_tool, new_id, parse_body, unix_now,
+    validate_max_tokens, validate_sampling,
 };
 use crate::sse;
 use crate::state::AppState;
@@ -40,7 +41,7 @@ use std::sync::Arc;
 /// The request body.
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
-    /// Ignored: one model is served.
+    /// The served model's id or an alias (`--alias`); another name is 404.
     #[serde(default)]
     pub model: Option<String>,
     /// A string or a list of input items.
@@ -101,8 +102,135 @@ pub async fn create(
 pub async fn get(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     match state.responses.get(&id) {
         Some(r) => axum::Json(r.response).into_response(),
-        None => ApiError::not_found(format!("no stored response with id `{id}`")).into_response(),
+        None => no_such(&id),
     }
+}
+
+fn no_such(id: &str) -> Response {
+    ApiError::not_found(format!("no stored response with id `{id}`")).into_response()
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a stored response (a continuation of it is then 404).
+pub async fn delete(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    if state.responses.remove(&id) {
+        axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        no_such(&id)
+    }
+}
+
+/// Query of `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    /// `asc` or `desc` (the default, as in OpenAI's API).
+    #[serde(default)]
+    pub order: Option<String>,
+    /// Items per page, 1–100 (default 20).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// List after the item with this id.
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items`: the input items the response was created from.
+pub async fn input_items(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let q = match query {
+        Ok(q) => q.0,
+        Err(e) => return ApiError::invalid(e.body_text()).into_response(),
+    };
+    let Some(r) = state.responses.get(&id) else {
+        return no_such(&id);
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return ApiError::invalid_param("limit", "`limit` must be between 1 and 100")
+            .into_response();
+    }
+    let mut items = r.input_items;
+    match q.order.as_deref() {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(o) => {
+            return ApiError::invalid_param(
+                "order",
+                format!("unknown order `{o}`; expected asc or desc"),
+            )
+            .into_response()
+        }
+    }
+    if let Some(after) = &q.after {
+        match items.iter().position(|it| it["id"] == after.as_str()) {
+            Some(i) => {
+                items.drain(..=i);
+            }
+            None => {
+                return ApiError::invalid_param("after", format!("no input item `{after}`"))
+                    .into_response()
+            }
+        }
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    axum::Json(json!({
+        "object": "list",
+        "data": items,
+        "first_id": items.first().map(|i| i["id"].clone()),
+        "last_id": items.last().map(|i| i["id"].clone()),
+        "has_more": has_more,
+    }))
+    .into_response()
+}
+
+/// The request's input as stored items, each with an id (messages as content-part lists).
+fn stored_input_items(input: &Value) -> Vec<Value> {
+    let items = match input {
+        Value::String(s) => vec![json!({"role": "user", "content": s})],
+        Value::Array(a) => a.clone(),
+        _ => vec![],
+    };
+    items
+        .into_iter()
+        .map(|mut it| {
+            let kind = it["type"]
+                .as_str()
+                .unwrap_or(if it.get("role").is_some() {
+                    "message"
+                } else {
+                    ""
+                })
+                .to_owned();
+            if kind == "message" {
+                it["type"] = json!("message");
+                if let Some(text) = it["content"].as_str() {
+                    let part = if it["role"] == "assistant" {
+                        "output_text"
+                    } else {
+                        "input_text"
+                    };
+                    it["content"] = json!([{"type": part, "text": text}]);
+                }
+                if it.get("status").is_none() {
+                    it["status"] = json!("completed");
+                }
+            }
+            if it.get("id").is_none_or(Value::is_null) {
+                let prefix = match kind.as_str() {
+                    "message" => "msg_",
+                    "function_call" => "fc_",
+                    "function_call_output" => "fco_",
+                    "reasoning" => "rs_",
+                    _ => "item_",
+                };
+                it["id"] = json!(new_id(prefix));
+            }
+            it
+        })
+        .collect()
 }
 
 /// Input items → chat-template messages.
@@ -252,13 +380,15 @@ struct Echo {
     max_output_tokens: Option<u64>,
     previous_response_id: Option<String>,
     store: bool,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
+    /// The values decoding uses (absent knobs at the engine's: temperature 0, greedy).
+    temperature: Value,
+    top_p: Value,
     tool_choice: Value,
     tools: Value,
     parallel_tool_calls: bool,
     reasoning_effort: Value,
     metadata: Value,
+    text: Value,
 }
 
 /// A response object.
@@ -285,11 +415,11 @@ fn response_json(
         "previous_response_id": echo.previous_response_id,
         "reasoning": {"effort": echo.reasoning_effort, "summary": Value::Null},
         "store": echo.store,
-        "temperature": echo.temperature.unwrap_or(1.0),
-        "text": {"format": {"type": "text"}},
+        "temperature": echo.temperature,
+        "text": echo.text,
         "tool_choice": echo.tool_choice,
         "tools": echo.tools,
-        "top_p": echo.top_p.unwrap_or(1.0),
+        "top_p": echo.top_p,
         "truncation": "disabled",
         "usage": usage.map(usage_json),
         "metadata": echo.metadata,
@@ -329,14 +459,15 @@ fn reasoning_item(id: &str, text: &str, done: bool) -> Value {
     })
 }
 
-fn function_call_item(id: &str, call_id: &str, c: &ToolCall, done: bool) -> Value {
+/// A function call item; `status` is `in_progress`, `completed` or `incomplete`.
+fn function_call_item(id: &str, call_id: &str, c: &ToolCall, status: &str) -> Value {
     json!({
         "id": id,
         "type": "function_call",
-        "status": if done { "completed" } else { "in_progress" },
+        "status": status,
         "call_id": call_id,
         "name": c.name,
-        "arguments": if done { c.arguments.as_str() } else { "" },
+        "arguments": c.arguments,
     })
 }
 
@@ -380,6 +511,8 @@ struct Storing {
     store: Arc<ResponseStore>,
     /// The conversation before this response's output.
     conversation: Vec<Value>,
+    /// This request's input, as items.
+    input_items: Vec<Value>,
 }
 
 impl Storing {
@@ -391,6 +524,7 @@ impl Storing {
             StoredResponse {
                 conversation,
                 response: response.clone(),
+                input_items: self.input_items,
             },
         );
     }
@@ -398,6 +532,7 @@ impl Storing {
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: ResponsesRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
+    check_model(&state, req.model.as_deref())?;
     let format = constraint::text_format(req.text.as_ref())?;
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
     let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
@@ -417,6 +552,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         None => vec![],
     };
     conversation.extend(input_messages(&req.input)?);
+    let input_items = stored_input_items(&req.input);
     let mut messages = Vec::with_capacity(conversation.len() + 1);
     if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         messages.push(json!({"role": "system", "content": i}));
@@ -441,11 +577,11 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         GenRequest {
             prompt: Prompt::Chat {
                 messages: Value::Array(messages),
-                tools: tools_on.then(|| Value::Array(tools)),
+                tools: tools_on.then(|| Value::Array(resolved.tools.clone())),
                 enable_thinking: resolved.enable_thinking(effort.as_deref().map(|e| e != "none")),
             },
             max_tokens,
-            sampling,
+            sampling: sampling.clone(),
             stop: vec![],
             constraint: resolved.constraint,
             cancel: CancelToken::new(),
@@ -460,17 +596,22 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         max_output_tokens: req.max_output_tokens,
         previous_response_id: req.previous_response_id,
         store,
-        temperature: req.temperature,
-        top_p: req.top_p,
+        temperature: f32_json(sampling.temperature_used()),
+        top_p: f32_json(sampling.top_p_used()),
         tool_choice: req.tool_choice.unwrap_or_else(|| json!("auto")),
         tools: Value::Array(req.tools.unwrap_or_default()),
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
         reasoning_effort: effort.map(Value::String).unwrap_or(Value::Null),
         metadata: req.metadata.unwrap_or_else(|| json!({})),
+        text: match req.text.as_ref().and_then(|t| t.get("format")) {
+            Some(f) if !f.is_null() => json!({"format": f}),
+            _ => json!({"format": {"type": "text"}}),
+        },
     };
     let storing = store.then(|| Storing {
         store: state.responses.clone(),
         conversation,
+        input_items,
     });
     let id = new_id("resp_");
     let created = unix_now();
@@ -492,16 +633,22 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
         return Ok(sse::response(events));
     }
     let out = gen.collect().await?;
+    let status = status_of(&out.finish.reason);
+    let last = out.pieces.len().saturating_sub(1);
     let items: Vec<Value> = out
         .pieces
         .iter()
-        .map(|p| match p {
-            Piece::Text(t) => message_item(&new_id("msg_"), t, "completed"),
-            Piece::Reasoning(t) => reasoning_item(&new_id("rs_"), t, true),
-            Piece::ToolCall(c) => function_call_item(&new_id("fc_"), &new_id("call_"), c, true),
+        .enumerate()
+        .map(|(i, p)| {
+            // The item the token budget cut is `incomplete`, like the response.
+            let s = if i == last { status } else { "completed" };
+            match p {
+                Part::Text(t) => message_item(&new_id("msg_"), t, s),
+                Part::Reasoning(t) => reasoning_item(&new_id("rs_"), t, true),
+                Part::Call(c) => function_call_item(&new_id("fc_"), &new_id("call_"), c, s),
+            }
         })
         .collect();
-    let status = status_of(&out.finish.reason);
     let response = response_json(&id, created, &echo, status, &items, Some(&out.finish.usage));
     if let Some(s) = storing {
         s.put(&id, &items, &response);
@@ -516,11 +663,24 @@ fn status_of(r: &FinishReason) -> &'static str {
     }
 }
 
-/// The item being streamed, when it is a message or reasoning (function calls are emitted whole).
+/// What the open item is.
+enum Kind {
+    Message,
+    Reasoning,
+    /// A function call. It stays open after its end, until the next event says whether the
+    /// token budget cut it.
+    Call {
+        call_id: String,
+        name: String,
+    },
+}
+
+/// The item being streamed.
 struct OpenItem {
-    reasoning: bool,
+    kind: Kind,
     id: String,
     index: usize,
+    /// Its text, or a call's arguments so far.
     text: String,
 }
 
@@ -564,10 +724,15 @@ impl ResponsesStream {
 
     /// Opens a message or reasoning item unless one of that kind is open.
     fn ensure_open(&mut self, reasoning: bool, out: &mut Vec<Event>) {
-        if self.open.as_ref().is_some_and(|o| o.reasoning == reasoning) {
+        let same = match self.open.as_ref().map(|o| &o.kind) {
+            Some(Kind::Reasoning) => reasoning,
+            Some(Kind::Message) => !reasoning,
+            _ => false,
+        };
+        if same {
             return;
         }
-        self.close(out);
+        self.close("completed", out);
         let index = self.items.len();
         let (id, item, part) = if reasoning {
             let id = new_id("rs_");
@@ -591,41 +756,63 @@ impl ResponsesStream {
             json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
         ));
         self.open = Some(OpenItem {
-            reasoning,
+            kind: if reasoning {
+                Kind::Reasoning
+            } else {
+                Kind::Message
+            },
             id,
             index,
             text: String::new(),
         });
     }
 
-    fn close(&mut self, out: &mut Vec<Event>) {
+    /// Closes the open item with `status` (`incomplete` when the token budget cut it).
+    fn close(&mut self, status: &str, out: &mut Vec<Event>) {
         let Some(o) = self.open.take() else { return };
-        let (done_name, part, item) = if o.reasoning {
-            (
-                "response.reasoning_text.done",
-                json!({"type": "reasoning_text", "text": o.text}),
-                reasoning_item(&o.id, &o.text, true),
-            )
-        } else {
-            (
-                "response.output_text.done",
-                output_text_part(&o.text),
-                message_item(&o.id, &o.text, "completed"),
-            )
+        let (id, index) = (o.id, o.index);
+        let item = match o.kind {
+            Kind::Call { call_id, name, .. } => {
+                let call = ToolCall {
+                    name,
+                    arguments: o.text,
+                };
+                out.push(self.ev(
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": call.name, "arguments": call.arguments}),
+                ));
+                function_call_item(&id, &call_id, &call, status)
+            }
+            kind => {
+                let reasoning = matches!(kind, Kind::Reasoning);
+                let (done_name, part, item) = if reasoning {
+                    (
+                        "response.reasoning_text.done",
+                        json!({"type": "reasoning_text", "text": o.text}),
+                        reasoning_item(&id, &o.text, true),
+                    )
+                } else {
+                    (
+                        "response.output_text.done",
+                        output_text_part(&o.text),
+                        message_item(&id, &o.text, status),
+                    )
+                };
+                let mut done = json!({"item_id": id, "output_index": index, "content_index": 0, "text": o.text});
+                if !reasoning {
+                    done["logprobs"] = json!([]);
+                }
+                out.push(self.ev(done_name, done));
+                out.push(self.ev(
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                ));
+                item
+            }
         };
-        let mut done =
-            json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "text": o.text});
-        if !o.reasoning {
-            done["logprobs"] = json!([]);
-        }
-        out.push(self.ev(done_name, done));
-        out.push(self.ev(
-            "response.content_part.done",
-            json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "part": part}),
-        ));
         out.push(self.ev(
             "response.output_item.done",
-            json!({"output_index": o.index, "item": item}),
+            json!({"output_index": index, "item": item}),
         ));
         self.items.push(item);
     }
@@ -639,7 +826,7 @@ impl ResponsesStream {
                 let (reasoning, t) = match p {
                     Piece::Reasoning(t) => (true, t),
                     Piece::Text(t) => (false, t),
-                    Piece::ToolCall(_) => return out,
+                    _ => return out,
                 };
                 self.ensure_open(reasoning, &mut out);
                 let Some(o) = self.open.as_mut() else {
@@ -657,33 +844,42 @@ impl ResponsesStream {
                 };
                 out.push(self.ev(name, payload));
             }
-            OutputEvent::Piece(Piece::ToolCall(c)) => {
-                self.close(&mut out);
+            OutputEvent::Piece(Piece::CallStart { name }) => {
+                self.close("completed", &mut out);
                 let index = self.items.len();
                 let (id, call_id) = (new_id("fc_"), new_id("call_"));
+                let call = ToolCall {
+                    name: name.clone(),
+                    arguments: String::new(),
+                };
                 out.push(self.ev(
                     "response.output_item.added",
-                    json!({"output_index": index, "item": function_call_item(&id, &call_id, &c, false)}),
+                    json!({"output_index": index, "item": function_call_item(&id, &call_id, &call, "in_progress")}),
                 ));
+                self.open = Some(OpenItem {
+                    kind: Kind::Call { call_id, name },
+                    id,
+                    index,
+                    text: String::new(),
+                });
+            }
+            OutputEvent::Piece(Piece::CallArgs(a)) => {
+                let Some(o) = self.open.as_mut() else {
+                    return out;
+                };
+                o.text.push_str(&a);
+                let (id, index) = (o.id.clone(), o.index);
                 out.push(self.ev(
                     "response.function_call_arguments.delta",
-                    json!({"item_id": id, "output_index": index, "delta": c.arguments}),
+                    json!({"item_id": id, "output_index": index, "delta": a}),
                 ));
-                out.push(self.ev(
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": index, "name": c.name, "arguments": c.arguments}),
-                ));
-                let item = function_call_item(&id, &call_id, &c, true);
-                out.push(self.ev(
-                    "response.output_item.done",
-                    json!({"output_index": index, "item": item}),
-                ));
-                self.items.push(item);
             }
-            OutputEvent::Tokens { .. } => {}
+            OutputEvent::Piece(Piece::CallEnd(_))
+            | OutputEvent::Tokens { .. }
+            | OutputEvent::Prompt { .. } => {}
             OutputEvent::Finish(f) => {
-                self.close(&mut out);
                 let status = status_of(&f.reason);
+                self.close(status, &mut out);
                 let r = self.snapshot(status, Some(&f.usage));
                 if let Some(s) = self.storing.take() {
                     s.put(&self.id, &self.items, &r);
@@ -696,7 +892,7 @@ impl ResponsesStream {
                 out.push(self.ev(name, json!({"response": r})));
             }
             OutputEvent::Failed => {
-                self.close(&mut out);
+                self.close("incomplete", &mut out);
                 let mut r = self.snapshot("failed", None);
                 r["error"] =
                     json!({"code": "server_error", "message": "internal error while generating"});
@@ -752,7 +948,7 @@ mod tests {
         let items = [
             reasoning_item("rs", "think", true),
             message_item("m", "hello", "completed"),
-            function_call_item("fc", "call_1", &c, true),
+            function_call_item("fc", "call_1", &c, "completed"),
         ];
         assert_eq!(
             assistant_message(&items),
