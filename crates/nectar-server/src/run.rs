@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub queue_capacity: usize,
     /// Compute threads of the model (`None`: one per core).
     pub threads: Option<usize>,
+    /// The Atlas served at `/experts.json` (`None`: the model directory's `experts.json`).
+    pub atlas: Option<PathBuf>,
 }
 
 /// Why the server stopped with an error.
@@ -102,6 +104,11 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         listen: local.to_string(),
         parallel: opts.parallel,
         mtp: opts.mtp.clone(),
+        atlas: Some(
+            opts.atlas
+                .clone()
+                .unwrap_or_else(|| opts.model_dir.join("experts.json")),
+        ),
         ..Default::default()
     };
     tracing::info!(?config, model = %opts.model_dir.display(), "resolved server configuration");

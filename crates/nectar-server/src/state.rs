@@ -4,6 +4,8 @@
 
 use crate::backend::Backend;
 use crate::metrics::Metrics;
+use crate::observe::requests::Requests;
+use crate::observe::Observatory;
 use crate::store::ResponseStore;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -31,6 +33,9 @@ pub struct ServerConfig {
     pub stored_responses: usize,
     /// Whether an API key is required (the key itself is never reported).
     pub auth: bool,
+    /// The Atlas served at `/experts.json` (`--atlas FILE`, else the model directory's
+    /// `experts.json`).
+    pub atlas: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +47,7 @@ impl Default for ServerConfig {
             mtp: "off".into(),
             stored_responses: DEFAULT_STORED_RESPONSES,
             auth: false,
+            atlas: None,
         }
     }
 }
@@ -77,6 +83,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Stored Responses-API responses.
     pub responses: Arc<ResponseStore>,
+    /// The expert map and event stream (the backend's, or an empty one).
+    pub observatory: Arc<Observatory>,
+    /// The requests being answered now.
+    pub requests: Arc<Requests>,
 }
 
 impl AppState {
@@ -88,7 +98,10 @@ impl AppState {
     ) -> AppState {
         config.auth = api_key.is_some();
         let stored = config.stored_responses;
+        let observatory = backend.observatory().unwrap_or_default();
         AppState {
+            observatory,
+            requests: Arc::new(Requests::default()),
             backend,
             api_key: api_key.map(KeyDigest::of),
             config: Arc::new(config),

@@ -41,6 +41,7 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,
         threads,
+        atlas: a.atlas,
     })?;
     Ok(())
 }
