@@ -510,9 +510,10 @@ mod tests {
             ),
             2.0
         );
-        assert_eq!(
-            value(&s, "nectar_http_requests_total", &[("route", "a\"b")]),
-            1.0
+        // A quote in a label value is escaped (the parser keeps escapes as they are).
+        assert!(
+            text.contains("route=\"a\\\"b\",status=\"429\"} 1"),
+            "{text}"
         );
         assert_eq!(value(&s, "nectar_model_ready", &[]), 1.0);
         assert_eq!(value(&s, "nectar_prompt_tokens_total", &[]), 12.0);

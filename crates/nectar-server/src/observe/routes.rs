@@ -70,21 +70,14 @@ pub async fn events(State(state): State<AppState>) -> Response {
     let first = Event::default().event("hello").data(hello.to_string());
     let rx = obs.subscribe();
     let rest = futures_util::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(e) => {
-                    let ev = Event::default().event(e.name).data(e.data.to_string());
-                    return Some((ev, rx));
-                }
-                Err(RecvError::Lagged(n)) => {
-                    let ev = Event::default()
-                        .event("lagged")
-                        .data(json!({"missed": n}).to_string());
-                    return Some((ev, rx));
-                }
-                Err(RecvError::Closed) => return None,
-            }
-        }
+        let ev = match rx.recv().await {
+            Ok(e) => Event::default().event(e.name).data(e.data.to_string()),
+            Err(RecvError::Lagged(n)) => Event::default()
+                .event("lagged")
+                .data(json!({"missed": n}).to_string()),
+            Err(RecvError::Closed) => return None,
+        };
+        Some((ev, rx))
     });
     let stream = futures_util::stream::once(async move { first }).chain(rest);
     Sse::new(stream.map(Ok::<_, Infallible>))
