@@ -159,17 +159,21 @@ pub fn encode(s: &Snapshot<'_>) -> Vec<u8> {
 /// The same snapshot as Colibri's telemetry lines: `EMAP <rows> <cols> <hex>` with
 /// `byte = (tier << 6) | heat` (heat capped at 63) and `HITS <rows> <cols> <hex>`, lowercase hex.
 pub fn encode_emap(s: &Snapshot<'_>) -> String {
-    use std::fmt::Write;
     let rows = s.layers.len();
     let cells = rows * s.cols;
     let mut out = String::with_capacity(2 * cells + cells / 4 + 40);
-    let _ = write!(out, "EMAP {rows} {} ", s.cols);
+    let hex = |out: &mut String, b: u8| {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
+    };
+    out.push_str(&format!("EMAP {rows} {} ", s.cols));
     for (&t, &c) in s.tiers.iter().zip(s.counts) {
-        let _ = write!(out, "{:02x}", (t.colibri() << 6) | heat(c, 63));
+        hex(&mut out, (t.colibri() << 6) | heat(c, 63));
     }
-    let _ = write!(out, "\nHITS {rows} {} ", s.cols);
-    for b in &s.hits[..hits_len(cells)] {
-        let _ = write!(out, "{b:02x}");
+    out.push_str(&format!("\nHITS {rows} {} ", s.cols));
+    for &b in &s.hits[..hits_len(cells)] {
+        hex(&mut out, b);
     }
     out.push('\n');
     out
