@@ -126,7 +126,18 @@ impl Observatory {
             live.hits = vec![0; map::hits_len(cells)];
             live.evictions_seen = vec![0; tiers.len()];
         }
-        let row_of = layers.iter().enumerate().map(|(r, &l)| (l, r)).collect();
+        let row_of: HashMap<u32, usize> = layers.iter().enumerate().map(|(r, &l)| (l, r)).collect();
+        // The counts so far are the baseline: heat, never hits.
+        {
+            let mut live = self.lock();
+            for (layer, counts) in usage {
+                if let Some(&row) = row_of.get(&(*layer as u32)) {
+                    for (e, &c) in counts.iter().enumerate().take(cols) {
+                        live.counts[row * cols + e] = c;
+                    }
+                }
+            }
+        }
         let _ = self.model.set(Model {
             layers,
             row_of,
@@ -134,7 +145,6 @@ impl Observatory {
             tiers,
             budget,
         });
-        self.step(usage);
     }
 
     /// A new turn starts: the HITS plane is cleared and the turn number advances.
