@@ -61,6 +61,8 @@ fn launch(chromium: &PathBuf) -> (Browser, u16) {
             "--disable-component-update",
             "--disable-sync",
             "--no-first-run",
+            // Containers often have a small /dev/shm; Chromium then falls back to /tmp.
+            "--disable-dev-shm-usage",
             "--remote-debugging-port=0",
             "--remote-allow-origins=*",
             "--window-size=1280,1400",
