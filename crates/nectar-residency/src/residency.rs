@@ -277,7 +277,12 @@ impl Residency {
             let access = st.policy.access(key, &mut events);
             st.events = events;
             let slot = match access? {
-                Access::Hit(s) => s,
+                Access::Hit(s) => {
+                    if st.policy.role(s) == crate::policy::Role::Pinned {
+                        st.stats.layers[layer].pinned_hits += 1;
+                    }
+                    s
+                }
                 Access::Miss(s) => {
                     st.slots[s].status = Status::Loading;
                     self.submit(&mut st, s, key);

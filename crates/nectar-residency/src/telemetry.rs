@@ -7,6 +7,8 @@ use serde::Serialize;
 pub struct LayerStats {
     /// Requests served from a resident or loading slot.
     pub hits: u64,
+    /// Of the hits, those served by a pinned slot.
+    pub pinned_hits: u64,
     /// Requests that needed a read.
     pub misses: u64,
     /// Experts evicted to admit another.

@@ -328,6 +328,8 @@ fn pinned_experts_load_at_start_and_always_hit() {
         r.end_wave().unwrap();
     }
     assert_eq!(r.telemetry().layers[1].hits, 3 + 2);
+    // Of those, the pinned expert's three (expert 0's two LRU hits are not).
+    assert_eq!(r.telemetry().layers[1].pinned_hits, 3);
     assert!(io.reads.load(Ordering::SeqCst) > n);
 }
 

@@ -142,10 +142,14 @@ const COUNTERS: [(&str, &str); 11] = [
 ];
 
 /// The expert cache's counters per tier, by name (`nectar_expert_<name>_total`) and help.
-const EXPERT: [(&str, &str); 10] = [
+const EXPERT: [(&str, &str); 11] = [
     (
         "hits",
         "Expert requests served from a resident or loading slot.",
+    ),
+    (
+        "pinned_hits",
+        "Expert requests served from a pinned slot (also counted in hits).",
     ),
     ("misses", "Expert requests that needed a read from disk."),
     ("evictions", "Experts evicted to admit another."),
@@ -390,6 +394,7 @@ impl Metrics {
             };
             let values = [
                 sum(|l| l.hits),
+                sum(|l| l.pinned_hits),
                 sum(|l| l.misses),
                 sum(|l| l.evictions),
                 sum(|l| l.bypasses),
@@ -477,6 +482,7 @@ mod tests {
             layers: vec![
                 LayerStats {
                     hits: 5,
+                    pinned_hits: 2,
                     misses: 2,
                     evictions: 1,
                     bypasses: 1,
@@ -523,6 +529,10 @@ mod tests {
         assert_eq!(
             value(&s, "nectar_expert_hits_total", &[("tier", "main")]),
             6.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_pinned_hits_total", &[("tier", "main")]),
+            2.0
         );
         assert_eq!(
             value(&s, "nectar_expert_misses_total", &[("tier", "main")]),
