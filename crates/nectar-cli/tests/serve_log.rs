@@ -119,3 +119,31 @@ fn text_log_without_a_terminal_has_no_colour() {
         "ANSI codes: {lines:#?}"
     );
 }
+
+#[test]
+fn a_client_that_leaves_early_is_logged_as_499() {
+    use std::io::Write;
+    let s = Server::start(&["--log-format", "json", "--parallel", "1", "--mtp", "off"]);
+    let body = json!({"model": "m", "max_tokens": 3000,
+        "messages": [{"role": "user", "content": "Write a very long story."}]})
+    .to_string();
+    {
+        let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+        write!(
+            c,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    } // the client goes away mid-generation
+    let lines = request_lines(&s, 1, |l| l.contains("\"nectar_server::request\""));
+    let line = lines
+        .iter()
+        .find(|l| l.contains("\"nectar_server::request\""))
+        .unwrap();
+    let v: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["fields"]["status"], 499, "{line}");
+    assert_eq!(v["fields"]["route"], "/v1/chat/completions");
+}

@@ -111,12 +111,15 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
     let record = state
         .requests
         .open(method.as_str(), &route, state.metrics.clone());
+    // Logged when dropped: a client that goes away before the response is complete drops this
+    // future, and the line says so.
+    let mut done = state.requests.done(record.clone());
     let mut resp = observe::requests::RequestRecord::scope(record.clone(), next.run(req)).await;
     let status = resp.status();
+    done.status(status.as_u16());
     if let Ok(v) = header::HeaderValue::from_str(&record.id.to_string()) {
         resp.headers_mut().insert("x-request-id", v);
     }
-    let done = state.requests.done(record, status.as_u16());
     state.metrics.record(&route, status.as_u16());
     if let Some(ErrorCause(cause)) = resp.extensions().get::<ErrorCause>() {
         tracing::error!(%method, %route, %status, %cause, "request failed");

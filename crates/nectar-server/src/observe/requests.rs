@@ -176,12 +176,24 @@ pub struct Requests {
     live: Mutex<BTreeMap<u64, Arc<RequestRecord>>>,
 }
 
-/// Removes a record from the live set (and logs it) when the response is complete.
+/// Status logged for a request whose client went away before the response was complete
+/// (nginx's convention; never sent).
+pub const CLIENT_CLOSED: u16 = 499;
+
+/// Removes a record from the live set (and logs it) when the response is complete, or when the
+/// request is dropped before it is (logged with [`CLIENT_CLOSED`]).
 #[derive(Debug)]
 pub struct Done {
     requests: Arc<Requests>,
     record: Arc<RequestRecord>,
     status: u16,
+}
+
+impl Done {
+    /// The status the response was sent with.
+    pub fn status(&mut self, status: u16) {
+        self.status = status;
+    }
 }
 
 impl Drop for Done {
@@ -220,12 +232,13 @@ impl Requests {
         r
     }
 
-    /// A guard that logs `record` with `status` and forgets it when dropped.
-    pub fn done(self: &Arc<Self>, record: Arc<RequestRecord>, status: u16) -> Done {
+    /// A guard that logs `record` and forgets it when dropped: with [`CLIENT_CLOSED`] unless
+    /// [`Done::status`] sets the status sent.
+    pub fn done(self: &Arc<Self>, record: Arc<RequestRecord>) -> Done {
         Done {
             requests: self.clone(),
             record,
-            status,
+            status: CLIENT_CLOSED,
         }
     }
 
@@ -256,7 +269,9 @@ mod tests {
         assert_eq!(v["finish"], "stop");
         assert!(v["ttft_ms"].as_f64().is_some());
         assert_eq!(metrics.ttft_totals().0, 1);
-        drop(reqs.done(r, 200));
+        let mut done = reqs.done(r);
+        done.status(200);
+        drop(done);
         assert!(reqs.live().is_empty());
         // The page's polls are not current requests.
         let poll = reqs.open("GET", "/experts/map", metrics);
