@@ -16,6 +16,10 @@ pub struct Cli {
     /// the same bits. Default: the fastest this CPU supports.
     #[arg(long, global = true)]
     pub isa: Option<String>,
+    /// Log lines on stderr: `text` (coloured only on a terminal) or `json` (one object per
+    /// line, for machines). Level: `NECTAR_LOG` (default `warn`; `serve`: request lines at info).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -744,6 +748,10 @@ pub struct SynthArgs {
     /// Add an MTP layer (int8 routed experts, as `nectar convert` writes them by default).
     #[arg(long)]
     pub mtp: bool,
+    /// Routed experts per layer instead of the preset's (e.g. `--preset tiny --experts 256
+    /// --layers 78`: GLM-5.2's expert map on a few hundred MB).
+    #[arg(long)]
+    pub experts: Option<usize>,
 }
 
 /// `nectar serve`.
@@ -779,4 +787,8 @@ pub struct ServeArgs {
     /// `auto` drafts (depth chosen by measurement) with --parallel 1 and is off otherwise.
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
+    /// The Atlas the page shows (`/experts.json`, written by `nectar atlas analyze`). Default:
+    /// the model directory's `experts.json`.
+    #[arg(long, value_name = "FILE")]
+    pub atlas: Option<PathBuf>,
 }

@@ -24,16 +24,31 @@ fn keep_freed_buffers() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_buffers() {}
 
+/// Log lines go to stderr, filtered by `NECTAR_LOG` (default `warn`; `serve` adds its request
+/// lines at info). Colour only when stderr is a terminal: a redirected log never carries ANSI
+/// codes. `--log-format json` writes one JSON object per line.
+fn init_logging(cli: &args::Cli) {
+    use std::io::IsTerminal;
+    let default = match cli.command {
+        args::Command::Serve(_) => "warn,nectar_server=info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NECTAR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        builder.json().with_current_span(false).init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
+}
+
 fn main() {
     keep_freed_buffers();
     let cli = args::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NECTAR_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&cli);
     // The thread that runs the model is worker 0 of the compute pool, so every parallel kernel
     // call forks from inside the pool: handing each call to a pool thread and parking the caller
     // cost two futex round trips per matrix (a tenth of decode time on the demo model). The

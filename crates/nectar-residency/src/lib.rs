@@ -34,4 +34,4 @@ pub use error::{Error, Result};
 pub use policy::{Admission, ExpertKey};
 pub use residency::{Lease, Pending, Residency, ResidencyConfig};
 pub use slab::{huge_page_bytes, Slab, ALIGN, HUGE_PAGE};
-pub use telemetry::{LayerStats, Occupancy, Telemetry};
+pub use telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Tier};

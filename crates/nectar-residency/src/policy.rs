@@ -371,6 +371,11 @@ impl Policy {
         self.slots[slot].key
     }
 
+    /// Whether a slot holds a prefetch nobody has requested yet.
+    pub fn is_prefetch(&self, slot: usize) -> bool {
+        self.slots[slot].prefetch
+    }
+
     /// The slot holding `key`, if resident or loading.
     pub fn lookup(&self, key: ExpertKey) -> Option<usize> {
         self.map.get(&key).copied()

@@ -13,8 +13,9 @@ use crate::io::ExpertIo;
 use crate::layout::SlotLayout;
 use crate::policy::{Access, Admission, Event, ExpertKey, Policy, Role};
 use crate::slab::Slab;
-use crate::telemetry::{LayerStats, Occupancy, Telemetry};
+use crate::telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Tier};
 use nectar_kernels::MatRef;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -64,7 +65,15 @@ struct State {
     stats: Telemetry,
     events: Vec<Event>,
     paths: Vec<std::path::PathBuf>,
+    /// The latest evictions (at most [`EVICTION_HISTORY`]), oldest first.
+    evictions: VecDeque<Eviction>,
+    /// Evictions ever (the `seq` of the newest).
+    evicted: u64,
 }
+
+/// Evictions remembered for [`Residency::evictions_since`]: a reader that falls further behind
+/// sees the newest ones and a gap in `seq`.
+pub const EVICTION_HISTORY: usize = 4096;
 
 struct Inner {
     slab: Slab,
@@ -165,6 +174,8 @@ impl Residency {
             events: Vec::new(),
             policy,
             paths,
+            evictions: VecDeque::new(),
+            evicted: 0,
         };
         let inner = Arc::new(Inner {
             slab,
@@ -272,7 +283,12 @@ impl Residency {
             let access = st.policy.access(key, &mut events);
             st.events = events;
             let slot = match access? {
-                Access::Hit(s) => s,
+                Access::Hit(s) => {
+                    if st.policy.role(s) == crate::policy::Role::Pinned {
+                        st.stats.layers[layer].pinned_hits += 1;
+                    }
+                    s
+                }
                 Access::Miss(s) => {
                     st.slots[s].status = Status::Loading;
                     self.submit(&mut st, s, key);
@@ -390,7 +406,19 @@ impl Residency {
             match ev {
                 Event::Hit(k) => st.stats.layers[layer(k)].hits += 1,
                 Event::Miss(k) => st.stats.layers[layer(k)].misses += 1,
-                Event::Evict { evicted, .. } => st.stats.layers[layer(evicted)].evictions += 1,
+                Event::Evict { evicted, admitted } => {
+                    st.stats.layers[layer(evicted)].evictions += 1;
+                    st.evicted += 1;
+                    let seq = st.evicted;
+                    if st.evictions.len() == EVICTION_HISTORY {
+                        st.evictions.pop_front();
+                    }
+                    st.evictions.push_back(Eviction {
+                        seq,
+                        evicted,
+                        admitted,
+                    });
+                }
                 Event::Bypass(k) => st.stats.layers[layer(k)].bypasses += 1,
                 Event::Prefetch(k) => st.stats.layers[layer(k)].prefetched += 1,
                 Event::PrefetchHit(k) => {
@@ -489,6 +517,43 @@ impl Residency {
             disabled,
         };
         t
+    }
+
+    /// Every expert that is not only on disk, and its tier (pinned, LRU, a working slot, a read
+    /// in flight, an unrequested prefetch). One pass over the slots under the lock: cheap enough
+    /// to poll (the server's expert map does).
+    pub fn placements(&self) -> Vec<Placement> {
+        use crate::policy::Role;
+        let st = self.lock();
+        (0..st.slots.len())
+            .filter_map(|s| {
+                let key = st.policy.key(s)?;
+                let tier = if st.policy.is_prefetch(s) {
+                    Tier::Prefetched
+                } else if matches!(st.slots[s].status, Status::Loading) {
+                    Tier::Loading
+                } else {
+                    match st.policy.role(s) {
+                        Role::Pinned => Tier::Pinned,
+                        Role::Lru(_) => Tier::Lru,
+                        Role::Working => Tier::Working,
+                        Role::Free | Role::Disabled => return None,
+                    }
+                };
+                Some(Placement { key, tier })
+            })
+            .collect()
+    }
+
+    /// The evictions after `seq` that are still remembered (see [`EVICTION_HISTORY`]), oldest
+    /// first; pass the last `seq` seen (0 at first).
+    pub fn evictions_since(&self, seq: u64) -> Vec<Eviction> {
+        let st = self.lock();
+        st.evictions
+            .iter()
+            .filter(|e| e.seq > seq)
+            .copied()
+            .collect()
     }
 
     /// Sets shard paths used in read-error messages.

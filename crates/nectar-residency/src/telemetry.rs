@@ -7,6 +7,8 @@ use serde::Serialize;
 pub struct LayerStats {
     /// Requests served from a resident or loading slot.
     pub hits: u64,
+    /// Of the hits, those served by a pinned slot.
+    pub pinned_hits: u64,
     /// Requests that needed a read.
     pub misses: u64,
     /// Experts evicted to admit another.
@@ -78,4 +80,42 @@ impl Telemetry {
             h as f64 / (h + m) as f64
         }
     }
+}
+
+/// Where a routed expert is, when it is not only on disk. Every expert absent from
+/// [`crate::Residency::placements`] is on disk only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// A demand read is in flight into a working slot.
+    Loading,
+    /// In its layer's LRU slots.
+    Lru,
+    /// In a pinned slot (never evicted).
+    Pinned,
+    /// A miss of the current wave, read and waiting in a working slot for its layer's safe
+    /// point (promotion into the LRU, or a bypass).
+    Working,
+    /// A predicted read (in flight or done) nobody has requested yet.
+    Prefetched,
+}
+
+/// One expert that is not only on disk, and where it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// The expert.
+    pub key: crate::ExpertKey,
+    /// Its tier.
+    pub tier: Tier,
+}
+
+/// One eviction: `evicted` left its slot so that `admitted` could enter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eviction {
+    /// Position in the cache's eviction history (1 for the first eviction ever).
+    pub seq: u64,
+    /// The expert that left.
+    pub evicted: crate::ExpertKey,
+    /// The expert that took its place.
+    pub admitted: crate::ExpertKey,
 }

@@ -328,6 +328,8 @@ fn pinned_experts_load_at_start_and_always_hit() {
         r.end_wave().unwrap();
     }
     assert_eq!(r.telemetry().layers[1].hits, 3 + 2);
+    // Of those, the pinned expert's three (expert 0's two LRU hits are not).
+    assert_eq!(r.telemetry().layers[1].pinned_hits, 3);
     assert!(io.reads.load(Ordering::SeqCst) > n);
 }
 
@@ -571,4 +573,56 @@ fn a_wrong_prefetch_evicts_nothing_and_never_starves_a_wave() {
     let (io, layouts) = setup(1, 4);
     let off = Residency::new(cfg(2, 4), layouts, Arc::new(io)).unwrap();
     assert_eq!(off.prefetch(0, &[1, 2]).unwrap(), 0);
+}
+
+/// The tiers the expert map shows: pinned, LRU, a working slot before its safe point, an
+/// unrequested prefetch; every other expert absent (on disk). Evictions are listed in order
+/// with the expert that took the slot.
+#[test]
+fn placements_and_evictions_follow_the_slots() {
+    use nectar_residency::{Placement, Tier};
+    let (io, layouts) = setup(4, 12);
+    let mut c = cfg_prefetch(1, 4, 2);
+    c.pinned = vec![ExpertKey::new(0, 11)];
+    let r = Residency::new(c, layouts, Arc::new(io)).unwrap();
+    let find = |r: &Residency, l: usize, e: usize| {
+        r.placements()
+            .into_iter()
+            .find(|p: &Placement| p.key == ExpertKey::new(l, e))
+            .map(|p| p.tier)
+    };
+    assert_eq!(find(&r, 0, 11), Some(Tier::Pinned));
+    assert_eq!(find(&r, 1, 3), None);
+    let leases: Vec<_> = r
+        .acquire(1, &[3])
+        .unwrap()
+        .into_iter()
+        .map(|p| p.wait().unwrap())
+        .collect();
+    assert_eq!(find(&r, 1, 3), Some(Tier::Working));
+    assert_eq!(r.prefetch(2, &[5]).unwrap(), 1);
+    let t = find(&r, 2, 5);
+    assert_eq!(t, Some(Tier::Prefetched));
+    drop(leases);
+    r.end_wave_layer(1).unwrap();
+    assert_eq!(find(&r, 1, 3), Some(Tier::Lru));
+    assert!(r.evictions_since(0).is_empty());
+    // One LRU slot per layer: 1:4 evicts 1:3.
+    drop(
+        r.acquire(1, &[4])
+            .unwrap()
+            .into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    r.end_wave_layer(1).unwrap();
+    assert_eq!(find(&r, 1, 3), None);
+    assert_eq!(find(&r, 1, 4), Some(Tier::Lru));
+    let ev = r.evictions_since(0);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (ev[0].seq, ev[0].evicted, ev[0].admitted),
+        (1, ExpertKey::new(1, 3), ExpertKey::new(1, 4))
+    );
+    assert!(r.evictions_since(1).is_empty());
 }

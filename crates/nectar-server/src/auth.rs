@@ -12,8 +12,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-/// Routes that answer without a key: load balancers probe `/health`.
-const PUBLIC: [&str; 1] = ["/health"];
+/// Routes that answer without a key: load balancers probe `/health`; the web page and its
+/// assets hold no data (the page asks for the key and sends it with its own requests).
+const PUBLIC: [&str; 4] = ["/health", "/", "/assets/app.js", "/assets/style.css"];
 
 /// The key a request presents, if any.
 fn presented_key(headers: &HeaderMap) -> Option<&str> {

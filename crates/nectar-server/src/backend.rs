@@ -256,6 +256,18 @@ pub enum FinishReason {
     Cancelled,
 }
 
+impl FinishReason {
+    /// The request log's name of the reason.
+    pub fn log_name(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::StopString(_) => "stop_string",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// Token counts of one generation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -452,6 +464,10 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<GenStart, BackendError>;
     /// Counters.
     fn stats(&self) -> BackendStats;
+    /// The live expert map and event stream, when the backend feeds one.
+    fn observatory(&self) -> Option<Arc<crate::observe::Observatory>> {
+        None
+    }
 }
 
 /// How to start an [`EngineBackend`].
@@ -512,6 +528,8 @@ pub(crate) struct Shared {
     capacity: usize,
     pub(crate) queued: AtomicUsize,
     pub(crate) n: Counters,
+    /// The expert map the model thread reports into.
+    pub(crate) observatory: Arc<crate::observe::Observatory>,
 }
 
 /// The model thread's counters (see [`BackendStats`] for their meaning).
@@ -578,6 +596,7 @@ impl EngineBackend {
             capacity,
             queued: AtomicUsize::new(0),
             n: Counters::default(),
+            observatory: Arc::default(),
         });
         let (jobs, rx) = sync_channel::<Job>(capacity);
         let model_id = model_id_of(&opts.model_dir);
@@ -763,6 +782,10 @@ impl Backend for EngineBackend {
                 })
             }
         }
+    }
+
+    fn observatory(&self) -> Option<Arc<crate::observe::Observatory>> {
+        Some(self.shared.observatory.clone())
     }
 
     fn stats(&self) -> BackendStats {

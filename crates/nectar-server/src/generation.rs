@@ -11,6 +11,7 @@ use crate::backend::{
     OutputParser, Piece, Prompt, StringParams, TokenLogprob, ToolCall,
 };
 use crate::error::ApiError;
+use crate::observe::requests::RequestRecord;
 use futures_util::Stream;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -64,6 +65,8 @@ pub struct Generation {
     pending: VecDeque<OutputEvent>,
     done: bool,
     _guard: CancelOnDrop,
+    /// The request's record (request log, latency histograms), when started inside one.
+    record: Option<Arc<RequestRecord>>,
 }
 
 /// One part of a collected output.
@@ -168,11 +171,16 @@ impl Generation {
             } => StringParams::of_tools(tools),
             _ => StringParams::default(),
         };
+        let record = RequestRecord::current();
+        let model = backend.model_id();
         let (tx, rx) = unbounded_channel();
         let start = tokio::task::spawn_blocking(move || backend.generate(req, tx))
             .await
             .map_err(|e| ApiError::internal(format!("generate task failed: {e}")))?
             .map_err(|e| backend_error(e, prompt_param))?;
+        if let Some(r) = &record {
+            r.generation_started(&model, start.prompt_tokens);
+        }
         let parser = match mode {
             OutputMode::Raw => None,
             OutputMode::Chat { tools } => {
@@ -186,6 +194,7 @@ impl Generation {
             pending: VecDeque::new(),
             done: false,
             _guard: guard,
+            record,
         })
     }
 
@@ -204,6 +213,9 @@ impl Generation {
                     text,
                     logprobs,
                 }) => {
+                    if let Some(r) = &self.record {
+                        r.tokens(ids.len());
+                    }
                     if !ids.is_empty() {
                         self.pending
                             .push_back(OutputEvent::Tokens { ids, logprobs });
@@ -220,11 +232,17 @@ impl Generation {
                     self.pending.push_back(OutputEvent::Prompt { first, rest });
                 }
                 Some(GenEvent::Finish(f)) => {
+                    if let Some(r) = &self.record {
+                        r.finished(f.reason.log_name(), f.usage.completion_tokens);
+                    }
                     self.flush_parser();
                     self.pending.push_back(OutputEvent::Finish(f));
                     self.done = true;
                 }
                 Some(GenEvent::Error(cause)) => {
+                    if let Some(r) = &self.record {
+                        r.finished("error", 0);
+                    }
                     tracing::error!(%cause, "generation failed");
                     self.pending.push_back(OutputEvent::Failed);
                     self.done = true;

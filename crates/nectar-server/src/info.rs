@@ -157,9 +157,14 @@ pub async fn stats(State(state): State<AppState>) -> Response {
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let body = state
-        .metrics
-        .render(&state.backend.stats(), &state.backend.load_state());
+    let tiers = state.observatory.telemetry();
+    let body = state.metrics.render(
+        &state.backend.stats(),
+        &state.backend.load_state(),
+        &tiers,
+        nectar_residency::rss::rss_bytes(),
+        state.observatory.budget(),
+    );
     (
         [(
             header::CONTENT_TYPE,

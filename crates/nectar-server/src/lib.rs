@@ -1,5 +1,7 @@
 //! HTTP serving for Nectar: OpenAI Chat Completions, Completions and Responses, Anthropic
-//! Messages, and the operational routes (`/health`, `/v1/models`, `/stats`, `/metrics`).
+//! Messages, the operational routes (`/health`, `/v1/models`, `/stats`, `/metrics`), and the
+//! observability page at `/` with its data routes (`/experts/map`, `/experts/events`,
+//! `/experts.json`; see [`observe`] and [`web`]).
 //!
 //! What this crate does: **protocol translation**. Each API family's requests become one
 //! protocol-neutral [`backend::GenRequest`] (a prompt as ids, text, or chat messages plus tools;
@@ -30,12 +32,14 @@ pub mod generation;
 mod guard;
 pub mod info;
 pub mod metrics;
+pub mod observe;
 pub mod protocol;
 pub mod run;
 mod scheduler;
 pub mod sse;
 pub mod state;
 pub mod store;
+pub mod web;
 
 pub use backend::{Backend, EngineBackend, EngineOptions};
 pub use run::{run, ServeError, ServeOptions};
@@ -58,6 +62,12 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(info::health))
         .route("/stats", get(info::stats))
         .route("/metrics", get(info::metrics))
+        .route("/", get(web::index))
+        .route("/assets/app.js", get(web::script))
+        .route("/assets/style.css", get(web::style))
+        .route("/experts/map", get(observe::routes::map))
+        .route("/experts/events", get(observe::routes::events))
+        .route("/experts.json", get(observe::routes::atlas))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{id}", get(info::model))
         .route("/v1/chat/completions", post(openai_chat::handle))
@@ -95,7 +105,9 @@ async fn method_not_allowed(req: Request) -> Response {
 }
 
 /// Middleware: counts requests by route pattern and status, keeps the in-flight gauge up while
-/// a response (a stream included) is being sent, and logs the internal cause of error responses.
+/// a response (a stream included) is being sent, logs the internal cause of error responses,
+/// and writes each request's log line when its response is complete (see
+/// [`observe::requests`]).
 async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -104,8 +116,18 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
         .unwrap_or_else(|| "unmatched".into());
     let method = req.method().clone();
     let in_flight = state.metrics.clone().begin_owned();
-    let resp = next.run(req).await;
+    let record = state
+        .requests
+        .open(method.as_str(), &route, state.metrics.clone());
+    // Logged when dropped: a client that goes away before the response is complete drops this
+    // future, and the line says so.
+    let mut done = state.requests.done(record.clone());
+    let mut resp = observe::requests::RequestRecord::scope(record.clone(), next.run(req)).await;
     let status = resp.status();
+    done.status(status.as_u16());
+    if let Ok(v) = header::HeaderValue::from_str(&record.id.to_string()) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
     state.metrics.record(&route, status.as_u16());
     if let Some(ErrorCause(cause)) = resp.extensions().get::<ErrorCause>() {
         tracing::error!(%method, %route, %status, %cause, "request failed");
@@ -119,10 +141,11 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
     if !streaming {
         return resp;
     }
-    // A stream is in flight until its body ends (or the client goes away and it is dropped).
+    // A stream is in flight until its body ends (or the client goes away and it is dropped);
+    // its log line is written then.
     let (parts, body) = resp.into_parts();
     let body = body.into_data_stream().map(move |chunk| {
-        let _keep = &in_flight;
+        let _keep = (&in_flight, &done);
         chunk
     });
     Response::from_parts(parts, axum::body::Body::from_stream(body))
@@ -135,9 +158,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    let sampler = tokio::spawn(observe::timeline::run(state.clone()));
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    sampler.abort();
+    served
 }
 
 #[cfg(test)]

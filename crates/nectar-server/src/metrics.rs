@@ -1,30 +1,60 @@
-//! Counters of the HTTP side, and the Prometheus text rendering of them plus the backend's.
+//! The server's Prometheus metrics, through the `prometheus` client: request counters and
+//! latency histograms observed as requests run, and the backend's and the expert cache's
+//! cumulative counters mirrored into the registry at each scrape.
 //!
 //! Routes are labelled by their pattern (`/v1/responses/{id}`), never by the raw path, so label
-//! cardinality stays bounded whatever clients request.
+//! cardinality stays bounded whatever clients request. The expert cache's counters carry a
+//! `tier` label: `main` (the routed experts of the main layers) or `mtp` (the MTP layer's own,
+//! wider slots).
 
 use crate::backend::{BackendStats, LoadState};
-use std::collections::BTreeMap;
-use std::fmt::Write;
+use nectar_residency::Telemetry;
+use prometheus::{
+    Counter, CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-/// HTTP counters.
-#[derive(Debug)]
+/// Latency buckets in seconds: 1 ms to about 9 minutes, doubling.
+fn latency_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(0.001, 2.0, 20).unwrap_or_default()
+}
+
+/// Everything `/metrics` exposes.
 pub struct Metrics {
     started: Instant,
-    by_route: Mutex<BTreeMap<(String, u16), u64>>,
-    in_flight: AtomicU64,
+    registry: Registry,
+    requests: IntCounterVec,
+    requests_total: AtomicU64,
+    refused_queue_full: AtomicU64,
+    in_flight: IntGauge,
+    ttft: Histogram,
+    inter_token: Histogram,
+    e2e: Histogram,
+    /// [`GAUGES`], set at each scrape.
+    gauges: Vec<Gauge>,
+    /// [`COUNTERS`]: the backend's cumulative counters, mirrored at each scrape.
+    counters: Vec<IntCounter>,
+    busy_seconds: Counter,
+    /// [`EXPERT`]: the expert cache's cumulative counters per tier, mirrored at each scrape.
+    expert: Vec<IntCounterVec>,
+    expert_seconds: CounterVec,
+    expert_slots: GaugeVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("requests_total", &self.requests_total())
+            .finish()
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
-            started: Instant::now(),
-            by_route: Mutex::new(BTreeMap::new()),
-            in_flight: AtomicU64::new(0),
-        }
+        Metrics::new()
     }
 }
 
@@ -34,33 +64,259 @@ pub struct InFlight(Arc<Metrics>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.dec();
     }
 }
 
+/// The gauges set at each scrape, by name (`nectar_<name>`) and help.
+const GAUGES: [(&str, &str); 12] = [
+    (
+        "model_ready",
+        "1 when the model is loaded and serving, 0 while loading or after a failed load.",
+    ),
+    ("queue_depth", "Requests waiting for the model thread."),
+    (
+        "queue_capacity",
+        "Requests that may wait before new ones get 429.",
+    ),
+    ("generations_active", "Generations running now."),
+    (
+        "last_decode_tokens_per_second",
+        "Decode speed of the most recent generation.",
+    ),
+    (
+        "batch_parallel",
+        "Rows that may decode together (continuous batching).",
+    ),
+    (
+        "batch_tokens_per_second",
+        "Tokens per second over all rows of the batch, smoothed over recent steps.",
+    ),
+    (
+        "sessions_kept",
+        "Finished conversations kept in memory for requests that continue them.",
+    ),
+    ("uptime_seconds", "Seconds since the server started."),
+    (
+        "resident_memory_bytes",
+        "Resident set size of the server process (0 where it cannot be read).",
+    ),
+    (
+        "memory_budget_bytes",
+        "The memory budget experts are streamed under (0: none, experts memory-mapped).",
+    ),
+    ("expert_loads_in_flight", "Expert reads in flight now."),
+];
+
+/// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
+const COUNTERS: [(&str, &str); 11] = [
+    (
+        "generations",
+        "Generations that ran to a finish (cancelled ones included).",
+    ),
+    (
+        "generations_cancelled",
+        "Generations stopped because the client went away.",
+    ),
+    (
+        "generations_failed",
+        "Generations that failed inside the model.",
+    ),
+    ("prompt_tokens", "Prompt tokens processed."),
+    ("generated_tokens", "Tokens generated."),
+    ("batch_steps", "Batched forward steps run."),
+    (
+        "batch_rows",
+        "Rows summed over batched steps (rows / steps = mean batch size).",
+    ),
+    (
+        "session_reused_tokens",
+        "Prompt tokens not run again because a request continued a kept conversation.",
+    ),
+    ("mtp_drafted", "MTP drafts checked by the main model."),
+    ("mtp_accepted", "MTP drafts accepted."),
+    (
+        "mtp_main_forwards",
+        "Main-model forwards after prefill while speculating.",
+    ),
+];
+
+/// The expert cache's counters per tier, by name (`nectar_expert_<name>_total`) and help.
+const EXPERT: [(&str, &str); 11] = [
+    (
+        "hits",
+        "Expert requests served from a resident or loading slot.",
+    ),
+    (
+        "pinned_hits",
+        "Expert requests served from a pinned slot (also counted in hits).",
+    ),
+    ("misses", "Expert requests that needed a read from disk."),
+    ("evictions", "Experts evicted to admit another."),
+    ("bypasses", "Misses not admitted to the cache."),
+    ("read_bytes", "Expert payload bytes read from disk."),
+    ("reads", "Expert reads completed."),
+    ("read_errors", "Expert reads that failed."),
+    (
+        "prefetch_issued",
+        "Predicted expert reads started (PILOT prefetch).",
+    ),
+    (
+        "prefetch_used",
+        "Prefetched experts a request then used (also counted as hits).",
+    ),
+    (
+        "prefetch_dropped",
+        "Prefetched experts nobody requested (a wasted read, nothing evicted).",
+    ),
+];
+
+/// Raises a mirrored counter to `v` (the source only grows; a smaller value is ignored).
+fn mirror(c: &IntCounter, v: u64) {
+    let cur = c.get();
+    if v > cur {
+        c.inc_by(v - cur);
+    }
+}
+
+fn mirror_f(c: &Counter, v: f64) {
+    let cur = c.get();
+    if v > cur {
+        c.inc_by(v - cur);
+    }
+}
+
+/// Registers `c` and returns it. Registration fails only on a duplicate or malformed name,
+/// which the constant names here rule out (a test renders every family).
+fn reg<C: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+    let _ = r.register(Box::new(c.clone()));
+    c
+}
+
 impl Metrics {
+    /// A fresh registry with every metric at zero.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let r = &registry;
+        let hist = |name: &str, help: &str| {
+            let opts = HistogramOpts::new(name, help).buckets(latency_buckets());
+            reg(r, Histogram::with_opts(opts).expect("valid histogram"))
+        };
+        let ttft = hist(
+            "nectar_time_to_first_token_seconds",
+            "From a generation request's arrival to its first generated token.",
+        );
+        let inter_token = hist(
+            "nectar_inter_token_seconds",
+            "Between consecutive generated tokens of a request, as its client receives them.",
+        );
+        let e2e = hist(
+            "nectar_request_duration_seconds",
+            "From a generation request's arrival to its finish (end to end).",
+        );
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "nectar_http_requests_total",
+                "HTTP requests answered, by route pattern and status.",
+            ),
+            &["route", "status"],
+        );
+        let in_flight = IntGauge::new(
+            "nectar_http_requests_in_flight",
+            "HTTP requests being answered now (open streams included).",
+        );
+        let busy = Counter::new(
+            "nectar_busy_seconds_total",
+            "Seconds the model thread spent generating (prefill and decode).",
+        );
+        let io_seconds = CounterVec::new(
+            Opts::new(
+                "nectar_expert_io_seconds_total",
+                "Expert I/O time: kind=\"disk\" is the readers' service time (summed over I/O \
+                 threads), kind=\"wait\" the time compute waited for misses (foreground stall).",
+            ),
+            &["tier", "kind"],
+        );
+        let slots = GaugeVec::new(
+            Opts::new(
+                "nectar_expert_slots",
+                "Expert cache slots by role (pinned, lru, working, free, disabled).",
+            ),
+            &["tier", "role"],
+        );
+        Metrics {
+            started: Instant::now(),
+            requests: reg(r, requests.expect("valid counter")),
+            requests_total: AtomicU64::new(0),
+            refused_queue_full: AtomicU64::new(0),
+            in_flight: reg(r, in_flight.expect("valid gauge")),
+            ttft,
+            inter_token,
+            e2e,
+            gauges: GAUGES
+                .iter()
+                .map(|(n, h)| {
+                    reg(
+                        r,
+                        Gauge::new(format!("nectar_{n}"), *h).expect("valid gauge"),
+                    )
+                })
+                .collect(),
+            counters: COUNTERS
+                .iter()
+                .map(|(n, h)| {
+                    let c = IntCounter::new(format!("nectar_{n}_total"), *h);
+                    reg(r, c.expect("valid counter"))
+                })
+                .collect(),
+            busy_seconds: reg(r, busy.expect("valid counter")),
+            expert: EXPERT
+                .iter()
+                .map(|(n, h)| {
+                    let opts = Opts::new(format!("nectar_expert_{n}_total"), *h);
+                    reg(
+                        r,
+                        IntCounterVec::new(opts, &["tier"]).expect("valid counter"),
+                    )
+                })
+                .collect(),
+            expert_seconds: reg(r, io_seconds.expect("valid counter")),
+            expert_slots: reg(r, slots.expect("valid gauge")),
+            registry,
+        }
+    }
+
     /// Counts a request as in flight until the guard drops (the guard may outlive the handler:
     /// it travels with a streaming body).
     pub fn begin_owned(self: Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.inc();
         InFlight(self)
     }
 
     /// Counts one answered request.
     pub fn record(&self, route: &str, status: u16) {
-        let mut m = self.by_route.lock().unwrap_or_else(|p| p.into_inner());
-        *m.entry((route.to_owned(), status)).or_insert(0) += 1;
+        self.requests
+            .with_label_values(&[route, &status.to_string()])
+            .inc();
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        if status == 429 {
+            self.refused_queue_full.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Requests answered so far, all routes and statuses.
     pub fn requests_total(&self) -> u64 {
-        let m = self.by_route.lock().unwrap_or_else(|p| p.into_inner());
-        m.values().sum()
+        self.requests_total.load(Ordering::Relaxed)
+    }
+
+    /// Requests refused with 429 (queue full) so far.
+    pub fn refused_queue_full(&self) -> u64 {
+        self.refused_queue_full.load(Ordering::Relaxed)
     }
 
     /// Requests being answered now.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.get().max(0) as u64
     }
 
     /// Seconds since the server started.
@@ -68,205 +324,267 @@ impl Metrics {
         self.started.elapsed().as_secs_f64()
     }
 
-    /// The Prometheus text exposition (format 0.0.4) of these counters and `backend`'s.
-    pub fn render(&self, backend: &BackendStats, state: &LoadState) -> String {
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
-        let one = |v: String| vec![(String::new(), v)];
-        {
-            let m = self.by_route.lock().unwrap_or_else(|p| p.into_inner());
-            let samples: Vec<(String, String)> = m
-                .iter()
-                .map(|((route, status), n)| {
-                    (
-                        format!("{{route=\"{}\",status=\"{status}\"}}", escape(route)),
-                        n.to_string(),
-                    )
-                })
-                .collect();
-            metric(
-                "nectar_http_requests_total",
-                "counter",
-                "HTTP requests answered, by route pattern and status.",
-                &samples,
-            );
-        }
-        metric(
-            "nectar_http_requests_in_flight",
-            "gauge",
-            "HTTP requests being answered now (open streams included).",
-            &one(self.in_flight().to_string()),
-        );
-        metric(
-            "nectar_model_ready",
-            "gauge",
-            "1 when the model is loaded and serving, 0 while loading or after a failed load.",
-            &one(u8::from(*state == LoadState::Ready).to_string()),
-        );
-        metric(
-            "nectar_queue_depth",
-            "gauge",
-            "Requests waiting for the model thread.",
-            &one(backend.queue_depth.to_string()),
-        );
-        metric(
-            "nectar_queue_capacity",
-            "gauge",
-            "Requests that may wait before new ones get 429.",
-            &one(backend.queue_capacity.to_string()),
-        );
-        metric(
-            "nectar_generations_active",
-            "gauge",
-            "Generations running now.",
-            &one(backend.active.to_string()),
-        );
-        metric(
-            "nectar_generations_total",
-            "counter",
-            "Generations that ran to a finish (cancelled ones included).",
-            &one(backend.requests_completed.to_string()),
-        );
-        metric(
-            "nectar_generations_cancelled_total",
-            "counter",
-            "Generations stopped because the client went away.",
-            &one(backend.requests_cancelled.to_string()),
-        );
-        metric(
-            "nectar_generations_failed_total",
-            "counter",
-            "Generations that failed inside the model.",
-            &one(backend.requests_failed.to_string()),
-        );
-        metric(
-            "nectar_prompt_tokens_total",
-            "counter",
-            "Prompt tokens processed.",
-            &one(backend.prompt_tokens.to_string()),
-        );
-        metric(
-            "nectar_generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            &one(backend.generated_tokens.to_string()),
-        );
-        metric(
-            "nectar_busy_seconds_total",
-            "counter",
-            "Seconds the model thread spent generating (prefill and decode).",
-            &one(format!("{:.6}", backend.busy_seconds)),
-        );
-        metric(
-            "nectar_last_decode_tokens_per_second",
-            "gauge",
-            "Decode speed of the most recent generation.",
-            &one(format!("{:.3}", backend.last_decode_tok_s)),
-        );
-        metric(
-            "nectar_batch_parallel",
-            "gauge",
-            "Rows that may decode together (continuous batching).",
-            &one(backend.parallel.to_string()),
-        );
-        metric(
-            "nectar_batch_steps_total",
-            "counter",
-            "Batched forward steps run.",
-            &one(backend.batch_steps.to_string()),
-        );
-        metric(
-            "nectar_batch_rows_total",
-            "counter",
-            "Rows summed over batched steps (rows / steps = mean batch size).",
-            &one(backend.batch_rows.to_string()),
-        );
-        metric(
-            "nectar_batch_tokens_per_second",
-            "gauge",
-            "Tokens per second over all rows of the batch, smoothed over recent steps.",
-            &one(format!("{:.3}", backend.batch_tok_s)),
-        );
-        metric(
-            "nectar_sessions_kept",
-            "gauge",
-            "Finished conversations kept in memory for requests that continue them.",
-            &one(backend.sessions.to_string()),
-        );
-        metric(
-            "nectar_session_reused_tokens_total",
-            "counter",
-            "Prompt tokens not run again because a request continued a kept conversation.",
-            &one(backend.session_reused_tokens.to_string()),
-        );
-        metric(
-            "nectar_mtp_drafted_total",
-            "counter",
-            "MTP drafts checked by the main model.",
-            &one(backend.mtp_drafted.to_string()),
-        );
-        metric(
-            "nectar_mtp_accepted_total",
-            "counter",
-            "MTP drafts accepted.",
-            &one(backend.mtp_accepted.to_string()),
-        );
-        metric(
-            "nectar_mtp_main_forwards_total",
-            "counter",
-            "Main-model forwards after prefill while speculating.",
-            &one(backend.mtp_forwards.to_string()),
-        );
-        metric(
-            "nectar_uptime_seconds",
-            "gauge",
-            "Seconds since the server started.",
-            &one(format!("{:.3}", self.uptime_seconds())),
-        );
-        out
+    /// Observes a time to first token.
+    pub fn observe_ttft(&self, seconds: f64) {
+        self.ttft.observe(seconds);
     }
-}
 
-/// Escapes a label value (backslash, quote, newline).
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    /// Observes the gap before one generated token.
+    pub fn observe_inter_token(&self, seconds: f64) {
+        self.inter_token.observe(seconds);
+    }
+
+    /// Observes a generation request's end-to-end time.
+    pub fn observe_e2e(&self, seconds: f64) {
+        self.e2e.observe(seconds);
+    }
+
+    /// TTFTs observed so far: (count, sum of seconds).
+    pub fn ttft_totals(&self) -> (u64, f64) {
+        (self.ttft.get_sample_count(), self.ttft.get_sample_sum())
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of the request metrics, `backend`'s
+    /// counters and the expert cache's `tiers` (name, counters); `rss` and `budget` in bytes.
+    pub fn render(
+        &self,
+        backend: &BackendStats,
+        state: &LoadState,
+        tiers: &[(&str, Telemetry)],
+        rss: Option<u64>,
+        budget: Option<u64>,
+    ) -> String {
+        let gauges = [
+            f64::from(u8::from(*state == LoadState::Ready)),
+            backend.queue_depth as f64,
+            backend.queue_capacity as f64,
+            backend.active as f64,
+            backend.last_decode_tok_s,
+            backend.parallel as f64,
+            backend.batch_tok_s,
+            backend.sessions as f64,
+            self.uptime_seconds(),
+            rss.unwrap_or(0) as f64,
+            budget.unwrap_or(0) as f64,
+            tiers.iter().map(|(_, t)| t.in_flight).sum::<usize>() as f64,
+        ];
+        for (g, v) in self.gauges.iter().zip(gauges) {
+            g.set(v);
+        }
+        let counters = [
+            backend.requests_completed,
+            backend.requests_cancelled,
+            backend.requests_failed,
+            backend.prompt_tokens,
+            backend.generated_tokens,
+            backend.batch_steps,
+            backend.batch_rows,
+            backend.session_reused_tokens,
+            backend.mtp_drafted,
+            backend.mtp_accepted,
+            backend.mtp_forwards,
+        ];
+        for (c, v) in self.counters.iter().zip(counters) {
+            mirror(c, v);
+        }
+        mirror_f(&self.busy_seconds, backend.busy_seconds);
+        for (tier, t) in tiers {
+            let sum = |f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
+                t.layers.iter().map(f).sum()
+            };
+            let values = [
+                sum(|l| l.hits),
+                sum(|l| l.pinned_hits),
+                sum(|l| l.misses),
+                sum(|l| l.evictions),
+                sum(|l| l.bypasses),
+                t.bytes_read,
+                t.reads,
+                t.read_errors,
+                sum(|l| l.prefetched),
+                sum(|l| l.prefetch_hits),
+                sum(|l| l.prefetch_dropped),
+            ];
+            for (c, v) in self.expert.iter().zip(values) {
+                mirror(&c.with_label_values(&[tier]), v);
+            }
+            mirror_f(
+                &self.expert_seconds.with_label_values(&[tier, "disk"]),
+                t.disk_seconds,
+            );
+            mirror_f(
+                &self.expert_seconds.with_label_values(&[tier, "wait"]),
+                t.wait_seconds,
+            );
+            let o = &t.occupancy;
+            for (role, n) in [
+                ("pinned", o.pinned),
+                ("lru", o.lru),
+                ("working", o.working),
+                ("free", o.free),
+                ("disabled", o.disabled),
+            ] {
+                self.expert_slots
+                    .with_label_values(&[tier, role])
+                    .set(n as f64);
+            }
+        }
+        let mut out = Vec::new();
+        // Encoding to a Vec fails only on an invalid family, which registration rules out.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nectar_residency::LayerStats;
+
+    fn parse(text: &str) -> prometheus_parse::Scrape {
+        let lines = text.lines().map(|l| Ok(l.to_owned()));
+        prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text format")
+    }
+
+    fn value(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let sample = s
+            .samples
+            .iter()
+            .find(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+            .unwrap_or_else(|| panic!("no sample {name} {labels:?}"));
+        match &sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            other => panic!("{name} is {other:?}"),
+        }
+    }
 
     #[test]
-    fn every_metric_has_help_and_type() {
+    fn exposition_parses_with_histograms_and_per_tier_counters() {
         let m = Metrics::default();
         m.record("/v1/chat/completions", 200);
         m.record("/v1/chat/completions", 200);
-        m.record("a\"b", 404);
-        let text = m.render(&BackendStats::default(), &LoadState::Ready);
-        assert!(text.contains(
-            "nectar_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"
-        ));
-        assert!(text.contains("route=\"a\\\"b\""));
-        assert!(text.contains("nectar_model_ready 1"));
-        let mut names = Vec::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# HELP ") {
-                names.push(rest.split(' ').next().unwrap().to_owned());
-            } else if !line.starts_with('#') {
-                let name = line.split(['{', ' ']).next().unwrap();
-                assert!(names.iter().any(|n| n == name), "{line} has no HELP");
+        m.record("a\"b", 429);
+        m.observe_ttft(0.25);
+        m.observe_ttft(0.75);
+        m.observe_inter_token(0.01);
+        m.observe_e2e(1.5);
+        let backend = BackendStats {
+            prompt_tokens: 12,
+            generated_tokens: 34,
+            mtp_drafted: 10,
+            mtp_accepted: 7,
+            queue_depth: 3,
+            ..BackendStats::default()
+        };
+        let main = Telemetry {
+            layers: vec![
+                LayerStats {
+                    hits: 5,
+                    pinned_hits: 2,
+                    misses: 2,
+                    evictions: 1,
+                    bypasses: 1,
+                    prefetched: 4,
+                    prefetch_hits: 3,
+                    prefetch_dropped: 1,
+                },
+                LayerStats {
+                    hits: 1,
+                    ..LayerStats::default()
+                },
+            ],
+            bytes_read: 4096,
+            disk_seconds: 0.5,
+            wait_seconds: 0.125,
+            ..Telemetry::default()
+        };
+        let text = m.render(
+            &backend,
+            &LoadState::Ready,
+            &[("main", main)],
+            Some(1 << 30),
+            Some(2 << 30),
+        );
+        let s = parse(&text);
+        assert_eq!(
+            value(
+                &s,
+                "nectar_http_requests_total",
+                &[("route", "/v1/chat/completions"), ("status", "200")]
+            ),
+            2.0
+        );
+        // A quote in a label value is escaped (the parser keeps escapes as they are).
+        assert!(
+            text.contains("route=\"a\\\"b\",status=\"429\"} 1"),
+            "{text}"
+        );
+        assert_eq!(value(&s, "nectar_model_ready", &[]), 1.0);
+        assert_eq!(value(&s, "nectar_prompt_tokens_total", &[]), 12.0);
+        assert_eq!(value(&s, "nectar_generated_tokens_total", &[]), 34.0);
+        assert_eq!(value(&s, "nectar_mtp_accepted_total", &[]), 7.0);
+        assert_eq!(value(&s, "nectar_queue_depth", &[]), 3.0);
+        assert_eq!(
+            value(&s, "nectar_expert_hits_total", &[("tier", "main")]),
+            6.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_pinned_hits_total", &[("tier", "main")]),
+            2.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_misses_total", &[("tier", "main")]),
+            2.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_read_bytes_total", &[("tier", "main")]),
+            4096.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_prefetch_used_total", &[("tier", "main")]),
+            3.0
+        );
+        assert_eq!(
+            value(
+                &s,
+                "nectar_expert_io_seconds_total",
+                &[("tier", "main"), ("kind", "wait")]
+            ),
+            0.125
+        );
+        assert_eq!(
+            value(&s, "nectar_resident_memory_bytes", &[]),
+            (1u64 << 30) as f64
+        );
+        assert_eq!(
+            value(&s, "nectar_memory_budget_bytes", &[]),
+            (2u64 << 30) as f64
+        );
+        let ttft = s
+            .samples
+            .iter()
+            .find(|x| x.metric == "nectar_time_to_first_token_seconds")
+            .expect("TTFT histogram");
+        match &ttft.value {
+            prometheus_parse::Value::Histogram(buckets) => {
+                let le_half = buckets.iter().find(|b| b.less_than == 0.512).unwrap();
+                assert_eq!(le_half.count, 1.0, "one TTFT at or below 0.512 s");
+                assert_eq!(buckets.last().unwrap().count, 2.0);
             }
+            other => panic!("TTFT is {other:?}"),
         }
-        for n in &names {
-            assert!(text.contains(&format!("# TYPE {n} ")), "{n} has no TYPE");
+        for name in [
+            "nectar_inter_token_seconds",
+            "nectar_request_duration_seconds",
+        ] {
+            assert!(s.docs.contains_key(name), "{name} has no HELP line");
         }
+        // Mirrored counters never go backwards, and a second scrape is stable.
+        let again = parse(&m.render(&backend, &LoadState::Loading, &[], None, None));
+        assert_eq!(value(&again, "nectar_generated_tokens_total", &[]), 34.0);
+        assert_eq!(value(&again, "nectar_model_ready", &[]), 0.0);
+        assert_eq!(m.refused_queue_full(), 1);
     }
 }

@@ -40,6 +40,8 @@ pub struct ServeOptions {
     pub threads: Option<usize>,
     /// Other names a request's `model` may give (`--alias`).
     pub aliases: Vec<String>,
+    /// The Atlas served at `/experts.json` (`None`: the model directory's `experts.json`).
+    pub atlas: Option<PathBuf>,
 }
 
 /// Why the server stopped with an error.
@@ -105,6 +107,11 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         parallel: opts.parallel,
         mtp: opts.mtp.clone(),
         aliases: opts.aliases.clone(),
+        atlas: Some(
+            opts.atlas
+                .clone()
+                .unwrap_or_else(|| opts.model_dir.join("experts.json")),
+        ),
         ..Default::default()
     };
     tracing::info!(?config, model = %opts.model_dir.display(), "resolved server configuration");

@@ -163,6 +163,16 @@ pub(crate) fn model_thread(
     };
     // `set` fails only if already set, which cannot happen: this thread is the only writer.
     let _ = shared.text.set(side);
+    let tiers = [
+        ("main", bundle.model.residency()),
+        ("mtp", bundle.model.mtp_residency()),
+    ]
+    .into_iter()
+    .filter_map(|(name, r)| Some((name, r?.clone())))
+    .collect();
+    shared
+        .observatory
+        .init(&bundle.model.expert_usage(), tiers, opts.memory_budget);
     shared.state.send_replace(LoadState::Ready);
     tracing::info!(
         model = %opts.model_dir.display(),
@@ -298,6 +308,10 @@ fn serve_batched(
             match job {
                 Ok(job) => {
                     shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    if batch.is_empty() {
+                        // The model was idle: a new turn of the expert map's hits.
+                        shared.observatory.turn_start();
+                    }
                     let id = next_id;
                     next_id += 1;
                     admit(bundle, &mut batch, &mut clients, id, job, shared);
@@ -353,6 +367,7 @@ fn serve_batched(
                 continue;
             }
         };
+        shared.observatory.step(&model.expert_usage());
         n.batch_steps.fetch_add(1, Ordering::Relaxed);
         n.batch_rows
             .fetch_add(report.batch_rows as u64, Ordering::Relaxed);
@@ -575,6 +590,7 @@ fn serve_speculative(
     let n = &shared.n;
     while let Ok(job) = recv_idle(rx, guard, bundle) {
         shared.queued.fetch_sub(1, Ordering::SeqCst);
+        shared.observatory.turn_start();
         n.active.store(1, Ordering::SeqCst);
         let sink = job.sink.clone();
         let cancel = job.cancel.clone();
@@ -632,12 +648,15 @@ fn run_speculative(
     let gen = generate_spec(bundle, request, Some(spec), |step| {
         // After each step every expert lease is released: the memory guard's safe point.
         guard.check(bundle)?;
+        shared.observatory.step(&bundle.model.expert_usage());
         if !send_step(bundle, &job.sink, step) {
             job.cancel.cancel();
         }
         Ok(!job.cancel.is_cancelled())
     })
     .map_err(|e| e.to_string())?;
+    // The last forward (a verification whose tokens were all emitted) is counted too.
+    shared.observatory.step(&bundle.model.expert_usage());
     let reason = finish_reason(Some(gen.finish), gen.stop.clone());
     n.prompt_tokens
         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);

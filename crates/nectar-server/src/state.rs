@@ -4,6 +4,8 @@
 
 use crate::backend::Backend;
 use crate::metrics::Metrics;
+use crate::observe::requests::Requests;
+use crate::observe::Observatory;
 use crate::store::ResponseStore;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -34,6 +36,9 @@ pub struct ServerConfig {
     /// Other names a request's `model` may give for the served model (`--alias`); any other
     /// name is 404 `model_not_found`.
     pub aliases: Vec<String>,
+    /// The Atlas served at `/experts.json` (`--atlas FILE`, else the model directory's
+    /// `experts.json`).
+    pub atlas: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +51,7 @@ impl Default for ServerConfig {
             stored_responses: DEFAULT_STORED_RESPONSES,
             auth: false,
             aliases: Vec::new(),
+            atlas: None,
         }
     }
 }
@@ -81,6 +87,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Stored Responses-API responses.
     pub responses: Arc<ResponseStore>,
+    /// The expert map and event stream (the backend's, or an empty one).
+    pub observatory: Arc<Observatory>,
+    /// The requests being answered now.
+    pub requests: Arc<Requests>,
 }
 
 impl AppState {
@@ -92,7 +102,10 @@ impl AppState {
     ) -> AppState {
         config.auth = api_key.is_some();
         let stored = config.stored_responses;
+        let observatory = backend.observatory().unwrap_or_default();
         AppState {
+            observatory,
+            requests: Arc::new(Requests::default()),
             backend,
             api_key: api_key.map(KeyDigest::of),
             config: Arc::new(config),

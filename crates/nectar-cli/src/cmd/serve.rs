@@ -42,6 +42,7 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         queue_capacity: QUEUE_CAPACITY,
         threads,
         aliases: a.alias,
+        atlas: a.atlas,
     })?;
     Ok(())
 }

@@ -13,6 +13,15 @@ pub fn run(a: SynthArgs) -> Result<()> {
     };
     spec.seed = a.seed;
     spec.mtp = a.mtp;
+    if let Some(n) = a.experts {
+        if n < spec.top_k {
+            anyhow::bail!(
+                "--experts {n} is below the preset's {} experts per token",
+                spec.top_k
+            );
+        }
+        spec.experts = n;
+    }
     let total = spec.layers as u64 * spec.experts as u64 * spec.expert_bytes();
     eprintln!(
         "writing {} MoE layers × {} experts × {:.1} MB = {:.2} GB of routed experts to {}",

@@ -1,6 +1,8 @@
 //! Helpers shared by the `nectar` binary's integration tests.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod server;
+
 use std::path::PathBuf;
 use std::process::Command;
 
