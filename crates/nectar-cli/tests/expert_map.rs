@@ -79,7 +79,7 @@ fn a_streamed_servers_map_events_and_metrics_agree() {
     let tiers: Vec<String> = serde_json::from_value(hello["tiers"].clone()).unwrap();
     assert_eq!(tiers[0], "disk");
 
-    let body = json!({"model": "m", "max_tokens": 6,
+    let body = json!({"model": "nectar-demo-glm5", "max_tokens": 6,
         "messages": [{"role": "user", "content": "What do bees make?"}]});
     let (st, _) = s.http(
         "POST",

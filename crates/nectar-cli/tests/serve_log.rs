@@ -124,7 +124,7 @@ fn text_log_without_a_terminal_has_no_colour() {
 fn a_client_that_leaves_early_is_logged_as_499() {
     use std::io::Write;
     let s = Server::start(&["--log-format", "json", "--parallel", "1", "--mtp", "off"]);
-    let body = json!({"model": "m", "max_tokens": 3000,
+    let body = json!({"model": "nectar-demo-glm5", "max_tokens": 3000,
         "messages": [{"role": "user", "content": "Write a very long story."}]})
     .to_string();
     {
