@@ -687,6 +687,10 @@ pub struct FitArgs {
     /// reserved for each.
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
+    /// Plan as `nectar serve --parallel N` does: its rows plus one kept conversation (without
+    /// it, the plan is `nectar run`'s).
+    #[arg(long)]
+    pub serve: bool,
     /// Also predict decode tok/s (MTP off and on) and prefill tok/s for this plan, from this
     /// machine's measured memory, kernel and disk speeds (or the flags below) and the hit rate
     /// the route256 trace reaches at the plan's slots.

@@ -108,13 +108,46 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
         terms,
     };
     if lru < 1 && p.sparse_layers > 0 {
+        let need = min_budget(fixed - safety_margin(p.budget), per_slot_row);
         return Err(Error::Budget(format!(
-            "{}\nneeds at least {} for one LRU slot per sparse layer",
+            "{}\nneeds at least {} ({need} bytes) for one LRU slot per sparse layer",
             render(&plan, p.budget),
-            human(fixed + per_slot_row)
+            human_ceil(need),
         )));
     }
     Ok(plan)
+}
+
+/// The least budget `b` with `b − safety_margin(b) ≥ fixed + row`: the margin grows with the
+/// budget, so `fixed + margin + row` at a smaller budget is not enough once typed in.
+fn min_budget(fixed_without_margin: u64, row: u64) -> u64 {
+    let need = fixed_without_margin + row;
+    let mut b = need + need / 49;
+    while b - safety_margin(b) < need {
+        b += 1;
+    }
+    while b > 0 && (b - 1) - safety_margin(b - 1) >= need {
+        b -= 1;
+    }
+    b
+}
+
+/// [`human`], rounded up at its last digit: a minimum printed this way is enough when typed
+/// back in.
+pub fn human_ceil(b: u64) -> String {
+    let (unit, name, digits) = if b >= 1 << 30 {
+        ((1u64 << 30) as f64, "GiB", 100.0)
+    } else if b >= 1 << 20 {
+        ((1u64 << 20) as f64, "MiB", 10.0)
+    } else {
+        (1024.0, "KiB", 10.0)
+    };
+    let v = (b as f64 / unit * digits).ceil() / digits;
+    if digits == 100.0 {
+        format!("{v:.2} {name}")
+    } else {
+        format!("{v:.1} {name}")
+    }
 }
 
 /// The equation as text, one term per line.
@@ -170,6 +203,46 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The printed minimum is a fixed point: that budget (as bytes, and as the rounded-up
+    /// size text) is accepted, one byte less is refused.
+    #[test]
+    fn the_minimum_it_prints_is_accepted() {
+        for (spine, slot, layers) in [
+            (150_000_000u64, 900_000u64, 16usize),
+            (9_500_000_000, 21_200_000, 75),
+            (1_000, 4_096, 1),
+        ] {
+            let inputs = |budget| PlanInputs {
+                budget,
+                spine: vec![("attention".into(), spine)],
+                slot_bytes: slot,
+                sparse_layers: layers,
+                mtp_slot_bytes: 0,
+                experts_per_layer: 256,
+                working_slots: 16,
+                pinned_slots: 0,
+                mtp_slots: 0,
+                kv_bytes_per_token: 1000,
+                ctx: 4096,
+                prefill_transients: 1 << 20,
+                runtime_reserve: 1 << 27,
+            };
+            let err = plan(&inputs(spine)).unwrap_err().to_string();
+            let bytes: u64 = err
+                .split(" bytes)")
+                .next()
+                .and_then(|x| x.rsplit('(').next())
+                .and_then(|x| x.parse().ok())
+                .unwrap_or_else(|| panic!("{err}"));
+            assert_eq!(plan(&inputs(bytes)).unwrap().lru_per_layer, 1, "{err}");
+            assert!(plan(&inputs(bytes - 1)).is_err());
+            let text = err.split("needs at least ").nth(1).unwrap();
+            let typed = text.split(" (").next().unwrap().replace(' ', "");
+            let typed = parse_size(&typed).unwrap();
+            assert!(typed >= bytes && plan(&inputs(typed)).is_ok(), "{text}");
+        }
+    }
 
     fn inputs(budget: u64) -> PlanInputs {
         PlanInputs {

@@ -61,7 +61,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
         memory_budget: budget,
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
         // The rows, and the conversations kept for continuing requests.
-        sequences: opts.parallel.max(1) + 1,
+        sequences: nectar_model::arch::glm5::serve_sequences(opts.parallel),
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())

@@ -310,6 +310,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         memory_budget: None,
         ctx_size: a.ctx_size,
         parallel: 1,
+        serve: false,
         project: true,
         geometry: None,
         disk_gbps: None,

@@ -27,7 +27,11 @@ pub fn run(a: FitArgs) -> Result<()> {
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
-        sequences: a.parallel.max(1),
+        sequences: if a.serve {
+            nectar_model::arch::glm5::serve_sequences(a.parallel)
+        } else {
+            a.parallel.max(1)
+        },
         ..Default::default()
     };
     let (inputs, plan) = plan_memory(&dir, &opts)?;

@@ -26,7 +26,9 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
-pub use streaming::{expert_layouts, plan_memory, LoadOptions, PinRequest, DEFAULT_ADMISSION};
+pub use streaming::{
+    expert_layouts, plan_memory, serve_sequences, LoadOptions, PinRequest, DEFAULT_ADMISSION,
+};
 
 use crate::blocks::{Embedding, Linear, Loader};
 use crate::cache::{CacheDims, LayerCache, SeqCache};

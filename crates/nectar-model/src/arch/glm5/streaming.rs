@@ -41,6 +41,12 @@ pub struct LoadOptions {
     pub admission: nectar_residency::Admission,
 }
 
+/// Sequences `nectar serve --parallel N` plans KV and prompt transients for: its N rows and one
+/// finished conversation kept for a continuing request. `nectar fit --serve` plans the same.
+pub fn serve_sequences(parallel: usize) -> usize {
+    parallel.max(1) + 1
+}
+
 /// The default admission: predictive (decayed frequency + context-match look-ahead + learned
 /// transitions), 0.88 of Belady at 12 slots on the route256 decode trace where decayed
 /// frequency alone reaches 0.74 (`benchmarks/RESULTS.md`). Quality-neutral: it only decides

@@ -1,0 +1,102 @@
+//! One plan for `fit`, `run` and `serve`: the minimum `fit` prints is accepted, and `fit`'s
+//! verdict is the plan that runs (`run --json`, `serve`'s `/stats`).
+mod common;
+
+use common::server::Server;
+use common::{json, nectar};
+
+/// The byte count of a refusal's "needs at least X (N bytes)".
+fn needed(err: &str) -> u64 {
+    err.split(" bytes)")
+        .next()
+        .and_then(|x| x.rsplit('(').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in: {err}"))
+}
+
+#[test]
+fn the_minimum_fit_prints_is_accepted_by_run() {
+    let (ok, _, err) = nectar(&["fit", "--memory-budget", "1M"]);
+    assert!(!ok, "1 MiB cannot hold the demo model");
+    let need = needed(&err);
+    let run = |budget: u64| {
+        nectar(&[
+            "run",
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "2",
+            "--no-usage-save",
+            "--json",
+            "--memory-budget",
+            &budget.to_string(),
+        ])
+    };
+    let (ok, out, err) = run(need);
+    assert!(ok, "fit's minimum {need} B was refused:\n{err}");
+    assert_eq!(json(&out)["stats"]["residency"]["lru_per_layer"], 1);
+    let (ok, _, err) = run(need - 1);
+    assert!(!ok && err.contains("needs at least"), "{err}");
+    // The rounded-up text is enough too.
+    let text = err.split("needs at least ").nth(1).unwrap();
+    let typed = text.split(" (").next().unwrap().replace(' ', "");
+    let (ok, _, err) = nectar(&[
+        "run",
+        "--prompt-ids",
+        "1",
+        "--max-tokens",
+        "1",
+        "--no-usage-save",
+        "--memory-budget",
+        &typed,
+    ]);
+    assert!(ok, "{typed} refused: {err}");
+}
+
+#[test]
+fn fit_serve_is_the_plan_serve_runs() {
+    let fit = |extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            "--memory-budget",
+            "400M",
+            "--parallel",
+            "2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = nectar(&args);
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let s = Server::start(&["--memory-budget", "400M", "--parallel", "2", "--mtp", "off"]);
+    let (st, body) = s.http("GET", "/stats", None, None);
+    assert_eq!(st, 200);
+    let stats = json(&String::from_utf8_lossy(&body));
+    let served = &stats["model_info"]["memory_plan"];
+    let planned = fit(&["--serve"]);
+    assert_eq!(
+        planned["lru_per_layer"], served["lru_per_layer"],
+        "{served}"
+    );
+    let terms = |v: &serde_json::Value| -> u64 {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                t.get("bytes")
+                    .or_else(|| t.get(1))
+                    .unwrap()
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum()
+    };
+    assert_eq!(terms(&planned["terms"]), terms(&served["terms"]));
+    // Without --serve the plan is run's: one sequence fewer, so more slots.
+    let run_plan = fit(&[]);
+    assert!(
+        run_plan["lru_per_layer"].as_u64() > planned["lru_per_layer"].as_u64()
+            || terms(&run_plan["terms"]) < terms(&planned["terms"])
+    );
+}
