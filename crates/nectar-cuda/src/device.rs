@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use cudarc::driver::sys::CUdevice_attribute as Attr;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,6 +46,22 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// Compiles the kernels to PTX for compute capability `cc` (needs NVRTC, not a GPU).
+pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
+    let opts = CompileOptions {
+        // fmad stays on (the kernels' FMAs are explicit anyway); no fast math: the
+        // dequantisation and the sums are IEEE f32 as documented.
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(GEMV_SOURCE, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            Error::Compile(log.to_string_lossy().into_owned())
+        }
+        e => Error::Compile(format!("{e:?}")),
+    })
+}
+
 /// Maps a driver error during probing to [`Error::Unavailable`]: no device, no driver and a
 /// driver too old are all "run on the CPU", not faults.
 fn unavailable(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> Error + '_ {
@@ -85,19 +101,7 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         let cc = ctx.compute_capability()?;
         let started = Instant::now();
-        let opts = CompileOptions {
-            // fmad stays on (the kernels' FMAs are explicit anyway); no fast math: the
-            // dequantisation and the sums are IEEE f32 as documented.
-            options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(GEMV_SOURCE, opts).map_err(|e| match e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                Error::Compile(log.to_string_lossy().into_owned())
-            }
-            e => Error::Compile(format!("{e:?}")),
-        })?;
-        let module = ctx.load_module(ptx)?;
+        let module = ctx.load_module(compile(cc)?)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let (free_bytes, total_bytes) = ctx.mem_get_info()?;
         let info = GpuInfo {
@@ -151,5 +155,31 @@ impl Gpu {
 
     pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
         Ok(self.module.load_function(name)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemv::{kernel_names, MAX_M};
+
+    /// NVRTC needs no GPU: where it is installed (`LD_LIBRARY_PATH`), the source must compile
+    /// for Hopper and export every kernel the host side launches.
+    #[test]
+    fn kernels_compile_and_export_every_entry_point() {
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: NVRTC (libnvrtc.so) not on the library path");
+            return;
+        }
+        let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
+        let names = kernel_names();
+        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * MAX_M);
+        for name in names {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{name} missing from the PTX"
+            );
+        }
     }
 }

@@ -115,6 +115,28 @@ fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
     }
 }
 
+/// Every kernel the host side can launch (for the compile test).
+#[cfg(test)]
+pub(crate) fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for f in [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::Int8Row,
+        WeightFormat::Int4Row,
+    ] {
+        for m in 1..=MAX_M {
+            for order in [Order::Exact, Order::Word] {
+                v.push(kernel_name(f, m, order));
+            }
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
 fn shape_i32(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} exceeds the kernel limit")))
 }

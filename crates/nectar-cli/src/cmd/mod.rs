@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod bench;
 pub mod bench_decode;
+pub mod bench_gpu;
 pub mod bench_io;
 pub mod bench_pilot;
 pub mod bench_policy;
