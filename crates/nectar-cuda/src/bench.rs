@@ -15,7 +15,7 @@ use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::{Job, Order};
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use nectar_kernels::{decode_row, dot_scalar, MatRef, WeightFormat};
 
 /// Per-call times of a timed region.
@@ -76,6 +76,31 @@ pub fn d2d_copy(gpu: &Gpu, bytes: usize) -> Result<Timing> {
     let src = fill_device(gpu, bytes, 0x5eed)?;
     let mut dst: CudaSlice<u8> = gpu.stream.alloc_zeros(bytes)?;
     gpu.time(2, 5, 9, |_| Ok(gpu.stream.memcpy_dtod(&src, &mut dst)?))
+}
+
+/// Read-only streaming of `bytes` (the `read_ref` kernel): per-pass timing; GB/s = bytes / time.
+/// A kernel that mostly reads can beat a copy (which turns the bus around for writes), so the
+/// kernel ratios use the better of the two as the limit.
+pub fn read_ref(gpu: &Gpu, bytes: usize) -> Result<Timing> {
+    let n16 = (bytes / 16) as u64;
+    let src = fill_device(gpu, bytes, 0x7265_6164)?;
+    let blocks = (gpu.info().multiprocessors * 8) as u32;
+    let out: CudaSlice<u8> = gpu.stream.alloc_zeros(blocks as usize * 16)?;
+    let func = gpu.function("read_ref")?;
+    let (sp, _) = src.device_ptr(&gpu.stream);
+    let (op, _) = out.device_ptr(&gpu.stream);
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    gpu.time(2, 5, 9, |_| {
+        let mut b = gpu.stream.launch_builder(&func);
+        b.arg(&sp).arg(&n16).arg(&op);
+        // SAFETY: `sp` holds n16 × 16 readable bytes, `op` one 16-byte slot per block.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    })
 }
 
 /// Host→device copies from page-locked memory.

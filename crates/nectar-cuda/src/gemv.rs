@@ -41,10 +41,10 @@ impl Order {
 
 /// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`).
 fn rows_per_warp(m: usize) -> u32 {
-    if m <= 4 {
-        4
-    } else {
-        2
+    match m {
+        0..=2 => 8,
+        3..=4 => 4,
+        _ => 2,
     }
 }
 
@@ -232,7 +232,18 @@ impl Gpu {
         };
         let rows = plan.rows as i32;
         let cols = plan.cols as i32;
-        let vec = i32::from(vector && plan.vector_layout());
+        // Bit 0: the vector path; bit 1: one scale covers each 16-byte chunk of a row (the
+        // group is a multiple of the chunk's weights: per-row formats, int4 g32/g64/…).
+        let chunk_weights = 16 * 8 / plan.format_bits();
+        let path = if vector && plan.vector_layout() {
+            1 | if plan.group > 0 && plan.group % chunk_weights == 0 {
+                2
+            } else {
+                0
+            }
+        } else {
+            0
+        };
         let mut b = self.stream.launch_builder(&plan.func);
         b.arg(&jobs)
             .arg(&rows)
@@ -241,7 +252,7 @@ impl Gpu {
             .arg(&plan.row_scales)
             .arg(&plan.gmagic)
             .arg(&plan.gshift)
-            .arg(&vec);
+            .arg(&path);
         // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
         // the grid covers every row once and the kernel bounds-checks the last block.
         unsafe { b.launch(cfg) }?;
@@ -370,6 +381,16 @@ impl GemvPlan {
     /// activation address is 16-byte aligned.
     pub fn vector_ok(&self, jobs: &[Job]) -> bool {
         self.vector_layout() && jobs.iter().all(|j| j.w % 16 == 0 && j.x % 16 == 0)
+    }
+
+    /// Bits per stored weight.
+    fn format_bits(&self) -> usize {
+        match self.format {
+            WeightFormat::F32 => 32,
+            WeightFormat::Bf16 | WeightFormat::F16 => 16,
+            WeightFormat::Int8Row => 8,
+            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 4,
+        }
     }
 
     /// Weight and scale bytes one job streams.
