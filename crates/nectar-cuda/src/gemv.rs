@@ -236,7 +236,7 @@ impl Gpu {
         // group is a multiple of the chunk's weights: per-row formats, int4 g32/g64/…).
         let chunk_weights = 16 * 8 / plan.format_bits();
         let path = if vector && plan.vector_layout() {
-            1 | if plan.group > 0 && plan.group % chunk_weights == 0 {
+            1 | if plan.group > 0 && plan.group.is_multiple_of(chunk_weights) {
                 2
             } else {
                 0
@@ -371,8 +371,10 @@ impl GemvPlan {
         self.row_bytes % 16 == 0
             && match self.format {
                 // An odd width leaves a padding nibble the vector path would read as a column.
-                WeightFormat::Int4Row => self.cols % 2 == 0,
-                WeightFormat::Int4Group { group } => self.cols % 2 == 0 && group % 8 == 0,
+                WeightFormat::Int4Row => self.cols.is_multiple_of(2),
+                WeightFormat::Int4Group { group } => {
+                    self.cols.is_multiple_of(2) && group.is_multiple_of(8)
+                }
                 _ => true,
             }
     }
