@@ -18,6 +18,7 @@ fn gpu_memory_keeps_the_tokens_and_says_where_the_model_runs() {
         "1,2,3,4,5",
         "--max-tokens",
         "16",
+        "--no-usage-save",
     ];
     let (ok, cpu, err) = nectar(&args);
     assert!(ok, "{err}");
