@@ -149,6 +149,12 @@ pub struct RunArgs {
     /// (see `nectar fit`). Default: every expert resident (memory-mapped).
     #[arg(long)]
     pub memory_budget: Option<String>,
+    /// VRAM for weights on the GPU (e.g. 16G; a build with `--features cuda`): attention,
+    /// dense, router and shared-expert matrices first, then the LM head and resident experts,
+    /// as far as they fit, run there (docs/gpu.md). Without a usable GPU, Nectar says why and
+    /// runs on the CPU.
+    #[arg(long)]
+    pub gpu_memory: Option<String>,
     /// Context length the memory plan reserves KV for (with --memory-budget).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
@@ -434,6 +440,29 @@ pub enum BenchWhat {
     /// Recorded routing driving the real model (attention, spine, MoE through the residency
     /// manager, I/O workers, kernels) on a container under memory budgets.
     Replay(BenchReplayArgs),
+    /// The CUDA tier (`--features cuda`): GPU kernels on GLM-5.2 shapes ÷ the device's copy
+    /// bandwidth, and expert-sized pinned host→device copies ÷ one large copy.
+    Gpu(BenchGpuArgs),
+}
+
+/// `nectar bench gpu`.
+#[derive(Debug, Args)]
+pub struct BenchGpuArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Smaller copies and no LM head (a few seconds).
+    #[arg(long)]
+    pub quick: bool,
+    /// Only cases whose name contains this text (e.g. `expert`, `attn`).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Activation rows to measure (decode, MTP verify, small batches).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
+    pub m: Vec<usize>,
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
 }
 
 /// `nectar bench replay`.

@@ -22,6 +22,9 @@ pub enum Error {
     /// The expert cache failed (a read error names layer, expert, file and offset).
     #[error(transparent)]
     Residency(#[from] nectar_residency::Error),
+    /// A GPU operation failed after the GPU was opened (a driver or kernel fault).
+    #[error("GPU: {0}")]
+    Gpu(String),
     /// A request the model cannot serve (token id out of range, context overflow, ...).
     #[error("invalid input: {0}")]
     Input(String),

@@ -45,6 +45,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         BenchWhat::Decode(a) => super::bench_decode::decode(a),
         BenchWhat::Policy(a) => super::bench_policy::policy(a),
         BenchWhat::Replay(a) => super::bench_replay::replay(a),
+        BenchWhat::Gpu(a) => super::bench_gpu::gpu(a),
     }
 }
 

@@ -2,6 +2,7 @@
 pub mod atlas;
 pub mod bench;
 pub mod bench_decode;
+pub mod bench_gpu;
 pub mod bench_io;
 pub mod bench_pilot;
 pub mod bench_policy;

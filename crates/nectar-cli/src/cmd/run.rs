@@ -32,10 +32,20 @@ pub fn run(a: RunArgs) -> Result<()> {
             Some(_) => super::usage::pin_request(&dir, &a.pin, a.pin_size.as_deref())?,
             None => None,
         },
+        gpu_memory: match &a.gpu_memory {
+            Some(s) => Some(
+                nectar_residency::planner::parse_size(s)
+                    .map_err(|e| anyhow::anyhow!("--gpu-memory: {e}"))?,
+            ),
+            None => None,
+        },
         ..Default::default()
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
         .with_context(|| format!("loading {}", dir.display()))?;
+    if let Some(p) = bundle.model.gpu_placement() {
+        eprintln!("{}", p.summary);
+    }
     let mut guard = budget.map(RssGuard::new);
     let prompt_ids = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), _) => ids.clone(),

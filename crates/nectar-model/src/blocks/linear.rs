@@ -16,6 +16,9 @@ pub struct Linear {
     pub cols: usize,
     data: Bytes,
     scales: Vec<f32>,
+    /// A copy in VRAM (`--gpu-memory`); when present, [`Linear::forward`] runs on the GPU.
+    #[cfg(feature = "cuda")]
+    gpu: Option<std::sync::Arc<super::gpu::GpuWeight>>,
 }
 
 impl Linear {
@@ -36,6 +39,8 @@ impl Linear {
             cols,
             data,
             scales,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         })
     }
 
@@ -63,11 +68,36 @@ impl Linear {
         }
     }
 
-    /// `m` rows of `x` (`m × cols`) → `m × rows`.
+    /// `m` rows of `x` (`m × cols`) → `m × rows`: on the GPU when the matrix was placed there
+    /// ([`Linear::place_on_gpu`]; equal to the CPU's within `nectar_cuda::within_tolerance`),
+    /// else on the CPU kernels.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
         let mut y = vec![0.0; m * self.rows];
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            g.matmul(x, m, &mut y)?;
+            return Ok(y);
+        }
         matmul(&self.mat(), x, m, &mut y)?;
         Ok(y)
+    }
+
+    /// Copies the matrix to `gpu`; later [`Linear::forward`] calls run there. Returns the
+    /// device bytes used.
+    #[cfg(feature = "cuda")]
+    pub fn place_on_gpu(&mut self, gpu: &std::sync::Arc<nectar_cuda::Gpu>) -> Result<usize> {
+        let w = super::gpu::GpuWeight::upload(gpu, &self.mat())?;
+        let bytes = w.device_bytes();
+        self.gpu = Some(std::sync::Arc::new(w));
+        Ok(bytes)
+    }
+
+    /// Whether [`Linear::forward`] runs on the GPU.
+    pub fn on_gpu(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.gpu.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
     }
 
     /// Bytes held (weights + scales).

@@ -1,6 +1,10 @@
 //! Building blocks shared by architectures: weight-backed linears and the tensor loader.
+#[cfg(feature = "cuda")]
+mod gpu;
 mod linear;
 mod loader;
 
+#[cfg(feature = "cuda")]
+pub use gpu::open_gpu;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;

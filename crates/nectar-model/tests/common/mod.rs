@@ -5,12 +5,18 @@ use nectar_model::Observer;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// `tests/fixtures/glm-tiny/<variant>`; `NECTAR_FIXTURES` overrides the glm-tiny directory for
+/// a test executable run away from its source tree (the GPU machine: scripts/gpu-device-run).
 pub fn fixture_dir(variant: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/fixtures/glm-tiny"
-    ))
-    .join(variant)
+    std::env::var_os("NECTAR_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../tests/fixtures/glm-tiny"
+            ))
+        })
+        .join(variant)
 }
 
 pub fn demo_dir() -> PathBuf {

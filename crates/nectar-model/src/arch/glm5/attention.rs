@@ -59,6 +59,22 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// Every matrix, hottest first (the placement order of `--gpu-memory`).
+    #[cfg(feature = "cuda")]
+    pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v = vec![
+            &mut self.q_a,
+            &mut self.kv_a,
+            &mut self.q_b,
+            &mut self.kv_b,
+            &mut self.o,
+        ];
+        if let Some(i) = &mut self.indexer {
+            v.extend(i.linears_mut());
+        }
+        v
+    }
+
     /// Loads `{prefix}self_attn.*` (and the indexer when `full`).
     pub fn load(ld: &Loader<'_>, prefix: &str, cfg: &Config, full: bool) -> Result<Self> {
         let r = &cfg.raw;

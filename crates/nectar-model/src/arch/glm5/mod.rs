@@ -16,6 +16,7 @@ mod layout;
 mod moe;
 mod mtp;
 mod pilot;
+mod placement;
 mod streaming;
 
 pub use attention::MlaMode;
@@ -26,6 +27,7 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
+pub use placement::GpuPlacement;
 pub use streaming::{
     expert_layouts, plan_memory, serve_sequences, LoadOptions, PinRequest, DEFAULT_ADMISSION,
 };
@@ -38,7 +40,7 @@ use layer::DecoderLayer;
 use moe::Mlp;
 use mtp::Mtp;
 use nectar_format::Catalog;
-use nectar_kernels::{matmul, rms_norm, RopeTable};
+use nectar_kernels::{rms_norm, RopeTable};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -81,6 +83,7 @@ pub struct Glm5 {
     pilot: Mutex<PilotStats>,
     catalog: Arc<Catalog>,
     streaming: Option<streaming::Streaming>,
+    gpu: Option<GpuPlacement>,
 }
 
 impl Glm5 {
@@ -114,7 +117,7 @@ impl Glm5 {
         } else {
             "lm_head.weight"
         };
-        let model = Glm5 {
+        let mut model = Glm5 {
             embed: ld.embedding("model.embed_tokens.weight", v, h)?,
             norm: ld.vector("model.norm.weight", h)?,
             lm_head: ld.linear(lm_name, v, h)?,
@@ -127,8 +130,17 @@ impl Glm5 {
             catalog: catalog.clone(),
             streaming,
             cfg,
+            gpu: None,
         };
+        if let Some(budget) = opts.gpu_memory {
+            model.gpu = Some(placement::place(&mut model, budget)?);
+        }
         Ok(model)
+    }
+
+    /// Where `LoadOptions::gpu_memory` put the matrices (`None` when it was not asked for).
+    pub fn gpu_placement(&self) -> Option<&GpuPlacement> {
+        self.gpu.as_ref()
     }
 
     /// The expert cache, when experts are streamed.
@@ -299,9 +311,7 @@ impl Glm5 {
     /// Logits (`rows × vocab`, f32) of post-final-norm hiddens.
     pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
         let m = hidden.len() / self.hidden_size();
-        let mut y = vec![0.0; m * self.vocab_size()];
-        matmul(&self.lm_head.mat(), hidden, m, &mut y)?;
-        Ok(y)
+        self.lm_head.forward(hidden, m)
     }
 
     /// Runs the MTP layer; returns its post-`shared_head.norm` hiddens (`rows × hidden`).
@@ -370,9 +380,7 @@ impl Glm5 {
             .ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
         let head = mtp.head.as_ref().unwrap_or(&self.lm_head);
         let m = hm.len() / self.hidden_size();
-        let mut y = vec![0.0; m * self.vocab_size()];
-        matmul(&head.mat(), hm, m, &mut y)?;
-        Ok(y)
+        head.forward(hm, m)
     }
 
     /// Weight bytes by class: (spine, routed experts, MTP, indexers).

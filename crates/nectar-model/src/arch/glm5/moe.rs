@@ -20,6 +20,12 @@ pub struct SwiGlu {
 }
 
 impl SwiGlu {
+    /// Gate, up, down.
+    #[cfg(feature = "cuda")]
+    pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        vec![&mut self.gate, &mut self.up, &mut self.down]
+    }
+
     /// Loads `{prefix}{gate,up,down}_proj.weight`.
     pub fn load(ld: &Loader<'_>, prefix: &str, hidden: usize, inter: usize) -> Result<Self> {
         Ok(SwiGlu {
@@ -407,6 +413,10 @@ impl Moe {
 
 /// The MLP of a decoder layer.
 #[derive(Debug)]
+// One per layer, built once and never moved on a hot path: the size difference between the
+// variants (which crosses clippy's threshold once `Linear` carries a GPU copy, `--features cuda`)
+// costs nothing, and boxing would add an indirection.
+#[allow(clippy::large_enum_variant)]
 pub enum Mlp {
     /// Dense SwiGLU (layers before `first_k_dense_replace`).
     Dense(SwiGlu),
@@ -415,6 +425,31 @@ pub enum Mlp {
 }
 
 impl Mlp {
+    /// The matrices every token reads: the dense MLP, or the router and the shared expert.
+    #[cfg(feature = "cuda")]
+    pub(super) fn spine_linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Mlp::Dense(d) => d.linears_mut(),
+            Mlp::Moe(m) => {
+                let mut v = vec![&mut m.router];
+                v.extend(m.shared.linears_mut());
+                v
+            }
+        }
+    }
+
+    /// Routed experts held resident (memory-mapped, no budget); none when streamed.
+    #[cfg(feature = "cuda")]
+    pub(super) fn resident_expert_linears_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Mlp::Moe(Moe {
+                experts: Experts::Resident(e),
+                ..
+            }) => e.iter_mut().flat_map(SwiGlu::linears_mut).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Runs the MLP for `m` rows; `after_reads` runs once the layer's expert reads are queued
     /// (see [`super::layer::DecoderLayer::feed_forward`]).
     pub fn forward(

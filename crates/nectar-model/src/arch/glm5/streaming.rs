@@ -39,6 +39,10 @@ pub struct LoadOptions {
     pub pin: Option<PinRequest>,
     /// How a full layer admits misses (default: [`DEFAULT_ADMISSION`]).
     pub admission: nectar_residency::Admission,
+    /// VRAM bytes for matrices on the GPU (`--gpu-memory`; `placement.rs` says which);
+    /// `None` runs everything on the CPU. Without a usable GPU, or without the `cuda` feature,
+    /// the model stays on the CPU and [`super::Glm5::gpu_placement`] says why.
+    pub gpu_memory: Option<u64>,
 }
 
 /// Sequences `nectar serve --parallel N` plans KV and prompt transients for: its N rows and one
@@ -83,6 +87,7 @@ impl Default for LoadOptions {
             prefetch: super::Prefetch::Off,
             pin: None,
             admission: DEFAULT_ADMISSION,
+            gpu_memory: None,
         }
     }
 }

@@ -1,0 +1,196 @@
+//! `nectar bench gpu`: the CUDA tier's kernels and copies on GLM-5.2 shapes, each judged as a
+//! ratio to a limit measured on the same device in the same run (`docs/gpu.md`).
+//!
+//! - Kernels: weight + scale GB/s of y = W·x at M activation rows ÷ the better of the
+//!   device-to-device copy bandwidth (bytes read + written) and a read-only stream of the same
+//!   size (`ratio`; `ratio_copy` in the JSON is ÷ the copy alone). Expert cases launch a token's 8 routed experts together
+//!   (gate and up: 16 matrices; down: 8), as a decode step would; `.single` cases launch one
+//!   matrix to show what a lone launch costs. Weights rotate through copies spanning at least
+//!   8× the L2 cache (and 512 MiB), and every case is checked against the CPU kernels first.
+//! - Copies: expert-sized host→device copies from pinned memory ÷ one large pinned copy.
+//!
+//! The measurement code is `nectar_cuda::bench`; this module picks the cases and prints.
+use crate::args::BenchGpuArgs;
+use anyhow::Result;
+
+#[cfg(not(feature = "cuda"))]
+pub fn gpu(_a: BenchGpuArgs) -> Result<()> {
+    anyhow::bail!("this nectar was built without the CUDA tier; rebuild with `--features cuda`")
+}
+
+#[cfg(feature = "cuda")]
+pub use with_cuda::gpu;
+
+#[cfg(feature = "cuda")]
+mod with_cuda {
+    use super::*;
+    use anyhow::Context;
+    use nectar_cuda::bench::{d2d_copy, gemv_case, h2d, read_ref, GemvCase, GemvResult};
+    use nectar_cuda::{Gpu, Order};
+    use nectar_kernels::WeightFormat;
+    use serde_json::json;
+
+    /// GLM-5.2 expert at int4 g64: gate, up [2048, 6144] and down [6144, 2048], codes + scales.
+    const EXPERT_INT4_G64_BYTES: usize = 3 * (2048 * 3072 + 2048 * 96 * 4);
+
+    fn cases(a: &BenchGpuArgs) -> Vec<GemvCase> {
+        let g64 = WeightFormat::Int4Group { group: 64 };
+        let mut shapes: Vec<(&str, WeightFormat, usize, usize, usize)> = Vec::new();
+        for f in [
+            g64,
+            WeightFormat::Int4Row,
+            WeightFormat::Int8Row,
+            WeightFormat::Bf16,
+        ] {
+            shapes.push(("expert.gate_up", f, 2048, 6144, 16));
+            shapes.push(("expert.down", f, 6144, 2048, 8));
+        }
+        shapes.push(("expert.gate.single", g64, 2048, 6144, 1));
+        shapes.push(("attn.q_a", g64, 2048, 6144, 1));
+        shapes.push(("attn.q_b", g64, 16384, 2048, 1));
+        shapes.push(("attn.kv_a", WeightFormat::Bf16, 576, 6144, 1));
+        shapes.push(("attn.kv_b", g64, 28672, 512, 1));
+        shapes.push(("attn.o_proj", g64, 6144, 16384, 1));
+        shapes.push(("attn.o_proj", WeightFormat::Int8Row, 6144, 16384, 1));
+        shapes.push(("attn.o_proj", WeightFormat::Bf16, 6144, 16384, 1));
+        if !a.quick {
+            shapes.push(("lm_head", WeightFormat::Int8Row, 154880, 6144, 1));
+        }
+        let mut v = Vec::new();
+        for (name, format, rows, cols, batch) in shapes {
+            if a.filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            let quant = !matches!(
+                format,
+                WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16
+            );
+            let orders: &[Order] = if quant {
+                &[Order::Exact, Order::Word]
+            } else {
+                &[Order::Exact]
+            };
+            for &m in &a.m {
+                for &order in orders {
+                    v.push(GemvCase {
+                        name: name.to_string(),
+                        format,
+                        rows,
+                        cols,
+                        batch,
+                        m,
+                        order,
+                    });
+                }
+            }
+        }
+        v
+    }
+
+    pub fn gpu(a: BenchGpuArgs) -> Result<()> {
+        let gpu = Gpu::open(a.device).context("nectar bench gpu")?;
+        let info = gpu.info().clone();
+        let arena = (8 * info.l2_bytes).max(512 << 20);
+        let copy_bytes = if a.quick { 512 << 20 } else { 1 << 30 };
+        let d2d = d2d_copy(&gpu, copy_bytes)?;
+        let copy_gbps = 2.0 * copy_bytes as f64 / d2d.median_s / 1e9;
+        let copy_best = 2.0 * copy_bytes as f64 / d2d.best_s / 1e9;
+        let read = read_ref(&gpu, copy_bytes)?;
+        let read_gbps = copy_bytes as f64 / read.median_s / 1e9;
+        // The limit a kernel ratio is taken against: the better of the two streams measured.
+        let limit = copy_gbps.max(read_gbps);
+        let h2d_total = if a.quick { 48 } else { 96 } * EXPERT_INT4_G64_BYTES;
+        let h = h2d(&gpu, h2d_total, EXPERT_INT4_G64_BYTES)?;
+        let h_whole = h.whole_bytes as f64 / h.whole.median_s / 1e9;
+        let h_chunk = h.whole_bytes as f64 / h.chunked.median_s / 1e9;
+        if !a.json {
+            println!(
+                "GPU: {} — NVRTC compile {:.0} ms",
+                gpu.describe(),
+                info.compile_ms
+            );
+            println!(
+                "device copy (D2D {} MiB, read + write): {copy_gbps:.0} GB/s median, {copy_best:.0} best",
+                copy_bytes >> 20
+            );
+            println!(
+                "device read (read_ref {} MiB): {read_gbps:.0} GB/s median; kernel ratios are ÷ {limit:.0} GB/s, the better of the two",
+                copy_bytes >> 20
+            );
+            println!(
+                "pinned H2D: one {:.0} MB copy {h_whole:.1} GB/s; {} expert copies of {:.1} MB {h_chunk:.1} GB/s = {:.2} of the large copy",
+                h.whole_bytes as f64 / 1e6,
+                h.chunks,
+                h.chunk_bytes as f64 / 1e6,
+                h_chunk / h_whole
+            );
+            println!(
+                "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9} {:>7} {:>6} {:>9}",
+                "case",
+                "format",
+                "batch",
+                "m",
+                "order",
+                "path",
+                "µs/launch",
+                "GB/s",
+                "ratio",
+                "max err"
+            );
+        }
+        let mut results: Vec<GemvResult> = Vec::new();
+        for c in cases(&a) {
+            let r = gemv_case(&gpu, &c, arena)
+                .with_context(|| format!("{} {} m={}", c.name, c.format.name(), c.m))?;
+            if !a.json {
+                println!(
+                    "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9.1} {:>7.0} {:>6.2} {:>9.1e}",
+                    c.name,
+                    c.format.name(),
+                    c.batch,
+                    c.m,
+                    c.order.name(),
+                    if r.vector { "vector" } else { "scalar" },
+                    r.timing.median_s * 1e6,
+                    r.gbps(),
+                    r.gbps() / limit,
+                    r.max_rel_err
+                );
+            }
+            results.push(r);
+        }
+        if a.json {
+            let cases: Vec<_> = results
+                .iter()
+                .map(|r| {
+                    json!({
+                        "name": r.case.name, "format": r.case.format.name(), "rows": r.case.rows,
+                        "cols": r.case.cols, "batch": r.case.batch, "m": r.case.m,
+                        "order": r.case.order.name(), "vector": r.vector,
+                        "median_us": r.timing.median_s * 1e6, "best_us": r.timing.best_s * 1e6,
+                        "bytes": r.bytes, "gbps": r.gbps(), "ratio": r.gbps() / limit,
+                        "ratio_copy": r.gbps() / copy_gbps,
+                        "copies": r.copies, "checked": r.checked, "max_rel_err": r.max_rel_err,
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                json!({
+                    "gpu": {"name": info.name, "cc": [info.compute_capability.0, info.compute_capability.1],
+                            "sms": info.multiprocessors, "l2_bytes": info.l2_bytes,
+                            "total_bytes": info.total_bytes, "compile_ms": info.compile_ms},
+                    "d2d": {"bytes": copy_bytes, "gbps_median": copy_gbps, "gbps_best": copy_best},
+                    "read": {"bytes": copy_bytes, "gbps_median": read_gbps},
+                    "limit_gbps": limit,
+                    "h2d": {"whole_bytes": h.whole_bytes, "whole_gbps": h_whole,
+                            "chunk_bytes": h.chunk_bytes, "chunks": h.chunks, "chunked_gbps": h_chunk,
+                            "ratio": h_chunk / h_whole},
+                    "arena_bytes": arena,
+                    "cases": cases,
+                })
+            );
+        }
+        Ok(())
+    }
+}

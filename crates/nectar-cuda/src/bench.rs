@@ -1,0 +1,386 @@
+//! Measurements for `nectar bench gpu`: GEMV kernels and host→device copies, each against a
+//! physical limit measured on the same device in the same run.
+//!
+//! - Device copy bandwidth: `cuMemcpyDtoD` of a large buffer, counting bytes read plus written.
+//!   Kernel GB/s (weight and scale bytes per second) is divided by it.
+//! - Pinned host→device bandwidth: one large `cuMemcpyHtoD` from page-locked memory. Expert-sized
+//!   copies (back to back from distinct pinned regions into distinct device slots) are divided by
+//!   it.
+//!
+//! Timing uses CUDA events around a run of launches or copies; the median of several trials is
+//! reported. Kernel cases rotate through copies of their weights spanning several times the L2
+//! cache, so every launch streams from HBM as a decode step would, and each case is checked
+//! against the CPU kernels (sampled rows, by [`crate::within_tolerance`]) before it is timed.
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::gemv::{Job, Order};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use nectar_kernels::{decode_row, dot_scalar, MatRef, WeightFormat};
+
+/// Per-call times of a timed region.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    /// Median over trials of (trial time / calls per trial), seconds.
+    pub median_s: f64,
+    /// Fastest trial's per-call time, seconds.
+    pub best_s: f64,
+    /// Trials timed.
+    pub trials: usize,
+}
+
+impl Gpu {
+    /// Times `f(i)` (which queues work on this handle's stream) over `trials` trials of `reps`
+    /// calls each, after `warmup` untimed calls; `i` counts calls from 0 across warm-up and
+    /// trials (for rotation).
+    pub fn time(
+        &self,
+        warmup: usize,
+        reps: usize,
+        trials: usize,
+        mut f: impl FnMut(usize) -> Result<()>,
+    ) -> Result<Timing> {
+        let reps = reps.max(1);
+        let mut i = 0;
+        for _ in 0..warmup {
+            f(i)?;
+            i += 1;
+        }
+        self.synchronize()?;
+        let mut per_call = Vec::with_capacity(trials.max(1));
+        for _ in 0..trials.max(1) {
+            let start = self
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            for _ in 0..reps {
+                f(i)?;
+                i += 1;
+            }
+            let end = self
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            end.synchronize()?;
+            per_call.push(start.elapsed_ms(&end)? as f64 * 1e-3 / reps as f64);
+        }
+        per_call.sort_by(f64::total_cmp);
+        Ok(Timing {
+            median_s: per_call[per_call.len() / 2],
+            best_s: per_call[0],
+            trials: per_call.len(),
+        })
+    }
+}
+
+/// Device-to-device copy of `bytes`: per-copy timing; GB/s = 2 × bytes / time (read + write).
+pub fn d2d_copy(gpu: &Gpu, bytes: usize) -> Result<Timing> {
+    let src = fill_device(gpu, bytes, 0x5eed)?;
+    let mut dst: CudaSlice<u8> = gpu.stream.alloc_zeros(bytes)?;
+    gpu.time(2, 5, 9, |_| Ok(gpu.stream.memcpy_dtod(&src, &mut dst)?))
+}
+
+/// Read-only streaming of `bytes` (the `read_ref` kernel): per-pass timing; GB/s = bytes / time.
+/// A kernel that mostly reads can beat a copy (which turns the bus around for writes), so the
+/// kernel ratios use the better of the two as the limit.
+pub fn read_ref(gpu: &Gpu, bytes: usize) -> Result<Timing> {
+    let n16 = (bytes / 16) as u64;
+    let src = fill_device(gpu, bytes, 0x7265_6164)?;
+    let blocks = (gpu.info().multiprocessors * 8) as u32;
+    let out: CudaSlice<u8> = gpu.stream.alloc_zeros(blocks as usize * 16)?;
+    let func = gpu.function("read_ref")?;
+    let (sp, _) = src.device_ptr(&gpu.stream);
+    let (op, _) = out.device_ptr(&gpu.stream);
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    gpu.time(2, 5, 9, |_| {
+        let mut b = gpu.stream.launch_builder(&func);
+        b.arg(&sp).arg(&n16).arg(&op);
+        // SAFETY: `sp` holds n16 × 16 readable bytes, `op` one 16-byte slot per block.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    })
+}
+
+/// Host→device copies from page-locked memory.
+#[derive(Debug, Clone, Copy)]
+pub struct H2d {
+    /// One copy of the whole buffer.
+    pub whole: Timing,
+    /// Bytes of the whole-buffer copy.
+    pub whole_bytes: usize,
+    /// A pass of back-to-back `chunk`-sized copies over the same buffer (per pass).
+    pub chunked: Timing,
+    /// Bytes of one chunk (an expert).
+    pub chunk_bytes: usize,
+    /// Chunks per pass.
+    pub chunks: usize,
+}
+
+/// Pinned host→device bandwidth: `total` bytes in one copy, and in `chunk`-byte copies from
+/// distinct host regions into distinct device slots.
+pub fn h2d(gpu: &Gpu, total: usize, chunk: usize) -> Result<H2d> {
+    let chunk = chunk.clamp(1, total.max(1));
+    let chunks = total / chunk;
+    if chunks == 0 {
+        return Err(Error::Shape(format!(
+            "h2d: {total} bytes hold no {chunk}-byte chunk"
+        )));
+    }
+    let total = chunks * chunk;
+    // SAFETY: the buffer is filled before any copy reads it.
+    let mut host = unsafe { gpu.ctx.alloc_pinned_with_flags::<u8>(total, 0)? };
+    {
+        let h = host.as_mut_slice()?;
+        let bytes = random_bytes(chunk, 0x4832_4421);
+        for c in h.chunks_mut(chunk) {
+            c.copy_from_slice(&bytes[..c.len()]);
+        }
+    }
+    let mut dev: CudaSlice<u8> = gpu.stream.alloc_zeros(total)?;
+    let whole = gpu.time(1, 1, 7, |_| Ok(gpu.stream.memcpy_htod(&host, &mut dev)?))?;
+    let h = host.as_slice()?;
+    let chunked = gpu.time(1, 1, 7, |_| {
+        for c in 0..chunks {
+            let mut d = dev.slice_mut(c * chunk..(c + 1) * chunk);
+            gpu.stream
+                .memcpy_htod(&h[c * chunk..(c + 1) * chunk], &mut d)?;
+        }
+        Ok(())
+    })?;
+    gpu.synchronize()?;
+    Ok(H2d {
+        whole,
+        whole_bytes: total,
+        chunked,
+        chunk_bytes: chunk,
+        chunks,
+    })
+}
+
+/// One kernel case: `batch` same-shaped matrices per launch (a layer's experts), `m` rows.
+#[derive(Debug, Clone)]
+pub struct GemvCase {
+    /// Stable name (`expert.gate_up`, `attn.o_proj`, ...).
+    pub name: String,
+    /// Weight format.
+    pub format: WeightFormat,
+    /// Output features of each matrix.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Matrices per launch.
+    pub batch: usize,
+    /// Activation rows.
+    pub m: usize,
+    /// Scale order for quantised formats.
+    pub order: Order,
+}
+
+/// A timed kernel case.
+#[derive(Debug, Clone)]
+pub struct GemvResult {
+    /// The case.
+    pub case: GemvCase,
+    /// Per-launch timing.
+    pub timing: Timing,
+    /// Weight and scale bytes one launch streams.
+    pub bytes: usize,
+    /// Rotating copies of the batch's weights.
+    pub copies: usize,
+    /// Whether the 16-byte vector path ran.
+    pub vector: bool,
+    /// Largest |gpu − cpu| / Σ|w·x| over the checked elements.
+    pub max_rel_err: f64,
+    /// Elements checked against the CPU kernels.
+    pub checked: usize,
+}
+
+impl GemvResult {
+    /// Weight GB/s at the median launch time.
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.timing.median_s / 1e9
+    }
+}
+
+/// Rows of each matrix checked against the CPU kernels.
+const CHECK_ROWS: usize = 24;
+
+/// Measures one case: its weights rotate through copies spanning at least `arena_bytes`.
+pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvResult> {
+    let (f, rows, cols, m, batch) = (case.format, case.rows, case.cols, case.m, case.batch);
+    let plan = gpu.gemv_plan(f, rows, cols, m, case.order)?;
+    let wb = rows * f.row_bytes(cols);
+    let sc = rows * f.row_scales(cols);
+    let per_launch = batch * (wb + sc * 4);
+    let copies = arena_bytes.div_ceil(per_launch.max(1)).max(2);
+    let mats = copies * batch;
+    // Host data for one batch: random codes, positive scales, activations in [-1, 1).
+    let host_w = random_bytes(batch * wb, 0x77_6569_6768);
+    let host_s: Vec<f32> = random_bytes(batch * sc, 0x73_6361_6c65)
+        .iter()
+        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
+        .collect();
+    let host_x: Vec<f32> = random_bytes(batch * m * cols * 2, 0x78)
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
+        .collect();
+    let host_w = match f {
+        // Random bf16/f16/f32 bit patterns include NaN and infinities: draw values instead.
+        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &host_w),
+        _ => host_w,
+    };
+    // Every copy of the batch holds the same bytes (the cache cannot tell).
+    let mut w_dev: CudaSlice<u8> = gpu.stream.alloc_zeros((mats * wb).max(1))?;
+    let mut s_dev: CudaSlice<f32> = gpu.stream.alloc_zeros((mats * sc).max(1))?;
+    for c in 0..copies {
+        if wb > 0 {
+            gpu.stream.memcpy_htod(
+                &host_w,
+                &mut w_dev.slice_mut(c * batch * wb..(c + 1) * batch * wb),
+            )?;
+        }
+        if sc > 0 {
+            gpu.stream.memcpy_htod(
+                &host_s,
+                &mut s_dev.slice_mut(c * batch * sc..(c + 1) * batch * sc),
+            )?;
+        }
+    }
+    let x_dev = gpu.stream.clone_htod(&host_x)?;
+    let mut y_dev: CudaSlice<f32> = gpu.stream.alloc_zeros(batch * m * rows)?;
+    let (wp, _) = w_dev.device_ptr(&gpu.stream);
+    let (sp, _) = s_dev.device_ptr(&gpu.stream);
+    let (xp, _) = x_dev.device_ptr(&gpu.stream);
+    let (yp, _) = y_dev.device_ptr_mut(&gpu.stream);
+    let jobs: Vec<Job> = (0..mats)
+        .map(|i| {
+            let j = i % batch;
+            Job {
+                w: wp + (i * wb) as u64,
+                s: sp + (i * sc * 4) as u64,
+                x: xp + (j * m * cols * 4) as u64,
+                y: yp + (j * m * rows * 4) as u64,
+            }
+        })
+        .collect();
+    let vector = plan.vector_ok(&jobs);
+    let table = gpu.stream.clone_htod(&jobs)?;
+    let (tp, _) = table.device_ptr(&gpu.stream);
+    let job_bytes = std::mem::size_of::<Job>() as u64;
+    let launch = |copy: usize| {
+        // SAFETY: the table's jobs point into this function's buffers with the plan's shape
+        // (copy `copy` of each matrix, each item's own x and y); alignment checked above.
+        unsafe { gpu.gemv_launch(&plan, tp + (copy * batch) as u64 * job_bytes, batch, vector) }
+    };
+
+    // Check: poison y, run copy 0, compare sampled rows with the CPU's decode + dot.
+    let poison = vec![f32::NAN; batch * m * rows];
+    gpu.stream.memcpy_htod(&poison, &mut y_dev)?;
+    launch(0)?;
+    let y = gpu.stream.clone_dtoh(&y_dev)?;
+    let mut max_rel_err = 0.0f64;
+    let mut checked = 0;
+    let mut row = vec![0.0f32; cols];
+    for j in 0..batch {
+        let w = MatRef::new(
+            f,
+            rows,
+            cols,
+            &host_w[j * wb..(j + 1) * wb],
+            &host_s[j * sc..(j + 1) * sc],
+        )?;
+        for k in 0..CHECK_ROWS.min(rows) {
+            let r = k * rows / CHECK_ROWS.min(rows);
+            decode_row(&w, r, &mut row);
+            for i in 0..m {
+                let x = &host_x[(j * m + i) * cols..(j * m + i + 1) * cols];
+                let cpu = dot_scalar(&row, x);
+                let abs: f32 = row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+                let g = y[(j * m + i) * rows + r];
+                if !crate::within_tolerance(g, cpu, abs) {
+                    return Err(Error::Shape(format!(
+                        "{} {} m={m}: matrix {j} row {r} act {i}: gpu {g} vs cpu {cpu} \
+                         (Σ|w·x| = {abs})",
+                        case.name,
+                        f.name()
+                    )));
+                }
+                max_rel_err =
+                    max_rel_err.max(((g - cpu).abs() / abs.max(f32::MIN_POSITIVE)) as f64);
+                checked += 1;
+            }
+        }
+    }
+    if y.iter().any(|v| v.is_nan()) {
+        return Err(Error::Shape(format!(
+            "{} {}: an output element was never written",
+            case.name,
+            f.name()
+        )));
+    }
+
+    // Time: each launch streams the next copy. Enough launches per trial to pass ~2 ms.
+    let t_est = per_launch as f64 / 3e12;
+    let reps = ((2e-3 / t_est).ceil() as usize).clamp(4, 2000);
+    let timing = gpu.time(copies.min(8), reps, 11, |i| launch(i % copies))?;
+    Ok(GemvResult {
+        case: case.clone(),
+        timing,
+        bytes: per_launch,
+        copies,
+        vector,
+        max_rel_err,
+        checked,
+    })
+}
+
+/// A device buffer of `bytes` pseudo-random bytes.
+fn fill_device(gpu: &Gpu, bytes: usize, seed: u64) -> Result<CudaSlice<u8>> {
+    let block = random_bytes((64 << 20).min(bytes.max(1)), seed);
+    let mut d: CudaSlice<u8> = gpu.stream.alloc_zeros(bytes.max(1))?;
+    let mut off = 0;
+    while off < bytes {
+        let n = block.len().min(bytes - off);
+        gpu.stream
+            .memcpy_htod(&block[..n], &mut d.slice_mut(off..off + n))?;
+        off += n;
+    }
+    Ok(d)
+}
+
+/// Deterministic pseudo-random bytes (splitmix64), fast enough for hundreds of megabytes.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Replaces random bytes by finite float weights in [-1, 1) of format `f`, same byte length.
+fn float_bytes(f: WeightFormat, raw: &[u8]) -> Vec<u8> {
+    let unit = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0 - 1.0;
+    match f {
+        WeightFormat::F32 => raw
+            .chunks_exact(4)
+            .flat_map(|c| unit(c).to_le_bytes())
+            .collect(),
+        WeightFormat::Bf16 => raw
+            .chunks_exact(2)
+            .flat_map(|c| ((unit(c).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        WeightFormat::F16 => raw
+            .chunks_exact(2)
+            .flat_map(|c| half::f16::from_f32(unit(c)).to_le_bytes())
+            .collect(),
+        _ => raw.to_vec(),
+    }
+}

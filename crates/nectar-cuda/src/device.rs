@@ -1,0 +1,185 @@
+//! Opening a GPU: probing for the driver and NVRTC without panicking, creating the context and
+//! stream, and compiling the kernels for the device's architecture.
+use crate::error::{Error, Result};
+use cudarc::driver::sys::CUdevice_attribute as Attr;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The kernel source, compiled at run time by NVRTC for the device found (`gemv.cu`).
+const GEMV_SOURCE: &str = include_str!("gemv.cu");
+
+/// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
+#[derive(Debug, Clone)]
+pub struct GpuInfo {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Marketing name (`NVIDIA H200`).
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Device memory, bytes.
+    pub total_bytes: usize,
+    /// Free device memory when the device was opened, bytes.
+    pub free_bytes: usize,
+    /// Streaming multiprocessors.
+    pub multiprocessors: usize,
+    /// L2 cache, bytes.
+    pub l2_bytes: usize,
+    /// Time NVRTC took to compile the kernels, milliseconds.
+    pub compile_ms: f64,
+}
+
+/// An opened GPU: its context, the stream every Nectar kernel and copy is queued on, and the
+/// compiled kernels.
+pub struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    info: GpuInfo,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+/// Compiles the kernels to PTX for compute capability `cc` (needs NVRTC, not a GPU).
+pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
+    let opts = CompileOptions {
+        // fmad stays on (the kernels' FMAs are explicit anyway); no fast math: the
+        // dequantisation and the sums are IEEE f32 as documented.
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(GEMV_SOURCE, opts).map_err(|e| match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+            Error::Compile(log.to_string_lossy().into_owned())
+        }
+        e => Error::Compile(format!("{e:?}")),
+    })
+}
+
+/// Maps a driver error during probing to [`Error::Unavailable`]: no device, no driver and a
+/// driver too old are all "run on the CPU", not faults.
+fn unavailable(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Unavailable(format!("{what}: {e}"))
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and compiles the kernels for it.
+    ///
+    /// Returns [`Error::Unavailable`] (never panics) when the driver library, a device or NVRTC
+    /// is missing; callers print that and stay on the CPU.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        // SAFETY: both probes only try to dlopen the libraries by their usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::Unavailable(
+                "the CUDA driver library (libcuda.so) is not installed".into(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(unavailable("cuInit"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::Unavailable(format!(
+                "device {ordinal} requested, the driver sees {count}"
+            )));
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Unavailable(
+                "NVRTC (libnvrtc.so) is not on the library path; add the CUDA toolkit's lib64 \
+                 directory to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(unavailable("creating the context"))?;
+        // One stream orders every kernel and copy; cudarc's per-buffer events add nothing then.
+        // SAFETY: this context is used from a single stream only (see `Gpu::stream`).
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let cc = ctx.compute_capability()?;
+        let started = Instant::now();
+        let module = ctx.load_module(compile(cc)?)?;
+        let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (free_bytes, total_bytes) = ctx.mem_get_info()?;
+        let info = GpuInfo {
+            ordinal,
+            name: ctx.name()?,
+            compute_capability: cc,
+            total_bytes,
+            free_bytes,
+            multiprocessors: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                as usize,
+            l2_bytes: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
+            compile_ms,
+        };
+        Ok(Gpu {
+            ctx,
+            stream,
+            module,
+            info,
+        })
+    }
+
+    /// What the device reports about itself.
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    /// One line for notices: `NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB free of 139.8 GiB)`.
+    pub fn describe(&self) -> String {
+        let i = &self.info;
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+        format!(
+            "{} (sm_{}{}, {} SMs, {:.1} GiB free of {:.1} GiB)",
+            i.name,
+            i.compute_capability.0,
+            i.compute_capability.1,
+            i.multiprocessors,
+            gib(i.free_bytes),
+            gib(i.total_bytes)
+        )
+    }
+
+    /// The stream every operation of this handle is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits for everything queued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    pub(crate) fn function(&self, name: &str) -> Result<CudaFunction> {
+        Ok(self.module.load_function(name)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemv::{kernel_names, MAX_M};
+
+    /// NVRTC needs no GPU: where it is installed (`LD_LIBRARY_PATH`), the source must compile
+    /// for Hopper and export every kernel the host side launches.
+    #[test]
+    fn kernels_compile_and_export_every_entry_point() {
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: NVRTC (libnvrtc.so) not on the library path");
+            return;
+        }
+        let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
+        let names = kernel_names();
+        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * MAX_M);
+        for name in names {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{name} missing from the PTX"
+            );
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! y = W·x on the GPU for weights in their stored format (`gemv.cu`): upload a matrix once,
+//! then run products of M = 1…8 activation rows (larger M in chunks of 8), one matrix or a batch
+//! of same-shaped matrices (a layer's experts) per launch.
+//!
+//! The layout knowledge is nectar-kernels' ([`WeightFormat::row_bytes`],
+//! [`WeightFormat::row_scales`], [`MatRef::validate`]); this module only maps a format to a kernel
+//! and passes those numbers. Results are not bit-identical to the CPU's (the summation order
+//! differs; `gemv.cu` states it), but each row's result is the same whatever M and whatever else
+//! shares the launch.
+use crate::device::Gpu;
+use crate::divide;
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use nectar_kernels::{MatRef, WeightFormat};
+
+/// Activation rows one launch handles; larger M runs in chunks of this many.
+pub const MAX_M: usize = 8;
+/// Threads per block (4 warps); `gemv.cu`'s `__launch_bounds__`.
+const BLOCK_THREADS: u32 = 128;
+
+/// How quantised weights meet their scales (`gemv.cu` states both orders).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Order {
+    /// Each weight dequantised exactly as the CPU does (`code × scale` in f32), then one FMA.
+    Exact,
+    /// A 32-bit word's codes summed first, then one FMA by their shared scale (fewer
+    /// instructions per weight; a different rounding of the same sum). Float formats and the
+    /// scalar path ignore it.
+    Word,
+}
+
+impl Order {
+    /// `exact` / `word`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Order::Exact => "exact",
+            Order::Word => "word",
+        }
+    }
+}
+
+/// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`).
+fn rows_per_warp(m: usize) -> u32 {
+    match m {
+        0..=2 => 8,
+        3..=4 => 4,
+        _ => 2,
+    }
+}
+
+/// One matrix of a launch: device addresses of its weights, scales, activations and output.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Job {
+    /// Weight bytes.
+    pub w: u64,
+    /// f32 scales (any address for float formats).
+    pub s: u64,
+    /// `m × cols` f32 activations.
+    pub x: u64,
+    /// `m × rows` f32 outputs.
+    pub y: u64,
+}
+
+// SAFETY: `Job` is `repr(C)` plain data (four u64), laid out as `struct Job` in `gemv.cu`.
+unsafe impl DeviceRepr for Job {}
+
+/// A weight matrix resident on the GPU, in its stored format.
+#[derive(Debug)]
+pub struct GpuMat {
+    /// Storage format.
+    pub format: WeightFormat,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    data: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+}
+
+impl GpuMat {
+    /// Device bytes this matrix occupies (weights + scales).
+    pub fn device_bytes(&self) -> usize {
+        self.data.len() + self.scales.len() * 4
+    }
+}
+
+/// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
+pub struct GemvPlan {
+    func: CudaFunction,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    m: usize,
+    row_bytes: i32,
+    row_scales: i32,
+    gmagic: u32,
+    gshift: i32,
+    /// Columns per scale (0 for float formats).
+    group: usize,
+}
+
+fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
+    let (base, quant) = match format {
+        WeightFormat::F32 => ("f32", false),
+        WeightFormat::Bf16 => ("bf16", false),
+        WeightFormat::F16 => ("f16", false),
+        WeightFormat::Int8Row => ("i8", true),
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => ("i4", true),
+    };
+    if quant {
+        format!("gemv_{base}_{}_m{m}", order.name())
+    } else {
+        format!("gemv_{base}_m{m}")
+    }
+}
+
+/// Every kernel the host side can launch (for the compile test).
+#[cfg(test)]
+pub(crate) fn kernel_names() -> Vec<String> {
+    let mut v = Vec::new();
+    for f in [
+        WeightFormat::F32,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::Int8Row,
+        WeightFormat::Int4Row,
+    ] {
+        for m in 1..=MAX_M {
+            for order in [Order::Exact, Order::Word] {
+                v.push(kernel_name(f, m, order));
+            }
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn shape_i32(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} exceeds the kernel limit")))
+}
+
+impl Gpu {
+    /// Copies a validated weight matrix to the device.
+    pub fn upload(&self, w: &MatRef<'_>) -> Result<GpuMat> {
+        w.validate()?;
+        // Zero-length device allocations are not allowed: float formats get one unused scale.
+        let data = if w.data.is_empty() {
+            self.stream.alloc_zeros(1)?
+        } else {
+            self.stream.clone_htod(w.data)?
+        };
+        let scales = if w.scales.is_empty() {
+            self.stream.alloc_zeros(1)?
+        } else {
+            self.stream.clone_htod(w.scales)?
+        };
+        Ok(GpuMat {
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            data,
+            scales,
+        })
+    }
+
+    /// Prepares the kernel for `m` (1…[`MAX_M`]) activation rows of a `rows × cols` matrix.
+    pub fn gemv_plan(
+        &self,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        m: usize,
+        order: Order,
+    ) -> Result<GemvPlan> {
+        if !(1..=MAX_M).contains(&m) {
+            return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
+        }
+        let group = match format {
+            WeightFormat::Int8Row | WeightFormat::Int4Row => cols.max(1),
+            WeightFormat::Int4Group { group } if group > 0 => group,
+            WeightFormat::Int4Group { .. } => return Err(Error::Shape("int4 group size 0".into())),
+            _ => 0,
+        };
+        // Column indices and the magic division are exact below 2^31.
+        shape_i32("rows", rows)?;
+        shape_i32("cols", cols)?;
+        let (gmagic, gshift) = divide::magic(group.clamp(1, 1 << 31) as u32);
+        Ok(GemvPlan {
+            func: self.function(&kernel_name(format, m, order))?,
+            format,
+            rows,
+            cols,
+            m,
+            row_bytes: shape_i32("row bytes", format.row_bytes(cols))?,
+            row_scales: shape_i32("row scales", format.row_scales(cols))?,
+            gmagic,
+            gshift: gshift as i32,
+            group,
+        })
+    }
+
+    /// Queues one launch of `plan` over `n` jobs read from the job table at device address
+    /// `jobs`.
+    ///
+    /// # Safety
+    /// `jobs` must hold `n` [`Job`]s in device memory of this context, and each must hold device addresses of this context with the plan's
+    /// shape: `rows × row_bytes` weight bytes, `rows × row_scales` scales (quantised formats),
+    /// `m × cols` activations and `m × rows` writable outputs; `vector` may be true only if every
+    /// weight and activation address is 16-byte aligned (see [`GemvPlan::vector_ok`]).
+    pub unsafe fn gemv_launch(
+        &self,
+        plan: &GemvPlan,
+        jobs: u64,
+        n: usize,
+        vector: bool,
+    ) -> Result<()> {
+        if n == 0 || plan.rows == 0 {
+            return Ok(());
+        }
+        if n > 65535 {
+            return Err(Error::Shape(format!(
+                "gemv: {n} jobs in one launch (at most 65535)"
+            )));
+        }
+        let rows_per_block = (BLOCK_THREADS / 32) * rows_per_warp(plan.m);
+        let cfg = LaunchConfig {
+            grid_dim: ((plan.rows as u32).div_ceil(rows_per_block), n as u32, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let rows = plan.rows as i32;
+        let cols = plan.cols as i32;
+        // Bit 0: the vector path; bit 1: one scale covers each 16-byte chunk of a row (the
+        // group is a multiple of the chunk's weights: per-row formats, int4 g32/g64/…).
+        let chunk_weights = 16 * 8 / plan.format_bits();
+        let path = if vector && plan.vector_layout() {
+            1 | if plan.group > 0 && plan.group.is_multiple_of(chunk_weights) {
+                2
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        let mut b = self.stream.launch_builder(&plan.func);
+        b.arg(&jobs)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&plan.row_bytes)
+            .arg(&plan.row_scales)
+            .arg(&plan.gmagic)
+            .arg(&plan.gshift)
+            .arg(&path);
+        // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
+        // the grid covers every row once and the kernel bounds-checks the last block.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// y = W·x for `m` activation rows (`x`: m × cols, `y`: m × rows, row-major), synchronously.
+    pub fn matmul(
+        &self,
+        w: &GpuMat,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        order: Order,
+    ) -> Result<()> {
+        let mut out = self.matmul_batch(&[(w, x)], m, order)?;
+        y.copy_from_slice(&out.pop().unwrap_or_default());
+        Ok(())
+    }
+
+    /// y_j = W_j·x_j for several matrices of one format and shape (a layer's experts) in one
+    /// launch per chunk of [`MAX_M`] activation rows. Returns each product's `m × rows` output.
+    pub fn matmul_batch(
+        &self,
+        items: &[(&GpuMat, &[f32])],
+        m: usize,
+        order: Order,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(&(first, _)) = items.first() else {
+            return Ok(Vec::new());
+        };
+        let (format, rows, cols) = (first.format, first.rows, first.cols);
+        for (w, x) in items {
+            if (w.format, w.rows, w.cols) != (format, rows, cols) {
+                return Err(Error::Shape(format!(
+                    "matmul_batch: a {}x{} {} matrix among {rows}x{cols} {}",
+                    w.rows,
+                    w.cols,
+                    w.format.name(),
+                    format.name()
+                )));
+            }
+            if Some(x.len()) != m.checked_mul(cols) {
+                return Err(Error::Shape(format!(
+                    "matmul_batch: x has {} values, want m × cols = {m} × {cols}",
+                    x.len()
+                )));
+            }
+        }
+        if m == 0 || rows == 0 {
+            return Ok(vec![vec![0.0; m * rows]; items.len()]);
+        }
+        let n = items.len();
+        // One activation buffer and one output buffer for the batch (each item's rows apart).
+        let mut xs = Vec::with_capacity(n * m * cols);
+        for (_, x) in items {
+            xs.extend_from_slice(x);
+        }
+        let x_dev = if xs.is_empty() {
+            self.stream.alloc_zeros(1)?
+        } else {
+            self.stream.clone_htod(&xs)?
+        };
+        // SAFETY: every element is written below before it is read (a NaN fill proves it: an
+        // unwritten element would come back NaN, which the parity tests reject).
+        let y_dev: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * rows)? };
+        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
+        let (yp, _y_sync) = y_dev.device_ptr(&self.stream);
+        // SAFETY: `yp` addresses `n * m * rows` f32 of this context; 0xff bytes are a NaN.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                yp,
+                0xff,
+                n * m * rows * 4,
+                self.stream.cu_stream(),
+            )?
+        };
+        let ptrs: Vec<(u64, u64)> = items
+            .iter()
+            .map(|(w, _)| {
+                let (wp, _) = w.data.device_ptr(&self.stream);
+                let (sp, _) = w.scales.device_ptr(&self.stream);
+                (wp, sp)
+            })
+            .collect();
+        for i0 in (0..m).step_by(MAX_M) {
+            let mc = MAX_M.min(m - i0);
+            let plan = self.gemv_plan(format, rows, cols, mc, order)?;
+            let jobs: Vec<Job> = ptrs
+                .iter()
+                .enumerate()
+                .map(|(j, &(w, s))| Job {
+                    w,
+                    s,
+                    x: xp + ((j * m + i0) * cols * 4) as u64,
+                    y: yp + ((j * m + i0) * rows * 4) as u64,
+                })
+                .collect();
+            let vector = plan.vector_ok(&jobs);
+            let table = self.stream.clone_htod(&jobs)?;
+            let (tp, _t_sync) = table.device_ptr(&self.stream);
+            // SAFETY: every job points into this call's x/y buffers (m × cols and m × rows per
+            // item, offset by the chunk) and into uploaded matrices of the plan's shape;
+            // `vector_ok` checked the alignment.
+            unsafe { self.gemv_launch(&plan, tp, jobs.len(), vector)? };
+        }
+        let y = self.stream.clone_dtoh(&y_dev)?;
+        Ok(y.chunks(m * rows).map(<[f32]>::to_vec).collect())
+    }
+}
+
+impl GemvPlan {
+    /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
+    /// and (int4 grouped) scale groups that never split a 32-bit word of 8 codes.
+    fn vector_layout(&self) -> bool {
+        self.row_bytes % 16 == 0
+            && match self.format {
+                // An odd width leaves a padding nibble the vector path would read as a column.
+                WeightFormat::Int4Row => self.cols.is_multiple_of(2),
+                WeightFormat::Int4Group { group } => {
+                    self.cols.is_multiple_of(2) && group.is_multiple_of(8)
+                }
+                _ => true,
+            }
+    }
+
+    /// Whether `jobs` may take the vector path: the layout admits it and every weight and
+    /// activation address is 16-byte aligned.
+    pub fn vector_ok(&self, jobs: &[Job]) -> bool {
+        self.vector_layout() && jobs.iter().all(|j| j.w % 16 == 0 && j.x % 16 == 0)
+    }
+
+    /// Bits per stored weight.
+    fn format_bits(&self) -> usize {
+        match self.format {
+            WeightFormat::F32 => 32,
+            WeightFormat::Bf16 | WeightFormat::F16 => 16,
+            WeightFormat::Int8Row => 8,
+            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 4,
+        }
+    }
+
+    /// Weight and scale bytes one job streams.
+    pub fn weight_bytes(&self) -> usize {
+        self.rows * (self.format.row_bytes(self.cols) + self.format.row_scales(self.cols) * 4)
+    }
+
+    /// Columns per scale (0 for float formats).
+    pub fn group(&self) -> usize {
+        self.group
+    }
+}

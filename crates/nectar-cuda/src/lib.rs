@@ -1,0 +1,69 @@
+//! The CUDA tier: device management and matrix–vector kernels over Nectar's stored weight
+//! formats (f32, bf16, f16, int8 per row, int4 per row and grouped), behind the `cuda` feature.
+//!
+//! What this crate does: open a GPU without panicking when there is none ([`Gpu::open`] returns
+//! [`Error::Unavailable`], and callers stay on the CPU), compile its kernels at run time with
+//! NVRTC for the device found, keep weight matrices resident in their stored bytes
+//! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
+//! same-shaped ones (a layer's routed experts) — and measure kernels and copies against the
+//! device's own copy bandwidth ([`bench`]).
+//! What it does not do: decide what lives on the GPU (the model's placement does), or know
+//! model files.
+//!
+//! The one decision a newcomer would question: **results are not bit-identical to the CPU
+//! kernels.** Every weight is dequantised to the same f32 value the CPU uses, but the sum runs
+//! in another fixed order (32 lane partial sums, then a butterfly; `gemv.cu` states it), so
+//! parity is by tolerance ([`within_tolerance`]): a bound on reordering error relative to
+//! Σ|wⱼ·xⱼ|. Each row's result is still independent of M and of what else shares the launch.
+//!
+//! Without the `cuda` feature only the host-side pieces ([`divide`], [`within_tolerance`])
+//! exist, and nothing CUDA is compiled or linked; with it, the driver and NVRTC are loaded at
+//! run time, so building needs no CUDA toolkit.
+#![deny(missing_docs)]
+
+pub mod divide;
+
+#[cfg(feature = "cuda")]
+pub mod bench;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod error;
+#[cfg(feature = "cuda")]
+mod gemv;
+
+#[cfg(feature = "cuda")]
+pub use device::{Gpu, GpuInfo};
+#[cfg(feature = "cuda")]
+pub use error::{Error, Result};
+#[cfg(feature = "cuda")]
+pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
+
+/// Reordering tolerance, in units of f32 epsilon relative to Σ|wⱼ·xⱼ|. Two f32 sums of the same
+/// n products in different orders differ by at most about (n/lanes + log₂ lanes) · ε · Σ|wⱼxⱼ|
+/// in the worst case and far less in practice; 64 ε (3.8e-6 relative) admits every reordering
+/// seen, yet one weight decoded wrong, which moves a 6144-term sum by about Σ|wⱼxⱼ|/6144
+/// (1.6e-4 relative), fails it by a factor of 40.
+pub const TOLERANCE_EPS: f32 = 64.0;
+
+/// Whether a GPU result `gpu` matches the CPU kernels' `cpu` for one output element whose
+/// products have absolute sum `abs_sum` = Σ|wⱼ·xⱼ|. NaN never passes.
+pub fn within_tolerance(gpu: f32, cpu: f32, abs_sum: f32) -> bool {
+    let bound = TOLERANCE_EPS * f32::EPSILON * abs_sum + f32::MIN_POSITIVE;
+    (gpu - cpu).abs() <= bound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerance_rejects_nan_and_one_wrong_weight() {
+        assert!(within_tolerance(1.0, 1.0, 1.0));
+        assert!(!within_tolerance(f32::NAN, 1.0, 1.0));
+        assert!(!within_tolerance(1.0, f32::NAN, 1.0));
+        // A 6144-term sum of unit products off by one product.
+        assert!(!within_tolerance(1.0 + 1.0 / 6144.0, 1.0, 6144.0 / 6144.0));
+        assert!(within_tolerance(1.0 + 3.0e-6, 1.0, 1.0));
+    }
+}

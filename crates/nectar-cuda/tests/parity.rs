@@ -1,0 +1,265 @@
+//! GPU kernels against the CPU kernels (nectar-kernels), by tolerance, on random inputs.
+//!
+//! Without a GPU (no driver, no device, no NVRTC) every test prints why and passes, unless
+//! `NECTAR_REQUIRE_GPU=1` is set (scripts/gpu-device-run sets it on the GPU machine, so a GPU
+//! that fails to open fails there instead of skipping).
+#![cfg(feature = "cuda")]
+use nectar_cuda::{within_tolerance, Error, Gpu, Order, MAX_M};
+use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use std::sync::OnceLock;
+
+fn gpu() -> Option<&'static Gpu> {
+    static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| match Gpu::open(0) {
+        Ok(g) => {
+            eprintln!(
+                "GPU: {}, kernels compiled in {:.0} ms",
+                g.describe(),
+                g.info().compile_ms
+            );
+            Some(g)
+        }
+        Err(Error::Unavailable(why)) if std::env::var_os("NECTAR_REQUIRE_GPU").is_none() => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(e) => panic!("opening the GPU: {e}"),
+    })
+    .as_ref()
+}
+
+/// Random weights of `format` (finite floats for float formats, any codes, positive scales).
+fn weights(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
+    let raw = nectar_cuda_test_bytes(rows * format.row_bytes(cols) * 2, seed);
+    let unit = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0;
+    let n = rows * format.row_bytes(cols);
+    let data: Vec<u8> = match format {
+        WeightFormat::F32 => raw
+            .chunks_exact(2)
+            .take(rows * cols)
+            .flat_map(|c| unit(c).to_le_bytes())
+            .collect(),
+        WeightFormat::Bf16 => raw
+            .chunks_exact(2)
+            .take(rows * cols)
+            .flat_map(|c| ((unit(c).to_bits() >> 16) as u16).to_le_bytes())
+            .collect(),
+        WeightFormat::F16 => raw
+            .chunks_exact(2)
+            .take(rows * cols)
+            .flat_map(|c| half::f16::from_f32(unit(c)).to_le_bytes())
+            .collect(),
+        _ => raw[..n].to_vec(),
+    };
+    let scales = nectar_cuda_test_bytes(rows * format.row_scales(cols), seed ^ 0x5ca1e)
+        .iter()
+        .map(|&b| 0.01 + b as f32 / 2560.0)
+        .collect();
+    (data, scales)
+}
+
+fn nectar_cuda_test_bytes(len: usize, seed: u64) -> Vec<u8> {
+    nectar_cuda::bench::random_bytes(len, seed)
+}
+
+fn activations(n: usize, seed: u64) -> Vec<f32> {
+    nectar_cuda_test_bytes(n * 2, seed)
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0)
+        .collect()
+}
+
+/// Σ|w·x| for every output element (the tolerance's scale).
+fn abs_sums(w: &MatRef<'_>, x: &[f32], m: usize) -> Vec<f32> {
+    let mut row = vec![0.0; w.cols];
+    let mut out = vec![0.0; m * w.rows];
+    for r in 0..w.rows {
+        decode_row(w, r, &mut row);
+        for i in 0..m {
+            out[i * w.rows + r] = row
+                .iter()
+                .zip(&x[i * w.cols..(i + 1) * w.cols])
+                .map(|(a, b)| (a * b).abs())
+                .sum();
+        }
+    }
+    out
+}
+
+/// GPU vs CPU for one (format, shape, m, order); returns the GPU output.
+fn check(
+    gpu: &Gpu,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    m: usize,
+    order: Order,
+    seed: u64,
+) -> Vec<f32> {
+    let (data, scales) = weights(format, rows, cols, seed);
+    let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+    let x = activations(m * cols, seed ^ 0xacc);
+    let mut cpu = vec![f32::NAN; m * rows];
+    matmul(&w, &x, m, &mut cpu).unwrap();
+    let dev = gpu.upload(&w).unwrap();
+    let mut y = vec![f32::NAN; m * rows];
+    gpu.matmul(&dev, &x, m, &mut y, order).unwrap();
+    let abs = abs_sums(&w, &x, m);
+    for (k, ((&g, &c), &a)) in y.iter().zip(&cpu).zip(&abs).enumerate() {
+        assert!(
+            within_tolerance(g, c, a),
+            "{} {rows}x{cols} m={m} {order:?}: element {k} (act {}, row {}): gpu {g}, cpu {c}, Σ|w·x| {a}",
+            format.name(),
+            k / rows,
+            k % rows
+        );
+    }
+    y
+}
+
+const FORMATS: [WeightFormat; 7] = [
+    WeightFormat::F32,
+    WeightFormat::Bf16,
+    WeightFormat::F16,
+    WeightFormat::Int8Row,
+    WeightFormat::Int4Row,
+    WeightFormat::Int4Group { group: 64 },
+    WeightFormat::Int4Group { group: 48 },
+];
+
+#[test]
+fn every_format_and_m_matches_the_cpu_on_the_vector_path() {
+    let Some(gpu) = gpu() else { return };
+    for (fi, f) in FORMATS.into_iter().enumerate() {
+        for m in 1..=MAX_M {
+            for order in [Order::Exact, Order::Word] {
+                // 96 rows: not a multiple of the rows a block covers; 768 columns: whole chunks.
+                check(gpu, f, 96, 768, m, order, (fi * 100 + m) as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_widths_and_groups_take_the_scalar_path_and_still_match() {
+    let Some(gpu) = gpu() else { return };
+    let odd = [
+        (WeightFormat::Int4Row, 37, 101),
+        (WeightFormat::Int4Group { group: 16 }, 5, 200),
+        (WeightFormat::Int4Group { group: 5 }, 9, 63),
+        (WeightFormat::Int8Row, 33, 70),
+        (WeightFormat::Bf16, 3, 7),
+        (WeightFormat::F32, 1, 1),
+    ];
+    for (i, (f, rows, cols)) in odd.into_iter().enumerate() {
+        for m in [1, 3, 8, 11] {
+            check(gpu, f, rows, cols, m, Order::Exact, 7 + i as u64);
+            check(gpu, f, rows, cols, m, Order::Word, 9 + i as u64);
+        }
+    }
+}
+
+#[test]
+fn glm_expert_and_attention_shapes_match() {
+    let Some(gpu) = gpu() else { return };
+    let g64 = WeightFormat::Int4Group { group: 64 };
+    for (f, rows, cols) in [
+        (g64, 2048, 6144),
+        (g64, 6144, 2048),
+        (WeightFormat::Int8Row, 2048, 6144),
+        (WeightFormat::Bf16, 576, 6144),
+        (g64, 28672, 512),
+    ] {
+        for m in [1, 8] {
+            check(gpu, f, rows, cols, m, Order::Exact, rows as u64);
+            check(gpu, f, rows, cols, m, Order::Word, cols as u64);
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_does_not_depend_on_m_or_the_batch() {
+    let Some(gpu) = gpu() else { return };
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        ..Config::default()
+    });
+    let f_idx = 0..FORMATS.len();
+    runner
+        .run(
+            &(f_idx, 1usize..70, 1usize..9, 1usize..4, any::<u64>()),
+            |(fi, rows, cw, m, seed)| {
+                let f = FORMATS[fi];
+                let cols = cw * 64;
+                let (data, scales) = weights(f, rows, cols, seed);
+                let w = MatRef::new(f, rows, cols, &data, &scales).unwrap();
+                let dev = gpu.upload(&w).unwrap();
+                let x = activations(MAX_M * cols, seed ^ 1);
+                for order in [Order::Exact, Order::Word] {
+                    let mut all = vec![0.0; MAX_M * rows];
+                    gpu.matmul(&dev, &x, MAX_M, &mut all, order).unwrap();
+                    for i in 0..MAX_M {
+                        let mut one = vec![0.0; rows];
+                        gpu.matmul(&dev, &x[i * cols..(i + 1) * cols], 1, &mut one, order)
+                            .unwrap();
+                        prop_assert_eq!(
+                            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            all[i * rows..(i + 1) * rows]
+                                .iter()
+                                .map(|v| v.to_bits())
+                                .collect::<Vec<_>>()
+                        );
+                    }
+                    // The same matrix three times in one launch, with different activations.
+                    let xs: Vec<Vec<f32>> = (0..3)
+                        .map(|j| activations(m * cols, seed ^ (j + 7)))
+                        .collect();
+                    let items: Vec<_> = xs.iter().map(|x| (&dev, x.as_slice())).collect();
+                    let batch = gpu.matmul_batch(&items, m, order).unwrap();
+                    for (x, got) in xs.iter().zip(&batch) {
+                        let mut one = vec![0.0; m * rows];
+                        gpu.matmul(&dev, x, m, &mut one, order).unwrap();
+                        prop_assert_eq!(
+                            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                        );
+                    }
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn bad_shapes_are_errors_not_faults() {
+    let Some(gpu) = gpu() else { return };
+    let (data, scales) = weights(WeightFormat::Int8Row, 4, 32, 1);
+    let w = MatRef::new(WeightFormat::Int8Row, 4, 32, &data, &scales).unwrap();
+    let dev = gpu.upload(&w).unwrap();
+    let mut y = vec![0.0; 4];
+    assert!(gpu
+        .matmul(&dev, &[0.0; 31], 1, &mut y, Order::Exact)
+        .is_err());
+    let bad = MatRef {
+        scales: &scales[..3],
+        ..w
+    };
+    assert!(gpu.upload(&bad).is_err());
+    assert!(gpu
+        .gemv_plan(WeightFormat::Int8Row, 4, 32, 9, Order::Exact)
+        .is_err());
+}
+
+#[test]
+fn opening_never_panics() {
+    // On a machine without a GPU this is the CPU fallback's contract: an error that says why.
+    match Gpu::open(0) {
+        Ok(g) => assert!(!g.info().name.is_empty()),
+        Err(Error::Unavailable(why)) => assert!(!why.is_empty()),
+        Err(e) => panic!("a missing GPU must be Unavailable, got {e}"),
+    }
+    assert!(matches!(Gpu::open(1 << 20), Err(Error::Unavailable(_))));
+}

@@ -1,0 +1,185 @@
+//! The fixture parity bars on the GPU path (`--features cuda`, `LoadOptions::gpu_memory`): every
+//! spine matrix and resident expert multiplied on the GPU, against the Hugging Face reference
+//! in `tests/fixtures/glm-tiny`. GPU sums run in another order than the CPU's, so logits are
+//! held to 1e-4 × max|logit| (the bar) instead of the CPU path's 1e-4 absolute; router
+//! and indexer selections, the 32 greedy tokens and the MTP argmax must be identical.
+//!
+//! Without a usable GPU each test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
+#![cfg(feature = "cuda")]
+mod common;
+use common::*;
+use nectar_model::arch::glm5::LoadOptions;
+use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
+
+/// Loads a fixture with every matrix on the GPU, or `None` (skip) without one.
+fn load_on_gpu(variant: &str) -> Option<Glm5> {
+    let opts = LoadOptions {
+        gpu_memory: Some(u64::MAX),
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&fixture_dir(variant).join("model"), &opts).unwrap();
+    let p = model.gpu_placement().expect("gpu_memory was given").clone();
+    eprintln!("{variant}: {}", p.summary);
+    if p.matrices == 0 {
+        assert!(
+            std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
+            "NECTAR_REQUIRE_GPU is set but nothing was placed: {}",
+            p.summary
+        );
+        eprintln!("skipped: {}", p.summary);
+        return None;
+    }
+    assert_eq!(p.left_on_cpu, 0, "an unlimited budget places everything");
+    Some(model)
+}
+
+fn max_abs_f64(v: &[f64]) -> f64 {
+    v.iter().fold(0.0, |a, &b| a.max(b.abs()))
+}
+
+fn run_variant(variant: &str) {
+    let Some(model) = load_on_gpu(variant) else {
+        return;
+    };
+    let dir = fixture_dir(variant);
+    let exp = Expected::load(&dir);
+    let prompt = exp.ids("prompt_ids");
+    let generated = exp.ids("generated_ids");
+    let (s, v) = (prompt.len(), model.vocab_size());
+
+    let mut cache = model.new_cache();
+    let mut rec = Recorder::default();
+    let hidden = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &prompt,
+            }],
+            &mut rec,
+        )
+        .unwrap();
+    let logits = model.logits(&hidden).unwrap();
+    let mut worst = 0.0f64;
+    for p in 0..s {
+        let want = exp.row("prompt_logits", p);
+        let tol = 1e-4 * max_abs_f64(&want);
+        let d = max_abs(&logits[p * v..(p + 1) * v], &want);
+        assert!(
+            d <= tol,
+            "{variant}: prompt pos {p}: max |Δ| = {d:e} > {tol:e}"
+        );
+        worst = worst.max(d / max_abs_f64(&want));
+    }
+    eprintln!("{variant}: prompt logits max |Δ| / max|logit| = {worst:.3e}");
+    let prompt_argmax: Vec<u32> = (0..s)
+        .map(|p| argmax(&logits[p * v..(p + 1) * v]))
+        .collect();
+    assert_eq!(prompt_argmax, exp.ids("prompt_argmax"));
+    check_selections(&exp, &rec, 0..s);
+
+    let mut next = argmax(&logits[(s - 1) * v..s * v]);
+    let mut out = vec![next];
+    let mut worst = 0.0f64;
+    for i in 1..generated.len() {
+        rec.base = s + i - 1;
+        let h = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &[next],
+                }],
+                &mut rec,
+            )
+            .unwrap();
+        let l = model.logits(&h).unwrap();
+        let want = exp.row("decode_logits", i);
+        let tol = 1e-4 * max_abs_f64(&want);
+        let d = max_abs(&l, &want);
+        assert!(
+            d <= tol,
+            "{variant}: decode step {i}: max |Δ| = {d:e} > {tol:e}"
+        );
+        worst = worst.max(d / max_abs_f64(&want));
+        next = argmax(&l);
+        out.push(next);
+    }
+    assert_eq!(out, generated, "{variant}: greedy tokens");
+    eprintln!(
+        "{variant}: {}/{} greedy tokens, decode logits max |Δ| / max|logit| = {worst:.3e}",
+        out.len(),
+        generated.len()
+    );
+    check_selections(&exp, &rec, s..s + generated.len() - 1);
+
+    let mut next_tokens = prompt[1..].to_vec();
+    next_tokens.push(generated[0]);
+    let hm = model
+        .mtp_forward(
+            &mut [MtpStep {
+                cache: &mut cache,
+                hidden: &hidden,
+                next_tokens: &next_tokens,
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let draft = model.mtp_logits(&hm).unwrap();
+    let all: Vec<u32> = exp.json["mtp"]["argmax_all_prompt_positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let got: Vec<u32> = (0..s).map(|p| argmax(&draft[p * v..(p + 1) * v])).collect();
+    assert_eq!(got, all, "{variant}: MTP argmax over prompt positions");
+}
+
+#[test]
+fn glm5_on_the_gpu_matches_hf() {
+    run_variant("glm5");
+}
+
+#[test]
+fn glm52_on_the_gpu_matches_hf() {
+    run_variant("glm52");
+}
+
+/// A budget smaller than the model leaves the rest on the CPU and still gives the same tokens.
+#[test]
+fn a_partial_placement_splits_the_model_and_agrees() {
+    let dir = fixture_dir("glm5").join("model");
+    let opts = LoadOptions {
+        gpu_memory: Some(64 << 10),
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&dir, &opts).unwrap();
+    let p = model.gpu_placement().unwrap().clone();
+    if p.matrices == 0 {
+        eprintln!("skipped: {}", p.summary);
+        assert!(
+            std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
+            "{}",
+            p.summary
+        );
+        return;
+    }
+    assert!(p.left_on_cpu > 0 && p.bytes <= 64 << 10, "{}", p.summary);
+    let exp = Expected::load(&fixture_dir("glm5"));
+    let prompt = exp.ids("prompt_ids");
+    let mut cache = model.new_cache();
+    let h = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &prompt,
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let l = model.logits(&h).unwrap();
+    let v = model.vocab_size();
+    let am: Vec<u32> = (0..prompt.len())
+        .map(|p| argmax(&l[p * v..(p + 1) * v]))
+        .collect();
+    assert_eq!(am, exp.ids("prompt_argmax"));
+}
