@@ -46,6 +46,19 @@ impl Cgroup {
         Ok(cg)
     }
 
+    /// A cgroup, or `None` (said on stderr) where none can be made and
+    /// `NECTAR_REQUIRE_CGROUP=1` is not set.
+    fn or_skip(limit: u64) -> Option<Cgroup> {
+        match Cgroup::create(limit) {
+            Ok(cg) => Some(cg),
+            Err(why) if std::env::var("NECTAR_REQUIRE_CGROUP").as_deref() != Ok("1") => {
+                eprintln!("skipped: {why} (set NECTAR_REQUIRE_CGROUP=1 to make this a failure)");
+                None
+            }
+            Err(why) => panic!("{why}"),
+        }
+    }
+
     /// `program args` started inside the cgroup (a shell joins it, then execs).
     fn spawn(&self, program: &str, args: &[&str], stdin: Stdio) -> Child {
         let procs = self.dir.join(self.procs);
@@ -157,13 +170,8 @@ fn a_memory_hog_makes_the_cache_shrink_and_the_output_is_unchanged() {
     let (ok, _, err) = nectar(&["synth", "--preset", "small", "--layers", "16", "--out", m]);
     assert!(ok, "{err}");
     let limit = 800 * MB;
-    let cg = match Cgroup::create(limit) {
-        Ok(cg) => cg,
-        Err(why) if std::env::var("NECTAR_REQUIRE_CGROUP").as_deref() != Ok("1") => {
-            eprintln!("skipped: {why} (set NECTAR_REQUIRE_CGROUP=1 to make this a failure)");
-            return;
-        }
-        Err(why) => panic!("{why}"),
+    let Some(cg) = Cgroup::or_skip(limit) else {
+        return;
     };
     let serve = [
         "serve",
@@ -267,13 +275,8 @@ fn a_budget_above_the_cgroup_limit_is_planned_down() {
     let m = model.to_str().unwrap();
     let (ok, _, err) = nectar(&["synth", "--preset", "small", "--layers", "8", "--out", m]);
     assert!(ok, "{err}");
-    let cg = match Cgroup::create(300 * MB) {
-        Ok(cg) => cg,
-        Err(why) if std::env::var("NECTAR_REQUIRE_CGROUP").as_deref() != Ok("1") => {
-            eprintln!("skipped: {why} (set NECTAR_REQUIRE_CGROUP=1 to make this a failure)");
-            return;
-        }
-        Err(why) => panic!("{why}"),
+    let Some(cg) = Cgroup::or_skip(300 * MB) else {
+        return;
     };
     let args = [
         "run",
