@@ -7,8 +7,8 @@
 //! guard drops, and the model thread stops at its next token.
 
 use crate::backend::{
-    Backend, BackendError, CancelOnDrop, Finish, FinishReason, GenEvent, GenRequest, GenStart,
-    TokenLogprob,
+    Backend, BackendError, CancelOnDrop, Failure, Finish, FinishReason, GenEvent, GenRequest,
+    GenStart, TokenLogprob,
 };
 use crate::error::ApiError;
 use crate::glm_tools::{OutputParser, Piece, ToolCall};
@@ -44,8 +44,9 @@ pub enum OutputEvent {
     },
     /// The end.
     Finish(Finish),
-    /// The model failed mid-generation; the cause is logged, the client gets a generic error.
-    Failed,
+    /// The model failed mid-generation; the cause is logged, the client gets
+    /// [`Failure::client_message`].
+    Failed(Failure),
 }
 
 /// A running generation.
@@ -191,16 +192,17 @@ impl Generation {
                     self.pending.push_back(OutputEvent::Finish(f));
                     self.done = true;
                 }
-                Some(GenEvent::Error(cause)) => {
-                    tracing::error!(%cause, "generation failed");
-                    self.pending.push_back(OutputEvent::Failed);
+                Some(GenEvent::Error(failure)) => {
+                    tracing::error!(cause = %failure.cause, "generation failed");
+                    self.pending.push_back(OutputEvent::Failed(failure));
                     self.done = true;
                 }
                 None => {
                     // The model thread dropped the sink without a finish: a bug, reported as a
                     // failure rather than a silent truncation.
                     tracing::error!("generation ended without a finish event");
-                    self.pending.push_back(OutputEvent::Failed);
+                    self.pending
+                        .push_back(OutputEvent::Failed(Failure::internal("no finish event")));
                     self.done = true;
                 }
             }
@@ -239,7 +241,11 @@ impl Generation {
                         finish,
                     })
                 }
-                OutputEvent::Failed => break,
+                OutputEvent::Failed(f) => {
+                    let mut e = ApiError::internal(f.cause.clone());
+                    e.message = f.client_message().into();
+                    return Err(e);
+                }
             }
         }
         Err(ApiError::internal("generation failed"))

@@ -13,8 +13,8 @@
 //! thread keeps serving.
 
 use crate::backend::{
-    engine_err, CancelToken, EngineOptions, Finish, FinishReason, GenEvent, Job, LoadState,
-    ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
+    engine_err, CancelToken, EngineOptions, Failure, Finish, FinishReason, GenEvent, Job,
+    LoadState, ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
 };
 use nectar_engine::{
     generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
@@ -291,17 +291,17 @@ fn serve_batched(
         let report = match outcome {
             Ok(Ok(r)) => r,
             failed => {
-                let cause = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "generation panicked".to_string(),
+                let failure = match failed {
+                    Ok(Err(e)) => Failure::of_engine(&e),
+                    _ => Failure::internal("generation panicked"),
                 };
-                tracing::error!(error = %cause, rows = batch.len(), "batched step failed");
+                tracing::error!(error = %failure.cause, rows = batch.len(), "batched step failed");
                 // The step's caches may be half-written: every row in it fails; later
                 // requests start clean.
                 for id in batch.clear() {
                     if let Some(c) = clients.remove(&id) {
                         n.failed.fetch_add(1, Ordering::Relaxed);
-                        let _ = c.sink.send(GenEvent::Error(cause.clone()));
+                        let _ = c.sink.send(GenEvent::Error(failure.clone()));
                     }
                 }
                 n.active.store(0, Ordering::SeqCst);
@@ -397,7 +397,7 @@ fn admit(
                 _ => "admission panicked".into(),
             };
             n.failed.fetch_add(1, Ordering::Relaxed);
-            let _ = job.sink.send(GenEvent::Error(cause));
+            let _ = job.sink.send(GenEvent::Error(Failure::internal(cause)));
         }
     }
 }
@@ -496,7 +496,7 @@ fn serve_speculative(
             }
             Err(_) => {
                 n.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error("generation panicked".into())
+                GenEvent::Error(Failure::internal("generation panicked"))
             }
         };
         // The receiver may be gone (client left); nothing to do then.
@@ -513,7 +513,7 @@ fn run_speculative(
     spec: &Speculation,
     job: Job,
     shared: &Shared,
-) -> Result<Finish, String> {
+) -> Result<Finish, Failure> {
     let n = &shared.n;
     let request: &Request = &job.request;
     let prompt_tokens = request.prompt_ids.len();
@@ -533,7 +533,7 @@ fn run_speculative(
         }
         Ok(!job.cancel.is_cancelled())
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Failure::of_engine(&e))?;
     let reason = finish_reason(Some(gen.finish), gen.stop.clone());
     n.prompt_tokens
         .fetch_add(prompt_tokens as u64, Ordering::Relaxed);

@@ -1,0 +1,228 @@
+//! File faults driven through real processes: a model shard truncated while `nectar run` or
+//! `nectar serve` runs (with and without a memory budget) must give a clean error naming the
+//! file and offset — never SIGBUS — and the server must keep serving and recover once the file
+//! is back. Each test works on its own copy of the demo model.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::root;
+
+/// The demo model's stop ids, banned so that generation runs until the truncation hits.
+const NO_EOS: [&str; 6] = [
+    "--logit-bias",
+    "8160=-100",
+    "--logit-bias",
+    "8167=-100",
+    "--logit-bias",
+    "8169=-100",
+];
+
+/// A private copy of the demo model (its shard gets truncated).
+fn model_copy() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(root().join("models/nectar-demo-glm5")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let shard = d.path().join("model.safetensors");
+    (d, shard)
+}
+
+fn truncate(p: &Path, len: u64) {
+    std::fs::File::options()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+}
+
+fn restore(p: &Path) {
+    // Rewrites the same file (same inode), as `cp` over it would.
+    let orig = std::fs::read(root().join("models/nectar-demo-glm5/model.safetensors")).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .write_all(&orig)
+        .unwrap();
+}
+
+/// Starts `nectar run` on the copy, truncates the shard once output flows, and checks the exit.
+fn run_truncated(extra: &[&str]) {
+    let (dir, shard) = model_copy();
+    let mut args = vec!["run", "--model", dir.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&NO_EOS);
+    args.extend_from_slice(&["--max-tokens", "4000", "And God said,"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nectar"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    out.read_exact(&mut first).expect("generation starts");
+    truncate(&shard, 1 << 20);
+    let mut rest = Vec::new();
+    let _ = out.read_to_end(&mut rest);
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a clean error exit, not a signal ({status:?}); stderr: {err}"
+    );
+    assert!(
+        err.contains("model.safetensors") && err.contains("offset"),
+        "names the file and offset: {err}"
+    );
+}
+
+#[test]
+fn run_reports_a_shard_truncated_while_mapped() {
+    run_truncated(&[]);
+}
+
+#[test]
+fn run_reports_a_shard_truncated_under_a_budget() {
+    run_truncated(&["--memory-budget", "210M"]);
+}
+
+/// Kills the server however the test ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `nectar serve ARGS` and returns it, its `host:port` and its stderr lines once ready.
+fn serve(args: &[&str]) -> (Server, String, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nectar"))
+        .args(["serve", "--port", "0", "--parallel", "2"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Server(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut addr = None;
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the server neither became ready nor exited");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if line.contains(" ready") {
+            break;
+        }
+        assert!(!line.contains("failed"), "server: {line}");
+    }
+    (server, addr.unwrap(), rx)
+}
+
+/// One HTTP/1.1 request with `Connection: close`: (status, body).
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {resp:?}"));
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or("").to_owned();
+    (status, body)
+}
+
+const COMPLETION: &str = r#"{"prompt":"And God said,","max_tokens":48,"temperature":0,
+    "logit_bias":{"8160":-100,"8167":-100,"8169":-100}}"#;
+
+fn serve_truncated(extra: &[&str]) {
+    let (dir, shard) = model_copy();
+    let mut args = vec!["--model", dir.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (mut server, addr, _log) = serve(&args);
+    let (status, before) = http(&addr, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 200, "{before}");
+
+    truncate(&shard, 1 << 20);
+    let (status, body) = http(&addr, "POST", "/v1/completions", COMPLETION);
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body.contains("model file could not be read"),
+        "a shaped error saying what failed: {body}"
+    );
+    assert!(
+        !body.contains("/tmp") && !body.contains(dir.path().to_str().unwrap()),
+        "paths stay in the log: {body}"
+    );
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the server is still running"
+    );
+    let (status, _) = http(&addr, "GET", "/v1/models", "");
+    assert_eq!(status, 200, "other routes keep working");
+
+    restore(&shard);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        let (status, body) = http(&addr, "POST", "/v1/completions", COMPLETION);
+        if status == 200 || Instant::now() > deadline {
+            assert_eq!(status, 200, "recovers once the file is back: {body}");
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let text = |b: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(b).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(
+        text(&after),
+        text(&before),
+        "the same greedy output as before"
+    );
+}
+
+#[test]
+fn serve_survives_a_shard_truncated_while_mapped() {
+    serve_truncated(&[]);
+}
+
+#[test]
+fn serve_survives_a_shard_truncated_under_a_budget() {
+    serve_truncated(&["--memory-budget", "310M"]);
+}
