@@ -680,4 +680,11 @@ pub struct ServeArgs {
     /// `auto` drafts (depth chosen by measurement) with --parallel 1 and is off otherwise.
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
+    /// Seconds a client has to send a request's line and headers (also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's whole body once its headers arrived (408 after).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
 }

@@ -226,3 +226,55 @@ fn serve_survives_a_shard_truncated_while_mapped() {
 fn serve_survives_a_shard_truncated_under_a_budget() {
     serve_truncated(&["--memory-budget", "310M"]);
 }
+
+/// Reads until the server closes the connection (or 20 s pass): what it sent.
+fn read_until_closed(s: &mut TcpStream) -> std::io::Result<String> {
+    s.set_read_timeout(Some(Duration::from_secs(20)))?;
+    let mut got = Vec::new();
+    s.read_to_end(&mut got)?;
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+#[test]
+fn half_sent_requests_are_cut_off_and_trailing_json_is_refused() {
+    let (mut server, addr, _log) = serve(&["--header-timeout", "1", "--body-timeout", "1"]);
+
+    // Half a head: the connection is closed (without the deadline it stays open forever).
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    read_until_closed(&mut s).expect("the server closes a connection whose head never ends");
+
+    // A head, then half the body: 408 in the route's error shape.
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.write_all(
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"model\":",
+    )
+    .unwrap();
+    let resp = read_until_closed(&mut s).expect("the server answers a body that never ends");
+    assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
+    assert!(
+        resp.contains("\"type\":\"error\""),
+        "Anthropic shape: {resp}"
+    );
+
+    // Two JSON values in one body.
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"a","max_tokens":1}{"prompt":"b"}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("trailing"), "{body}");
+    // A complete request still works, and the server is alive.
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"a","max_tokens":1} "#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(server.0.try_wait().unwrap().is_none());
+}

@@ -28,6 +28,7 @@ pub mod error;
 pub mod generation;
 pub mod glm_tools;
 pub mod info;
+pub mod listen;
 pub mod metrics;
 pub mod protocol;
 pub mod run;
@@ -125,11 +126,10 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
+    timeouts: listen::Timeouts,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    listen::serve(listener, router(state), timeouts, shutdown).await
 }
 
 #[cfg(test)]

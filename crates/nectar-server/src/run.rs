@@ -38,6 +38,8 @@ pub struct ServeOptions {
     pub queue_capacity: usize,
     /// Compute threads of the model (`None`: one per core).
     pub threads: Option<usize>,
+    /// Read deadlines for request heads and bodies.
+    pub timeouts: crate::listen::Timeouts,
 }
 
 /// Why the server stopped with an error.
@@ -150,7 +152,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         let _ = stopped.wait_for(|s| *s).await;
     };
     let mut deadline = stop_rx;
-    let server = crate::serve(listener, state, shutdown);
+    let server = crate::serve(listener, state, opts.timeouts, shutdown);
     tokio::select! {
         r = server => r?,
         _ = async {

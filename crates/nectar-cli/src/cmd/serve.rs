@@ -41,6 +41,10 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,
         threads,
+        timeouts: nectar_server::listen::Timeouts {
+            header: std::time::Duration::from_secs(a.header_timeout),
+            body: std::time::Duration::from_secs(a.body_timeout),
+        },
     })?;
     Ok(())
 }
