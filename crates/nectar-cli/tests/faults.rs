@@ -278,3 +278,82 @@ fn half_sent_requests_are_cut_off_and_trailing_json_is_refused() {
     assert_eq!(status, 200, "{body}");
     assert!(server.0.try_wait().unwrap().is_none());
 }
+
+/// Runs `nectar ARGS`, killing it after 60 s (a hang is a failure): (exit code, stdout, stderr).
+fn run_bounded(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nectar"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("nectar {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_session_is_refused_without_hanging() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("s.nectar");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (code, out, err) = run_bounded(&["run", "--session", fifo.to_str().unwrap(), "Hi"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("FIFO") && err.contains("s.nectar"), "{err}");
+    assert!(
+        out.trim() == "Hi" || out.is_empty(),
+        "nothing generated: {out}"
+    );
+}
+
+#[test]
+fn an_unwritable_session_directory_is_found_before_generating() {
+    let d = tempfile::tempdir().unwrap();
+    // A directory that does not exist, and a "directory" that is a file.
+    let file = d.path().join("plain");
+    std::fs::write(&file, b"x").unwrap();
+    for path in [d.path().join("missing/s.nectar"), file.join("s.coli_kv")] {
+        let (code, out, err) = run_bounded(&["run", "--session", path.to_str().unwrap(), "Hi"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("cannot write in its directory"), "{err}");
+        // At most the prompt's echo: nothing generated.
+        assert!(
+            out.trim() == "Hi" || out.is_empty(),
+            "refused before generating: {out}"
+        );
+    }
+}
+
+#[test]
+fn temp_files_of_interrupted_saves_are_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("s.nectar");
+    // Left by a writer that died (no process has this id: above Linux's pid_max), and one of a
+    // live writer (this test process), which must stay.
+    let stale = d.path().join(".s.nectar.4194999.0.tmp");
+    let live = d
+        .path()
+        .join(format!(".s.nectar.{}.0.tmp", std::process::id()));
+    std::fs::write(&stale, b"partial").unwrap();
+    std::fs::write(&live, b"partial").unwrap();
+    let (code, _, err) = run_bounded(&["run", "--session", s.to_str().unwrap(), "Hi"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(s.is_file());
+    assert!(!stale.exists(), "the stale temp file is removed");
+    assert!(live.exists(), "a live writer's temp file stays");
+}

@@ -57,8 +57,8 @@ pub use sampler::{
     Sampler, SamplingParams, TokenHistory, MAX_TOP_LOGPROBS,
 };
 pub use session::{
-    coli_kv, format as session_format, hex, Loaded, ModelIdentity, Reuse, Session, SessionError,
-    SessionFormat,
+    check_path as check_session_path, coli_kv, format as session_format, hex, Loaded,
+    ModelIdentity, Reuse, Session, SessionError, SessionFormat,
 };
 pub use spec::{
     generate_spec, generate_speculative, generate_speculative_cached, lookup, verify_draft,

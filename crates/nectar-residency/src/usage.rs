@@ -312,9 +312,13 @@ mod tests {
     fn save_is_atomic_and_reloads() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join(".coli_usage");
+        // What a save killed mid-write left (its writer is gone: no process has this id).
+        let stale = dir.path().join("..coli_usage.4194999.7.tmp");
+        std::fs::write(&stale, b"1 2").unwrap();
         let mut l = Ledger::new(3, 8, "glm_moe_dsa");
         l.add(ExpertKey::new(1, 2), 9);
         l.save(&p).unwrap();
+        assert!(!stale.exists(), "the next save removes it");
         let mut back = Ledger::new(3, 8, "glm_moe_dsa");
         back.load_into(&p, false).unwrap();
         assert_eq!(back, l);

@@ -23,6 +23,8 @@ pub fn open(path: &Path, format: SessionFormatArg, bundle: &ModelBundle) -> Resu
         SessionFormatArg::Nectar => SessionFormat::Nectar,
         SessionFormatArg::ColiKv => SessionFormat::ColiKv,
     };
+    // A FIFO, a device or an unwritable directory is found now, not after generating.
+    nectar_engine::check_session_path(path)?;
     let id = ModelIdentity::of(&bundle.dir, &bundle.model)?;
     let session = if path.exists() {
         let l = Session::load(path, format, &bundle.model, &id)
