@@ -633,11 +633,11 @@ pub struct FitArgs {
 /// `nectar synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 21.2 MB per expert) or
+    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 20.25 MiB per expert) or
     /// `tiny` (for tests).
     #[arg(long, default_value = "glm52")]
     pub preset: String,
-    /// MoE layers to write (glm52: about 5.5 GB each).
+    /// MoE layers to write (glm52: about 5.06 GiB each).
     #[arg(long, default_value_t = 2)]
     pub layers: usize,
     /// Output directory.

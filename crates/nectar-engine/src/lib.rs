@@ -40,6 +40,7 @@ mod spec;
 mod stop;
 mod stream_decoder;
 mod strftime;
+pub use strftime::rfc3339;
 mod tokenizer;
 mod usage_log;
 

@@ -81,12 +81,12 @@ impl RunSession {
     /// The stderr line.
     pub fn summary(&self, reuse: &Reuse, prompt_tokens: usize) -> String {
         format!(
-            "[session {}: {} of {} prompt tokens reused ({} restored), {} tokens saved]",
+            "[session {}: {} of {} reused ({} restored), {} saved]",
             self.path.display(),
             reuse.main,
-            prompt_tokens,
+            super::count(prompt_tokens as u64, "prompt token", "prompt tokens"),
             self.restored,
-            self.session.tokens().len()
+            super::count(self.session.tokens().len() as u64, "token", "tokens")
         )
     }
 }
