@@ -31,6 +31,9 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Describe a model directory: config, tensor inventory by class, bytes per class/expert.
     Inspect(InspectArgs),
+    /// Check a model directory: headers, the safetensors index and, when `nectar convert` wrote a
+    /// manifest, every tensor's dtype, shape and SHA-256.
+    Verify(VerifyArgs),
     /// Measure throughput against this machine's limits (`nectar bench kernels`).
     Bench(BenchArgs),
     /// Print the memory equation for a model and a budget, and the expert cache it buys.
@@ -263,6 +266,13 @@ pub struct LogitsArgs {
     /// Add `indexer`: per full-indexer layer, the key positions the last position attends to.
     #[arg(long)]
     pub indexer: bool,
+}
+
+/// `nectar verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Model directory.
+    pub dir: PathBuf,
 }
 
 /// `nectar inspect`.

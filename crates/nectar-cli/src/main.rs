@@ -58,6 +58,7 @@ fn main() {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),
         args::Command::Inspect(a) => cmd::inspect::run(a),
+        args::Command::Verify(a) => cmd::verify::run(a),
         args::Command::Bench(a) => cmd::bench::run(a),
         args::Command::Convert(a) => cmd::convert::run(a),
         args::Command::Fit(a) => cmd::fit::run(a),

@@ -79,8 +79,33 @@ impl std::fmt::Debug for Catalog {
 
 impl Catalog {
     /// Discovers `*.safetensors` in `dir` (sorted by name), validates every header, checks for
-    /// duplicate names and, when present, that `model.safetensors.index.json` agrees.
+    /// duplicate names and, when present, that `model.safetensors.index.json` agrees and that
+    /// every tensor's dtype and shape are those of `nectar-manifest.json`.
     pub fn open(dir: &Path) -> Result<Catalog> {
+        let cat = Self::open_unchecked(dir)?;
+        if let Some(m) = crate::manifest::Manifest::read(dir)? {
+            if let Some(x) = m.header_mismatches(&cat).into_iter().next() {
+                let path = cat.get(&x.tensor).map_or_else(
+                    || dir.join(crate::manifest::MANIFEST_FILE),
+                    |e| cat.path_of(e).to_path_buf(),
+                );
+                return Err(Error::Tensor {
+                    path,
+                    tensor: x.tensor,
+                    msg: format!(
+                        "{} ({}; `nectar verify` checks every byte)",
+                        x.msg,
+                        crate::manifest::MANIFEST_FILE
+                    ),
+                });
+            }
+        }
+        Ok(cat)
+    }
+
+    /// [`Catalog::open`] without the manifest check (for `verify`, which reports every
+    /// difference instead of failing at the first).
+    pub fn open_unchecked(dir: &Path) -> Result<Catalog> {
         let mut paths = Vec::new();
         let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
         for ent in rd {
@@ -420,7 +445,7 @@ impl std::ops::Deref for Bytes {
 }
 
 /// Reads exactly `buf.len()` bytes at `off`; a file that ends first is `UnexpectedEof`.
-fn read_exact_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+pub(crate) fn read_exact_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
     #[cfg(unix)]
     return std::os::unix::fs::FileExt::read_exact_at(f, buf, off);
     #[cfg(windows)]
@@ -437,7 +462,7 @@ fn read_exact_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 

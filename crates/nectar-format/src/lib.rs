@@ -22,6 +22,7 @@ mod error;
 pub mod experts;
 mod guard;
 mod header;
+pub mod manifest;
 pub mod quant;
 pub mod synth;
 

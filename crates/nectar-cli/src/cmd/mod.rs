@@ -16,6 +16,7 @@ pub mod serve;
 pub mod session;
 pub mod synth;
 pub mod usage;
+pub mod verify;
 
 /// `n` and the noun, singular for exactly one ("1 prompt token", "2 prompt tokens").
 pub fn count(n: impl Into<u64>, singular: &str, plural: &str) -> String {
