@@ -72,7 +72,23 @@ fn main() {
         {
             return;
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause whose text the message before
+/// it already ends with (library errors often print their source too).
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !out.ends_with(&s) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&s);
+        }
+    }
+    out
 }

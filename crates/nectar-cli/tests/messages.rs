@@ -84,3 +84,13 @@ fn synth_speaks_binary_units_like_its_progress_bar() {
     assert!(line.contains("KiB") || line.contains("MiB"), "{line}");
     assert!(!line.contains(" MB") && !line.contains(" GB"), "{line}");
 }
+
+#[test]
+fn an_error_cause_is_printed_once() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("missing/s.nectar");
+    let (ok, _, err) = nectar(&["run", "--session", s.to_str().unwrap(), "Hi"]);
+    assert!(!ok);
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert_eq!(line.matches("os error").count(), 1, "{line}");
+}
