@@ -115,14 +115,21 @@ pub fn session_coli_kv(data: &[u8]) {
     let side = coli_kv::sidecar(&p);
     let _ = std::fs::remove_file(&side);
     if flag & 1 == 1 {
-        // A sidecar as Nectar writes it, for a file saved from a real session of these dims.
-        let src = scratch("seed.coli_kv");
-        seed_session(
-            |path, id, d, tokens, cache| coli_kv::write(path, id, d, VOCAB, tokens, cache),
-            &src,
-        );
-        let _ = std::fs::rename(coli_kv::sidecar(&src), &side);
-        let _ = std::fs::remove_file(&src);
+        // A sidecar as Nectar writes it, for a file saved from a real session of these dims
+        // (made once: saving syncs to disk).
+        static SIDECAR: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+        let bytes = SIDECAR.get_or_init(|| {
+            let src = scratch("seed.coli_kv");
+            seed_session(
+                |path, id, d, tokens, cache| coli_kv::write(path, id, d, VOCAB, tokens, cache),
+                &src,
+            );
+            let b = std::fs::read(coli_kv::sidecar(&src)).expect("seed sidecar");
+            let _ = std::fs::remove_file(coli_kv::sidecar(&src));
+            let _ = std::fs::remove_file(&src);
+            b
+        });
+        std::fs::write(&side, bytes).expect("scratch sidecar");
     }
     if let Ok(kv) = coli_kv::read(&p, &identity(), &dims(), VOCAB) {
         if let Some(c) = &kv.cache {
