@@ -80,6 +80,16 @@ fn scratch(name: &str) -> PathBuf {
     dir.join(format!("nectar-fuzz-{}-{name}", std::process::id()))
 }
 
+/// Removes this process's scratch files (the smoke test calls it at the end; a libFuzzer run
+/// leaves its few small files in `/dev/shm` or the temp directory).
+pub fn remove_scratch() {
+    for name in ["s.nkv", "s.coli_kv", "seed.coli_kv"] {
+        let p = scratch(name);
+        let _ = std::fs::remove_file(coli_kv::sidecar(&p));
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 fn write_scratch(name: &str, data: &[u8]) -> PathBuf {
     let p = scratch(name);
     std::fs::File::create(&p)

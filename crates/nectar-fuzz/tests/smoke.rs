@@ -78,4 +78,19 @@ fn every_target_survives_its_seeds_and_mutations() {
             })
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+    nectar_fuzz::remove_scratch();
+    let left = std::fs::read_dir(if std::path::Path::new("/dev/shm").is_dir() {
+        std::path::PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    })
+    .unwrap()
+    .flatten()
+    .filter(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("nectar-fuzz-{}-", std::process::id()))
+    })
+    .count();
+    assert_eq!(left, 0, "scratch files left behind");
 }
