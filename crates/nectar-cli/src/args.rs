@@ -38,6 +38,9 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Describe a model directory: config, tensor inventory by class, bytes per class/expert.
     Inspect(InspectArgs),
+    /// Check a model directory: headers, the safetensors index and, when `nectar convert` wrote a
+    /// manifest, every tensor's dtype, shape and SHA-256.
+    Verify(VerifyArgs),
     /// Measure throughput against this machine's limits (`nectar bench kernels`).
     Bench(BenchArgs),
     /// Print the memory equation for a model and a budget, and the expert cache it buys.
@@ -367,6 +370,13 @@ pub struct LogitsArgs {
     /// Add `indexer`: per full-indexer layer, the key positions the last position attends to.
     #[arg(long)]
     pub indexer: bool,
+}
+
+/// `nectar verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Model directory.
+    pub dir: PathBuf,
 }
 
 /// `nectar inspect`.
@@ -764,12 +774,12 @@ pub struct FitArgs {
 /// `nectar synth`.
 #[derive(Debug, Args)]
 pub struct SynthArgs {
-    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 21.2 MB per expert),
-    /// `small` (hidden 1024, 64 experts of 512: 0.9 MB each, for memory tests) or `tiny` (for
+    /// Geometry: `glm52` (hidden 6144, 256 experts of 2048, int4 g64: 20.25 MiB per expert),
+    /// `small` (hidden 1024, 64 experts of 512: 0.84 MiB each, for memory tests) or `tiny` (for
     /// tests).
     #[arg(long, default_value = "glm52")]
     pub preset: String,
-    /// MoE layers to write (glm52: about 5.5 GB each).
+    /// MoE layers to write (glm52: about 5.06 GiB each).
     #[arg(long, default_value_t = 2)]
     pub layers: usize,
     /// Output directory.
@@ -824,4 +834,11 @@ pub struct ServeArgs {
     /// the model directory's `experts.json`.
     #[arg(long, value_name = "FILE")]
     pub atlas: Option<PathBuf>,
+    /// Seconds a client has to send a request's line and headers (also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a client has to send a request's whole body once its headers arrived (408 after).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
 }

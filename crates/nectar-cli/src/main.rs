@@ -73,6 +73,7 @@ fn main() {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),
         args::Command::Inspect(a) => cmd::inspect::run(a),
+        args::Command::Verify(a) => cmd::verify::run(a),
         args::Command::Bench(a) => cmd::bench::run(a),
         args::Command::Convert(a) => cmd::convert::run(a),
         args::Command::Fit(a) => cmd::fit::run(a),
@@ -88,7 +89,23 @@ fn main() {
         {
             return;
         }
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", chain(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause whose text the message before
+/// it already ends with (library errors often print their source too).
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !out.ends_with(&s) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&s);
+        }
+    }
+    out
 }

@@ -48,14 +48,23 @@ pub struct Generation {
 }
 
 impl Generation {
-    /// Prompt tokens per second.
+    /// Prompt tokens per second (0 when the prompt was not run, e.g. `max_tokens` 0).
     pub fn prefill_tok_s(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill.as_secs_f64().max(1e-9)
+        rate(self.prompt_tokens, self.prefill)
     }
 
     /// Decode tokens per second (tokens after the first, over the decode time).
     pub fn decode_tok_s(&self) -> f64 {
-        self.tokens.len().saturating_sub(1) as f64 / self.decode.as_secs_f64().max(1e-9)
+        rate(self.tokens.len().saturating_sub(1), self.decode)
+    }
+}
+
+/// `n` per second over `d`; 0 when nothing was timed (a rate over no time is no measurement).
+fn rate(n: usize, d: Duration) -> f64 {
+    if d.is_zero() {
+        0.0
+    } else {
+        n as f64 / d.as_secs_f64()
     }
 }
 

@@ -43,6 +43,7 @@ mod spec;
 mod stop;
 mod stream_decoder;
 mod strftime;
+pub use strftime::rfc3339;
 mod tokenizer;
 mod usage_log;
 
@@ -60,8 +61,8 @@ pub use sampler::{
     Sampler, SamplingParams, TokenHistory, MAX_TOP_LOGPROBS,
 };
 pub use session::{
-    coli_kv, format as session_format, hex, Loaded, ModelIdentity, Reuse, Session, SessionError,
-    SessionFormat,
+    check_path as check_session_path, coli_kv, format as session_format, hex, Loaded,
+    ModelIdentity, Reuse, Session, SessionError, SessionFormat,
 };
 pub use spec::{
     generate_spec, generate_speculative, generate_speculative_cached, lookup, verify_draft,

@@ -105,6 +105,11 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 /// Format `t` with C/Python `strftime` directives. Supports the common ones
 /// plus glibc's `-` flag (`%-d`: no padding), which templates do use.
 /// Unknown directives are copied through, as glibc does.
+/// `secs` since the Unix epoch as RFC 3339 UTC (`2026-12-01T18:00:00Z`).
+pub fn rfc3339(secs: i64) -> String {
+    strftime("%Y-%m-%dT%H:%M:%SZ", &DateTime::from_unix(secs))
+}
+
 pub(crate) fn strftime(fmt: &str, t: &DateTime) -> String {
     let mut out = String::new();
     let mut chars = fmt.chars().peekable();
@@ -175,6 +180,12 @@ mod tests {
 
     // 2024-02-29 13:05:09 UTC, a Thursday, day 60 of a leap year.
     const LEAP_DAY: i64 = 1_709_211_909;
+
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(LEAP_DAY), "2024-02-29T13:05:09Z");
+    }
 
     #[test]
     fn breaks_down_known_instants() {

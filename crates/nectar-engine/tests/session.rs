@@ -333,7 +333,7 @@ fn truncated_and_corrupt_files_are_refused_naming_the_file() {
             (magic, "bad magic"),
         ];
         if format == SessionFormat::Nectar {
-            // The Nectar format's checksum catches a flipped bit anywhere; .coli_kv has none.
+            // The Nectar format's checksum catches a flipped bit anywhere.
             cases.push((flipped, "checksum"));
             let mut version = bytes.clone();
             version[8] = 9;
@@ -349,6 +349,8 @@ fn truncated_and_corrupt_files_are_refused_naming_the_file() {
             let mut nrec = bytes.clone();
             nrec[32..36].copy_from_slice(&i32::MAX.to_le_bytes());
             cases.push((nrec, "truncated"));
+            // The sidecar's checksum catches a flipped bit in a record.
+            cases.push((flipped, "SHA-256 differs"));
         }
         for (b, want) in cases {
             std::fs::write(&bad, &b).unwrap();

@@ -1,12 +1,13 @@
 //! A model directory's shards, validated header-first, with borrowed views of tensor bytes.
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::guard::GuardedMap;
 use crate::header::{parse_header, MAX_HEADER_BYTES};
-use memmap2::Mmap;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Most shards a directory may hold (Colibri's limit; GLM-5.2 artifacts have ≈ 150).
@@ -46,11 +47,19 @@ pub struct TensorEntry {
 ///
 /// Opening reads only headers; the files are memory-mapped, so a byte is read from disk only
 /// when a caller touches it (the routed experts of a converted container never are: they go
-/// through `nectar-residency`).
+/// through `nectar-residency`). The maps are guarded: a shard truncated while mapped makes
+/// [`Catalog::take_fault`] fail instead of the process dying of SIGBUS, and callers that read
+/// mapped bytes check it after each computation. [`Catalog::read_owned`] copies a tensor
+/// into process memory instead (no map involved).
 pub struct Catalog {
     dir: PathBuf,
     shards: Vec<ShardInfo>,
-    maps: Vec<Arc<Mmap>>,
+    maps: Vec<Arc<GuardedMap>>,
+    files: Vec<File>,
+    /// Per shard: the header bytes at load (to recognise the file when it is back) and whether
+    /// a fault was seen since (then the map serves zeros until [`Catalog::ensure_intact`]).
+    headers: Vec<Vec<u8>>,
+    damaged: Vec<AtomicBool>,
     tensors: BTreeMap<String, TensorEntry>,
     stamps: BTreeMap<String, String>,
 }
@@ -70,8 +79,33 @@ impl std::fmt::Debug for Catalog {
 
 impl Catalog {
     /// Discovers `*.safetensors` in `dir` (sorted by name), validates every header, checks for
-    /// duplicate names and, when present, that `model.safetensors.index.json` agrees.
+    /// duplicate names and, when present, that `model.safetensors.index.json` agrees and that
+    /// every tensor's dtype and shape are those of `nectar-manifest.json`.
     pub fn open(dir: &Path) -> Result<Catalog> {
+        let cat = Self::open_unchecked(dir)?;
+        if let Some(m) = crate::manifest::Manifest::read(dir)? {
+            if let Some(x) = m.header_mismatches(&cat).into_iter().next() {
+                let path = cat.get(&x.tensor).map_or_else(
+                    || dir.join(crate::manifest::MANIFEST_FILE),
+                    |e| cat.path_of(e).to_path_buf(),
+                );
+                return Err(Error::Tensor {
+                    path,
+                    tensor: x.tensor,
+                    msg: format!(
+                        "{} ({}; `nectar verify` checks every byte)",
+                        x.msg,
+                        crate::manifest::MANIFEST_FILE
+                    ),
+                });
+            }
+        }
+        Ok(cat)
+    }
+
+    /// [`Catalog::open`] without the manifest check (for `verify`, which reports every
+    /// difference instead of failing at the first).
+    pub fn open_unchecked(dir: &Path) -> Result<Catalog> {
         let mut paths = Vec::new();
         let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
         for ent in rd {
@@ -95,6 +129,9 @@ impl Catalog {
             dir: dir.to_path_buf(),
             shards: Vec::new(),
             maps: Vec::new(),
+            files: Vec::new(),
+            headers: Vec::new(),
+            damaged: Vec::new(),
             tensors: BTreeMap::new(),
             stamps: BTreeMap::new(),
         };
@@ -164,12 +201,15 @@ impl Catalog {
             };
             self.tensors.insert(t.name, entry);
         }
-        // SAFETY: the map is read-only and private to this process; Nectar never writes model
-        // files it has open, and the header checks above guarantee every tensor range lies
-        // inside the mapped length. (A concurrent external truncation would fault; that is the
-        // accepted contract of reading model files by mmap.)
-        let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?;
+        // The header checks above guarantee every tensor range lies inside the mapped length;
+        // a later external truncation is caught by the guard.
+        let map = GuardedMap::new(&f).map_err(|e| Error::io(&path, e))?;
         self.maps.push(Arc::new(map));
+        let mut header = len8.to_vec();
+        header.extend_from_slice(&json);
+        self.headers.push(header);
+        self.damaged.push(AtomicBool::new(false));
+        self.files.push(f);
         self.shards.push(ShardInfo {
             path,
             file_len,
@@ -277,6 +317,82 @@ impl Catalog {
         &self.maps[e.shard][start..start + e.len as usize]
     }
 
+    /// The bytes of `e` copied into process memory by positioned reads (no map): a file
+    /// truncated later cannot affect them, and a short read now is an error naming the file
+    /// and offset.
+    pub fn read_owned(&self, e: &TensorEntry) -> Result<Bytes> {
+        let mut buf = vec![0u8; e.len as usize];
+        read_exact_at(&self.files[e.shard], &mut buf, e.offset).map_err(|err| {
+            self.changed(
+                e.shard,
+                format!("reading `{}` at offset {}: {err}", e.name, e.offset),
+            )
+        })?;
+        Ok(Bytes::Owned(Arc::new(buf)))
+    }
+
+    /// Fails when a read of a mapped shard found the file shorter than at load since the last
+    /// call (the bytes read were zeros: discard what was computed from them). The shard stays
+    /// marked until [`Catalog::ensure_intact`] finds the file back.
+    pub fn take_fault(&self) -> Result<()> {
+        for (i, map) in self.maps.iter().enumerate() {
+            if let Some(off) = map.take_fault() {
+                self.damaged[i].store(true, Ordering::Release);
+                return Err(self.changed(
+                    i,
+                    format!(
+                        "byte offset {off}: the file is shorter than when it was \
+                         loaded (truncated or replaced while running)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Before reading mapped bytes: fails while a shard that faulted is still not what it was
+    /// at load (same length, same header); once it is, maps it again and succeeds.
+    pub fn ensure_intact(&self) -> Result<()> {
+        for (i, shard) in self.shards.iter().enumerate() {
+            if !self.damaged[i].load(Ordering::Acquire) {
+                continue;
+            }
+            let now = std::fs::metadata(&shard.path).map(|m| m.len()).ok();
+            if now != Some(shard.file_len) {
+                let now = now.map_or("missing".to_owned(), |n| format!("{n} bytes"));
+                return Err(self.changed(
+                    i,
+                    format!(
+                        "the file is {now}, not the {} bytes it had at load; restore it",
+                        shard.file_len
+                    ),
+                ));
+            }
+            let mut head = vec![0u8; self.headers[i].len()];
+            let same = File::open(&shard.path)
+                .and_then(|f| read_exact_at(&f, &mut head, 0))
+                .is_ok_and(|()| head == self.headers[i]);
+            if !same {
+                let msg = "its header changed since load; restart to load the new file";
+                return Err(self.changed(i, msg.to_owned()));
+            }
+            self.maps[i]
+                .restore(&shard.path)
+                .map_err(|e| self.changed(i, format!("mapping it again failed: {e}")))?;
+            // Faults recorded before the restore belong to the damaged period.
+            let _ = self.maps[i].take_fault();
+            self.damaged[i].store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn changed(&self, shard: usize, msg: String) -> Error {
+        Error::FileChanged {
+            path: self.shards[shard].path.clone(),
+            msg,
+        }
+    }
+
     /// An owning handle on the bytes of `e` that keeps the shard mapped.
     pub fn shared_bytes(&self, e: &TensorEntry) -> Bytes {
         Bytes::Mapped {
@@ -302,7 +418,7 @@ pub enum Bytes {
     /// A range of a memory-mapped file.
     Mapped {
         /// The mapping (kept alive by this handle).
-        map: Arc<Mmap>,
+        map: Arc<GuardedMap>,
         /// Start offset in the mapping.
         start: usize,
         /// Length.
@@ -328,8 +444,25 @@ impl std::ops::Deref for Bytes {
     }
 }
 
+/// Reads exactly `buf.len()` bytes at `off`; a file that ends first is `UnexpectedEof`.
+pub(crate) fn read_exact_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    return std::os::unix::fs::FileExt::read_exact_at(f, buf, off);
+    #[cfg(windows)]
+    {
+        let mut got = 0;
+        while got < buf.len() {
+            match std::os::windows::fs::FileExt::seek_read(f, &mut buf[got..], off + got as u64)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => got += n,
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 

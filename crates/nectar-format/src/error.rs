@@ -58,6 +58,15 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
+    /// A shard changed under a running process (truncated, replaced): the bytes at the offset
+    /// named in `msg` could not be read.
+    #[error("{path}: model file could not be read: {msg}")]
+    FileChanged {
+        /// The shard.
+        path: PathBuf,
+        /// What happened (names the offset or the lengths).
+        msg: String,
+    },
     /// A conversion cannot proceed (lock held, parameters changed, disk full, bad input).
     #[error("convert: {0}")]
     Convert(String),

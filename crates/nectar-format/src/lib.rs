@@ -20,11 +20,14 @@ pub mod convert;
 mod dtype;
 mod error;
 pub mod experts;
+mod guard;
 mod header;
+pub mod manifest;
 pub mod quant;
 pub mod synth;
 
 pub use catalog::{Bytes, Catalog, ShardInfo, TensorEntry, STAMP_KEY};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use guard::GuardedMap;
 pub use header::{parse_header, HeaderTensor, ParsedHeader, MAX_HEADER_BYTES};

@@ -30,5 +30,21 @@ pub enum Error {
     Input(String),
 }
 
+impl Error {
+    /// True when a model file could not be read while running (an I/O error, a shard
+    /// truncated or replaced, an expert read that came up short): an operator's problem, not a
+    /// bug, and not the request's fault.
+    pub fn is_unreadable_file(&self) -> bool {
+        use nectar_format::Error as F;
+        let format = |f: &F| matches!(f, F::Io { .. } | F::FileChanged { .. });
+        match self {
+            Error::Format(f) => format(f),
+            Error::Residency(nectar_residency::Error::Read { .. }) => true,
+            Error::Residency(nectar_residency::Error::Format(f)) => format(f),
+            _ => false,
+        }
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -176,7 +176,18 @@ impl Ledger {
     }
 
     /// Reads `path` into this ledger (see [`Ledger::parse_into`]); a missing file is empty.
+    /// Temp files that interrupted saves left beside it are removed first; a path that is not
+    /// a regular file (a FIFO would block the read forever) is an error.
     pub fn load_into(&mut self, path: &Path, trusted: bool) -> Result<(), UsageError> {
+        nectar_format::atomic::remove_stale_temps(path);
+        if let Ok(m) = std::fs::metadata(path) {
+            if !m.is_file() {
+                return Err(UsageError::Io {
+                    path: path.display().to_string(),
+                    source: std::io::Error::other("not a regular file"),
+                });
+            }
+        }
         match std::fs::read_to_string(path) {
             Ok(t) => self.parse_into(&t, &path.display().to_string(), trusted),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -312,14 +323,27 @@ mod tests {
     fn save_is_atomic_and_reloads() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join(".coli_usage");
+        // What a save killed mid-write left (its writer is gone: no process has this id).
+        let stale = dir.path().join("..coli_usage.4194999.7.tmp");
+        std::fs::write(&stale, b"1 2").unwrap();
         let mut l = Ledger::new(3, 8, "glm_moe_dsa");
         l.add(ExpertKey::new(1, 2), 9);
         l.save(&p).unwrap();
+        assert!(!stale.exists(), "the next save removes it");
         let mut back = Ledger::new(3, 8, "glm_moe_dsa");
         back.load_into(&p, false).unwrap();
         assert_eq!(back, l);
         let mut missing = Ledger::new(3, 8, "glm_moe_dsa");
         missing.load_into(&dir.path().join("nope"), false).unwrap();
         assert_eq!(missing.total(), 0);
+        // Loading (at startup) removes a stale temp file too, and refuses a directory.
+        std::fs::write(&stale, b"1 2").unwrap();
+        back.load_into(&p, false).unwrap();
+        assert!(!stale.exists());
+        let e = missing
+            .load_into(dir.path(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -313,8 +313,45 @@ pub enum GenEvent {
     },
     /// Generation ended normally.
     Finish(Finish),
-    /// Generation failed; the string is the internal cause (logged, not sent to clients).
-    Error(String),
+    /// Generation failed (the cause is logged, not sent to clients).
+    Error(Failure),
+}
+
+/// Why a generation failed: the internal cause (logged) and what a client may be told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The internal cause (file paths, offsets): for the log only.
+    pub cause: String,
+    /// A model file could not be read (truncated, replaced, an I/O error): the operator's
+    /// problem, said as such to the client.
+    pub model_file: bool,
+}
+
+impl Failure {
+    /// A failure with no better description than its cause (a bug, a panic).
+    pub fn internal(cause: impl Into<String>) -> Failure {
+        Failure {
+            cause: cause.into(),
+            model_file: false,
+        }
+    }
+
+    /// Classifies an engine error.
+    pub fn of_engine(e: &nectar_engine::Error) -> Failure {
+        Failure {
+            cause: e.to_string(),
+            model_file: matches!(e, nectar_engine::Error::Model(m) if m.is_unreadable_file()),
+        }
+    }
+
+    /// The message a client sees (no paths: details are in the server log).
+    pub fn client_message(&self) -> &'static str {
+        if self.model_file {
+            "a model file could not be read; the server log has the details"
+        } else {
+            "internal error while generating"
+        }
+    }
 }
 
 /// Whether the model is usable yet.

@@ -43,6 +43,8 @@ pub enum ErrorKind {
     NotFound,
     /// 405: the route exists but not for this method.
     MethodNotAllowed,
+    /// 408: the request body did not arrive in time (`--body-timeout`).
+    RequestTimeout,
     /// 413: the body is over the size limit.
     PayloadTooLarge,
     /// 429: the request queue is full; retry later.
@@ -61,6 +63,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::QueueFull => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -73,6 +76,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest
             | ErrorKind::PayloadTooLarge
+            | ErrorKind::RequestTimeout
             | ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
@@ -85,7 +89,9 @@ impl ErrorKind {
     /// Anthropic's `error.type` for this kind.
     fn anthropic_type(self) -> &'static str {
         match self {
-            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::InvalidRequest | ErrorKind::MethodNotAllowed | ErrorKind::RequestTimeout => {
+                "invalid_request_error"
+            }
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::PayloadTooLarge => "request_too_large",
@@ -192,6 +198,14 @@ impl ApiError {
         ApiError::new(
             ErrorKind::PayloadTooLarge,
             format!("the request body is larger than the limit of {limit} bytes"),
+        )
+    }
+
+    /// 408: the body did not arrive within the server's body timeout.
+    pub fn body_timeout(cause: impl Into<String>) -> ApiError {
+        ApiError::new(
+            ErrorKind::RequestTimeout,
+            format!("the request body did not arrive in time ({})", cause.into()),
         )
     }
 

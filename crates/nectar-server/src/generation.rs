@@ -7,8 +7,8 @@
 //! guard drops, and the model thread stops at its next token.
 
 use crate::backend::{
-    Backend, BackendError, CancelOnDrop, Finish, FinishReason, GenEvent, GenRequest, GenStart,
-    OutputParser, Piece, Prompt, StringParams, TokenLogprob, ToolCall,
+    Backend, BackendError, CancelOnDrop, Failure, Finish, FinishReason, GenEvent, GenRequest,
+    GenStart, OutputParser, Piece, Prompt, StringParams, TokenLogprob, ToolCall,
 };
 use crate::error::ApiError;
 use crate::observe::requests::RequestRecord;
@@ -52,8 +52,9 @@ pub enum OutputEvent {
     },
     /// The end.
     Finish(Finish),
-    /// The model failed mid-generation; the cause is logged, the client gets a generic error.
-    Failed,
+    /// The model failed mid-generation; the cause is logged, the client gets
+    /// [`Failure::client_message`].
+    Failed(Failure),
 }
 
 /// A running generation.
@@ -239,19 +240,20 @@ impl Generation {
                     self.pending.push_back(OutputEvent::Finish(f));
                     self.done = true;
                 }
-                Some(GenEvent::Error(cause)) => {
+                Some(GenEvent::Error(failure)) => {
                     if let Some(r) = &self.record {
                         r.finished("error", 0);
                     }
-                    tracing::error!(%cause, "generation failed");
-                    self.pending.push_back(OutputEvent::Failed);
+                    tracing::error!(cause = %failure.cause, "generation failed");
+                    self.pending.push_back(OutputEvent::Failed(failure));
                     self.done = true;
                 }
                 None => {
                     // The model thread dropped the sink without a finish: a bug, reported as a
                     // failure rather than a silent truncation.
                     tracing::error!("generation ended without a finish event");
-                    self.pending.push_back(OutputEvent::Failed);
+                    self.pending
+                        .push_back(OutputEvent::Failed(Failure::internal("no finish event")));
                     self.done = true;
                 }
             }
@@ -297,7 +299,11 @@ impl Generation {
                         finish,
                     })
                 }
-                OutputEvent::Failed => break,
+                OutputEvent::Failed(f) => {
+                    let mut e = ApiError::internal(f.cause.clone());
+                    e.message = f.client_message().into();
+                    return Err(e);
+                }
             }
         }
         Err(ApiError::internal("generation failed"))

@@ -37,15 +37,18 @@ fn model_entry(state: &AppState) -> Result<Value, ApiError> {
     }
     .ok_or_else(|| ApiError::internal("ready backend without model info"))?;
     let chat = info.chat_template && info.tokenizer;
+    // When this server started serving it (Unix seconds): a real time, stable across calls.
+    let created = crate::protocol::unix_now().saturating_sub(state.metrics.uptime_seconds() as u64);
+    let created_at = nectar_engine::rfc3339(created as i64);
     Ok(json!({
         "id": info.id,
         "object": "model",
-        "created": 0,
+        "created": created,
         "owned_by": "nectar",
         // Anthropic's model object fields, so either SDK can list models.
         "type": "model",
         "display_name": info.id,
-        "created_at": "1970-01-01T00:00:00Z",
+        "created_at": created_at,
         "context_length": info.context_length,
         "capabilities": {
             "chat": chat,

@@ -31,6 +31,7 @@ pub mod error;
 pub mod generation;
 mod guard;
 pub mod info;
+pub mod listen;
 pub mod metrics;
 pub mod observe;
 pub mod protocol;
@@ -156,12 +157,11 @@ async fn track(State(state): State<AppState>, req: Request, next: Next) -> Respo
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
+    timeouts: listen::Timeouts,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let sampler = tokio::spawn(observe::timeline::run(state.clone()));
-    let served = axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = listen::serve(listener, router(state), timeouts, shutdown).await;
     sampler.abort();
     served
 }

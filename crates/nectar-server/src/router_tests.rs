@@ -720,6 +720,10 @@ async fn count_tokens_and_models_and_metrics() {
     assert_eq!(v["data"][0]["id"], "mock-model");
     assert_eq!(v["data"][0]["capabilities"]["structured_output"], true);
     assert_eq!(v["data"][0]["capabilities"]["mtp"], "off");
+    // When the server started, not the epoch: the same instant in both families' fields.
+    let created = v["data"][0]["created"].as_i64().unwrap();
+    assert!(created > 1_700_000_000, "{created}");
+    assert_eq!(v["data"][0]["created_at"], nectar_engine::rfc3339(created));
     let (st, hs, body) = call(&app, "GET", "/metrics", None, &[]).await;
     assert_eq!(st, StatusCode::OK);
     assert!(hs

@@ -42,6 +42,8 @@ pub struct ServeOptions {
     pub aliases: Vec<String>,
     /// The Atlas served at `/experts.json` (`None`: the model directory's `experts.json`).
     pub atlas: Option<PathBuf>,
+    /// Read deadlines for request heads and bodies.
+    pub timeouts: crate::listen::Timeouts,
 }
 
 /// Why the server stopped with an error.
@@ -160,7 +162,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         let _ = stopped.wait_for(|s| *s).await;
     };
     let mut deadline = stop_rx;
-    let server = crate::serve(listener, state, shutdown);
+    let server = crate::serve(listener, state, opts.timeouts, shutdown);
     tokio::select! {
         r = server => r?,
         _ = async {

@@ -13,8 +13,8 @@
 //! thread keeps serving.
 
 use crate::backend::{
-    engine_err, CancelToken, EngineOptions, Finish, FinishReason, GenEvent, Job, LoadState,
-    ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
+    engine_err, CancelToken, EngineOptions, Failure, Finish, FinishReason, GenEvent, Job,
+    LoadState, ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
 };
 use crate::guard::MemoryGuard;
 use nectar_engine::{
@@ -350,17 +350,17 @@ fn serve_batched(
         let report = match outcome {
             Ok(Ok(r)) => r,
             failed => {
-                let cause = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "generation panicked".to_string(),
+                let failure = match failed {
+                    Ok(Err(e)) => Failure::of_engine(&e),
+                    _ => Failure::internal("generation panicked"),
                 };
-                tracing::error!(error = %cause, rows = batch.len(), "batched step failed");
+                tracing::error!(error = %failure.cause, rows = batch.len(), "batched step failed");
                 // The step's caches may be half-written: every row in it fails; later
                 // requests start clean.
                 for id in batch.clear() {
                     if let Some(c) = clients.remove(&id) {
                         n.failed.fetch_add(1, Ordering::Relaxed);
-                        let _ = c.sink.send(GenEvent::Error(cause.clone()));
+                        let _ = c.sink.send(GenEvent::Error(failure.clone()));
                     }
                 }
                 n.active.store(0, Ordering::SeqCst);
@@ -462,7 +462,7 @@ fn admit(
                 _ => "admission panicked".into(),
             };
             n.failed.fetch_add(1, Ordering::Relaxed);
-            let _ = job.sink.send(GenEvent::Error(cause));
+            let _ = job.sink.send(GenEvent::Error(Failure::internal(cause)));
         }
     }
 }
@@ -470,7 +470,7 @@ fn admit(
 /// When the request asked for the prompt's logprobs (`echo` with `logprobs`), runs the prompt
 /// once more through a fresh cache, keeping every position's logits (one row at a time, so
 /// memory is one vocabulary row), and sends them before any output.
-fn send_prompt_logprobs(bundle: &ModelBundle, job: &Job) -> Result<(), String> {
+fn send_prompt_logprobs(bundle: &ModelBundle, job: &Job) -> Result<(), Failure> {
     let Some(top) = job.prompt_logprobs else {
         return Ok(());
     };
@@ -480,7 +480,8 @@ fn send_prompt_logprobs(bundle: &ModelBundle, job: &Job) -> Result<(), String> {
     };
     let tok = bundle.tokenizer.as_ref();
     let temperature = job.request.params.temperature;
-    let run = || -> Result<Vec<TokenLogprob>, String> {
+    let failed = |e: nectar_model::Error| Failure::of_engine(&nectar_engine::Error::Model(e));
+    let run = || -> Result<Vec<TokenLogprob>, Failure> {
         let model = &bundle.model;
         let mut cache = model.new_cache();
         let hidden = model
@@ -491,21 +492,19 @@ fn send_prompt_logprobs(bundle: &ModelBundle, job: &Job) -> Result<(), String> {
                 }],
                 &mut NoObserver,
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(failed)?;
         let d = hidden.len() / ids.len();
         // Position i predicts token i + 1.
         (0..ids.len() - 1)
             .map(|i| {
-                let logits = model
-                    .logits(&hidden[i * d..(i + 1) * d])
-                    .map_err(|e| e.to_string())?;
+                let logits = model.logits(&hidden[i * d..(i + 1) * d]).map_err(failed)?;
                 let lp = nectar_engine::logprobs(&logits, temperature, ids[i + 1], top);
                 Ok(token_logprob(tok, ids[i + 1], &lp))
             })
             .collect()
     };
     let rest = catch_unwind(AssertUnwindSafe(run))
-        .unwrap_or_else(|_| Err("prompt logprobs panicked".into()))?;
+        .unwrap_or_else(|_| Err(Failure::internal("prompt logprobs panicked")))?;
     let text = tok
         .and_then(|t| t.decode(&[first], false).ok())
         .unwrap_or_default();
@@ -612,7 +611,7 @@ fn serve_speculative(
             }
             Err(_) => {
                 n.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error("generation panicked".into())
+                GenEvent::Error(Failure::internal("generation panicked"))
             }
         };
         // The receiver may be gone (client left); nothing to do then.
@@ -630,7 +629,7 @@ fn run_speculative(
     job: Job,
     shared: &Shared,
     guard: &mut MemoryGuard,
-) -> Result<Finish, String> {
+) -> Result<Finish, Failure> {
     let n = &shared.n;
     let request: &Request = &job.request;
     let prompt_tokens = request.prompt_ids.len();
@@ -654,7 +653,7 @@ fn run_speculative(
         }
         Ok(!job.cancel.is_cancelled())
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| Failure::of_engine(&e))?;
     // The last forward (a verification whose tokens were all emitted) is counted too.
     shared.observatory.step(&bundle.model.expert_usage());
     let reason = finish_reason(Some(gen.finish), gen.stop.clone());

@@ -19,3 +19,10 @@ pub mod serve;
 pub mod session;
 pub mod synth;
 pub mod usage;
+pub mod verify;
+
+/// `n` and the noun, singular for exactly one ("1 prompt token", "2 prompt tokens").
+pub fn count(n: impl Into<u64>, singular: &str, plural: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { singular } else { plural })
+}

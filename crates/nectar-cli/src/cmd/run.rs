@@ -138,14 +138,14 @@ pub fn run(a: RunArgs) -> Result<()> {
             format!(", seed {}", gen.seed)
         };
         eprintln!(
-            "[{} prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}{}, {} threads, {}]",
-            gen.prompt_tokens,
+            "[{} at {:.1} tok/s, {} generated at {:.1} tok/s, finish: {}{}, {}, {}]",
+            super::count(gen.prompt_tokens as u64, "prompt token", "prompt tokens"),
             gen.prefill_tok_s(),
             gen.tokens.len(),
             gen.decode_tok_s(),
             gen.finish.as_str(),
             seed,
-            rayon::current_num_threads(),
+            super::count(rayon::current_num_threads() as u64, "thread", "threads"),
             nectar_kernels::isa()
         );
         if let Some(s) = gen.spec.as_ref().filter(|s| s.mode != "off") {
@@ -156,8 +156,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         if let (Some(t), Some(plan)) = (&residency, bundle.model.memory_plan()) {
             eprintln!(
-                "[experts streamed: {} LRU slots per layer, hit rate {:.1} %, {:.3} GB read from disk ({} reads), {:.2} s disk time, {:.2} s waiting]",
-                plan.lru_per_layer,
+                "[experts streamed: {} per layer, hit rate {:.1} %, {:.3} GB read from disk ({} reads), {:.2} s disk time, {:.2} s waiting]",
+                super::count(plan.lru_per_layer as u64, "LRU slot", "LRU slots"),
                 100.0 * t.hit_rate(),
                 t.bytes_read as f64 / 1e9,
                 t.reads,

@@ -43,6 +43,10 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         threads,
         aliases: a.alias,
         atlas: a.atlas,
+        timeouts: nectar_server::listen::Timeouts {
+            header: std::time::Duration::from_secs(a.header_timeout),
+            body: std::time::Duration::from_secs(a.body_timeout),
+        },
     })?;
     Ok(())
 }

@@ -23,6 +23,8 @@ pub fn open(path: &Path, format: SessionFormatArg, bundle: &ModelBundle) -> Resu
         SessionFormatArg::Nectar => SessionFormat::Nectar,
         SessionFormatArg::ColiKv => SessionFormat::ColiKv,
     };
+    // A FIFO, a device or an unwritable directory is found now, not after generating.
+    nectar_engine::check_session_path(path)?;
     let id = ModelIdentity::of(&bundle.dir, &bundle.model)?;
     let session = if path.exists() {
         let l = Session::load(path, format, &bundle.model, &id)
@@ -79,12 +81,12 @@ impl RunSession {
     /// The stderr line.
     pub fn summary(&self, reuse: &Reuse, prompt_tokens: usize) -> String {
         format!(
-            "[session {}: {} of {} prompt tokens reused ({} restored), {} tokens saved]",
+            "[session {}: {} of {} reused ({} restored), {} saved]",
             self.path.display(),
             reuse.main,
-            prompt_tokens,
+            super::count(prompt_tokens as u64, "prompt token", "prompt tokens"),
             self.restored,
-            self.session.tokens().len()
+            super::count(self.session.tokens().len() as u64, "token", "tokens")
         )
     }
 }

@@ -3,6 +3,7 @@ use crate::args::SynthArgs;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use nectar_format::synth::{synth, SynthSpec};
+use nectar_residency::planner::human;
 
 pub fn run(a: SynthArgs) -> Result<()> {
     let mut spec = match a.preset.as_str() {
@@ -23,12 +24,13 @@ pub fn run(a: SynthArgs) -> Result<()> {
         spec.experts = n;
     }
     let total = spec.layers as u64 * spec.experts as u64 * spec.expert_bytes();
+    // Binary units throughout, as the progress bar's.
     eprintln!(
-        "writing {} MoE layers × {} experts × {:.1} MB = {:.2} GB of routed experts to {}",
-        spec.layers,
-        spec.experts,
-        spec.expert_bytes() as f64 / 1e6,
-        total as f64 / 1e9,
+        "writing {} × {} × {} = {} of routed experts to {}",
+        super::count(spec.layers as u64, "MoE layer", "MoE layers"),
+        super::count(spec.experts as u64, "expert", "experts"),
+        human(spec.expert_bytes()),
+        human(total),
         a.out.display()
     );
     let bar = ProgressBar::new(total);

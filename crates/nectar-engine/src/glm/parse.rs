@@ -341,7 +341,9 @@ impl OutputParser {
                     return false;
                 }
                 // Stray text between arguments: dropped up to the next tag.
-                let next = buf[1..].find('<').map_or(buf.len(), |j| j + 1);
+                // Skip the first character whole (it may be several bytes).
+                let first = buf.chars().next().map_or(1, char::len_utf8);
+                let next = buf[first..].find('<').map_or(buf.len(), |j| j + first);
                 tracing::debug!(stray = &buf[..next], "stray text in a tool call: dropped");
                 buf.drain(..next);
                 true
@@ -609,6 +611,21 @@ mod tests {
         let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
         assert_eq!(run(&refs), whole, "char by char");
         whole
+    }
+
+    /// Stray text inside a call that starts with a multi-byte character is dropped whole
+    /// (found by the `tool_calls` fuzz target: slicing at byte 1 panicked).
+    #[test]
+    fn stray_multibyte_text_inside_a_call_is_dropped() {
+        let out = parse_all(
+            "<tool_call>f\n\u{FFFD}_é<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>",
+            false,
+            true,
+        );
+        assert!(
+            matches!(out.as_slice(), [Piece::CallEnd(c)] if c.name == "f" && c.arguments == r#"{"k":"v"}"#),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -33,6 +33,20 @@ impl Write for HashWriter<'_> {
     }
 }
 
+/// A reader that hashes what passes through it.
+pub struct HashReader<R> {
+    pub inner: R,
+    pub hash: Sha256,
+}
+
+impl<R: std::io::Read> std::io::Read for HashReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
 /// Writes `v` as little-endian f32s.
 pub fn write_f32s(w: &mut dyn Write, v: &[f32]) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(v.len().min(1 << 16) * 4);

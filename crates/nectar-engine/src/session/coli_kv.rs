@@ -9,19 +9,25 @@
 //! ```
 //!
 //! What the format does not carry: the MTP layer's cache (a restored session starts with an
-//! empty one) and the model identity. Nectar keeps the identity in a sidecar file,
-//! `<file>.nectar-id` (JSON, the three hashes of [`ModelIdentity`]), never in the Colibri
-//! header, so Colibri still reads the file; the sidecar is checked when present. A file without
+//! empty one), the model identity and a checksum. Nectar keeps both in a sidecar file,
+//! `<file>.nectar-id` (JSON: the three hashes of [`ModelIdentity`] and the SHA-256 of the
+//! whole `.coli_kv` file as saved), never in the Colibri header, so Colibri still reads the
+//! file; the sidecar is checked when present. A save keeps the pair consistent at every
+//! moment a crash can hit: the sidecar first lists the new file's checksum beside the old
+//! one(s), then the file is replaced, then the sidecar is rewritten with the new checksum only;
+//! a file loads when its checksum is one of those listed. (A file Colibri has written to since
+//! is refused as altered; deleting the sidecar loads it unverified.) A file without
 //! indexer keys (`index_hd = 0`) for a model that has indexers yields the tokens only
 //! ([`ColiKv::cache`] is `None`); the caller recomputes the caches from them.
 //!
 //! Records past `nrec` are a torn append and ignored, as Colibri does. Nectar writes the whole
 //! file crash-safely (temp file, fsync, rename) instead of appending, so `nrec` is always final.
 
-use super::atomic::{read_f32s, write_atomic, write_f32s};
+use super::atomic::{read_f32s, write_atomic, write_f32s, HashReader, HashWriter};
 use super::error::SessionError;
 use super::identity::{hex, unhex, ModelIdentity};
 use nectar_model::{CacheDims, LayerCache, SeqCache};
+use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -76,17 +82,71 @@ pub fn write(
             )));
         }
     }
-    let side = serde_json::json!({
-        "format": "nectar-coli-kv-identity",
-        "version": 1,
-        "config_sha256": hex(&id.config),
-        "quant_layout_sha256": hex(&id.quant),
-        "tokenizer_sha256": hex(&id.tokenizer),
-    });
-    write_atomic(&sidecar(path), |w| w.write_all(side.to_string().as_bytes()))?;
-    write_atomic(path, |w| {
+    let records = |w: &mut dyn std::io::Write| {
+        write_records(w, &header, dims, &indexed, index_hd, tokens, cache)
+    };
+    // The checksum first (serialising into a hash only), so the sidecar can list it before the
+    // file changes.
+    let mut hw = HashWriter {
+        inner: &mut std::io::sink(),
+        hash: Sha256::new(),
+    };
+    records(&mut hw).map_err(|e| SessionError::io(path, e))?;
+    let sum = hex(&hw.hash.finalize().into());
+    let side = |sums: &[String]| {
+        serde_json::json!({
+            "format": "nectar-coli-kv-identity",
+            "version": 1,
+            "config_sha256": hex(&id.config),
+            "quant_layout_sha256": hex(&id.quant),
+            "tokenizer_sha256": hex(&id.tokenizer),
+            "file_sha256": sums,
+        })
+        .to_string()
+    };
+    let mut sums = vec![sum.clone()];
+    // The checksums the sidecar lists now (the current file's among them); a few suffice, as
+    // only a crash mid-save leaves more than one.
+    sums.extend(
+        listed_sums(&sidecar(path))
+            .into_iter()
+            .filter(|s| *s != sum)
+            .take(3),
+    );
+    write_atomic(&sidecar(path), |w| w.write_all(side(&sums).as_bytes()))?;
+    write_atomic(path, |w| records(w))?;
+    write_atomic(&sidecar(path), |w| w.write_all(side(&[sum]).as_bytes()))
+}
+
+/// The file checksums a sidecar lists (none when it is missing or unreadable).
+fn listed_sums(side: &Path) -> Vec<String> {
+    let v: Option<serde_json::Value> = std::fs::read(side)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    v.as_ref()
+        .and_then(|v| v.get("file_sha256"))
+        .and_then(|s| s.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The file's bytes: magic, header, records.
+fn write_records(
+    w: &mut dyn std::io::Write,
+    header: &[usize; 8],
+    dims: &CacheDims,
+    indexed: &[usize],
+    index_hd: usize,
+    tokens: &[u32],
+    cache: &SeqCache,
+) -> std::io::Result<()> {
+    {
         w.write_all(MAGIC)?;
-        for v in header {
+        for &v in header {
             w.write_all(&(v as i32).to_le_bytes())?;
         }
         let (dl, dr) = (dims.latent, dims.rope);
@@ -96,7 +156,7 @@ pub fn write(
                 write_f32s(w, &l.latent[i * dl..(i + 1) * dl])?;
                 write_f32s(w, &l.k_pe[i * dr..(i + 1) * dr])?;
             }
-            for &l in &indexed {
+            for &l in indexed {
                 write_f32s(
                     w,
                     &cache.layers[l].index_k[i * index_hd..(i + 1) * index_hd],
@@ -104,7 +164,7 @@ pub fn write(
             }
         }
         Ok(())
-    })
+    }
 }
 
 /// Reads a `.coli_kv` v1 file for a model with `dims` and `vocab`, checking the identity
@@ -115,7 +175,8 @@ pub fn read(
     dims: &CacheDims,
     vocab: usize,
 ) -> Result<ColiKv, SessionError> {
-    let verified = check_sidecar(path, id)?;
+    let side = check_sidecar(path, id)?;
+    let verified = side.is_some();
     let io = |e| SessionError::io(path, e);
     let file = File::open(path).map_err(io)?;
     let found = file.metadata().map_err(io)?.len();
@@ -127,7 +188,10 @@ pub fn read(
     if found < HEADER {
         return Err(truncated(HEADER));
     }
-    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut r = HashReader {
+        inner: BufReader::with_capacity(1 << 20, file),
+        hash: Sha256::new(),
+    };
     let mut head = [0u8; HEADER as usize];
     r.read_exact(&mut head).map_err(io)?;
     if &head[..8] != MAGIC {
@@ -208,6 +272,21 @@ pub fn read(
             }
         }
     }
+    if let Some(Some(listed)) = side {
+        // The whole file, torn tail included, is what was saved.
+        std::io::copy(&mut r, &mut std::io::sink()).map_err(io)?;
+        let got: [u8; 32] = r.hash.finalize().into();
+        if !listed.contains(&got) {
+            return Err(SessionError::corrupt(
+                path,
+                format!(
+                    "its SHA-256 differs from the one saved in {} (the contents were altered or \
+                     damaged; delete the sidecar to load the file unverified)",
+                    sidecar(path).display()
+                ),
+            ));
+        }
+    }
     let cache = if has_keys || indexed.is_empty() {
         let mut c = SeqCache::new(0);
         for ((latent, k_pe, index_k), &d) in layers.into_iter().zip(&dims.index) {
@@ -244,12 +323,16 @@ fn indexer_layers(dims: &CacheDims, path: &Path) -> Result<(usize, Vec<usize>), 
     Ok((hd, indexed))
 }
 
-/// Checks the identity sidecar when present; `Ok(false)` when there is none.
-fn check_sidecar(path: &Path, id: &ModelIdentity) -> Result<bool, SessionError> {
+/// The file checksums a sidecar accepts (`None`: a sidecar written before checksums).
+type Listed = Option<Vec<[u8; 32]>>;
+
+/// Checks the identity sidecar when present: `None` when there is none, else the file checksums
+/// it lists.
+fn check_sidecar(path: &Path, id: &ModelIdentity) -> Result<Option<Listed>, SessionError> {
     let side = sidecar(path);
     let bytes = match std::fs::read(&side) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(SessionError::io(&side, e)),
     };
     let v: serde_json::Value = serde_json::from_slice(&bytes)
@@ -266,5 +349,16 @@ fn check_sidecar(path: &Path, id: &ModelIdentity) -> Result<bool, SessionError> 
         tokenizer: hash("tokenizer_sha256")?,
     };
     id.check(&saved, path)?;
-    Ok(true)
+    let listed = match v.get("file_sha256") {
+        None => None,
+        Some(a) => Some(
+            a.as_array()
+                .filter(|a| !a.is_empty())
+                .and_then(|a| a.iter().map(|s| s.as_str().and_then(unhex)).collect())
+                .ok_or_else(|| {
+                    SessionError::corrupt(&side, "`file_sha256` is not a list of SHA-256 hexes")
+                })?,
+        ),
+    };
+    Ok(Some(listed))
 }

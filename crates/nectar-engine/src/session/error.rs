@@ -68,6 +68,26 @@ pub enum SessionError {
         /// The model's value.
         model: u64,
     },
+    /// The path exists but is not a regular file (a FIFO would block the load forever).
+    #[error("session file {} is {kind}, not a regular file", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: `a FIFO`, `a directory`, `a socket`, `a device`.
+        kind: &'static str,
+    },
+    /// The session's directory cannot take the file (missing, not a directory, read-only):
+    /// found before generating, not after.
+    #[error("session file {}: cannot write in its directory {}: {source}", path.display(), dir.display())]
+    Directory {
+        /// The session file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// The OS error of a trial write.
+        #[source]
+        source: std::io::Error,
+    },
     /// A session's tokens and caches disagree (a caller bug, reported instead of panicking).
     #[error("session: {0}")]
     Inconsistent(String),

@@ -26,7 +26,7 @@
 //! the loaded model, the exact file length the header implies) before reading the caches, and
 //! the checksum before returning them.
 
-use super::atomic::{read_f32s, read_u32s, write_atomic, write_f32s, HashWriter};
+use super::atomic::{read_f32s, read_u32s, write_atomic, write_f32s, HashReader, HashWriter};
 use super::error::SessionError;
 use super::identity::{Hash, ModelIdentity};
 use nectar_model::{CacheDims, LayerCache, SeqCache};
@@ -245,18 +245,4 @@ pub fn read(
         ));
     }
     Ok((tokens, cache))
-}
-
-/// A reader that hashes what passes through it.
-struct HashReader<R> {
-    inner: R,
-    hash: Sha256,
-}
-
-impl<R: Read> Read for HashReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        Ok(n)
-    }
 }

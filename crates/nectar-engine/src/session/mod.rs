@@ -60,6 +60,81 @@ impl SessionFormat {
     }
 }
 
+/// Checks, before anything is generated, that `path` can serve as a session file: when it
+/// exists it must be a regular file (a FIFO would block the load forever, a device or directory
+/// cannot hold a session), and its directory must take a new file (a trial file of the atomic
+/// writer's temp pattern is created and removed). Removes the temp files interrupted saves of
+/// this path left behind.
+pub fn check_path(path: &Path) -> std::result::Result<(), SessionError> {
+    check_regular(path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let probe = dir.join(format!(".{name}.{}.probe.tmp", std::process::id()));
+    let trial = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe);
+    match trial {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(source) => {
+            return Err(SessionError::Directory {
+                path: path.to_path_buf(),
+                dir,
+                source,
+            })
+        }
+    }
+    nectar_format::atomic::remove_stale_temps(path);
+    Ok(())
+}
+
+/// Refuses a path that exists and is not a regular file (links are followed).
+fn check_regular(path: &Path) -> std::result::Result<(), SessionError> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(()); // absent: a new session (or an error the open reports)
+    };
+    let ft = meta.file_type();
+    if ft.is_file() {
+        return Ok(());
+    }
+    let kind = if ft.is_dir() {
+        "a directory"
+    } else {
+        special_kind(&ft)
+    };
+    Err(SessionError::NotAFile {
+        path: path.to_path_buf(),
+        kind,
+    })
+}
+
+#[cfg(unix)]
+fn special_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() || ft.is_char_device() {
+        "a device"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_ft: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
+
 /// One conversation's caches and the tokens they hold.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -230,6 +305,7 @@ impl Session {
         model: &Glm5,
         id: &ModelIdentity,
     ) -> Result<Loaded> {
+        check_regular(path)?;
         let dims = model.cache_dims();
         let vocab = model.vocab_size();
         match format {

@@ -136,6 +136,10 @@ pub fn convert(
             write::write_atomic(&to.join(f), &bytes)?;
         }
     }
+    // Checksums of what was written, read back from the output (so they describe the files,
+    // whatever happened in memory); loading then checks headers against them, `nectar verify`
+    // the bytes.
+    crate::manifest::Manifest::of_catalog(&Catalog::open_unchecked(to)?)?.write(to)?;
     drop(lock);
     Ok(report)
 }

@@ -151,6 +151,8 @@ fn write_family(
             Error::Io { source, .. } => Error::io(&tmp, source),
             other => other,
         })?;
+        // A source shard truncated meanwhile read as zeros: never write them as weights.
+        cat.take_fault()?;
         done += it.src.len;
         progress(done);
     }

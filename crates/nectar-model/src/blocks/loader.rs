@@ -2,19 +2,34 @@
 //! and errors name the file and the tensor.
 use super::linear::{Embedding, Linear};
 use crate::error::Result;
-use nectar_format::{quant, Catalog, DType, TensorEntry};
+use nectar_format::{quant, Bytes, Catalog, DType, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 
 /// Loads named tensors from a catalog with shape and dtype checks.
 #[derive(Debug, Clone, Copy)]
 pub struct Loader<'a> {
     cat: &'a Catalog,
+    owned: bool,
 }
 
 impl<'a> Loader<'a> {
-    /// A loader over `cat`.
+    /// A loader whose weights are views of the catalog's (guarded) memory maps.
     pub fn new(cat: &'a Catalog) -> Self {
-        Loader { cat }
+        Loader { cat, owned: false }
+    }
+
+    /// A loader that copies every weight into process memory: what stays resident under a
+    /// memory budget (the spine), so that a model file changing later cannot touch it.
+    pub fn owned(cat: &'a Catalog) -> Self {
+        Loader { cat, owned: true }
+    }
+
+    fn data(&self, e: &TensorEntry) -> Result<Bytes> {
+        Ok(if self.owned {
+            self.cat.read_owned(e)?
+        } else {
+            self.cat.shared_bytes(e)
+        })
     }
 
     /// The catalog.
@@ -65,7 +80,7 @@ impl<'a> Loader<'a> {
             }
             let format = self.float_format(e)?;
             self.check_shape(e, &[rows, cols])?;
-            let data = self.cat.shared_bytes(e);
+            let data = self.data(e)?;
             return Linear::new(name.to_owned(), format, rows, cols, data, Vec::new());
         };
         if !matches!(e.dtype, DType::U8 | DType::I8) {
@@ -88,14 +103,7 @@ impl<'a> Loader<'a> {
             );
             self.cat.tensor_error(e, msg)
         })?;
-        Linear::new(
-            name.to_owned(),
-            format,
-            rows,
-            cols,
-            self.cat.shared_bytes(e),
-            scales,
-        )
+        Linear::new(name.to_owned(), format, rows, cols, self.data(e)?, scales)
     }
 
     /// A `[rows, cols]` embedding table.
@@ -108,7 +116,8 @@ impl<'a> Loader<'a> {
         let e = self.cat.require(name)?;
         let format = self.float_format(e)?;
         self.check_shape(e, &[len])?;
-        let m = MatRef::new(format, 1, len, self.cat.bytes(e), &[])?;
+        let data = self.data(e)?;
+        let m = MatRef::new(format, 1, len, &data, &[])?;
         let mut out = vec![0.0; len];
         decode_row(&m, 0, &mut out);
         Ok(out)

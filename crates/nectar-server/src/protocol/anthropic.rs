@@ -615,11 +615,11 @@ impl MessagesStream {
                 ));
                 out.push(sse::named("message_stop", &json!({"type": "message_stop"})));
             }
-            OutputEvent::Failed => {
+            OutputEvent::Failed(f) => {
                 self.stop_block(&mut out);
                 out.push(sse::named(
                     "error",
-                    &json!({"type": "error", "error": {"type": "api_error", "message": "internal error while generating"}}),
+                    &json!({"type": "error", "error": {"type": "api_error", "message": f.client_message()}}),
                 ));
             }
         }

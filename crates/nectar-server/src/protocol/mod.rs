@@ -32,13 +32,21 @@ pub fn parse_body<T: DeserializeOwned>(
     let bytes = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::payload_too_large(limit)
+        } else if crate::listen::is_body_timeout(&r) {
+            ApiError::body_timeout(r.body_text())
         } else {
             ApiError::invalid(format!("cannot read the request body: {}", r.body_text()))
         }
         .flavour(flavour)
     })?;
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(de);
+    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    // One JSON value and only whitespace after it: `{…}{…}` is not a request.
+    if parsed.is_ok() {
+        de.end().map_err(|e| {
+            ApiError::invalid(format!("the request body is not valid JSON: {e}")).flavour(flavour)
+        })?;
+    }
     parsed.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();

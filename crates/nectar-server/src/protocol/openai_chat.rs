@@ -7,7 +7,7 @@
 //! deltas, a last chunk with `finish_reason`, a usage chunk (`choices: []`) when
 //! `stream_options.include_usage` is set, then `data: [DONE]`.
 
-use crate::backend::{CancelToken, GenRequest, Piece, Prompt, Sampling, ToolCall, Usage};
+use crate::backend::{CancelToken, Failure, GenRequest, Piece, Prompt, Sampling, ToolCall, Usage};
 use crate::error::{ApiError, ApiResult, Flavour};
 use crate::generation::{openai_finish_reason, Generation, OutputEvent, OutputMode};
 use crate::protocol::constraint::{self, ToolChoice};
@@ -422,8 +422,8 @@ pub fn usage_json(u: &Usage) -> Value {
 }
 
 /// The error object sent inside a stream when generation fails after the headers went out.
-pub fn stream_error() -> Value {
-    json!({"error": {"message": "internal error while generating", "type": "server_error", "param": null, "code": null}})
+pub fn stream_error(f: &Failure) -> Value {
+    json!({"error": {"message": f.client_message(), "type": "server_error", "param": null, "code": null}})
 }
 
 /// The streaming state machine.
@@ -513,7 +513,7 @@ impl ChatStream {
                 out
             }
             OutputEvent::Prompt { .. } => vec![],
-            OutputEvent::Failed => vec![sse::data(&stream_error())],
+            OutputEvent::Failed(f) => vec![sse::data(&stream_error(&f))],
         }
     }
 }

@@ -408,7 +408,7 @@ impl CompletionStream {
                 out.push(sse::done());
                 out
             }
-            OutputEvent::Failed => vec![sse::data(&stream_error())],
+            OutputEvent::Failed(f) => vec![sse::data(&stream_error(&f))],
         }
     }
 }

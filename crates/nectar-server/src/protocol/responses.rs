@@ -891,11 +891,10 @@ impl ResponsesStream {
                 };
                 out.push(self.ev(name, json!({"response": r})));
             }
-            OutputEvent::Failed => {
+            OutputEvent::Failed(f) => {
                 self.close("incomplete", &mut out);
                 let mut r = self.snapshot("failed", None);
-                r["error"] =
-                    json!({"code": "server_error", "message": "internal error while generating"});
+                r["error"] = json!({"code": "server_error", "message": f.client_message()});
                 out.push(self.ev("response.failed", json!({"response": r})));
             }
         }

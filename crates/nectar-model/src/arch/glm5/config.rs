@@ -107,6 +107,17 @@ pub struct Config {
 impl Config {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Config> {
+        if !dir.is_dir() {
+            let what = if dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            };
+            return Err(Error::Config {
+                path: dir.to_path_buf(),
+                msg: format!("the model directory {what}"),
+            });
+        }
         let path = dir.join("config.json");
         let text = std::fs::read(&path).map_err(|e| Error::Config {
             path: path.clone(),

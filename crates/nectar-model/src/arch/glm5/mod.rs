@@ -99,7 +99,13 @@ impl Glm5 {
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Glm5> {
         let cfg = Config::from_dir(dir)?;
         let catalog = Arc::new(Catalog::open(dir)?);
-        let ld = Loader::new(&catalog);
+        // Under a budget the spine is resident by plan: copy it into process memory, so that
+        // only the streamed experts ever read the files again (and their reads are checked).
+        let ld = if opts.memory_budget.is_some() {
+            Loader::owned(&catalog)
+        } else {
+            Loader::new(&catalog)
+        };
         let r = &cfg.raw;
         let (h, v) = (r.hidden_size, r.vocab_size);
         let streaming = match opts.memory_budget {
@@ -203,6 +209,25 @@ impl Glm5 {
     /// Runs every sequence's tokens through the main model, appending to its caches.
     /// Returns the post-final-norm hidden of every row (rows in batch order, `rows × hidden`).
     pub fn forward(&self, steps: &mut [SeqStep<'_>], obs: &mut dyn Observer) -> Result<Vec<f32>> {
+        self.guarded(|| self.forward_unguarded(steps, obs))
+    }
+
+    /// Runs `f`, which reads mapped weights, between the catalog's fault checks: a shard that
+    /// was truncated while mapped makes the result an error naming the file and offset (the
+    /// values computed from the missing bytes are discarded), and a shard that faulted earlier
+    /// is mapped again first once the file is back.
+    fn guarded<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.catalog.ensure_intact()?;
+        let r = f();
+        self.catalog.take_fault()?;
+        r
+    }
+
+    fn forward_unguarded(
+        &self,
+        steps: &mut [SeqStep<'_>],
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
         let starts: Vec<usize> = steps.iter().map(|s| s.cache.len()).collect();
         let counts: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
         let layout = Layout::new(&starts, &counts);
@@ -310,12 +335,22 @@ impl Glm5 {
 
     /// Logits (`rows × vocab`, f32) of post-final-norm hiddens.
     pub fn logits(&self, hidden: &[f32]) -> Result<Vec<f32>> {
-        let m = hidden.len() / self.hidden_size();
-        self.lm_head.forward(hidden, m)
+        self.guarded(|| {
+            let m = hidden.len() / self.hidden_size();
+            self.lm_head.forward(hidden, m)
+        })
     }
 
     /// Runs the MTP layer; returns its post-`shared_head.norm` hiddens (`rows × hidden`).
     pub fn mtp_forward(
+        &self,
+        steps: &mut [MtpStep<'_>],
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        self.guarded(|| self.mtp_forward_unguarded(steps, obs))
+    }
+
+    fn mtp_forward_unguarded(
         &self,
         steps: &mut [MtpStep<'_>],
         obs: &mut dyn Observer,
@@ -379,8 +414,10 @@ impl Glm5 {
             .as_ref()
             .ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
         let head = mtp.head.as_ref().unwrap_or(&self.lm_head);
-        let m = hm.len() / self.hidden_size();
-        head.forward(hm, m)
+        self.guarded(|| {
+            let m = hm.len() / self.hidden_size();
+            head.forward(hm, m)
+        })
     }
 
     /// Weight bytes by class: (spine, routed experts, MTP, indexers).

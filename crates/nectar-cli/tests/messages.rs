@@ -1,0 +1,96 @@
+//! What the CLI says: the top-level help lists every command, counts have their singular, a run
+//! that times nothing reports no rate, a missing model directory is named as such, and `synth`
+//! speaks one unit system.
+
+mod common;
+use common::{json, nectar};
+
+#[test]
+fn top_level_help_describes_the_whole_tool() {
+    let (ok, out, _) = nectar(&["--help"]);
+    assert!(ok);
+    let first = out.lines().next().unwrap();
+    assert!(!first.contains("run, logits, inspect"), "{first}");
+    for cmd in [
+        "run", "serve", "convert", "inspect", "fit", "bench", "synth", "logits",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim_start().starts_with(cmd)),
+            "{cmd}: {out}"
+        );
+    }
+}
+
+#[test]
+fn one_is_singular() {
+    let (ok, _, err) = nectar(&[
+        "run",
+        "--prompt-ids",
+        "5",
+        "--max-tokens",
+        "1",
+        "--threads",
+        "1",
+        "--memory-budget",
+        "207M",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("[1 prompt token at"), "{err}");
+    assert!(err.contains(", 1 thread,"), "{err}");
+    assert!(
+        err.contains("[experts streamed: 1 LRU slot per layer"),
+        "{err}"
+    );
+}
+
+#[test]
+fn max_tokens_zero_reports_no_rate() {
+    let (ok, out, err) = nectar(&["run", "--prompt-ids", "5,6", "--max-tokens", "0", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let s = &v["stats"];
+    for k in ["prefill_tok_s", "decode_tok_s"] {
+        let r = s[k].as_f64().unwrap();
+        assert!(r < 1e6, "{k} = {r}: a rate over no time");
+    }
+}
+
+#[test]
+fn a_missing_model_directory_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no-such-model");
+    let (ok, _, err) = nectar(&["run", "--model", missing.to_str().unwrap(), "Hi"]);
+    assert!(!ok);
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!err.contains("config.json"), "{err}");
+}
+
+#[test]
+fn synth_speaks_binary_units_like_its_progress_bar() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("s");
+    let (ok, _, err) = nectar(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--layers",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let line = err.lines().find(|l| l.starts_with("writing")).unwrap();
+    assert!(line.contains("1 MoE layer ×"), "{line}");
+    assert!(line.contains("KiB") || line.contains("MiB"), "{line}");
+    assert!(!line.contains(" MB") && !line.contains(" GB"), "{line}");
+}
+
+#[test]
+fn an_error_cause_is_printed_once() {
+    let d = tempfile::tempdir().unwrap();
+    let s = d.path().join("missing/s.nectar");
+    let (ok, _, err) = nectar(&["run", "--session", s.to_str().unwrap(), "Hi"]);
+    assert!(!ok);
+    let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert_eq!(line.matches("os error").count(), 1, "{line}");
+}

@@ -1,0 +1,5 @@
+//! libFuzzer target over [`nectar_fuzz::coli_usage`] (the harness documents what it checks).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| nectar_fuzz::coli_usage(data));
