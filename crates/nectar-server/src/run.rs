@@ -123,7 +123,9 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
     let backend: Arc<dyn Backend> = Arc::new(backend);
     let model_id = backend.model_id();
     let state = AppState::new(backend, config, opts.api_key.as_deref());
-    eprintln!("nectar serve: listening on http://{local} (model {model_id} loading)");
+    eprintln!(
+        "nectar serve: listening on http://{local} (model {model_id} loading); the expert map is at http://{local}/"
+    );
 
     // Shutdown: a signal, or a failed load (the server cannot serve anything useful then).
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
