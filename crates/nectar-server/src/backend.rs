@@ -567,6 +567,9 @@ pub(crate) struct Shared {
     pub(crate) n: Counters,
     /// The expert map the model thread reports into.
     pub(crate) observatory: Arc<crate::observe::Observatory>,
+    /// Set by [`EngineBackend::close`]: the model thread ends its rows and returns (flushing the
+    /// usage ledger on its way out).
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 /// The model thread's counters (see [`BackendStats`] for their meaning).
@@ -609,6 +612,8 @@ pub struct EngineBackend {
     shared: Arc<Shared>,
     jobs: SyncSender<Job>,
     model_id: String,
+    /// The model thread, joined by [`EngineBackend::close`].
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for EngineBackend {
@@ -634,19 +639,41 @@ impl EngineBackend {
             queued: AtomicUsize::new(0),
             n: Counters::default(),
             observatory: Arc::default(),
+            closing: Default::default(),
         });
         let (jobs, rx) = sync_channel::<Job>(capacity);
         let model_id = model_id_of(&opts.model_dir);
         let thread_shared = shared.clone();
         let id = model_id.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("nectar-model".into())
             .spawn(move || crate::scheduler::model_thread(opts, id, thread_shared, rx))?;
         Ok(EngineBackend {
             shared,
             jobs,
             model_id,
+            thread: std::sync::Mutex::new(Some(thread)),
         })
+    }
+
+    /// Shuts the model thread down: rows still running fail ("shutting down"), the usage
+    /// ledger gets its last flush, and the thread is joined. Waits at most `wait` (a model still
+    /// loading cannot stop sooner); `true` when the thread ended.
+    pub fn close(&self, wait: std::time::Duration) -> bool {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        let mut slot = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(t) = slot.take() else {
+            return true;
+        };
+        let t0 = std::time::Instant::now();
+        while !t.is_finished() {
+            if t0.elapsed() >= wait {
+                *slot = Some(t);
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        t.join().is_ok()
     }
 
     /// A receiver that sees every load-state change (the CLI waits on it to report a failed

@@ -13,6 +13,8 @@ use std::time::Duration;
 /// How long open requests may take to finish after a shutdown signal before the process exits
 /// anyway (a client holding a stream open must not keep the server alive forever).
 const DRAIN: Duration = Duration::from_secs(10);
+/// How long shutdown waits for the model thread to end its rows and flush the usage ledger.
+const MODEL_STOP: Duration = Duration::from_secs(10);
 
 /// Everything `nectar serve` resolved from its flags.
 #[derive(Debug, Clone)]
@@ -120,7 +122,8 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
     if !local.ip().is_loopback() && opts.api_key.is_none() {
         tracing::warn!(%local, "listening beyond loopback without --api-key: anyone who can reach this address can use the model");
     }
-    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let engine = Arc::new(backend);
+    let backend: Arc<dyn Backend> = engine.clone();
     let model_id = backend.model_id();
     let state = AppState::new(backend, config, opts.api_key.as_deref());
     eprintln!(
@@ -173,6 +176,16 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         } => {
             eprintln!("nectar serve: open requests did not finish in time; exiting");
         }
+    }
+    // Join the model thread, so the usage ledger's last flush happens before the process ends.
+    let closed = tokio::task::spawn_blocking(move || engine.close(MODEL_STOP))
+        .await
+        .unwrap_or(false);
+    if !closed {
+        eprintln!(
+            "nectar serve: the model thread did not stop in {} s; exiting without it",
+            MODEL_STOP.as_secs()
+        );
     }
     if load_watch.is_finished() {
         if let Ok(Some(e)) = load_watch.await {

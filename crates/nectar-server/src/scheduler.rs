@@ -255,8 +255,12 @@ fn recv_idle(
     rx: &Receiver<Job>,
     guard: &mut MemoryGuard,
     bundle: &ModelBundle,
+    shared: &Shared,
 ) -> Result<Job, RecvTimeoutError> {
     loop {
+        if shared.closing.load(Ordering::SeqCst) {
+            return Err(RecvTimeoutError::Disconnected);
+        }
         match rx.recv_timeout(IDLE_GUARD) {
             Err(RecvTimeoutError::Timeout) => {
                 // Nothing to fail while idle: a request arriving later meets the same check.
@@ -301,7 +305,7 @@ fn serve_batched(
         let mut closed = false;
         while batch.has_room() {
             let job = if batch.is_empty() {
-                recv_idle(rx, guard, bundle).map_err(|_| TryRecvError::Disconnected)
+                recv_idle(rx, guard, bundle, shared).map_err(|_| TryRecvError::Disconnected)
             } else {
                 rx.try_recv()
             };
@@ -322,6 +326,18 @@ fn serve_batched(
                     break;
                 }
             }
+        }
+        if shared.closing.load(Ordering::SeqCst) {
+            // Shutting down after the drain period: the rows still running end here.
+            for id in batch.clear() {
+                if let Some(c) = clients.remove(&id) {
+                    n.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = c.sink.send(GenEvent::Error(Failure::internal(
+                        "the server is shutting down",
+                    )));
+                }
+            }
+            return;
         }
         if closed && batch.is_empty() {
             return;
@@ -587,7 +603,7 @@ fn serve_speculative(
     guard: &mut MemoryGuard,
 ) {
     let n = &shared.n;
-    while let Ok(job) = recv_idle(rx, guard, bundle) {
+    while let Ok(job) = recv_idle(rx, guard, bundle, shared) {
         shared.queued.fetch_sub(1, Ordering::SeqCst);
         shared.observatory.turn_start();
         n.active.store(1, Ordering::SeqCst);

@@ -64,6 +64,14 @@ impl Server {
         server
     }
 
+    /// Sends SIGTERM (what a service manager sends) and waits for the process to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid; it has not been waited for, so the pid is
+        // still ours.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+
     /// `METHOD path` with an optional bearer key and JSON body: (status, body).
     pub fn http(
         &self,
