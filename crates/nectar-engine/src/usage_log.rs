@@ -55,7 +55,12 @@ impl UsageLog {
     /// added. A ledger that cannot be read (foreign, other dimensions, damaged) is left as it
     /// is, and the error says why.
     pub fn flush(&mut self, model: &Glm5) -> Result<u64, UsageError> {
-        let now = model.expert_usage();
+        self.flush_counts(model.expert_usage())
+    }
+
+    /// [`UsageLog::flush`] from a snapshot of `Glm5::expert_usage` (cumulative selection counts
+    /// per layer), so the file work can run on another thread than the model's.
+    pub fn flush_counts(&mut self, now: Vec<(usize, Vec<u64>)>) -> Result<u64, UsageError> {
         let mut ledger = None;
         let mut added = 0;
         for (layer, counts) in &now {

@@ -196,22 +196,49 @@ pub(crate) fn model_thread(
             &mut guard,
         ),
     }
-    usage.flush(&bundle);
+    usage.close(&bundle);
 }
 
 /// How often finished requests' expert selections are added to the usage ledger.
 const USAGE_FLUSH: Duration = Duration::from_secs(10);
 
-/// The model directory's usage ledger, updated at most every [`USAGE_FLUSH`] and at exit.
+/// Cumulative expert selection counts per layer (`Glm5::expert_usage`).
+type Counts = Vec<(usize, Vec<u64>)>;
+
+/// The model directory's usage ledger, updated at most every [`USAGE_FLUSH`] and at exit. The
+/// model thread only copies the selection counts; a writer thread reads, merges and writes the
+/// file (an fsync'd atomic write), so a slow disk never stalls decoding.
 struct Ledger {
-    log: UsageLog,
+    tx: Option<std::sync::mpsc::Sender<Counts>>,
+    writer: Option<std::thread::JoinHandle<()>>,
     last: Instant,
 }
 
 impl Ledger {
     fn new(bundle: &ModelBundle) -> Ledger {
+        let mut log = UsageLog::new(&bundle.model, bundle.dir.join(LEDGER_FILE));
+        let (tx, rx) = std::sync::mpsc::channel::<Counts>();
+        let writer = std::thread::Builder::new()
+            .name("nectar-ledger".into())
+            .spawn(move || {
+                while let Ok(mut counts) = rx.recv() {
+                    // Counts are cumulative: only the newest snapshot waiting matters.
+                    while let Ok(newer) = rx.try_recv() {
+                        counts = newer;
+                    }
+                    // The ledger is derived state: a failure is logged, never served.
+                    if let Err(e) = log.flush_counts(counts) {
+                        tracing::warn!(error = %e, "usage ledger not updated");
+                    }
+                }
+            })
+            .map_err(
+                |e| tracing::warn!(error = %e, "no usage ledger writer: the ledger is not kept"),
+            )
+            .ok();
         Ledger {
-            log: UsageLog::new(&bundle.model, bundle.dir.join(LEDGER_FILE)),
+            tx: writer.as_ref().map(|_| tx),
+            writer,
             last: Instant::now(),
         }
     }
@@ -223,11 +250,20 @@ impl Ledger {
         }
     }
 
-    /// The ledger is derived state: a failure is logged, never served to a client.
+    /// Hands the writer a snapshot of the counts.
     fn flush(&mut self, bundle: &ModelBundle) {
         self.last = Instant::now();
-        if let Err(e) = self.log.flush(&bundle.model) {
-            tracing::warn!(error = %e, "usage ledger not updated");
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(bundle.model.expert_usage());
+        }
+    }
+
+    /// The last flush, written before this returns.
+    fn close(mut self, bundle: &ModelBundle) {
+        self.flush(bundle);
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
         }
     }
 }
