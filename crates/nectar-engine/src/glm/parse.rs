@@ -289,6 +289,11 @@ impl OutputParser {
                     }
                     return false;
                 };
+                // The length bound applies however the name arrived: streamed in small deltas it
+                // is refused before its end is seen, so a name found whole must be refused too.
+                if i > MAX_NAME {
+                    return self.not_a_call(out, 0);
+                }
                 let name = buf[..i].trim();
                 if name.is_empty() || name.contains(char::is_whitespace) || name.contains('>') {
                     return self.not_a_call(out, i);
@@ -739,6 +744,8 @@ mod tests {
         for body in [
             "\n<arg_key>a</arg_key><arg_value>1</arg_value>", // no name
             "two words\n",                                    // name with a space
+            // Longer than a name may be (in bytes), found whole or streamed (libFuzzer's find).
+            format!("{}f\n", "\u{fffd}".repeat(MAX_NAME / 3 + 1)).as_str(),
         ] {
             let text = format!("x<tool_call>{body}</tool_call>y");
             let out = parse_all(&text, false, true);
