@@ -104,6 +104,9 @@ enum At {
     Value { key: String, string: bool },
     /// The JSON form (`<tool_call>name\n{…}</tool_call>`).
     Json,
+    /// Dropping stray text between arguments, up to the next `<` (which may be in a later
+    /// delta: what follows the stray text must not depend on where the stream was split).
+    Stray,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +205,7 @@ impl OutputParser {
                     }
                     At::Value { key, string: false } => value(&mut c, &mut out, &key, rest),
                     At::Json => json_form(&mut c, &mut out, rest),
-                    At::Args | At::AwaitValue(_) => {}
+                    At::Args | At::AwaitValue(_) | At::Stray => {}
                 }
                 end_call(c, &mut out);
             }
@@ -348,10 +351,18 @@ impl OutputParser {
                 // Stray text between arguments: dropped up to the next tag.
                 // Skip the first character whole (it may be several bytes).
                 let first = buf.chars().next().map_or(1, char::len_utf8);
-                let next = buf[first..].find('<').map_or(buf.len(), |j| j + first);
-                tracing::debug!(stray = &buf[..next], "stray text in a tool call: dropped");
-                buf.drain(..next);
+                tracing::debug!(stray = &buf[..first], "stray text in a tool call: dropped");
+                buf.drain(..first);
+                c.at = At::Stray;
                 true
+            }
+            At::Stray => {
+                let next = buf.find('<');
+                buf.drain(..next.unwrap_or(buf.len()));
+                if next.is_some() {
+                    c.at = At::Args;
+                }
+                next.is_some()
             }
             At::AwaitValue(key) => {
                 trim_start(buf);
@@ -631,6 +642,22 @@ mod tests {
             matches!(out.as_slice(), [Piece::CallEnd(c)] if c.name == "f" && c.arguments == r#"{"k":"v"}"#),
             "{out:?}"
         );
+    }
+
+    /// Stray text is dropped up to the next `<` even when that `<` comes in a later delta: a `{`
+    /// after stray text is not the JSON form (libFuzzer's `tool_calls` find: split char by char,
+    /// the `{` began a delta and opened a JSON body that swallowed the second call).
+    #[test]
+    fn stray_text_ends_at_the_next_tag_across_deltas() {
+        let out = parse_all("<tool_call>f</x{t<tool_call>g</x{y", false, true);
+        let calls: Vec<(&str, &str)> = out
+            .iter()
+            .map(|p| match p {
+                Piece::CallEnd(c) => (c.name.as_str(), c.arguments.as_str()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(calls, [("f", "{}"), ("g", "{}")]);
     }
 
     #[test]
