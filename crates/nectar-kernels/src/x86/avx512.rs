@@ -128,8 +128,6 @@ trait Dec {
     const NIB: bool;
     /// See [`Block::PAIR8`].
     const PAIR8: bool = false;
-    /// Two steps per loop iteration also for blocks of 4 activation rows.
-    const UNROLL4: bool = false;
     /// See [`Block::narrow4`].
     fn narrow4(&self) -> bool {
         false
@@ -302,11 +300,6 @@ unsafe fn nib_idx_tail(p: *const u8, c: usize, n: usize) -> __m512i {
 impl Dec for Int4T<'_> {
     type S = __m512;
     const NIB: bool = true;
-    const UNROLL4: bool = true;
-    fn narrow4(&self) -> bool {
-        // Groups: 2 × 4 (the per-segment tables crowd a 4 × 4 block); whole rows: 4 × 4.
-        self.seg != WHOLE_ROW
-    }
     fn mat(&self) -> &MatRef<'_> {
         &self.w
     }
@@ -465,29 +458,6 @@ impl<D: Dec> Block for K<D> {
             o += 64;
         }
         let (mut c, mut si) = (0, 0);
-        if seg == 64 && MB == 2 {
-            // The common group size, one whole group per iteration (no segment bookkeeping).
-            // Only for 2 activation rows: +5–10 % there; slower for 1 (8 rows of tables and
-            // four steps of activations crowd the registers) and 2× slower for 4 and 8 (spills).
-            while c + 64 <= full {
-                // SAFETY: rows exist; segment si starts at c < cols.
-                let mut st = [unsafe { d.state(r0, si) }; R];
-                for (k, s) in st.iter_mut().enumerate().skip(1) {
-                    // SAFETY: as above.
-                    *s = unsafe { d.state(r0 + k, si) };
-                }
-                // SAFETY: c + 64 <= full: four whole steps of every row.
-                unsafe {
-                    step(d, &rp, &st, xp, xs, c, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 16, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 32, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 48, &mut acc);
-                }
-                pf.steps(4);
-                c += 64;
-                si += 1;
-            }
-        }
         while c < full {
             let end = c + seg.min(full - c);
             // SAFETY: rows exist; segment si starts at c < cols.
@@ -500,7 +470,7 @@ impl<D: Dec> Block for K<D> {
             // blocks of 4 or 8 activation rows: two steps' activations would not fit in
             // registers beside 16 accumulators, and the spills cost more than the loop
             // (measured: int8 at M = 4 2× faster without, int4 unchanged).
-            while (MB <= 2 || (MB == 4 && D::UNROLL4)) && c + 32 <= end {
+            while MB <= 2 && c + 32 <= end {
                 // SAFETY: c + 32 <= end <= full: two whole steps of every row.
                 unsafe {
                     step(d, &rp, &st, xp, xs, c, &mut acc);
@@ -546,16 +516,15 @@ impl<D: Dec> Block for K<D> {
     }
 }
 
-/// [`Int4T`] with a dedicated kernel for the decode shape, 8 weight rows × 1 activation row
-/// ([`int4_rows8_m1`]); every other block shape is the generic [`K`].
-struct Int4M1<'a>(Int4T<'a>);
+/// [`Int4T`] through the dedicated int4 kernel [`int4_block`] for every block shape.
+struct Int4Fast<'a>(Int4T<'a>);
 
-impl Block for Int4M1<'_> {
+impl Block for Int4Fast<'_> {
     const WIDE: bool = true;
-    const PAIR8: bool = <Int4T<'static> as Dec>::PAIR8;
+    const PAIR8: bool = PAIR8_INT4;
 
     fn narrow4(&self) -> bool {
-        self.0.narrow4()
+        NARROW4_INT4
     }
 
     #[target_feature(enable = "avx512f")]
@@ -567,85 +536,101 @@ impl Block for Int4M1<'_> {
         out: *mut f32,
         stride: usize,
     ) {
-        // SAFETY (both): forwarded from the caller (`Block::block`'s contract).
-        unsafe {
-            if R == 8 && MB == 1 {
-                int4_rows8_m1(&self.0, r0, x, i0, out)
-            } else {
-                K(self.0).block::<R, MB>(r0, x, i0, out, stride)
-            }
-        }
+        // SAFETY: forwarded from the caller (`Block::block`'s contract).
+        unsafe { int4_block::<R, MB>(&self.0, r0, x, i0, out, stride) }
     }
 }
 
-/// One 16-column step of 8 int4 rows against one activation row: per row one 8-byte broadcast
-/// load, `vpsrlvq` (nibbles to dword indices), `vpermps` through the row's table, one FMA.
-/// Exactly [`step`] for [`Int4T`] with R = 8, MB = 1, written out so that the row pointers,
-/// the tables and the accumulators stay in registers.
+/// Block shapes of [`Int4Fast`] for 2–3 and 4–7 activation rows (see [`Block::PAIR8`],
+/// [`Block::narrow4`]). Measured L2-hot as in [`int4_block`], one 8-row block: M = 2 as 8 × 2
+/// 23.8–24.2 GB/s vs 21.1–21.7 as 2 × (4 × 2); M = 4 as 2 × (4 × 4) 11.8–12.3 GB/s vs 9.0–9.5
+/// as 4 × (2 × 4).
+const PAIR8_INT4: bool = true;
+const NARROW4_INT4: bool = false;
+
+/// One 16-column step of R int4 rows against MB activation rows: per row one 8-byte broadcast
+/// load, `vpsrlvq` (nibbles to dword indices), `vpermps` through the row's table, then one FMA
+/// per activation row. The same operations as [`step`] for [`Int4T`].
 ///
 /// # Safety
-/// Columns `c..c + 16` lie inside each of the 8 rows starting at `p + k * rb`, and the packed
-/// activation row `xp` holds `c + 16` floats.
+/// Columns `c..c + 16` lie inside each of the R rows starting at `p + k * rb`, and each of the
+/// MB packed activation rows at `xp + i * xs` holds `c + 16` floats.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn int4_step8(
+#[allow(clippy::too_many_arguments)]
+unsafe fn int4_step<const R: usize, const MB: usize>(
     p: *const u8,
     rb: usize,
     c: usize,
     xp: *const f32,
+    xs: usize,
     sh: __m512i,
-    t: &[__m512; 8],
-    acc: &mut [__m512; 8],
+    t: &[__m512; R],
+    acc: &mut [[__m512; MB]; R],
 ) {
-    // SAFETY: c + 16 <= cols of the packed row (caller).
-    let xv = unsafe { _mm512_loadu_ps(xp.add(c)) };
-    for k in 0..8 {
+    let mut xv = [_mm512_setzero_ps(); MB];
+    for (i, v) in xv.iter_mut().enumerate() {
+        // SAFETY: c + 16 <= the packed row's length (caller).
+        *v = unsafe { _mm512_loadu_ps(xp.add(i * xs + c)) };
+    }
+    for k in 0..R {
         // SAFETY: the 8 bytes of columns c..c + 16 of row k (caller).
         let q = unsafe { std::ptr::read_unaligned(p.add(k * rb + c / 2).cast::<i64>()) };
-        let idx = _mm512_srlv_epi64(_mm512_set1_epi64(q), sh);
-        acc[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, t[k]), xv, acc[k]);
+        let wv = _mm512_permutexvar_ps(_mm512_srlv_epi64(_mm512_set1_epi64(q), sh), t[k]);
+        for i in 0..MB {
+            acc[k][i] = _mm512_fmadd_ps(wv, xv[i], acc[k][i]);
+        }
     }
 }
 
-/// The M = 1 (decode) int4 kernel: weight rows `r0..r0 + 8` against packed activation row
-/// `i`, writing row `r0 + k` to `*out.add(k)`.
+/// The int4 kernel for scale segments of whole steps: weight rows `r0..r0 + R` against packed
+/// activation rows `i0..i0 + MB`, writing row `r0 + k`, activation `i0 + i` to
+/// `*out.add(i * stride + k)`.
 ///
 /// Same values in the same order as the generic [`K`] block (each lane sees its columns in
 /// increasing order, one FMA each, tables `(n - 8) * scale` as `decode_row` computes them), so
-/// the bits are the reference's; the only differences are mechanical: the 8 tables are built
-/// once per scale segment straight into registers, two steps per iteration, and the next
-/// block is prefetched one 64-byte line per step. Measured compute rate (a 512 × 2048 int4-g64
-/// matrix hot in L2, best call of 20,000, one thread): 33.0–33.4 GB/s against 27.7–28.9 for the
-/// generic block, whose accumulators and tables partly lived on the stack. Four steps per
-/// iteration were slower (15 GB/s): the compiler hoisted all 32 weight loads and spilled the
-/// tables.
+/// the bits are the reference's. What differs is mechanical: the R tables are built once per
+/// scale segment straight into registers, the loop over a segment has no other bookkeeping,
+/// and the next block is prefetched one 64-byte line per step. Measured compute rate at M = 1
+/// (8 × 1 blocks; a 512 × 2048 int4-g64 matrix hot in L2, best call of 20,000, one thread):
+/// 33.0–33.4 GB/s against 27.7–28.9 for the generic block, whose accumulators and tables
+/// partly lived on the stack. Four steps per iteration were slower (15 GB/s at M = 1): the
+/// compiler hoisted all 32 weight loads and spilled the tables.
 ///
 /// # Safety
-/// Rows `r0..r0 + 8` and activation row `i` exist; `x` is packed `Layout::Nib16`; `out` is
-/// valid for 8 writes; the CPU supports AVX-512F.
+/// Rows `r0..r0 + R` and activation rows `i0..i0 + MB` exist; `x` is packed `Layout::Nib16`;
+/// `out` is valid for those writes; the CPU supports AVX-512F.
 #[target_feature(enable = "avx512f")]
-unsafe fn int4_rows8_m1(d: &Int4T<'_>, r0: usize, x: &XPack, i: usize, out: *mut f32) {
+unsafe fn int4_block<const R: usize, const MB: usize>(
+    d: &Int4T<'_>,
+    r0: usize,
+    x: &XPack,
+    i0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let w = &d.w;
     let cols = w.cols;
     let full = cols & !15;
     let rb = w.format.row_bytes(cols);
     let spr = d.scales_per_row;
-    debug_assert!(r0 + 8 <= w.rows && i < x.m && spr == w.format.row_scales(cols));
+    debug_assert!(r0 + R <= w.rows && i0 + MB <= x.m && spr == w.format.row_scales(cols));
     // SAFETY: row r0 exists, so its start is inside `data` (and its scales inside `scales`).
     let p = unsafe { w.data.as_ptr().add(r0 * rb) };
     // SAFETY: as above.
     let sp = unsafe { w.scales.as_ptr().add(r0 * spr) };
-    // SAFETY: activation row i exists.
-    let xp = unsafe { x.ptr().add(i * x.stride) };
+    let xs = x.stride;
+    // SAFETY: activation row i0 exists.
+    let xp = unsafe { x.ptr().add(i0 * xs) };
     // SAFETY: NIB_SHIFTS holds exactly 8 qwords.
     let sh = unsafe { _mm512_loadu_si512(NIB_SHIFTS.as_ptr().cast()) };
     let codes = cf(&CODES);
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let mut pf = Prefetch::new(w, r0 + 8, 8);
+    let mut acc = [[_mm512_setzero_ps(); MB]; R];
+    let mut pf = Prefetch::new(w, r0 + R, R);
     // The next block's scales, as the generic block does.
-    let nsp = sp.wrapping_add(8 * spr).cast::<u8>();
+    let nsp = sp.wrapping_add(R * spr).cast::<u8>();
     let mut o = 0;
-    while o < 8 * spr * 4 {
+    while o < R * spr * 4 {
         prefetch(nsp.wrapping_add(o));
         o += 64;
     }
@@ -653,44 +638,49 @@ unsafe fn int4_rows8_m1(d: &Int4T<'_>, r0: usize, x: &XPack, i: usize, out: *mut
     let (mut c, mut si) = (0, 0);
     while c < full {
         let end = c + seg.min(full - c);
-        let mut t = [codes; 8];
+        let mut t = [codes; R];
         for (k, tk) in t.iter_mut().enumerate() {
             // SAFETY: segment si < spr of row r0 + k, inside a validated view's scales.
             let s = unsafe { *sp.add(k * spr + si) };
             // Exactly the reference's `(n - 8) as f32 * scale`, once per nibble value.
             *tk = _mm512_mul_ps(codes, _mm512_set1_ps(s));
         }
-        while c + 32 <= end {
+        // Two steps per iteration while the block's registers allow it.
+        while R * (MB + 1) <= 16 && c + 32 <= end {
             // SAFETY: c + 32 <= end <= full: two whole steps of every row.
             unsafe {
-                int4_step8(p, rb, c, xp, sh, &t, &mut acc);
-                int4_step8(p, rb, c + 16, xp, sh, &t, &mut acc);
+                int4_step(p, rb, c, xp, xs, sh, &t, &mut acc);
+                int4_step(p, rb, c + 16, xp, xs, sh, &t, &mut acc);
             }
             pf.steps(2);
             c += 32;
         }
         while c < end {
             // SAFETY: c + 16 <= end <= full: a whole step of every row.
-            unsafe { int4_step8(p, rb, c, xp, sh, &t, &mut acc) };
+            unsafe { int4_step(p, rb, c, xp, xs, sh, &t, &mut acc) };
             pf.steps(1);
             c += 16;
         }
         si += 1;
     }
     if full < cols {
-        for (k, a) in acc.iter_mut().enumerate() {
+        for (k, row) in acc.iter_mut().enumerate() {
             // SAFETY: the ragged step of row r0 + k, n = cols - full < 16 columns; the packed
             // activations are zero-padded to `stride >= full + 16`.
             unsafe {
                 let t = d.state(r0 + k, full / seg);
                 let wv = d.tail(p.add(k * rb), full, cols - full, t);
-                *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(full)), *a);
+                for (i, a) in row.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(i * xs + full)), *a);
+                }
             }
         }
     }
-    for (k, &a) in acc.iter().enumerate() {
-        // SAFETY: inside the caller's output region (8 writes).
-        unsafe { *out.add(k) = fold(_mm512_permutexvar_ps(ci(&UNPERM), a)) };
+    for (k, row) in acc.iter().enumerate() {
+        for (i, &a) in row.iter().enumerate() {
+            // SAFETY: inside the caller's output region.
+            unsafe { *out.add(i * stride + k) = fold(_mm512_permutexvar_ps(ci(&UNPERM), a)) };
+        }
     }
 }
 
@@ -720,7 +710,7 @@ pub(crate) unsafe fn tile(
                     seg: WHOLE_ROW,
                     scales_per_row: spr,
                 };
-                run(&Int4M1(d), rows, x, out, stride)
+                run(&Int4Fast(d), rows, x, out, stride)
             }
             WeightFormat::Int4Group { group } if group % 16 == 0 => {
                 let d = Int4T {
@@ -728,7 +718,7 @@ pub(crate) unsafe fn tile(
                     seg: group,
                     scales_per_row: spr,
                 };
-                run(&Int4M1(d), rows, x, out, stride)
+                run(&Int4Fast(d), rows, x, out, stride)
             }
             WeightFormat::Int4Group { group } => {
                 let d = Int4Any {
