@@ -266,6 +266,42 @@ pub(crate) mod tests {
         }
     }
 
+    /// The decode kernel (AVX-512: 8 int4 rows × 1 activation row, `int4_rows8_m1`) on every
+    /// int4 layout it takes — per-row scales and groups that are whole steps — with whole and
+    /// partial last groups, a ragged last step, several row blocks plus a remainder, and as
+    /// the last activation row of a batch (M = 3: an 8 × 2 block, then 8 × 1).
+    #[test]
+    fn int4_decode_blocks_match_the_reference() {
+        for format in [
+            WeightFormat::Int4Row,
+            WeightFormat::Int4Group { group: 16 },
+            WeightFormat::Int4Group { group: 64 },
+            WeightFormat::Int4Group { group: 128 },
+        ] {
+            for cols in [16usize, 64, 100, 2048, 2055] {
+                let rows = 27;
+                let (data, scales) = random_matrix(format, rows, cols, cols as u64 ^ 0xd1);
+                let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+                for m in [1, 3] {
+                    let x = activations(m, cols, 5);
+                    let want = reference(&w, &x, m);
+                    for isa in Isa::available() {
+                        let mut y = vec![f32::NAN; m * rows];
+                        matmul_with(isa, &w, &x, m, &mut y).unwrap();
+                        for (k, (a, b)) in y.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{isa:?} {} cols={cols} m={m} at {k}",
+                                format.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Many activation rows at a width with a ragged step and groups that straddle steps: every
     /// register-block shape (2 × 8, 4 × 4, 1 × 8, ...) and remainder meets the reference.
     #[test]

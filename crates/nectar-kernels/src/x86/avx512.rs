@@ -12,6 +12,14 @@
 //! (`Layout::Nib16`), so the activations are packed in that order too and the lanes are put
 //! back in canonical order before the fold. Each lane still sees its columns in increasing
 //! order, so the bits are the reference's.
+//!
+//! That is also about the least work the canonical order allows: each FMA must cover 16
+//! consecutive columns of one row (one per lane), so every 8 bytes of codes need one spread
+//! into 16 dwords (`vpsrlvq`), one table lookup (`vpermps`) and one FMA, plus a table multiply
+//! per row and scale group. On Zen 5 (measured, `benchmarks/RESULTS.md`) the triple issues at
+//! ≈ 0.8 cycles, so one core decodes at most ≈ 37 GB/s of int4 at 3.75 GHz whatever the memory
+//! does. The int4 block ([`int4_block`]) is written for that budget: tables and accumulators in
+//! registers, nothing else in the loop.
 use crate::driver::{prefetch, run, Block, Prefetch};
 use crate::format::{MatRef, WeightFormat};
 use crate::xpack::{Layout, XPack};
@@ -128,8 +136,6 @@ trait Dec {
     const NIB: bool;
     /// See [`Block::PAIR8`].
     const PAIR8: bool = false;
-    /// Two steps per loop iteration also for blocks of 4 activation rows.
-    const UNROLL4: bool = false;
     /// See [`Block::narrow4`].
     fn narrow4(&self) -> bool {
         false
@@ -271,6 +277,7 @@ impl Dec for Int8D<'_> {
 
 /// int4 whose scale segments are whole 16-column steps (per row, or groups that are multiples
 /// of 16: every group size Colibri detects). State: the 16-entry table `(n - 8) * scale`.
+#[derive(Clone, Copy)]
 struct Int4T<'a> {
     w: MatRef<'a>,
     seg: usize,
@@ -301,11 +308,6 @@ unsafe fn nib_idx_tail(p: *const u8, c: usize, n: usize) -> __m512i {
 impl Dec for Int4T<'_> {
     type S = __m512;
     const NIB: bool = true;
-    const UNROLL4: bool = true;
-    fn narrow4(&self) -> bool {
-        // Groups: 2 × 4 (the per-segment tables crowd a 4 × 4 block); whole rows: 4 × 4.
-        self.seg != WHOLE_ROW
-    }
     fn mat(&self) -> &MatRef<'_> {
         &self.w
     }
@@ -464,29 +466,6 @@ impl<D: Dec> Block for K<D> {
             o += 64;
         }
         let (mut c, mut si) = (0, 0);
-        if seg == 64 && MB == 2 {
-            // The common group size, one whole group per iteration (no segment bookkeeping).
-            // Only for 2 activation rows: +5–10 % there; slower for 1 (8 rows of tables and
-            // four steps of activations crowd the registers) and 2× slower for 4 and 8 (spills).
-            while c + 64 <= full {
-                // SAFETY: rows exist; segment si starts at c < cols.
-                let mut st = [unsafe { d.state(r0, si) }; R];
-                for (k, s) in st.iter_mut().enumerate().skip(1) {
-                    // SAFETY: as above.
-                    *s = unsafe { d.state(r0 + k, si) };
-                }
-                // SAFETY: c + 64 <= full: four whole steps of every row.
-                unsafe {
-                    step(d, &rp, &st, xp, xs, c, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 16, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 32, &mut acc);
-                    step(d, &rp, &st, xp, xs, c + 48, &mut acc);
-                }
-                pf.steps(4);
-                c += 64;
-                si += 1;
-            }
-        }
         while c < full {
             let end = c + seg.min(full - c);
             // SAFETY: rows exist; segment si starts at c < cols.
@@ -499,7 +478,7 @@ impl<D: Dec> Block for K<D> {
             // blocks of 4 or 8 activation rows: two steps' activations would not fit in
             // registers beside 16 accumulators, and the spills cost more than the loop
             // (measured: int8 at M = 4 2× faster without, int4 unchanged).
-            while (MB <= 2 || (MB == 4 && D::UNROLL4)) && c + 32 <= end {
+            while MB <= 2 && c + 32 <= end {
                 // SAFETY: c + 32 <= end <= full: two whole steps of every row.
                 unsafe {
                     step(d, &rp, &st, xp, xs, c, &mut acc);
@@ -545,6 +524,174 @@ impl<D: Dec> Block for K<D> {
     }
 }
 
+/// [`Int4T`] through the dedicated int4 kernel [`int4_block`] for every block shape.
+struct Int4Fast<'a>(Int4T<'a>);
+
+impl Block for Int4Fast<'_> {
+    const WIDE: bool = true;
+    const PAIR8: bool = PAIR8_INT4;
+
+    fn narrow4(&self) -> bool {
+        NARROW4_INT4
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const R: usize, const MB: usize>(
+        &self,
+        r0: usize,
+        x: &XPack,
+        i0: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        // SAFETY: forwarded from the caller (`Block::block`'s contract).
+        unsafe { int4_block::<R, MB>(&self.0, r0, x, i0, out, stride) }
+    }
+}
+
+/// Block shapes of [`Int4Fast`] for 2–3 and 4–7 activation rows (see [`Block::PAIR8`],
+/// [`Block::narrow4`]). Measured L2-hot as in [`int4_block`], one 8-row block: M = 2 as 8 × 2
+/// 23.8–24.2 GB/s vs 21.1–21.7 as 2 × (4 × 2); M = 4 as 2 × (4 × 4) 11.8–12.3 GB/s vs 9.0–9.5
+/// as 4 × (2 × 4).
+const PAIR8_INT4: bool = true;
+const NARROW4_INT4: bool = false;
+
+/// One 16-column step of R int4 rows against MB activation rows: per row one 8-byte broadcast
+/// load, `vpsrlvq` (nibbles to dword indices), `vpermps` through the row's table, then one FMA
+/// per activation row. The same operations as [`step`] for [`Int4T`].
+///
+/// # Safety
+/// Columns `c..c + 16` lie inside each of the R rows starting at `p + k * rb`, and each of the
+/// MB packed activation rows at `xp + i * xs` holds `c + 16` floats.
+#[inline]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn int4_step<const R: usize, const MB: usize>(
+    p: *const u8,
+    rb: usize,
+    c: usize,
+    xp: *const f32,
+    xs: usize,
+    sh: __m512i,
+    t: &[__m512; R],
+    acc: &mut [[__m512; MB]; R],
+) {
+    let mut xv = [_mm512_setzero_ps(); MB];
+    for (i, v) in xv.iter_mut().enumerate() {
+        // SAFETY: c + 16 <= the packed row's length (caller).
+        *v = unsafe { _mm512_loadu_ps(xp.add(i * xs + c)) };
+    }
+    for k in 0..R {
+        // SAFETY: the 8 bytes of columns c..c + 16 of row k (caller).
+        let q = unsafe { std::ptr::read_unaligned(p.add(k * rb + c / 2).cast::<i64>()) };
+        let wv = _mm512_permutexvar_ps(_mm512_srlv_epi64(_mm512_set1_epi64(q), sh), t[k]);
+        for i in 0..MB {
+            acc[k][i] = _mm512_fmadd_ps(wv, xv[i], acc[k][i]);
+        }
+    }
+}
+
+/// The int4 kernel for scale segments of whole steps: weight rows `r0..r0 + R` against packed
+/// activation rows `i0..i0 + MB`, writing row `r0 + k`, activation `i0 + i` to
+/// `*out.add(i * stride + k)`.
+///
+/// Same values in the same order as the generic [`K`] block (each lane sees its columns in
+/// increasing order, one FMA each, tables `(n - 8) * scale` as `decode_row` computes them), so
+/// the bits are the reference's. What differs is mechanical: the R tables are built once per
+/// scale segment straight into registers, the loop over a segment has no other bookkeeping,
+/// and the next block is prefetched one 64-byte line per step. Measured compute rate at M = 1
+/// (8 × 1 blocks; a 512 × 2048 int4-g64 matrix hot in L2, best call of 20,000, one thread):
+/// 33.0–33.4 GB/s against 27.7–28.9 for the generic block, whose accumulators and tables
+/// partly lived on the stack. Four steps per iteration were slower (15 GB/s at M = 1): the
+/// compiler hoisted all 32 weight loads and spilled the tables.
+///
+/// # Safety
+/// Rows `r0..r0 + R` and activation rows `i0..i0 + MB` exist; `x` is packed `Layout::Nib16`;
+/// `out` is valid for those writes; the CPU supports AVX-512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn int4_block<const R: usize, const MB: usize>(
+    d: &Int4T<'_>,
+    r0: usize,
+    x: &XPack,
+    i0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let w = &d.w;
+    let cols = w.cols;
+    let full = cols & !15;
+    let rb = w.format.row_bytes(cols);
+    let spr = d.scales_per_row;
+    debug_assert!(r0 + R <= w.rows && i0 + MB <= x.m && spr == w.format.row_scales(cols));
+    // SAFETY: row r0 exists, so its start is inside `data` (and its scales inside `scales`).
+    let p = unsafe { w.data.as_ptr().add(r0 * rb) };
+    // SAFETY: as above.
+    let sp = unsafe { w.scales.as_ptr().add(r0 * spr) };
+    let xs = x.stride;
+    // SAFETY: activation row i0 exists.
+    let xp = unsafe { x.ptr().add(i0 * xs) };
+    // SAFETY: NIB_SHIFTS holds exactly 8 qwords.
+    let sh = unsafe { _mm512_loadu_si512(NIB_SHIFTS.as_ptr().cast()) };
+    let codes = cf(&CODES);
+    let mut acc = [[_mm512_setzero_ps(); MB]; R];
+    let mut pf = Prefetch::new(w, r0 + R, R);
+    // The next block's scales, as the generic block does.
+    let nsp = sp.wrapping_add(R * spr).cast::<u8>();
+    let mut o = 0;
+    while o < R * spr * 4 {
+        prefetch(nsp.wrapping_add(o));
+        o += 64;
+    }
+    let seg = d.seg;
+    let (mut c, mut si) = (0, 0);
+    while c < full {
+        let end = c + seg.min(full - c);
+        let mut t = [codes; R];
+        for (k, tk) in t.iter_mut().enumerate() {
+            // SAFETY: segment si < spr of row r0 + k, inside a validated view's scales.
+            let s = unsafe { *sp.add(k * spr + si) };
+            // Exactly the reference's `(n - 8) as f32 * scale`, once per nibble value.
+            *tk = _mm512_mul_ps(codes, _mm512_set1_ps(s));
+        }
+        // Two steps per iteration while the block's registers allow it.
+        while R * (MB + 1) <= 16 && c + 32 <= end {
+            // SAFETY: c + 32 <= end <= full: two whole steps of every row.
+            unsafe {
+                int4_step(p, rb, c, xp, xs, sh, &t, &mut acc);
+                int4_step(p, rb, c + 16, xp, xs, sh, &t, &mut acc);
+            }
+            pf.steps(2);
+            c += 32;
+        }
+        while c < end {
+            // SAFETY: c + 16 <= end <= full: a whole step of every row.
+            unsafe { int4_step(p, rb, c, xp, xs, sh, &t, &mut acc) };
+            pf.steps(1);
+            c += 16;
+        }
+        si += 1;
+    }
+    if full < cols {
+        for (k, row) in acc.iter_mut().enumerate() {
+            // SAFETY: the ragged step of row r0 + k, n = cols - full < 16 columns; the packed
+            // activations are zero-padded to `stride >= full + 16`.
+            unsafe {
+                let t = d.state(r0 + k, full / seg);
+                let wv = d.tail(p.add(k * rb), full, cols - full, t);
+                for (i, a) in row.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(i * xs + full)), *a);
+                }
+            }
+        }
+    }
+    for (k, row) in acc.iter().enumerate() {
+        for (i, &a) in row.iter().enumerate() {
+            // SAFETY: inside the caller's output region.
+            unsafe { *out.add(i * stride + k) = fold(_mm512_permutexvar_ps(ci(&UNPERM), a)) };
+        }
+    }
+}
+
 /// AVX-512 [`crate::driver::tile`].
 ///
 /// # Safety
@@ -571,7 +718,7 @@ pub(crate) unsafe fn tile(
                     seg: WHOLE_ROW,
                     scales_per_row: spr,
                 };
-                run(&K(d), rows, x, out, stride)
+                run(&Int4Fast(d), rows, x, out, stride)
             }
             WeightFormat::Int4Group { group } if group % 16 == 0 => {
                 let d = Int4T {
@@ -579,7 +726,7 @@ pub(crate) unsafe fn tile(
                     seg: group,
                     scales_per_row: spr,
                 };
-                run(&K(d), rows, x, out, stride)
+                run(&Int4Fast(d), rows, x, out, stride)
             }
             WeightFormat::Int4Group { group } => {
                 let d = Int4Any {
