@@ -166,8 +166,11 @@ pub struct RunArgs {
     pub io_threads: usize,
     /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
     /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
-    /// predicted experts into their own slots, with --memory-budget). Never changes the output.
-    #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
+    /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
+    /// --memory-budget and predictive admission: read each step's misses predicted from the last
+    /// time this token context occurred before their layers run, into spare working slots).
+    /// Never changes the output.
+    #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
@@ -526,6 +529,11 @@ pub struct BenchReplayArgs {
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Prefetch arms, comma-separated (`off`, `lookahead`, `pilot`; see `nectar run
+    /// --prefetch`): each (budget, MTP) point runs every arm in turn, alternating, on a freshly
+    /// loaded model.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub prefetch: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

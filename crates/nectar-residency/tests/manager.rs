@@ -167,6 +167,7 @@ fn cfg(cap: usize, working: usize) -> ResidencyConfig {
         pinned: vec![],
         mlock: false,
         admission: nectar_residency::Admission::Lru,
+        lookahead: false,
     }
 }
 
