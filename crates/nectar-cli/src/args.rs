@@ -762,9 +762,23 @@ pub struct FitArgs {
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
     #[arg(long)]
     pub gflops: Option<f64>,
-    /// Cores of the machine projected (scales the measured prefill GFLOP/s).
+    /// Cores of the machine projected (scales the measured prefill GFLOP/s and the calibrated
+    /// per-layer compute).
     #[arg(long)]
     pub cores: Option<usize>,
+    /// Compute per MoE layer and token beyond streaming its weights (attention math, the DSA
+    /// indexer, routing, synchronisation), milliseconds on the machine projected. Default:
+    /// calibrated by a short decode of --model under the budget (or of --calibrate with
+    /// --geometry), scaled by --cores; 0 when there is nothing to calibrate on.
+    #[arg(long)]
+    pub layer_overhead_ms: Option<f64>,
+    /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
+    /// calibrate the per-layer compute on.
+    #[arg(long)]
+    pub calibrate: Option<PathBuf>,
+    /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
+    pub prefetch: String,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
     #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,

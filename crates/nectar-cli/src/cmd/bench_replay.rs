@@ -6,6 +6,7 @@
 //! the cache sees GLM-5.2-shaped routing (route256: 256 experts, top-8, real text) while the
 //! bytes, kernels and disk are GLM-5.2's.
 //!
+//! Each decode step computes its rows' logits (and the draft's MTP logits), as decoding does.
 //! Per budget and speculation mode the model is loaded afresh (cold cache) and replays the
 //! first `--conversations` segments of the trace: each prompt in one prefill forward, then up
 //! to `--tokens` decode steps. With `--mtp on` a step verifies two rows (the token and its
@@ -253,6 +254,8 @@ fn run_one(
                 }],
                 &mut obs,
             )?;
+            // Every row's logits, as decoding does (the verify checks the draft with them).
+            model.logits(&h)?;
             let advance = if rows.len() == 2 {
                 drafted += 1;
                 if rng.unit() < a.acceptance {
@@ -278,7 +281,7 @@ fn run_one(
                     let next: Vec<u32> = acc.iter().map(|&r| tok(r + 1)).collect();
                     let hs = &h[..acc.len() * hd];
                     obs.begin(acc.clone(), &[n]);
-                    model.mtp_forward(
+                    let hm = model.mtp_forward(
                         &mut [MtpStep {
                             cache: &mut cache,
                             hidden: hs,
@@ -286,6 +289,8 @@ fn run_one(
                         }],
                         &mut obs,
                     )?;
+                    // The draft comes from the last row's MTP logits.
+                    model.mtp_logits(&hm[hm.len() - hd..])?;
                 }
             }
             t += advance;
