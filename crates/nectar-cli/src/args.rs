@@ -169,8 +169,9 @@ pub struct RunArgs {
     /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
     /// --memory-budget and predictive admission: read each step's misses predicted from the last
     /// time this token context occurred before their layers run, into spare working slots).
-    /// Never changes the output.
-    #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot", "lookahead"])]
+    /// Default `lookahead` (it shortened the time decode waits for reads at every budget
+    /// replayed, `benchmarks/RESULTS.md`). Never changes the output.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
