@@ -224,7 +224,11 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
     assert_eq!(m.pilot_stats().chosen, 0);
     let t = m.residency().unwrap().telemetry();
     let (issued, hits, dropped) = t.layers.iter().fold((0, 0, 0), |(i, h, d), l| {
-        (i + l.prefetched, h + l.prefetch_hits, d + l.prefetch_dropped)
+        (
+            i + l.prefetched,
+            h + l.prefetch_hits,
+            d + l.prefetch_dropped,
+        )
     });
     assert_eq!(issued, hits + dropped, "every prefetch is used or dropped");
     // A budget below the floor is refused with the equation.
