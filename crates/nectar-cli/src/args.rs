@@ -166,8 +166,12 @@ pub struct RunArgs {
     pub io_threads: usize,
     /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
     /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
-    /// predicted experts into their own slots, with --memory-budget). Never changes the output.
-    #[arg(long, default_value = "off", value_parser = ["off", "measure", "pilot"])]
+    /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
+    /// --memory-budget and predictive admission: read each step's misses predicted from the last
+    /// time this token context occurred before their layers run, into spare working slots).
+    /// Default `lookahead` (it shortened the time decode waits for reads at every budget
+    /// replayed, `benchmarks/RESULTS.md`). Never changes the output.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
@@ -526,6 +530,11 @@ pub struct BenchReplayArgs {
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Prefetch arms, comma-separated (`off`, `lookahead`, `pilot`; see `nectar run
+    /// --prefetch`): each (budget, MTP) point runs every arm in turn, alternating, on a freshly
+    /// loaded model.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub prefetch: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -754,9 +763,23 @@ pub struct FitArgs {
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
     #[arg(long)]
     pub gflops: Option<f64>,
-    /// Cores of the machine projected (scales the measured prefill GFLOP/s).
+    /// Cores of the machine projected (scales the measured prefill GFLOP/s and the calibrated
+    /// per-layer compute).
     #[arg(long)]
     pub cores: Option<usize>,
+    /// Compute per MoE layer and token beyond streaming its weights (attention math, the DSA
+    /// indexer, routing, synchronisation), milliseconds on the machine projected. Default:
+    /// calibrated by a short decode of --model under the budget (or of --calibrate with
+    /// --geometry), scaled by --cores; 0 when there is nothing to calibrate on.
+    #[arg(long)]
+    pub layer_overhead_ms: Option<f64>,
+    /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
+    /// calibrate the per-layer compute on.
+    #[arg(long)]
+    pub calibrate: Option<PathBuf>,
+    /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
+    pub prefetch: String,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
     #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,

@@ -205,3 +205,46 @@ fn run_reports_how_much_of_the_slab_huge_pages_back() {
         "{r}"
     );
 }
+
+#[test]
+fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
+    // GLM-5.2 on a described machine, every speed given: nothing measured here enters.
+    let project = |extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            "--geometry",
+            "glm52",
+            "--memory-budget",
+            "29G",
+            "--project",
+            "--disk-gbps",
+            "7",
+            "--mem-gbps",
+            "65",
+            "--kernel-share",
+            "0.6",
+            "--gflops",
+            "500",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = nectar(&args);
+        assert!(ok, "{err}");
+        json(&out)["projection"].clone()
+    };
+    let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
+    let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
+    let slow = project(&["--layer-overhead-ms", "2", "--prefetch", "off"]);
+    let ahead = project(&["--layer-overhead-ms", "2"]);
+    // Compute beyond the weights lengthens the serial part of every forward.
+    assert!(tok(&slow) < tok(&base), "{slow} {base}");
+    assert_eq!(slow["layer_overhead_ms"], 2.0);
+    // Look-ahead (the default) reads part of the misses behind attention: faster, never
+    // above the overlap ceiling, and it pays with a few wasted reads.
+    let phi = ahead["prefetch"]["coverage"].as_f64().unwrap();
+    let w = ahead["prefetch"]["wasted_per_miss"].as_f64().unwrap();
+    assert!(phi > 0.3 && w > 0.0 && w < 0.1, "{ahead}");
+    assert!(tok(&ahead) > tok(&slow), "{ahead} {slow}");
+    assert!(tok(&ahead) <= ahead["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
+    assert_eq!(slow["prefetch"]["coverage"], 0.0);
+}

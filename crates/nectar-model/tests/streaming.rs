@@ -205,6 +205,32 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             assert_eq!((s.issued, hits, dropped), (0, 0, 0));
         }
     }
+    // Look-ahead prefetch (the cache's own prediction, reading ahead into spare working
+    // slots) never changes a bit either, runs no router early, and every read it starts is
+    // used or dropped.
+    let o = LoadOptions {
+        prefetch: Prefetch::Lookahead,
+        ..base.clone()
+    };
+    let m = Glm5::load_with(
+        out.path(),
+        &LoadOptions {
+            memory_budget: Some(budget_for(out.path(), 3, &o)),
+            ..o
+        },
+    )
+    .unwrap();
+    assert_eq!(run(&m, &prompt, 12), want, "lookahead changed the logits");
+    assert_eq!(m.pilot_stats().chosen, 0);
+    let t = m.residency().unwrap().telemetry();
+    let (issued, hits, dropped) = t.layers.iter().fold((0, 0, 0), |(i, h, d), l| {
+        (
+            i + l.prefetched,
+            h + l.prefetch_hits,
+            d + l.prefetch_dropped,
+        )
+    });
+    assert_eq!(issued, hits + dropped, "every prefetch is used or dropped");
     // A budget below the floor is refused with the equation.
     let small = LoadOptions {
         memory_budget: Some(1 << 20),

@@ -17,6 +17,7 @@
 pub mod cgroup;
 mod error;
 pub mod io;
+mod jobs;
 pub mod layout;
 pub mod memory;
 pub mod planner;

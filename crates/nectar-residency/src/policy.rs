@@ -52,7 +52,10 @@
 //!   sampled decode (0.62–0.68).
 use foldhash::{HashMap, HashMapExt};
 
+mod lookahead;
 mod predict;
+
+pub use lookahead::{LookaheadStats, MIN_CONTEXT};
 
 /// A routed expert: (layer, expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -210,6 +213,10 @@ pub struct Policy {
     learned: Vec<Option<Vec<u32>>>,
     /// Predictive admission: token history, routes and transitions.
     predictor: predict::Predictor,
+    /// Look-ahead prefetch: this step's predicted requests not yet read, in layer order.
+    plan: std::collections::VecDeque<ExpertKey>,
+    /// Look-ahead prefetch: working slots kept free for the step's own misses.
+    plan_reserve: usize,
 }
 
 /// Errors of the policy (a caller bug or an exhausted working bank).
@@ -282,6 +289,8 @@ impl Policy {
             row_routes: vec![None; n_layers],
             learned: vec![None; n_layers],
             predictor: predict::Predictor::default(),
+            plan: std::collections::VecDeque::new(),
+            plan_reserve: 0,
         }
     }
 
@@ -509,6 +518,8 @@ impl Policy {
             .into_iter()
             .partition(|(k, _)| k.layer == l32);
         self.wave_misses = rest;
+        // The look-ahead plan's entries for this layer are past (their wave has run).
+        self.plan.retain(|k| k.layer > l32);
         // Prefetches nobody requested leave without touching the LRU.
         let (unused, misses): (Vec<_>, Vec<_>) = misses
             .into_iter()

@@ -10,7 +10,7 @@
 //! The cache starts empty at the first segment, and again at every segment when the trace says
 //! so (conversations). Every layer has `capacity` LRU slots; a wave's misses sit in working
 //! slots until the layer's safe point, where the policy decides what stays.
-use crate::policy::{Access, Admission, ExpertKey, Policy};
+use crate::policy::{Access, Admission, Event, ExpertKey, LookaheadStats, Policy};
 use crate::trace::Trace;
 
 /// One step: the rows it processes, whether its hits count, whether the cache resets first.
@@ -231,6 +231,109 @@ pub fn replay_setup(
         }
     }
     counts
+}
+
+/// How look-ahead prefetch is replayed: working slots beyond a step's need (`slack`; the
+/// residency's bank of `2 × top-k` leaves `top-k` for a one-row step) and the shortest token
+/// context used (see [`crate::policy::MIN_CONTEXT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefetchSetup {
+    /// Working slots beyond the step's need, for prefetches in flight.
+    pub slack: usize,
+    /// Shortest context whose earlier routes are prefetched.
+    pub min_context: usize,
+}
+
+/// [`replay_setup`] with look-ahead prefetch, as the residency manager drives it: after a
+/// step's tokens are observed the policy plans the step's predicted misses and starts those
+/// the free working slots allow beyond the step's need (`rows × top-k`), and tops up after each
+/// layer's safe point. Returns the policy's counts (prefetch hits are not hits: their read was
+/// only started earlier) and what the prefetch did over the counted steps.
+pub fn replay_prefetch(
+    trace: &Trace,
+    steps: &[Step],
+    layers: &[usize],
+    setup: &CacheSetup,
+    prefetch: PrefetchSetup,
+) -> (Vec<Count>, LookaheadStats) {
+    let (capacity, admission) = (setup.capacity, setup.admission);
+    let reqs: Vec<Vec<Vec<u32>>> = layers
+        .iter()
+        .map(|&l| layer_requests(trace, steps, l))
+        .collect();
+    let need_max = reqs
+        .iter()
+        .flat_map(|r| r.iter().map(Vec::len))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let working = need_max + prefetch.slack;
+    let pins: Vec<ExpertKey> = setup
+        .pinned
+        .iter()
+        .enumerate()
+        .flat_map(|(li, v)| v.iter().map(move |&e| ExpertKey::new(li, e as usize)))
+        .collect();
+    let fresh =
+        || Policy::new(vec![capacity; layers.len()], working, &pins).with_admission(admission);
+    let mut policy = fresh();
+    let mut counts = vec![Count::default(); layers.len()];
+    let mut stats = LookaheadStats::default();
+    let mut events = Vec::new();
+    let tally = |events: &mut Vec<Event>, stats: &mut LookaheadStats, counted: bool| {
+        for ev in events.drain(..) {
+            if !counted {
+                continue;
+            }
+            match ev {
+                Event::Miss(_) => stats.misses += 1,
+                Event::PrefetchHit(_) => stats.used += 1,
+                Event::Prefetch(_) => stats.issued += 1,
+                Event::PrefetchDropped(_) => stats.wasted += 1,
+                _ => {}
+            }
+        }
+    };
+    for (t, s) in steps.iter().enumerate() {
+        if s.reset {
+            policy = fresh();
+        } else if s.turn && setup.repin_swaps > 0 {
+            policy.repin(setup.repin_swaps);
+        }
+        if let Some(tok) = &trace.tokens {
+            for r in s.rows.clone() {
+                policy.observe_token(u32::from(tok[r]));
+            }
+        }
+        let reserve = (s.rows.len() * trace.top_k).min(need_max);
+        policy.plan_prefetch(s.rows.len(), reserve, prefetch.min_context);
+        policy.issue_prefetches(&mut events);
+        tally(&mut events, &mut stats, s.counted);
+        for (li, r) in reqs.iter().enumerate() {
+            if s.rows.len() > 1 {
+                let rows: Vec<Vec<u32>> = s
+                    .rows
+                    .clone()
+                    .map(|row| trace.experts(row, layers[li]).collect())
+                    .collect();
+                policy.observe_rows(li, &rows);
+            }
+            for &e in &r[t] {
+                policy
+                    .access(ExpertKey::new(li, e as usize), &mut events)
+                    .expect("the working bank holds a wave's unique experts");
+                let hit = matches!(events.last(), Some(Event::Hit(_)));
+                if s.counted {
+                    counts[li].requests += 1;
+                    counts[li].hits += hit as u64;
+                }
+            }
+            policy.end_wave_layer(li, &mut events);
+            policy.issue_prefetches(&mut events);
+            tally(&mut events, &mut stats, s.counted);
+        }
+    }
+    (counts, stats)
 }
 
 /// Belady-OPT with bypass per layer under the same step model: after each step the cache keeps
@@ -553,5 +656,59 @@ mod tests {
         assert_eq!(a.policy.requests, 24 * 256 * 7 * 8);
         assert_eq!(a.belady.requests, a.policy.requests);
         assert!(a.policy.hits < a.belady.hits && a.ratio() > 0.3, "{a:?}");
+    }
+
+    #[test]
+    fn prefetch_keeps_the_hit_rate_and_reads_ahead_on_route256() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/traces/route256");
+        let t = Trace::load(&dir, "decode").unwrap();
+        let layers = t.main_layers(t.hidden_layers());
+        let st = steps(&t, 1);
+        let setup = CacheSetup::lru_only(12, Admission::PREDICTIVE);
+        let p = PrefetchSetup {
+            slack: t.top_k,
+            min_context: crate::policy::MIN_CONTEXT,
+        };
+        let (with, s) = replay_prefetch(&t, &st, &layers, &setup, p);
+        assert_eq!(with, replay_setup(&t, &st, &layers, &setup));
+        assert_eq!(s.issued, s.used + s.wasted);
+        // Greedy decode repeats itself: half the misses are read ahead, 0.94 of reads used.
+        assert!(s.coverage() > 0.45 && s.precision() > 0.9, "{s:?}");
+    }
+
+    /// Look-ahead prefetch on route256 by shortest context used (run with `--ignored
+    /// --nocapture`): the research behind [`crate::policy::MIN_CONTEXT`].
+    #[test]
+    #[ignore]
+    fn prefetch_research() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/traces/route256");
+        for kind in ["decode", "session", "decode-sampled"] {
+            let t = Trace::load(&dir, kind).unwrap();
+            let layers = t.main_layers(t.hidden_layers());
+            let st = steps(&t, 1);
+            for cap in [12, 32] {
+                let setup = CacheSetup::lru_only(cap, Admission::PREDICTIVE);
+                for slack in [8, 1000] {
+                    for min_context in [1, 2, 4, 8, 16, 32] {
+                        let p = PrefetchSetup { slack, min_context };
+                        let (c, s) = replay_prefetch(&t, &st, &layers, &setup, p);
+                        let hits: u64 = c.iter().map(|c| c.hits).sum();
+                        let req: u64 = c.iter().map(|c| c.requests).sum();
+                        println!(
+                            "{kind:>15} cap {cap:>2} slack {slack:>4} n>={min_context:>2}: hit {:.3} coverage {:.3} precision {:.3} issued {} used {} wasted {} misses {}",
+                            hits as f64 / req as f64,
+                            s.coverage(),
+                            s.precision(),
+                            s.issued,
+                            s.used,
+                            s.wasted,
+                            s.misses
+                        );
+                    }
+                }
+            }
+        }
     }
 }

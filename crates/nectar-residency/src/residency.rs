@@ -10,6 +10,7 @@
 //!    which misses are promoted into the layer's LRU (slot roles swap, bytes never move).
 use crate::error::{Error, Result};
 use crate::io::ExpertIo;
+use crate::jobs::{Job, Jobs};
 use crate::layout::SlotLayout;
 use crate::policy::{Access, Admission, Event, ExpertKey, Policy, Role};
 use crate::slab::Slab;
@@ -17,7 +18,6 @@ use crate::telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Ti
 use nectar_kernels::MatRef;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -41,6 +41,10 @@ pub struct ResidencyConfig {
     pub mlock: bool,
     /// How a full layer admits misses (default: LRU).
     pub admission: Admission,
+    /// Look-ahead prefetch ([`Residency::begin_step`]): read a step's predicted misses before
+    /// their layers run, into the working slots its waves do not need (predictive admission
+    /// only; see `policy/lookahead.rs`).
+    pub lookahead: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +75,9 @@ struct State {
     evicted: u64,
 }
 
+/// Rows of a forward up to which [`Residency::begin_step`] plans (a decode step or a verify).
+const MAX_LOOKAHEAD_ROWS: usize = 4;
+
 /// Evictions remembered for [`Residency::evictions_since`]: a reader that falls further behind
 /// sees the newest ones and a gap in `seq`.
 pub const EVICTION_HISTORY: usize = 4096;
@@ -86,19 +93,14 @@ struct Inner {
     gens: Vec<AtomicU64>,
 }
 
-struct Job {
-    slot: usize,
-    gen: u64,
-    key: ExpertKey,
-}
-
 /// The expert cache of one model.
 pub struct Residency {
     inner: Arc<Inner>,
-    tx: Option<Sender<Job>>,
+    jobs: Arc<Jobs>,
     workers: Vec<JoinHandle<()>>,
     working: usize,
     prefetch_slots: usize,
+    lookahead: bool,
 }
 
 impl std::fmt::Debug for Residency {
@@ -186,23 +188,23 @@ impl Residency {
             cond: Condvar::new(),
             gens: (0..n).map(|_| AtomicU64::new(0)).collect(),
         });
-        let (tx, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let jobs = Arc::new(Jobs::default());
         let workers = (0..cfg.io_threads.max(1))
             .map(|i| {
-                let (inner, rx) = (inner.clone(), rx.clone());
+                let (inner, jobs) = (inner.clone(), jobs.clone());
                 std::thread::Builder::new()
                     .name(format!("nectar-io-{i}"))
-                    .spawn(move || worker(&inner, &rx))
+                    .spawn(move || worker(&inner, &jobs))
                     .map_err(|e| Error::Setup(format!("cannot start I/O thread: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
         let r = Residency {
             inner,
-            tx: Some(tx),
+            jobs,
             workers,
             working: cfg.working_slots.max(1),
             prefetch_slots: cfg.prefetch_slots,
+            lookahead: cfg.lookahead && matches!(cfg.admission, Admission::Predictive { .. }),
         };
         r.load_pinned()?;
         Ok(r)
@@ -216,7 +218,7 @@ impl Residency {
             .collect();
         for &(s, key) in &pinned {
             st.slots[s].status = Status::Loading;
-            self.submit(&mut st, s, key);
+            self.submit(&mut st, s, key, false);
         }
         drop(st);
         for (s, key) in pinned {
@@ -237,14 +239,12 @@ impl Residency {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn submit(&self, st: &mut State, slot: usize, key: ExpertKey) {
+    /// Queues the read of `key` into `slot` (`ahead`: a prefetch, read after every demand read).
+    fn submit(&self, st: &mut State, slot: usize, key: ExpertKey, ahead: bool) {
         let gen = self.inner.gens[slot].fetch_add(1, Ordering::AcqRel) + 1;
         st.stats.in_flight += 1;
         st.stats.max_in_flight = st.stats.max_in_flight.max(st.stats.in_flight);
-        if let Some(tx) = &self.tx {
-            // A send only fails when every worker is gone, which `Drop` alone causes.
-            let _ = tx.send(Job { slot, gen, key });
-        }
+        self.jobs.push(Job { slot, gen, key }, ahead);
     }
 
     /// Most misses one wave may have (the working bank).
@@ -281,17 +281,22 @@ impl Residency {
             let key = self.streamed_key(layer, e)?;
             let mut events = std::mem::take(&mut st.events);
             let access = st.policy.access(key, &mut events);
+            let prefetched = matches!(events.last(), Some(Event::PrefetchHit(_)));
             st.events = events;
             let slot = match access? {
                 Access::Hit(s) => {
                     if st.policy.role(s) == crate::policy::Role::Pinned {
                         st.stats.layers[layer].pinned_hits += 1;
                     }
+                    // Compute now waits for this prefetch: its read goes before other prefetches.
+                    if prefetched && matches!(st.slots[s].status, Status::Loading) {
+                        self.jobs.promote(s);
+                    }
                     s
                 }
                 Access::Miss(s) => {
                     st.slots[s].status = Status::Loading;
-                    self.submit(&mut st, s, key);
+                    self.submit(&mut st, s, key, false);
                     s
                 }
             };
@@ -325,11 +330,47 @@ impl Residency {
             st.events = events;
             if let Some(s) = slot? {
                 st.slots[s].status = Status::Loading;
-                self.submit(&mut st, s, key);
+                self.submit(&mut st, s, key, true);
                 started += 1;
             }
         }
         Ok(started)
+    }
+
+    /// Look-ahead prefetch (with [`ResidencyConfig::lookahead`] under predictive admission; a
+    /// no-op otherwise): call once per forward, after its [`Residency::observe_token`] calls and
+    /// before its first [`Residency::acquire`], with the forward's rows and the most misses one
+    /// of its waves can have (`rows × top-k`, at most [`Residency::max_wave`]). Plans the
+    /// experts the policy predicts for every layer of this step and starts reading those the
+    /// free working slots allow beyond `need`; each safe point starts more. A forward of more
+    /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway.
+    /// Returns the reads started now.
+    pub fn begin_step(&self, rows: usize, need: usize) -> usize {
+        if !self.lookahead {
+            return 0;
+        }
+        let mut st = self.lock();
+        let need = need.min(self.working);
+        let (rows, need) = if rows <= MAX_LOOKAHEAD_ROWS {
+            (rows, need)
+        } else {
+            (0, need)
+        };
+        st.policy
+            .plan_prefetch(rows, need, crate::policy::MIN_CONTEXT);
+        self.issue_planned(&mut st)
+    }
+
+    /// Starts the planned prefetches the free working slots allow.
+    fn issue_planned(&self, st: &mut State) -> usize {
+        let mut events = std::mem::take(&mut st.events);
+        let started = st.policy.issue_prefetches(&mut events);
+        st.events = events;
+        for &(s, key) in &started {
+            st.slots[s].status = Status::Loading;
+            self.submit(st, s, key, true);
+        }
+        started.len()
     }
 
     /// Hands the policy the token id the next step feeds the model (used by
@@ -401,6 +442,12 @@ impl Residency {
                 self.inner.gens[s].fetch_add(1, Ordering::AcqRel);
             }
         }
+        st.events = events;
+        // Working slots came back: the look-ahead reads the next planned layers' experts.
+        if self.lookahead {
+            self.issue_planned(&mut st);
+        }
+        let mut events = std::mem::take(&mut st.events);
         for ev in events.drain(..) {
             let layer = |k: ExpertKey| k.layer as usize;
             match ev {
@@ -564,19 +611,15 @@ impl Residency {
 
 impl Drop for Residency {
     fn drop(&mut self) {
-        self.tx = None;
+        self.jobs.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
     }
 }
 
-fn worker(inner: &Inner, rx: &Mutex<Receiver<Job>>) {
-    loop {
-        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(j) => j,
-            Err(_) => return,
-        };
+fn worker(inner: &Inner, jobs: &Jobs) {
+    while let Some(job) = jobs.pop() {
         let layout = &inner.layouts[job.key.layer as usize][job.key.expert as usize];
         let t0 = Instant::now();
         // SAFETY: the slot is in `Loading` state for generation `job.gen`: the policy handed it to

@@ -167,6 +167,7 @@ fn cfg(cap: usize, working: usize) -> ResidencyConfig {
         pinned: vec![],
         mlock: false,
         admission: nectar_residency::Admission::Lru,
+        lookahead: false,
     }
 }
 
@@ -625,4 +626,118 @@ fn placements_and_evictions_follow_the_slots() {
         (1, ExpertKey::new(1, 3), ExpertKey::new(1, 4))
     );
     assert!(r.evictions_since(1).is_empty());
+}
+
+/// Feeds one decode step of `token` whose layers request `routes[layer]`, checking every
+/// lease's bytes; returns the reads `begin_step` started.
+fn lookahead_step(
+    r: &Residency,
+    token: u32,
+    routes: &[Vec<u32>],
+    layouts: &[Vec<SlotLayout>],
+    file: &[u8],
+) -> usize {
+    r.observe_token(token);
+    let started = r.begin_step(1, 2);
+    for (layer, ids) in routes.iter().enumerate() {
+        let leases: Vec<_> = r
+            .acquire(layer, ids)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect();
+        for l in &leases {
+            check_lease(l, layouts, file);
+        }
+        drop(leases);
+        r.end_wave_layer(layer).unwrap();
+    }
+    started
+}
+
+#[test]
+fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
+    let (io, layouts) = setup(4, 16);
+    let file = io.files[0].clone();
+    let io = Arc::new(io);
+    let mk = |lookahead: bool| ResidencyConfig {
+        lookahead,
+        admission: nectar_residency::Admission::PREDICTIVE,
+        ..cfg(1, 4)
+    };
+    let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
+    let off = Residency::new(mk(false), layouts.clone(), io.clone()).unwrap();
+    // A token sequence that repeats itself (the context of the second pass matches the first,
+    // at least 8 tokens long from its 8th token on), each token routing to its own experts.
+    let tokens: Vec<u32> = (0..12).chain(0..12).collect();
+    let routes = |t: u32| -> Vec<Vec<u32>> {
+        (0..4)
+            .map(|l| vec![(t + l) % 16, (t * 3 + l + 1) % 16])
+            .collect()
+    };
+    let mut started = 0;
+    for &t in &tokens {
+        started += lookahead_step(&on, t, &routes(t), &layouts, &file);
+        lookahead_step(&off, t, &routes(t), &layouts, &file);
+        // Same requests, same cache: the look-ahead never changes what stays resident.
+        let key_set = |r: &Residency| {
+            let mut v: Vec<_> = r
+                .placements()
+                .into_iter()
+                .filter(|p| p.tier == nectar_residency::Tier::Lru)
+                .map(|p| p.key)
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(key_set(&on), key_set(&off), "token {t}");
+    }
+    let (a, b) = (on.telemetry(), off.telemetry());
+    let sum = |t: &nectar_residency::Telemetry, f: fn(&nectar_residency::LayerStats) -> u64| {
+        t.layers.iter().map(f).sum::<u64>()
+    };
+    assert_eq!(sum(&b, |l| l.prefetched), 0);
+    // The second pass's steps from token 7 on (5 steps × 4 layers × 2 experts, less what
+    // stayed resident) were read ahead, and every one was requested.
+    let (issued, used, dropped) = (
+        sum(&a, |l| l.prefetched),
+        sum(&a, |l| l.prefetch_hits),
+        sum(&a, |l| l.prefetch_dropped),
+    );
+    assert!(issued > 0 && started > 0, "{issued} {started}");
+    assert_eq!((used, dropped), (issued, 0));
+    // Hits and misses as counted without prefetch: a prefetch hit is a miss read earlier.
+    assert_eq!(
+        sum(&a, |l| l.hits) - used,
+        sum(&b, |l| l.hits),
+        "the cache's own hits do not change"
+    );
+}
+
+#[test]
+fn lookahead_leaves_a_wave_its_working_slots() {
+    // Working bank 4, a step's need 4: no spare slot, so nothing is read ahead, and a wave
+    // of 4 misses always finds its slots.
+    let (io, layouts) = setup(2, 16);
+    let io = Arc::new(io);
+    let r = Residency::new(
+        ResidencyConfig {
+            lookahead: true,
+            admission: nectar_residency::Admission::PREDICTIVE,
+            ..cfg(1, 4)
+        },
+        layouts,
+        io,
+    )
+    .unwrap();
+    for round in 0..3 {
+        for t in 0..10u32 {
+            r.observe_token(t);
+            assert_eq!(r.begin_step(2, 4), 0, "round {round} token {t}");
+            let ids: Vec<u32> = (0..4).map(|i| (t + i + round) % 16).collect();
+            let p = r.acquire(0, &ids).unwrap();
+            drop(p.into_iter().map(|p| p.wait().unwrap()).collect::<Vec<_>>());
+            r.end_wave_layer(0).unwrap();
+        }
+    }
 }

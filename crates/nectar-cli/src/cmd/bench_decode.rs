@@ -444,6 +444,7 @@ pub fn decode(a: BenchDecodeArgs) -> Result<()> {
         pinned: Vec::new(),
         mlock: false,
         admission: super::bench_policy::parse_admission(&a.admission, a.half_life)?,
+        lookahead: false,
     };
     let res = Residency::new(rc, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
     let x: Vec<f32> = (0..hidden)

@@ -358,6 +358,7 @@ pub fn io(a: BenchIoArgs) -> Result<()> {
         pinned: Vec::new(),
         mlock: false,
         admission: nectar_residency::Admission::Lru,
+        lookahead: false,
     };
     let res = Residency::new(cfg, layouts.clone(), io.clone() as Arc<dyn ExpertIo>)?;
     // Untimed warm-up: every working and LRU slot of the manager gets written once.

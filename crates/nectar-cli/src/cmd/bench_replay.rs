@@ -6,6 +6,7 @@
 //! the cache sees GLM-5.2-shaped routing (route256: 256 experts, top-8, real text) while the
 //! bytes, kernels and disk are GLM-5.2's.
 //!
+//! Each decode step computes its rows' logits (and the draft's MTP logits), as decoding does.
 //! Per budget and speculation mode the model is loaded afresh (cold cache) and replays the
 //! first `--conversations` segments of the trace: each prompt in one prefill forward, then up
 //! to `--tokens` decode steps. With `--mtp on` a step verifies two rows (the token and its
@@ -21,7 +22,7 @@
 use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
-use nectar_model::arch::glm5::{expert_layouts, LoadOptions};
+use nectar_model::arch::glm5::{expert_layouts, LoadOptions, Prefetch};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
@@ -113,13 +114,16 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
     Ok(map)
 }
 
-/// Hits and misses of the main layers (or the MTP tier) between two snapshots.
+/// Hits and misses of the main layers (or the MTP tier) between two snapshots: a request a
+/// prefetch had started reading counts as a miss (the cache did not hold it; the read only
+/// started earlier), so hit rates compare with Belady's whatever the prefetch.
 fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     let (mut h, mut m) = (0, 0);
     for (i, l) in b.layers.iter().enumerate() {
         let p = a.layers.get(i).cloned().unwrap_or_default();
-        h += l.hits - p.hits;
-        m += l.misses - p.misses;
+        let used = l.prefetch_hits - p.prefetch_hits;
+        h += l.hits - p.hits - used;
+        m += l.misses - p.misses + used;
     }
     (
         h,
@@ -130,14 +134,31 @@ fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     )
 }
 
+/// Prefetches (issued, requested, dropped unrequested) of the main layers between two snapshots.
+fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64) {
+    let sum = |t: &Telemetry, f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
+        t.layers.iter().map(f).sum()
+    };
+    (
+        sum(b, |l| l.prefetched) - sum(a, |l| l.prefetched),
+        sum(b, |l| l.prefetch_hits) - sum(a, |l| l.prefetch_hits),
+        sum(b, |l| l.prefetch_dropped) - sum(a, |l| l.prefetch_dropped),
+    )
+}
+
 /// The container loaded afresh (a cold cache) under `budget_s`: the model, its expert cache
 /// and the budget in bytes.
-fn load(a: &BenchReplayArgs, budget_s: &str) -> Result<(Glm5, Arc<Residency>, u64)> {
+fn load(
+    a: &BenchReplayArgs,
+    budget_s: &str,
+    prefetch: Prefetch,
+) -> Result<(Glm5, Arc<Residency>, u64)> {
     let budget = super::fit::resolve_budget(Some(budget_s))?;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         io_threads: a.io_threads,
         admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        prefetch,
         ..Default::default()
     };
     let model = Glm5::load_with(&a.model, &opts)
@@ -161,10 +182,11 @@ fn run_one(
     trace: &Trace,
     budget_s: &str,
     mtp: bool,
+    prefetch: Prefetch,
     raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
-    let (model, res, budget) = load(a, budget_s)?;
+    let (model, res, budget) = load(a, budget_s, prefetch)?;
     anyhow::ensure!(
         !mtp || model.has_mtp(),
         "{} has no MTP layer (nectar synth --mtp writes one)",
@@ -190,6 +212,7 @@ fn run_one(
     let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut steps) = (0.0, 0.0, 0usize, 0, 0);
     let (mut drafted, mut accepted) = (0usize, 0usize);
     let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
+    let mut dec_pf = (0u64, 0u64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
     let segs: Vec<_> = trace.segments.iter().take(a.conversations).collect();
     anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
@@ -231,6 +254,8 @@ fn run_one(
                 }],
                 &mut obs,
             )?;
+            // Every row's logits, as decoding does (the verify checks the draft with them).
+            model.logits(&h)?;
             let advance = if rows.len() == 2 {
                 drafted += 1;
                 if rng.unit() < a.acceptance {
@@ -256,7 +281,7 @@ fn run_one(
                     let next: Vec<u32> = acc.iter().map(|&r| tok(r + 1)).collect();
                     let hs = &h[..acc.len() * hd];
                     obs.begin(acc.clone(), &[n]);
-                    model.mtp_forward(
+                    let hm = model.mtp_forward(
                         &mut [MtpStep {
                             cache: &mut cache,
                             hidden: hs,
@@ -264,6 +289,8 @@ fn run_one(
                         }],
                         &mut obs,
                     )?;
+                    // The draft comes from the last row's MTP logits.
+                    model.mtp_logits(&hm[hm.len() - hd..])?;
                 }
             }
             t += advance;
@@ -271,7 +298,10 @@ fn run_one(
             steps += 1;
         }
         dec_s += t0.elapsed().as_secs_f64();
-        let d = delta(&before, &res.telemetry());
+        let after = res.telemetry();
+        let p = prefetch_delta(&before, &after);
+        dec_pf = (dec_pf.0 + p.0, dec_pf.1 + p.1, dec_pf.2 + p.2);
+        let d = delta(&before, &after);
         dec_main = (
             dec_main.0 + d.0,
             dec_main.1 + d.1,
@@ -339,6 +369,12 @@ fn run_one(
         "budget": budget_s,
         "budget_bytes": budget,
         "mtp": if mtp { "on" } else { "off" },
+        "prefetch": prefetch.as_str(),
+        "prefetch_issued": dec_pf.0,
+        "prefetch_used": dec_pf.1,
+        "prefetch_wasted": dec_pf.2,
+        "prefetch_coverage": dec_pf.1 as f64 / misses.max(1) as f64,
+        "wasted_gb_per_token": dec_pf.2 as f64 * payload as f64 / 1e9 / dec_tok.max(1) as f64,
         "lru_slots_per_layer": slots,
         "conversations": a.conversations.min(trace.segments.len()),
         "prefill_tokens": pre_tok,
@@ -363,15 +399,19 @@ fn run_one(
         "ratio": tok_s / bound,
     });
     let line = format!(
-        "{budget_s:>6} mtp {:<3} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
+        "{budget_s:>6} mtp {:<3} prefetch {:<9} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} / Belady {opt_rate:.3}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
-         ratio {:.2}",
+         ratio {:.2}  prefetch used {}/{} (coverage {:.2})",
         if mtp { "on" } else { "off" },
+        prefetch.as_str(),
         pre_tok as f64 / pre_s,
         disk_s / a.io_threads as f64 / dec_s,
         wait_s / dec_s,
         tok_s / bound,
+        dec_pf.1,
+        dec_pf.0,
+        dec_pf.1 as f64 / misses.max(1) as f64,
     );
     Ok(RunOut { json, line })
 }
@@ -390,7 +430,7 @@ fn prefill_run(
         "--prompt-rows {rows}: the prefill trace has {} rows",
         trace.rows
     );
-    let (model, res, _) = load(a, budget_s)?;
+    let (model, res, _) = load(a, budget_s, Prefetch::Off)?;
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
@@ -498,11 +538,16 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                 "on" => true,
                 o => anyhow::bail!("unknown --mtp `{o}` (off or on)"),
             };
-            let r = run_one(&a, &trace, b, mtp, &raw, &layouts)?;
-            if !a.json {
-                println!("{}", r.line);
+            for p in &a.prefetch {
+                let prefetch = Prefetch::parse(p)
+                    .filter(|p| *p != Prefetch::Measure)
+                    .with_context(|| format!("unknown --prefetch `{p}` (off, lookahead, pilot)"))?;
+                let r = run_one(&a, &trace, b, mtp, prefetch, &raw, &layouts)?;
+                if !a.json {
+                    println!("{}", r.line);
+                }
+                runs.push(r.json);
             }
-            runs.push(r.json);
         }
     }
     if a.json {

@@ -6,12 +6,22 @@
 //!
 //! ```text
 //! per forward of n rows (n = 1; n = 2 with MTP, one draft):
-//!   T_attn = (spine read − shared experts) / BW_dec            attention, norms, head
+//!   T_attn = (spine read − shared experts) / BW_dec + L·o       attention, norms, head, + compute
 //!   T_moe  = (L·U(n)·S_e + shared experts) / BW_dec            routed (hits and misses) + shared
 //!   T_ssd  = L·U(n)·(1 − h(C, n))·S_e / BW_ssd                 the misses
-//!   T      = T_attn + max(T_moe, T_ssd)  [+ the MTP layer's own forward, same shape]
+//!   T      = max(T_attn + max(T_moe, (1 − φ)·T_ssd), (1 + w)·T_ssd)
+//!            [+ the MTP layer's own forward, same shape]
 //!   tok/s  = τ / T,  τ = 1 (MTP off) or 1 + a (one draft accepted with probability a)
 //! ```
+//! `o` is the compute a layer spends beyond streaming its weights (attention math, the DSA
+//! indexer, routing, synchronisation), calibrated by a short real decode of the container
+//! (its time less the time waiting for reads, less its weight bytes at BW_dec, per layer) or
+//! given (`--layer-overhead-ms`). `φ` is the share of the misses whose read look-ahead prefetch
+//! starts before the layer runs (they overlap attention and earlier layers, so only the rest is
+//! serial after the router) and `w` its wasted reads per needed read, both from the same
+//! route256 replay (`replay_prefetch`); without prefetch φ = w = 0 and
+//! `T = T_attn + max(T_moe, T_ssd)`. The disk term `(1 + w)·T_ssd` bounds T from below: every
+//! read, wasted or not, takes disk time.
 //! `C` is the LRU slots per layer of the memory plan for the budget (the same plan `fit`
 //! prints); `U(n)` and `h(C, n)` are measured by replaying the route256 trace (GLM-5.2's expert
 //! shape) through the real default policy at exactly that `C` (`nectar_residency::replay`);
@@ -26,13 +36,16 @@ use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, PlanInputs};
-use nectar_residency::replay::{replay_policy, steps};
+use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The budget a `--calibrate` container runs under (its spine and a few slots per layer).
+const CALIBRATE_BUDGET: u64 = 4 << 30;
 
 /// What the projection needs to know about a model.
 #[derive(Debug, Clone)]
@@ -131,6 +144,8 @@ pub struct Machine {
     pub disk_gbps: f64,
     /// int4 kernel GFLOP/s at M = 64 (prefill).
     pub gflops: f64,
+    /// Compute per MoE layer and token beyond streaming the weights, seconds.
+    pub layer_overhead_s: f64,
 }
 
 /// How long the measurements run: `fit --project` takes its time (about 10 s), `doctor` takes
@@ -145,6 +160,9 @@ pub struct Effort {
     pub disk_secs: f64,
     /// The memory arena's floor, bytes (it is also at least 8× the last-level cache).
     pub min_arena: usize,
+    /// Decode steps of the per-layer compute calibration (0: none, the overhead is 0 unless
+    /// given).
+    pub calibrate_tokens: usize,
 }
 
 impl Effort {
@@ -154,6 +172,7 @@ impl Effort {
         kernel_passes: 3,
         disk_secs: 2.0,
         min_arena: 1 << 30,
+        calibrate_tokens: 12,
     };
     /// `nectar doctor`.
     pub const QUICK: Effort = Effort {
@@ -161,6 +180,7 @@ impl Effort {
         kernel_passes: 1,
         disk_secs: 0.5,
         min_arena: 256 << 20,
+        calibrate_tokens: 0,
     };
 }
 
@@ -267,45 +287,143 @@ fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, 
     (rate, requests as f64 / fwd.max(1) as f64)
 }
 
-/// One projection.
+/// Look-ahead prefetch at `c` slots, one row per forward, from the trace replayed through the
+/// default policy as the residency drives it (`top-k` spare working slots): (φ = misses read
+/// ahead ÷ misses, w = wasted reads ÷ misses).
+fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize) -> (f64, f64) {
+    let st = steps(trace, 1);
+    let setup = CacheSetup::lru_only(c, Admission::PREDICTIVE);
+    let p = PrefetchSetup {
+        slack: trace.top_k,
+        min_context: nectar_residency::policy::MIN_CONTEXT,
+    };
+    let (_, s) = replay_prefetch(trace, &st, layers, &setup, p);
+    let needed = (s.misses + s.used).max(1) as f64;
+    (s.coverage(), s.wasted as f64 / needed)
+}
+
+/// Compute seconds per MoE layer and token beyond streaming the weights: a short greedy decode
+/// of the container in `dir` under `budget` (`tokens` steps after an 8-token prompt; forward
+/// and logits, as `run` decodes), its time less the time its compute waited for expert reads,
+/// less its weight bytes at `dec_gbps`, per MoE layer. Returns (seconds, the JSON record).
+pub fn calibrate(
+    dir: &Path,
+    budget: u64,
+    g: &Geometry,
+    dec_gbps: f64,
+    tokens: usize,
+) -> Result<(f64, serde_json::Value)> {
+    use nectar_model::{Glm5, NoObserver, SeqStep};
+    let opts = LoadOptions {
+        memory_budget: Some(budget),
+        ..Default::default()
+    };
+    let model =
+        Glm5::load_with(dir, &opts).with_context(|| format!("calibrating on {}", dir.display()))?;
+    let res = model.residency().cloned();
+    let wait = || res.as_ref().map_or(0.0, |r| r.telemetry().wait_seconds);
+    let mut cache = model.new_cache();
+    let vocab = model.vocab_size() as u32;
+    let mut next: Vec<u32> = (1..=8).map(|t| t % vocab).collect();
+    let argmax = |l: &[f32]| {
+        l.iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+                if v > b.1 {
+                    (i, v)
+                } else {
+                    b
+                }
+            })
+            .0 as u32
+    };
+    let (mut secs, mut waited) = (0.0, 0.0);
+    for step in 0..=tokens {
+        let (t0, w0) = (Instant::now(), wait());
+        let h = model.forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: &next,
+            }],
+            &mut NoObserver,
+        )?;
+        let hd = model.hidden_size();
+        let logits = model.logits(&h[h.len() - hd..])?;
+        // The prompt (step 0) is not a decode step.
+        if step > 0 {
+            secs += t0.elapsed().as_secs_f64();
+            waited += wait() - w0;
+        }
+        next = vec![argmax(&logits)];
+    }
+    let compute = (secs - waited) / tokens.max(1) as f64;
+    let l = g.moe_layers as f64;
+    let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / (dec_gbps * 1e9);
+    let o = ((compute - weights) / l).max(0.0);
+    Ok((
+        o,
+        json!({"container": dir.display().to_string(), "decode_tokens": tokens,
+               "compute_s_per_token": compute, "weights_s_per_token": weights,
+               "wait_s_per_token": waited / tokens.max(1) as f64,
+               "layer_overhead_ms": o * 1e3}),
+    ))
+}
+
+/// One projection (`prefetch`: look-ahead prefetch on).
 pub fn project(
     g: &Geometry,
     m: &Machine,
     slots: usize,
     trace: &Trace,
     acceptance: f64,
+    prefetch: bool,
 ) -> serde_json::Value {
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
     let c = slots.min(trace.experts_per_layer);
-    // Three independent replays (deterministic each): run side by side.
-    let (((h1, u1), (h2, u2)), (hm, _)) = rayon::join(
+    // Four independent replays (deterministic each): run side by side.
+    let ((((h1, u1), (h2, u2)), (hm, _)), (phi, waste)) = rayon::join(
         || {
             rayon::join(
-                || hit_curve(trace, &main, c, 1),
-                || hit_curve(trace, &main, c, 2),
+                || {
+                    rayon::join(
+                        || hit_curve(trace, &main, c, 1),
+                        || hit_curve(trace, &main, c, 2),
+                    )
+                },
+                || {
+                    if mtp_l.is_empty() || g.mtp_expert == 0.0 {
+                        (0.0, 0.0)
+                    } else {
+                        hit_curve(trace, &mtp_l, c, 1)
+                    }
+                },
             )
         },
         || {
-            if mtp_l.is_empty() || g.mtp_expert == 0.0 {
-                (0.0, 0.0)
+            if prefetch {
+                prefetch_curve(trace, &main, c)
             } else {
-                hit_curve(trace, &mtp_l, c, 1)
+                (0.0, 0.0)
             }
         },
     );
     let l = g.moe_layers as f64;
     let shared = l * g.expert;
-    let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9);
-    let forward = |u: f64, h: f64| -> (f64, f64, f64) {
+    let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9) + l * m.layer_overhead_s;
+    // (seconds, disk bytes, seconds without the disk) of a forward whose misses a share `phi`
+    // of were read ahead, with `w` wasted reads per miss.
+    let forward = |u: f64, h: f64, phi: f64, w: f64| -> (f64, f64, f64) {
         let t_moe = (l * u * g.expert + shared) / (m.dec_gbps * 1e9);
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
-        (t_attn + t_moe.max(t_ssd), ssd, t_attn + t_moe)
+        let t = (t_attn + t_moe.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
+        (t, ssd * (1.0 + w), t_attn + t_moe)
     };
-    let (t1, ssd1, ram1) = forward(u1, h1);
-    let (t2, ssd2, _) = forward(u2, h2);
+    let (t1, ssd1, ram1) = forward(u1, h1, phi, waste);
+    // A verify of two rows fills the working bank: no spare slots, no look-ahead.
+    let (t2, ssd2, _) = forward(u2, h2, 0.0, 0.0);
     // The MTP layer drafts over the accepted rows: τ rows of top-k experts, its own tier.
     let tau = 1.0 + acceptance;
     let k = g.top_k as f64;
@@ -317,7 +435,7 @@ pub fn project(
     // With the misses' reads also overlapping attention (perfect next-layer prefetch), the
     // forward takes only its slower resource: the overlap ceiling of docs/performance.md §2.2.
     let ceiling = |u: f64, h: f64| {
-        let (_, ssd, ram) = forward(u, h);
+        let (_, ssd, ram) = forward(u, h, 0.0, 0.0);
         1.0 / ram.max(ssd / (m.disk_gbps * 1e9))
     };
     // Prefill of a P-token prompt: compute at the kernel's GFLOP/s; each touched expert read
@@ -335,6 +453,8 @@ pub fn project(
         "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
         "ram_wall_tok_s": 1.0 / ram1,
+        "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste},
+        "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
         "overlap_ceiling_tok_s": ceiling(u1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
@@ -418,7 +538,46 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         what.ok_or_else(|| anyhow::anyhow!("{name} was neither given nor measured"))
     };
     let mut disk_direct = None;
+    let dec_here = kernel.map(|k| k.0);
+    // The per-layer compute: given, or calibrated on a container of this geometry by a short
+    // decode on this machine (scaled to --cores).
+    let calib_dir = match (&a.geometry, &a.calibrate) {
+        (Some(_), Some(d)) => Some(d.clone()),
+        (None, _) => model_dir.clone(),
+        (Some(_), None) => None,
+    };
+    let mut calibration = None;
+    let layer_overhead_s = match (a.layer_overhead_ms, calib_dir) {
+        (Some(ms), _) => ms / 1e3,
+        (None, Some(dir)) if effort.calibrate_tokens > 0 => {
+            // The container's own geometry and a budget it runs under (a --geometry budget is
+            // the projected machine's, not this one's).
+            let cb = if a.geometry.is_some() {
+                CALIBRATE_BUDGET
+            } else {
+                budget
+            };
+            let opts = LoadOptions {
+                memory_budget: Some(cb),
+                ..Default::default()
+            };
+            let (ci, _) = plan_memory(&dir, &opts)?;
+            let cfg: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
+            let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
+            let cg = Geometry::from_plan(&dir, &ci, k);
+            let dec = match dec_here {
+                Some(d) => d,
+                None => measure_kernel(effort)?.0,
+            };
+            let (o, rec) = calibrate(&dir, cb, &cg, dec, effort.calibrate_tokens)?;
+            calibration = Some(rec);
+            o * a.cores.map_or(1.0, |c| threads as f64 / c.max(1) as f64)
+        }
+        _ => 0.0,
+    };
     let machine = Machine {
+        layer_overhead_s,
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
             None => measured(read, "the read rate")?,
@@ -444,7 +603,14 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             }
         },
     };
-    let out = project(&geom, &machine, p.lru_per_layer, &trace, a.acceptance);
+    let out = project(
+        &geom,
+        &machine,
+        p.lru_per_layer,
+        &trace,
+        a.acceptance,
+        a.prefetch == "lookahead",
+    );
     let full = json!({
         "geometry": geom.source,
         "budget": budget,
@@ -455,6 +621,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "disk_gbps": machine.disk_gbps,
             "disk_direct_shards": disk_direct.map(|(d, n)| json!({"direct": d, "of": n})),
             "prefill_gflops": machine.gflops,
+            "layer_overhead_ms": machine.layer_overhead_s * 1e3,
+            "calibration": calibration,
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "gflops": kernel.map(|k| k.1),
                               "threads": threads, "seconds": t0.elapsed().as_secs_f64()},
@@ -492,6 +660,13 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&o["decode_tok_s"]["mtp_on"]),
         o["acceptance"],
         f(&o["ram_wall_tok_s"])
+    );
+    s += &format!(
+        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wasted reads per miss)\n",
+        f(&o["layer_overhead_ms"]),
+        if o["prefetch"]["lookahead"].as_bool() == Some(true) { "on" } else { "off" },
+        100.0 * f(&o["prefetch"]["coverage"]),
+        f(&o["prefetch"]["wasted_per_miss"])
     );
     s += &format!(
         "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",

@@ -168,7 +168,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         if bundle.model.prefetch != Prefetch::Off {
             eprintln!(
                 "{}",
-                prefetch_summary(&bundle.model.pilot_stats(), residency.as_ref())
+                prefetch_summary(
+                    bundle.model.prefetch,
+                    &bundle.model.pilot_stats(),
+                    residency.as_ref()
+                )
             );
         }
     }
@@ -234,10 +238,19 @@ fn spec_summary(s: &SpecStats) -> String {
     line + "]"
 }
 
-/// Next-layer prediction figures: recall, and what the prefetches did.
+/// Prefetch figures: the next-layer prediction's recall (`measure`, `pilot`), and what the
+/// prefetches did.
 fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
     let s = bundle.model.pilot_stats();
-    let (hits, dropped) = prefetch_counts(t);
+    let (issued, hits, dropped) = prefetch_counts(t);
+    if !bundle.model.prefetch.runs_router_early() {
+        return json!({
+            "mode": bundle.model.prefetch.as_str(),
+            "issued": issued,
+            "prefetch_hits": hits,
+            "prefetch_dropped": dropped,
+        });
+    }
     json!({
         "mode": bundle.model.prefetch.as_str(),
         "recall": s.recall(),
@@ -250,17 +263,26 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
     })
 }
 
-/// Prefetches used and dropped, over every layer.
-fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64) {
-    t.map_or((0, 0), |t| {
-        t.layers.iter().fold((0, 0), |(h, d), l| {
-            (h + l.prefetch_hits, d + l.prefetch_dropped)
+/// Prefetches issued, used and dropped, over every layer.
+fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64, u64) {
+    t.map_or((0, 0, 0), |t| {
+        t.layers.iter().fold((0, 0, 0), |(i, h, d), l| {
+            (
+                i + l.prefetched,
+                h + l.prefetch_hits,
+                d + l.prefetch_dropped,
+            )
         })
     })
 }
 
-fn prefetch_summary(s: &PilotStats, t: Option<&Telemetry>) -> String {
-    let (hits, dropped) = prefetch_counts(t);
+fn prefetch_summary(mode: Prefetch, s: &PilotStats, t: Option<&Telemetry>) -> String {
+    let (issued, hits, dropped) = prefetch_counts(t);
+    if !mode.runs_router_early() {
+        return format!(
+            "[look-ahead prefetch: {issued} reads started ahead, {hits} used, {dropped} dropped]"
+        );
+    }
     format!(
         "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped]",
         100.0 * s.recall(),

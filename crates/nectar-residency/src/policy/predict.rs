@@ -30,6 +30,8 @@ pub(crate) struct Predictor {
     grams: HashMap<(usize, u64), u64>,
     /// The current row's match: the latest earlier row `p <= t - 2` ending the same context.
     matched: Option<u64>,
+    /// The context length of that match (tokens equal up to and including `p` and `t`).
+    matched_len: usize,
     /// (layer, from, to) → rows whose layer requested `from` followed by a row requesting `to`.
     trans: HashMap<(u32, u32, u32), u32>,
     /// (layer, from) → rows whose layer requested `from` and that have a successor row.
@@ -92,6 +94,7 @@ impl Predictor {
             }
             if (0..n as u64).all(|i| self.token(p - i) == self.token(t - i)) {
                 self.matched = Some(p);
+                self.matched_len = n;
                 break;
             }
         }
@@ -180,6 +183,20 @@ impl Predictor {
             w *= GAMMA;
         }
         sum
+    }
+
+    /// The routes `layer` took at the row `back` rows before the current row's match, and the
+    /// match's context length: the same context as `back` rows before the current row (up to
+    /// `back` tokens shorter), so the best guess of what that row will request. `None` without
+    /// a match, or when that row is no longer kept or was never recorded at `layer`.
+    pub(crate) fn matched_routes(&self, layer: usize, back: usize) -> Option<(&[u32], usize)> {
+        let p = self.matched?.checked_sub(back as u64)?;
+        if p < self.base || self.matched_len <= back {
+            return None;
+        }
+        let row = self.rows.get((p - self.base) as usize)?;
+        let r = row.get(layer)?;
+        (!r.is_empty()).then_some((r.as_slice(), self.matched_len - back))
     }
 
     /// (Σ_{a ∈ cur} N(a → expert), Σ_{a ∈ cur} n(a)) for `layer`.

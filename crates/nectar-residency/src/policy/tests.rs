@@ -189,6 +189,77 @@ proptest! {
     }
 }
 
+/// The look-ahead's prediction written out plainly: the longest n (of the n-gram lengths) for
+/// which an earlier row p <= t - 2 ends the same n tokens as the current row t, the latest such
+/// p; the prediction is every layer's recorded routes at p, with n.
+fn reference_prediction(tokens: &[u32], routes: &[Vec<Vec<u32>>]) -> Vec<(ExpertKey, usize)> {
+    let t = tokens.len() - 1;
+    for n in predict::NGRAMS {
+        if n > t + 1 || t < 2 {
+            continue;
+        }
+        for p in (0..=t - 2).rev() {
+            if p + 1 >= n && (0..n).all(|i| tokens[p - i] == tokens[t - i]) {
+                return routes[p]
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(l, r)| r.iter().map(move |&e| (ExpertKey::new(l, e as usize), n)))
+                    .collect();
+            }
+        }
+    }
+    Vec::new()
+}
+
+proptest! {
+    #[test]
+    fn lookahead_predicts_the_latest_matching_context_and_changes_no_residency(
+        cap in 1usize..4,
+        reserve in 0usize..6,
+        steps in proptest::collection::vec(step_strategy(), 1..30),
+    ) {
+        let adm = Admission::Predictive { half_life: 1.0, match_weight: 1.0, transition_weight: 2.0 };
+        let mut p = Policy::new(vec![cap; 2], 8, &[]).with_admission(adm);
+        let mut r = Reference::new(2, cap, 1.0, 1.0, 2.0);
+        let mut ev = Vec::new();
+        let mut routes: Vec<Vec<Vec<u32>>> = Vec::new();
+        for (tok, layers) in &steps {
+            p.observe_token(*tok);
+            r.tokens.push(*tok);
+            r.routes.push(vec![vec![]; 2]);
+            routes.push(layers.clone());
+            let want = reference_prediction(&r.tokens, &routes[..routes.len() - 1]);
+            prop_assert_eq!(p.predict_step(1), want.clone());
+            // Plan every prediction (n >= 1) and start what the spare slots allow.
+            let free = p.free_working();
+            p.plan_prefetch(1, reserve, 1);
+            let started = p.issue_prefetches(&mut ev);
+            let fresh: Vec<ExpertKey> = want
+                .iter()
+                .map(|x| x.0)
+                .filter(|k| !residents(&p, k.layer as usize).contains(&k.expert))
+                .collect();
+            prop_assert_eq!(started.len(), fresh.len().min(free.saturating_sub(reserve)));
+            for (_, k) in &started {
+                prop_assert!(fresh.contains(k));
+            }
+            for (l, req) in layers.iter().enumerate() {
+                for &e in req {
+                    p.access(ExpertKey::new(l, e as usize), &mut ev).unwrap();
+                }
+                p.end_wave_layer(l, &mut ev);
+                p.issue_prefetches(&mut ev);
+                r.wave(l, req);
+                // Prefetch never changes what stays cached.
+                prop_assert_eq!(residents(&p, l), r.cache[l].clone());
+            }
+            // Every prefetch was requested or dropped by its layer's safe point.
+            prop_assert_eq!(p.free_working(), 8);
+            prop_assert_eq!(p.planned(), 0);
+        }
+    }
+}
+
 #[test]
 fn predictive_is_deterministic() {
     let run = || {

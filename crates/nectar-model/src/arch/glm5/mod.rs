@@ -240,12 +240,15 @@ impl Glm5 {
             self.embed.row(t, xr)?;
         }
         // The expert cache's predictive admission keys its look-ahead on the token stream.
+        let m = layout.rows.len();
         if let Some(res) = self.residency() {
             for &t in steps.iter().flat_map(|s| s.tokens.iter()) {
                 res.observe_token(t);
             }
+            // Look-ahead prefetch (a no-op unless on): this step's predicted misses start
+            // reading now, behind the layers' attention.
+            res.begin_step(m, m * self.cfg.raw.num_experts_per_tok);
         }
-        let m = layout.rows.len();
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
         let mut stats = PilotStats::default();
         // The prediction for the layer about to run (made during the previous one).
@@ -264,7 +267,7 @@ impl Glm5 {
             )?;
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
-                (Prefetch::Off, _) | (_, None) => None,
+                (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
                 (_, Some(n)) => n.predict(&x, m)?,
             };
             if let Some(p) = &next_pred {
@@ -298,7 +301,7 @@ impl Glm5 {
             predicted = next_pred;
             obs.layer_output(l, &x);
         }
-        if self.prefetch != Prefetch::Off {
+        if self.prefetch.runs_router_early() {
             self.pilot
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

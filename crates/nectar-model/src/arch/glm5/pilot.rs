@@ -22,17 +22,27 @@ pub enum Prefetch {
     Measure,
     /// Predict, count recall, and prefetch the predicted experts when they are streamed.
     Pilot,
+    /// No router run early: the expert cache's own look-ahead (predictive admission) reads each
+    /// step's predicted misses before their layers run, into spare working slots
+    /// (`nectar_residency`'s `policy/lookahead.rs`).
+    Lookahead,
 }
 
 impl Prefetch {
-    /// Parses `off`, `measure` or `pilot`.
+    /// Parses `off`, `measure`, `pilot` or `lookahead`.
     pub fn parse(s: &str) -> Option<Prefetch> {
         match s {
             "off" => Some(Prefetch::Off),
             "measure" => Some(Prefetch::Measure),
             "pilot" => Some(Prefetch::Pilot),
+            "lookahead" => Some(Prefetch::Lookahead),
             _ => None,
         }
+    }
+
+    /// Whether the forward pass runs the next layer's router early (`measure`, `pilot`).
+    pub fn runs_router_early(self) -> bool {
+        matches!(self, Prefetch::Measure | Prefetch::Pilot)
     }
 
     /// The name `parse` accepts.
@@ -41,6 +51,7 @@ impl Prefetch {
             Prefetch::Off => "off",
             Prefetch::Measure => "measure",
             Prefetch::Pilot => "pilot",
+            Prefetch::Lookahead => "lookahead",
         }
     }
 }
@@ -108,9 +119,15 @@ mod tests {
         let c = vec![vec![3, 2, 7], vec![9, 8, 6]];
         assert_eq!(score(&p, &c), (6, 3));
         assert_eq!(union(&p), vec![1, 2, 3, 4, 9]);
-        for m in [Prefetch::Off, Prefetch::Measure, Prefetch::Pilot] {
+        for m in [
+            Prefetch::Off,
+            Prefetch::Measure,
+            Prefetch::Pilot,
+            Prefetch::Lookahead,
+        ] {
             assert_eq!(Prefetch::parse(m.as_str()), Some(m));
         }
         assert_eq!(Prefetch::parse("on"), None);
+        assert!(!Prefetch::Lookahead.runs_router_early() && Prefetch::Pilot.runs_router_early());
     }
 }

@@ -266,24 +266,36 @@ pub(super) fn setup(
         }
         ls
     };
-    let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>| ResidencyConfig {
-        lru_per_layer: vec![plan.lru_per_layer; n + 1],
-        working_slots: working,
-        prefetch_slots: prefetch,
-        io_threads: opts.io_threads,
-        pinned,
-        mlock: false,
-        admission: opts.admission,
+    let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>, lookahead: bool| {
+        ResidencyConfig {
+            lru_per_layer: vec![plan.lru_per_layer; n + 1],
+            working_slots: working,
+            prefetch_slots: prefetch,
+            io_threads: opts.io_threads,
+            pinned,
+            mlock: false,
+            admission: opts.admission,
+            lookahead,
+        }
     };
     let residency = Residency::new(
-        rc(working_slots(cfg, opts), prefetch_slots(cfg, opts), pinned),
+        rc(
+            working_slots(cfg, opts),
+            prefetch_slots(cfg, opts),
+            pinned,
+            opts.prefetch == super::Prefetch::Lookahead,
+        ),
         only(&|l| l < n),
         io.clone(),
     )
     .map_err(residency_err)?;
     let mtp_residency = if mtp && !layouts[n].is_empty() {
-        let r = Residency::new(rc(mtp_working(cfg), 0, Vec::new()), only(&|l| l == n), io)
-            .map_err(residency_err)?;
+        let r = Residency::new(
+            rc(mtp_working(cfg), 0, Vec::new(), false),
+            only(&|l| l == n),
+            io,
+        )
+        .map_err(residency_err)?;
         Some(Arc::new(r))
     } else {
         None
