@@ -114,10 +114,18 @@ fn min_limit(
     best
 }
 
-/// The memory cgroup described by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text
-/// (files are read from the mount points these name). v1's memory controller wins when both
-/// are mounted: it is the one that enforces then.
-pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
+/// Where a memory cgroup is: its version, its directory, and the top of its hierarchy as this
+/// process sees it (limits are read from `dir` up to `top`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    version: u8,
+    dir: PathBuf,
+    top: PathBuf,
+}
+
+/// The memory cgroup named by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text. v1's
+/// memory controller wins when both are mounted: it is the one that enforces then.
+fn locate(proc_cgroup: &str, mountinfo: &str) -> Option<Location> {
     let ms = mounts(mountinfo);
     let mut v1_path = None;
     let mut v2_path = None;
@@ -137,39 +145,72 @@ pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
             .iter()
             .find(|m| m.fstype == "cgroup" && m.opts.split(',').any(|o| o == "memory"))
         {
-            let dir = cgroup_dir(m, path);
-            let limit = min_limit(&dir, Path::new(m.point), "memory.limit_in_bytes", |t| {
-                t.parse::<u64>().ok().filter(|&v| v < V1_UNLIMITED)
-            });
-            return Some(CgroupMemory {
+            return Some(Location {
                 version: 1,
-                limit,
-                usage: read_u64(&dir.join("memory.usage_in_bytes")),
-                reclaimable: stat_field(&dir, "total_inactive_file")
-                    .or_else(|| stat_field(&dir, "inactive_file"))
-                    .unwrap_or(0),
-                dir,
+                dir: cgroup_dir(m, path),
+                top: PathBuf::from(m.point),
             });
         }
     }
     let path = v2_path?;
     let m = ms.iter().find(|m| m.fstype == "cgroup2")?;
-    let dir = cgroup_dir(m, path);
-    let limit = min_limit(&dir, Path::new(m.point), "memory.max", |t| t.parse().ok());
-    Some(CgroupMemory {
+    Some(Location {
         version: 2,
-        limit,
-        usage: read_u64(&dir.join("memory.current")),
-        reclaimable: stat_field(&dir, "inactive_file").unwrap_or(0),
-        dir,
+        dir: cgroup_dir(m, path),
+        top: PathBuf::from(m.point),
     })
 }
 
-/// This process's memory cgroup (None: not Linux, or no memory controller mounted).
+/// The figures of the cgroup at `loc` now.
+fn read_at(loc: &Location) -> CgroupMemory {
+    let dir = &loc.dir;
+    if loc.version == 1 {
+        let limit = min_limit(dir, &loc.top, "memory.limit_in_bytes", |t| {
+            t.parse::<u64>().ok().filter(|&v| v < V1_UNLIMITED)
+        });
+        CgroupMemory {
+            version: 1,
+            limit,
+            usage: read_u64(&dir.join("memory.usage_in_bytes")),
+            reclaimable: stat_field(dir, "total_inactive_file")
+                .or_else(|| stat_field(dir, "inactive_file"))
+                .unwrap_or(0),
+            dir: dir.clone(),
+        }
+    } else {
+        CgroupMemory {
+            version: 2,
+            limit: min_limit(dir, &loc.top, "memory.max", |t| t.parse().ok()),
+            usage: read_u64(&dir.join("memory.current")),
+            reclaimable: stat_field(dir, "inactive_file").unwrap_or(0),
+            dir: dir.clone(),
+        }
+    }
+}
+
+/// The memory cgroup described by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text
+/// (files are read from the mount points these name).
+pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
+    locate(proc_cgroup, mountinfo).map(|l| read_at(&l))
+}
+
+/// Times this process located its cgroup (parsed `/proc/self/cgroup` and `mountinfo`).
+static LOCATED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// This process's memory cgroup (None: not Linux, or no memory controller mounted). The
+/// cgroup is located once per process — the guard reads memory many times a second, and a
+/// process does not change cgroups under a running model — then only its figures are read.
 pub fn current() -> Option<CgroupMemory> {
-    let c = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    from_texts(&c, &m)
+    static LOCATION: std::sync::OnceLock<Option<Location>> = std::sync::OnceLock::new();
+    LOCATION
+        .get_or_init(|| {
+            LOCATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let c = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            locate(&c, &m)
+        })
+        .as_ref()
+        .map(read_at)
 }
 
 #[cfg(test)]
@@ -270,6 +311,20 @@ mod tests {
         let c = from_texts("0::/docker/abc\n", &mi).unwrap();
         assert_eq!(c.dir, d.path());
         assert_eq!(c.headroom(), Some(1 << 20));
+    }
+
+    /// The guard reads memory every few milliseconds: the cgroup is located once, its
+    /// figures are read each time.
+    #[test]
+    fn the_cgroup_is_located_once() {
+        let first = current();
+        for _ in 0..5 {
+            assert_eq!(
+                current().map(|c| c.dir),
+                first.as_ref().map(|c| c.dir.clone())
+            );
+        }
+        assert_eq!(LOCATED.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]
