@@ -22,7 +22,9 @@ pub struct CgroupMemory {
     pub limit: Option<u64>,
     /// Bytes charged to the cgroup now (page cache included).
     pub usage: Option<u64>,
-    /// Inactive file cache among `usage`: the kernel reclaims it before it OOM-kills.
+    /// File cache among `usage` that no process maps (or, where that is not reported, the
+    /// inactive file cache): the kernel drops it before it OOM-kills, and nothing waits on it.
+    /// A process that read its model through the page cache is charged for those pages.
     pub reclaimable: u64,
 }
 
@@ -88,6 +90,15 @@ fn stat_field(dir: &Path, field: &str) -> Option<u64> {
             let (k, v) = l.split_once(' ')?;
             (k == field).then(|| v.trim().parse().ok())?
         })
+}
+
+/// `memory.stat`'s file cache less its mapped and shared-memory parts (`None` when a field
+/// is missing).
+fn unmapped_cache(dir: &Path, cache: &str, mapped: &str, shmem: &str) -> Option<u64> {
+    let c = stat_field(dir, cache)?;
+    let m = stat_field(dir, mapped)?;
+    let s = stat_field(dir, shmem).unwrap_or(0);
+    Some(c.saturating_sub(m).saturating_sub(s))
 }
 
 /// The smallest limit from `dir` up to `top` (inclusive), reading `file` with `parse`.
@@ -172,7 +183,8 @@ fn read_at(loc: &Location) -> CgroupMemory {
             version: 1,
             limit,
             usage: read_u64(&dir.join("memory.usage_in_bytes")),
-            reclaimable: stat_field(dir, "total_inactive_file")
+            reclaimable: unmapped_cache(dir, "total_cache", "total_mapped_file", "total_shmem")
+                .or_else(|| stat_field(dir, "total_inactive_file"))
                 .or_else(|| stat_field(dir, "inactive_file"))
                 .unwrap_or(0),
             dir: dir.clone(),
@@ -182,7 +194,9 @@ fn read_at(loc: &Location) -> CgroupMemory {
             version: 2,
             limit: min_limit(dir, &loc.top, "memory.max", |t| t.parse().ok()),
             usage: read_u64(&dir.join("memory.current")),
-            reclaimable: stat_field(dir, "inactive_file").unwrap_or(0),
+            reclaimable: unmapped_cache(dir, "file", "file_mapped", "shmem")
+                .or_else(|| stat_field(dir, "inactive_file"))
+                .unwrap_or(0),
             dir: dir.clone(),
         }
     }
@@ -246,6 +260,26 @@ mod tests {
         assert_eq!(c.reclaimable, 1 << 30);
         // 8 GiB − (3 GiB used − 1 GiB reclaimable).
         assert_eq!(c.headroom(), Some(6 << 30));
+    }
+
+    /// File cache no process maps is reclaimable whether the kernel has aged it to the
+    /// inactive list or not: a model read through the page cache must not shrink the plan.
+    #[test]
+    fn unmapped_file_cache_is_reclaimable() {
+        let d = tempfile::tempdir().unwrap();
+        write(&d.path().join("memory.max"), "40000000\n");
+        write(&d.path().join("memory.current"), "30000000\n");
+        write(
+            &d.path().join("memory.stat"),
+            "anon 12000000\nfile 18000000\nfile_mapped 8000000\nshmem 1000000\ninactive_file 2000000\n",
+        );
+        let mi = format!(
+            "30 23 0:26 / {} rw - cgroup2 cgroup2 rw\n",
+            d.path().display()
+        );
+        let c = from_texts("0::/\n", &mi).unwrap();
+        assert_eq!(c.reclaimable, 9_000_000);
+        assert_eq!(c.headroom(), Some(19_000_000));
     }
 
     #[test]

@@ -77,16 +77,18 @@ pub struct ReserveInputs {
     pub server: bool,
 }
 
-/// The process image: the binary's and the C libraries' resident pages (`RssFile`, measured
-/// 9.1–11.5 MB for `run`, 10.6–13.0 MB for `serve`) and the allocator's and the Rust runtime's
-/// own heap (about 1 MB of `RssAnon` without a model).
-pub const RESERVE_PROCESS: u64 = 14 << 20;
+/// The process image: the binary's and the C libraries' resident pages, the tokenizer's code
+/// among them (`RssFile`: 9.9 MB for `run` without a tokenizer, 12.0 MB with one), and the
+/// allocator's and the Rust runtime's own heap (about 3 MB of `RssAnon` besides the weights,
+/// slots and caches).
+pub const RESERVE_PROCESS: u64 = 15 << 20;
 /// `nectar serve` on top of [`RESERVE_PROCESS`]: the async runtime's threads, connection
 /// buffers, the response and conversation stores (measured 2–3 MB idle; room for requests).
 pub const RESERVE_SERVER: u64 = 8 << 20;
-/// A loaded tokenizer per byte of its `tokenizer.json`: the demo's 552 KB file costs 7.6 MB of
-/// `RssAnon` (13.7 bytes per byte: vocabulary and merges maps, the pre-tokenizer regex).
-pub const RESERVE_TOKENIZER_PER_BYTE: u64 = 16;
+/// A loaded tokenizer's heap per byte of its `tokenizer.json` (vocabulary and merges maps, the
+/// pre-tokenizer regex): the demo's 552 KB file costs 2.3 MB of `RssAnon` once the parse's
+/// temporaries are trimmed (4.2 bytes per byte; 7.5 MB before the trim).
+pub const RESERVE_TOKENIZER_PER_BYTE: u64 = 5;
 /// Per thread: its touched stack and its share of the allocator's per-thread arenas.
 pub const RESERVE_PER_THREAD: u64 = 256 << 10;
 
