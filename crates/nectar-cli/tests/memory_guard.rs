@@ -370,12 +370,7 @@ fn the_int4_demo_decodes_inside_a_40_mb_cgroup_and_at_fits_minimum() {
             budget.into(),
         ]
     };
-    let (ok, out, err) = nectar(
-        &args("1G")
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let (ok, out, err) = nectar(&args("1G").iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "{err}");
     let reference = common::ids(&json(&out)["tokens"]);
     let need = fit_minimum(&model, ctx);
