@@ -68,9 +68,12 @@ def stats():
 
 class OpenAIChat(unittest.TestCase):
     def test_models_lists_the_demo(self):
+        # The served model first, then every --alias the server was started with.
         models = oai().models.list()
         ids = [m.id for m in models.data]
-        self.assertEqual(ids, [MODEL])
+        self.assertEqual(ids, [MODEL, "nectar-alias", "gpt-4o-mini"])
+        self.assertEqual(oai().models.retrieve("gpt-4o-mini").id, "gpt-4o-mini")
+        self.assertEqual([m.id for m in ant().models.list().data][1:], ["nectar-alias", "gpt-4o-mini"])
 
     def test_non_streaming_matches_the_reference(self):
         r = chat(oai(), HARBOR, 12)

@@ -24,7 +24,10 @@ struct Cgroup {
 
 impl Cgroup {
     fn create(limit: u64) -> Result<Cgroup, String> {
-        let name = format!("nectar-guard-test-{}", std::process::id());
+        // Tests run in parallel threads of one process: each cgroup gets its own name.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("nectar-guard-test-{}-{n}", std::process::id());
         let v1 = PathBuf::from("/sys/fs/cgroup/memory");
         let v2 = PathBuf::from("/sys/fs/cgroup");
         let v2_has_memory = std::fs::read_to_string(v2.join("cgroup.subtree_control"))
@@ -304,4 +307,99 @@ fn a_budget_above_the_cgroup_limit_is_planned_down() {
         planned < 300 * MB,
         "planned for {planned} B inside a 300 MB cgroup"
     );
+}
+
+/// The demo model converted to int4 (`nectar convert` defaults), in `dir`.
+fn int4_demo(dir: &std::path::Path) -> String {
+    let out = dir.join("demo-int4");
+    let demo = common::root().join("models/nectar-demo-glm5");
+    let (ok, _, err) = nectar(&[
+        "convert",
+        "--from",
+        demo.to_str().unwrap(),
+        "--to",
+        out.to_str().unwrap(),
+        "--min-free-gb",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    out.to_str().unwrap().to_string()
+}
+
+/// `fit`'s minimum for the int4 demo at a context (bytes).
+fn fit_minimum(model: &str, ctx: &str) -> u64 {
+    let (ok, _, err) = nectar(&[
+        "fit",
+        "--model",
+        model,
+        "--ctx-size",
+        ctx,
+        "--memory-budget",
+        "1M",
+    ]);
+    assert!(!ok, "1 MiB holds nothing");
+    err.split(" bytes)")
+        .next()
+        .and_then(|x| x.rsplit('(').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in: {err}"))
+}
+
+/// The runtime reserve is what the process really holds: the int4 demo decodes text (its
+/// tokenizer loaded) inside a memory cgroup of Colibri's 40 MB, and at `fit`'s own minimum
+/// inside a cgroup of that minimum plus the guard's 1/32 reserve, with the tokens of an
+/// unlimited run and without the guard shrinking anything.
+#[test]
+fn the_int4_demo_decodes_inside_a_40_mb_cgroup_and_at_fits_minimum() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = int4_demo(dir.path());
+    let ctx = "64";
+    let args = |budget: &str| {
+        vec![
+            "run".to_string(),
+            "--model".into(),
+            model.clone(),
+            "And God said,".into(),
+            "--ctx-size".into(),
+            ctx.into(),
+            "--max-tokens".into(),
+            "48".into(),
+            "--no-usage-save".into(),
+            "--json".into(),
+            "--memory-budget".into(),
+            budget.into(),
+        ]
+    };
+    let (ok, out, err) = nectar(&args("1G").iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    let reference = common::ids(&json(&out)["tokens"]);
+    let need = fit_minimum(&model, ctx);
+    for (limit, budget) in [
+        (40 * MB, (40 * MB).to_string()),
+        (need + need.div_ceil(31) + 4096, need.to_string()),
+    ] {
+        let Some(cg) = Cgroup::or_skip(limit) else {
+            return;
+        };
+        let a = args(&budget);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = cg
+            .spawn(env!("CARGO_BIN_EXE_nectar"), &a, Stdio::null())
+            .wait_with_output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "budget {budget} in a {limit} B cgroup (fit's minimum {need}): {:?}\n{stderr}",
+            out.status
+        );
+        let v = json(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(common::ids(&v["tokens"]), reference, "{stderr}");
+        let res = &v["stats"]["residency"];
+        assert!(res["lru_per_layer"].as_u64().unwrap() >= 1, "{v}");
+        assert_eq!(res["rss_shrinks"], 0, "{stderr}");
+        if budget == need.to_string() {
+            assert_eq!(res["memory_budget"].as_u64(), Some(need), "{stderr}");
+        }
+    }
 }

@@ -52,13 +52,17 @@ impl ModelBundle {
         } else {
             None
         };
-        Ok(ModelBundle {
+        let bundle = ModelBundle {
             dir: dir.to_path_buf(),
             stop_ids: stop_token_ids(&config, gen.as_ref()),
             template: ChatTemplate::from_model_dir(dir)?,
             tokenizer,
             model,
-        })
+        };
+        // The JSON parses and table builds above leave freed pages in the heap: give them back
+        // before they count against a small budget (`planner::runtime_reserve`).
+        nectar_residency::rss::trim_heap();
+        Ok(bundle)
     }
 
     /// The tokenizer, or an error saying the directory has none.
@@ -88,4 +92,17 @@ impl ModelBundle {
         let prompt = t.render(&msgs, None, true, &serde_json::Map::new())?;
         self.tokenizer()?.encode(&prompt, false)
     }
+}
+
+/// `budget` lowered to what this process can have now (`nectar_residency::rss::fit_budget`:
+/// MemAvailable or the memory cgroup's headroom, less a reserve), with a warning when it is:
+/// the one rule `nectar run` and `nectar serve` load with (a budget above a container's limit
+/// would have the slab allocated at load and the OOM killer called before any guard acts).
+pub fn budget_for_this_process(budget: u64) -> u64 {
+    let (b, msg) =
+        nectar_residency::rss::fit_budget(budget, &nectar_residency::rss::Reading::now());
+    if let Some(m) = msg {
+        tracing::warn!("{m}");
+    }
+    b
 }

@@ -48,7 +48,7 @@ mod tokenizer;
 mod usage_log;
 
 pub use batch::{Batch, BatchOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK};
-pub use bundle::ModelBundle;
+pub use bundle::{budget_for_this_process, ModelBundle};
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_cached, generate_greedy, generate_with, Generation};

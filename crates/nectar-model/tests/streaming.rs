@@ -88,7 +88,7 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
     let want = run(&resident, &prompt, 12);
     let base = LoadOptions {
         ctx_size: 256,
-        runtime_reserve: 1 << 20,
+        runtime_reserve: Some(1 << 20),
         working_slots: 16,
         ..Default::default()
     };
@@ -252,7 +252,7 @@ fn streamed_float_fixture_equals_resident() {
     let want = run(&resident, &prompt, 8);
     let opts = LoadOptions {
         ctx_size: 64,
-        runtime_reserve: 0,
+        runtime_reserve: Some(0),
         working_slots: 4,
         ..Default::default()
     };

@@ -42,7 +42,7 @@ fn tiny_synth_container_is_valid_and_streams() {
     let opts = LoadOptions {
         memory_budget: Some(0),
         ctx_size: 64,
-        runtime_reserve: 0,
+        runtime_reserve: Some(0),
         working_slots: 8,
         ..Default::default()
     };

@@ -22,7 +22,9 @@ pub struct CgroupMemory {
     pub limit: Option<u64>,
     /// Bytes charged to the cgroup now (page cache included).
     pub usage: Option<u64>,
-    /// Inactive file cache among `usage`: the kernel reclaims it before it OOM-kills.
+    /// File cache among `usage` that no process maps (or, where that is not reported, the
+    /// inactive file cache): the kernel drops it before it OOM-kills, and nothing waits on it.
+    /// A process that read its model through the page cache is charged for those pages.
     pub reclaimable: u64,
 }
 
@@ -90,6 +92,15 @@ fn stat_field(dir: &Path, field: &str) -> Option<u64> {
         })
 }
 
+/// `memory.stat`'s file cache less its mapped and shared-memory parts (`None` when a field
+/// is missing).
+fn unmapped_cache(dir: &Path, cache: &str, mapped: &str, shmem: &str) -> Option<u64> {
+    let c = stat_field(dir, cache)?;
+    let m = stat_field(dir, mapped)?;
+    let s = stat_field(dir, shmem).unwrap_or(0);
+    Some(c.saturating_sub(m).saturating_sub(s))
+}
+
 /// The smallest limit from `dir` up to `top` (inclusive), reading `file` with `parse`.
 fn min_limit(
     dir: &Path,
@@ -114,10 +125,18 @@ fn min_limit(
     best
 }
 
-/// The memory cgroup described by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text
-/// (files are read from the mount points these name). v1's memory controller wins when both
-/// are mounted: it is the one that enforces then.
-pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
+/// Where a memory cgroup is: its version, its directory, and the top of its hierarchy as this
+/// process sees it (limits are read from `dir` up to `top`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    version: u8,
+    dir: PathBuf,
+    top: PathBuf,
+}
+
+/// The memory cgroup named by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text. v1's
+/// memory controller wins when both are mounted: it is the one that enforces then.
+fn locate(proc_cgroup: &str, mountinfo: &str) -> Option<Location> {
     let ms = mounts(mountinfo);
     let mut v1_path = None;
     let mut v2_path = None;
@@ -137,39 +156,75 @@ pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
             .iter()
             .find(|m| m.fstype == "cgroup" && m.opts.split(',').any(|o| o == "memory"))
         {
-            let dir = cgroup_dir(m, path);
-            let limit = min_limit(&dir, Path::new(m.point), "memory.limit_in_bytes", |t| {
-                t.parse::<u64>().ok().filter(|&v| v < V1_UNLIMITED)
-            });
-            return Some(CgroupMemory {
+            return Some(Location {
                 version: 1,
-                limit,
-                usage: read_u64(&dir.join("memory.usage_in_bytes")),
-                reclaimable: stat_field(&dir, "total_inactive_file")
-                    .or_else(|| stat_field(&dir, "inactive_file"))
-                    .unwrap_or(0),
-                dir,
+                dir: cgroup_dir(m, path),
+                top: PathBuf::from(m.point),
             });
         }
     }
     let path = v2_path?;
     let m = ms.iter().find(|m| m.fstype == "cgroup2")?;
-    let dir = cgroup_dir(m, path);
-    let limit = min_limit(&dir, Path::new(m.point), "memory.max", |t| t.parse().ok());
-    Some(CgroupMemory {
+    Some(Location {
         version: 2,
-        limit,
-        usage: read_u64(&dir.join("memory.current")),
-        reclaimable: stat_field(&dir, "inactive_file").unwrap_or(0),
-        dir,
+        dir: cgroup_dir(m, path),
+        top: PathBuf::from(m.point),
     })
 }
 
-/// This process's memory cgroup (None: not Linux, or no memory controller mounted).
+/// The figures of the cgroup at `loc` now.
+fn read_at(loc: &Location) -> CgroupMemory {
+    let dir = &loc.dir;
+    if loc.version == 1 {
+        let limit = min_limit(dir, &loc.top, "memory.limit_in_bytes", |t| {
+            t.parse::<u64>().ok().filter(|&v| v < V1_UNLIMITED)
+        });
+        CgroupMemory {
+            version: 1,
+            limit,
+            usage: read_u64(&dir.join("memory.usage_in_bytes")),
+            reclaimable: unmapped_cache(dir, "total_cache", "total_mapped_file", "total_shmem")
+                .or_else(|| stat_field(dir, "total_inactive_file"))
+                .or_else(|| stat_field(dir, "inactive_file"))
+                .unwrap_or(0),
+            dir: dir.clone(),
+        }
+    } else {
+        CgroupMemory {
+            version: 2,
+            limit: min_limit(dir, &loc.top, "memory.max", |t| t.parse().ok()),
+            usage: read_u64(&dir.join("memory.current")),
+            reclaimable: unmapped_cache(dir, "file", "file_mapped", "shmem")
+                .or_else(|| stat_field(dir, "inactive_file"))
+                .unwrap_or(0),
+            dir: dir.clone(),
+        }
+    }
+}
+
+/// The memory cgroup described by a `/proc/self/cgroup` and a `/proc/self/mountinfo` text
+/// (files are read from the mount points these name).
+pub fn from_texts(proc_cgroup: &str, mountinfo: &str) -> Option<CgroupMemory> {
+    locate(proc_cgroup, mountinfo).map(|l| read_at(&l))
+}
+
+/// Times this process located its cgroup (parsed `/proc/self/cgroup` and `mountinfo`).
+static LOCATED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// This process's memory cgroup (None: not Linux, or no memory controller mounted). The
+/// cgroup is located once per process — the guard reads memory many times a second, and a
+/// process does not change cgroups under a running model — then only its figures are read.
 pub fn current() -> Option<CgroupMemory> {
-    let c = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    from_texts(&c, &m)
+    static LOCATION: std::sync::OnceLock<Option<Location>> = std::sync::OnceLock::new();
+    LOCATION
+        .get_or_init(|| {
+            LOCATED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let c = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+            let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+            locate(&c, &m)
+        })
+        .as_ref()
+        .map(read_at)
 }
 
 #[cfg(test)]
@@ -205,6 +260,26 @@ mod tests {
         assert_eq!(c.reclaimable, 1 << 30);
         // 8 GiB − (3 GiB used − 1 GiB reclaimable).
         assert_eq!(c.headroom(), Some(6 << 30));
+    }
+
+    /// File cache no process maps is reclaimable whether the kernel has aged it to the
+    /// inactive list or not: a model read through the page cache must not shrink the plan.
+    #[test]
+    fn unmapped_file_cache_is_reclaimable() {
+        let d = tempfile::tempdir().unwrap();
+        write(&d.path().join("memory.max"), "40000000\n");
+        write(&d.path().join("memory.current"), "30000000\n");
+        write(
+            &d.path().join("memory.stat"),
+            "anon 12000000\nfile 18000000\nfile_mapped 8000000\nshmem 1000000\ninactive_file 2000000\n",
+        );
+        let mi = format!(
+            "30 23 0:26 / {} rw - cgroup2 cgroup2 rw\n",
+            d.path().display()
+        );
+        let c = from_texts("0::/\n", &mi).unwrap();
+        assert_eq!(c.reclaimable, 9_000_000);
+        assert_eq!(c.headroom(), Some(19_000_000));
     }
 
     #[test]
@@ -270,6 +345,20 @@ mod tests {
         let c = from_texts("0::/docker/abc\n", &mi).unwrap();
         assert_eq!(c.dir, d.path());
         assert_eq!(c.headroom(), Some(1 << 20));
+    }
+
+    /// The guard reads memory every few milliseconds: the cgroup is located once, its
+    /// figures are read each time.
+    #[test]
+    fn the_cgroup_is_located_once() {
+        let first = current();
+        for _ in 0..5 {
+            assert_eq!(
+                current().map(|c| c.dir),
+                first.as_ref().map(|c| c.dir.clone())
+            );
+        }
+        assert_eq!(LOCATED.load(std::sync::atomic::Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -56,6 +56,54 @@ pub struct Plan {
     pub slack: u64,
 }
 
+/// What the runtime reserve is made of: the process's memory besides the weights, the caches
+/// and the transients the other terms count. Its parts were measured on the demo models with
+/// `/proc/<pid>/smaps_rollup` and `status` (`docs/memory.md`: the commands and the figures) and
+/// are kept as constants rather than re-read by every process, so that `nectar fit`, `run` and
+/// `serve` plan the same bytes and `fit`'s minimum is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReserveInputs {
+    /// Bytes of the model's `tokenizer.json` (0 without one).
+    pub tokenizer_json_bytes: u64,
+    /// Threads of the process: compute, I/O, and the main and ledger threads.
+    pub threads: usize,
+    /// Sequences decoded together.
+    pub sequences: usize,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// The process is `nectar serve` (an async runtime, HTTP buffers, the response store).
+    pub server: bool,
+}
+
+/// The process image: the binary's and the C libraries' resident pages, the tokenizer's code
+/// among them (`RssFile`: 9.9 MB for `run` without a tokenizer, 12.0 MB with one), and the
+/// allocator's and the Rust runtime's own heap (about 3 MB of `RssAnon` besides the weights,
+/// slots and caches).
+pub const RESERVE_PROCESS: u64 = 15 << 20;
+/// `nectar serve` on top of [`RESERVE_PROCESS`]: the async runtime's threads, connection
+/// buffers, the response and conversation stores (measured 2–3 MB idle; room for requests).
+pub const RESERVE_SERVER: u64 = 8 << 20;
+/// A loaded tokenizer's heap per byte of its `tokenizer.json` (vocabulary and merges maps, the
+/// pre-tokenizer regex): the demo's 552 KB file costs 2.3 MB of `RssAnon` once the parse's
+/// temporaries are trimmed (4.2 bytes per byte; 7.5 MB before the trim).
+pub const RESERVE_TOKENIZER_PER_BYTE: u64 = 5;
+/// Per thread: its touched stack and its share of the allocator's per-thread arenas.
+pub const RESERVE_PER_THREAD: u64 = 256 << 10;
+
+/// The runtime reserve for `r` (see [`ReserveInputs`]): the process image, the tokenizer, the
+/// threads, and per sequence a decode step's activations — 16 vocabulary-sized f32 rows (the
+/// logits of a verify round and the sampler's copies) and 64 hidden-sized rows.
+pub fn runtime_reserve(r: &ReserveInputs) -> u64 {
+    let per_seq = 16 * r.vocab * 4 + 64 * r.hidden * 4;
+    RESERVE_PROCESS
+        + if r.server { RESERVE_SERVER } else { 0 }
+        + r.tokenizer_json_bytes * RESERVE_TOKENIZER_PER_BYTE
+        + r.threads as u64 * RESERVE_PER_THREAD
+        + r.sequences.max(1) as u64 * per_seq
+}
+
 /// Safety margin: 2 % of the budget.
 pub fn safety_margin(budget: u64) -> u64 {
     budget / 50

@@ -26,6 +26,9 @@ pub enum OutputMode {
     Chat {
         /// The request offered tools (and did not forbid them).
         tools: bool,
+        /// Tool calls at most (`parallel_tool_calls: false`, Anthropic's
+        /// `disable_parallel_tool_use`: 1); `None` for no limit.
+        max_calls: Option<usize>,
     },
 }
 
@@ -184,8 +187,13 @@ impl Generation {
         }
         let parser = match mode {
             OutputMode::Raw => None,
-            OutputMode::Chat { tools } => {
-                Some(OutputParser::new(start.opens_in_reasoning, tools).with_string_params(strings))
+            OutputMode::Chat { tools, max_calls } => {
+                let p =
+                    OutputParser::new(start.opens_in_reasoning, tools).with_string_params(strings);
+                Some(match max_calls {
+                    Some(n) => p.with_max_calls(n),
+                    None => p,
+                })
             }
         };
         Ok(Generation {

@@ -68,17 +68,37 @@ fn model_entry(state: &AppState) -> Result<Value, ApiError> {
     }))
 }
 
+/// Every name a request may use: the served model's id, then each `--alias` (a client that
+/// lists models before choosing one must find the name it was configured with). An alias
+/// entry is the served model's entry under that id, with `"alias_of"` naming the model.
+fn model_entries(state: &AppState) -> Result<Vec<Value>, ApiError> {
+    let m = model_entry(state)?;
+    let mut out = vec![m.clone()];
+    for alias in &state.config.aliases {
+        if out.iter().any(|e| e["id"] == alias.as_str()) {
+            continue;
+        }
+        let mut a = m.clone();
+        a["id"] = json!(alias);
+        a["display_name"] = json!(alias);
+        a["alias_of"] = m["id"].clone();
+        out.push(a);
+    }
+    Ok(out)
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Response {
-    match model_entry(&state) {
-        Ok(m) => {
-            let id = m["id"].clone();
+    match model_entries(&state) {
+        Ok(data) => {
+            let first = data.first().map(|m| m["id"].clone());
+            let last = data.last().map(|m| m["id"].clone());
             axum::Json(json!({
                 "object": "list",
-                "data": [m],
+                "data": data,
                 "has_more": false,
-                "first_id": id,
-                "last_id": id,
+                "first_id": first,
+                "last_id": last,
             }))
             .into_response()
         }
@@ -86,11 +106,13 @@ pub async fn models(State(state): State<AppState>) -> Response {
     }
 }
 
-/// `GET /v1/models/{id}`.
+/// `GET /v1/models/{id}` (the served id or an alias).
 pub async fn model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    match model_entry(&state) {
-        Ok(m) if m["id"] == id.as_str() => axum::Json(m).into_response(),
-        Ok(_) => ApiError::not_found(format!("no model `{id}` is served here")).into_response(),
+    match model_entries(&state) {
+        Ok(all) => match all.into_iter().find(|m| m["id"] == id.as_str()) {
+            Some(m) => axum::Json(m).into_response(),
+            None => ApiError::not_found(format!("no model `{id}` is served here")).into_response(),
+        },
         Err(e) => e.into_response(),
     }
 }

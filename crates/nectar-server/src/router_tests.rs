@@ -416,6 +416,128 @@ async fn chat_stream_sequence() {
         .all(|c| c["usage"].is_null() && c.get("usage").is_some()));
 }
 
+/// Two calls from the model; `parallel_tool_calls: false` (Anthropic:
+/// `disable_parallel_tool_use`) leaves the first, and no markup of the second leaks.
+#[tokio::test]
+async fn parallel_tool_calls_false_keeps_one_call_in_every_protocol() {
+    const TWO: &[&str] = &[
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+        "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>\n</tool_call>",
+    ];
+    let tools = weather_tool();
+    let anthropic_tools = json!([{"name": "get_weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let responses_tools = json!([{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}]);
+    for limit in [false, true] {
+        let want = if limit { 1 } else { 2 };
+        let (a, _) = app(MockBackend::new(TWO));
+        let mut body = json!({"messages": user("x"), "tools": tools});
+        if limit {
+            body["parallel_tool_calls"] = json!(false);
+        }
+        let (st, b) = post(&a, "/v1/chat/completions", body).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), want, "chat: {v}");
+        assert!(calls[0]["function"]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("Oslo"));
+        assert!(!b.contains("Rome") || !limit, "{b}");
+
+        let (a, _) = app(MockBackend::new(TWO));
+        let mut body = json!({"input": "x", "tools": responses_tools});
+        if limit {
+            body["parallel_tool_calls"] = json!(false);
+        }
+        let (st, b) = post(&a, "/v1/responses", body).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        let n = v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o["type"] == "function_call")
+            .count();
+        assert_eq!(n, want, "responses: {v}");
+
+        let (a, _) = app(MockBackend::new(TWO));
+        let mut body = json!({"max_tokens": 64, "messages": user("x"), "tools": anthropic_tools});
+        if limit {
+            body["tool_choice"] = json!({"type": "auto", "disable_parallel_tool_use": true});
+        }
+        let (st, b) = post(&a, "/v1/messages", body).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        let n = v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["type"] == "tool_use")
+            .count();
+        assert_eq!(n, want, "messages: {v}");
+    }
+}
+
+/// Known fields that would change the answer if ignored are a 400 naming them.
+#[tokio::test]
+async fn unsupported_known_fields_are_refused_by_name() {
+    let (app, _) = app(MockBackend::new(&["hi"]));
+    for (path, field, body) in [
+        (
+            "/v1/chat/completions",
+            "audio",
+            json!({"messages": user("x"), "modalities": ["text"], "audio": {"voice": "alloy", "format": "wav"}}),
+        ),
+        (
+            "/v1/chat/completions",
+            "modalities",
+            json!({"messages": user("x"), "modalities": ["text", "audio"]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "web_search_options",
+            json!({"messages": user("x"), "web_search_options": {}}),
+        ),
+        (
+            "/v1/chat/completions",
+            "functions",
+            json!({"messages": user("x"), "functions": [{"name": "f", "parameters": {}}]}),
+        ),
+        (
+            "/v1/responses",
+            "background",
+            json!({"input": "x", "background": true}),
+        ),
+        (
+            "/v1/responses",
+            "prompt",
+            json!({"input": "x", "prompt": {"id": "pmpt_1"}}),
+        ),
+        (
+            "/v1/responses",
+            "conversation",
+            json!({"input": "x", "conversation": "conv_1"}),
+        ),
+    ] {
+        let (st, b) = post(&app, path, body).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{path} {field}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["error"]["param"], field, "{b}");
+    }
+    // Fields that change nothing in the answer are accepted.
+    let (st, b) = post(
+        &app,
+        "/v1/chat/completions",
+        json!({"messages": user("x"), "store": false, "metadata": {"a": "b"}, "service_tier": "auto",
+               "user": "u", "prediction": {"type": "content", "content": "hi"}, "modalities": ["text"]}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+}
+
 #[tokio::test]
 async fn tool_tags_are_text_without_tools() {
     let (app, _) = app(MockBackend::new(&["<tool_call>f\n</tool_call>"]));
@@ -983,6 +1105,36 @@ async fn d7_an_unknown_model_is_404_unless_it_is_an_alias() {
         .await;
         assert_eq!(st, StatusCode::OK, "{b}");
     }
+}
+
+#[tokio::test]
+async fn aliases_are_listed_and_retrievable_as_models() {
+    let cfg = ServerConfig {
+        aliases: vec!["gpt-4o".into(), "claude-x".into()],
+        ..ServerConfig::default()
+    };
+    let (s, _) = state_with(MockBackend::new(&["a"]), cfg, None);
+    let app = router(s);
+    let (st, _, b) = call(&app, "GET", "/v1/models", None, &[]).await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mock-model", "gpt-4o", "claude-x"], "{v}");
+    assert_eq!(v["last_id"], "claude-x");
+    assert_eq!(v["data"][1]["alias_of"], "mock-model");
+    for id in ["mock-model", "gpt-4o", "claude-x"] {
+        let (st, _, b) = call(&app, "GET", &format!("/v1/models/{id}"), None, &[]).await;
+        assert_eq!(st, StatusCode::OK, "{id}: {b}");
+        let m: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(m["id"], id);
+    }
+    let (st, _, _) = call(&app, "GET", "/v1/models/nope", None, &[]).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]

@@ -37,13 +37,9 @@ const TOK_S_SMOOTHING: f64 = 0.1;
 /// Opens the model directory, with experts streamed under a budget when one is given.
 fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
     // A budget above what the process can have (a container's memory.max) is planned down.
-    let budget = opts.memory_budget.map(|b| {
-        let (b, msg) = nectar_residency::rss::fit_budget(b, &nectar_residency::rss::Reading::now());
-        if let Some(m) = msg {
-            tracing::warn!("{m}");
-        }
-        b
-    });
+    let budget = opts
+        .memory_budget
+        .map(nectar_engine::budget_for_this_process);
     // With a budget, the hottest experts of the model's usage ledger are pinned (auto rule).
     let pin = match budget {
         Some(_) => {
@@ -62,6 +58,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
         ctx_size: opts.ctx_size.unwrap_or(DEFAULT_CTX),
         // The rows, and the conversations kept for continuing requests.
         sequences: nectar_model::arch::glm5::serve_sequences(opts.parallel),
+        server: true,
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())

@@ -32,6 +32,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         } else {
             a.parallel.max(1)
         },
+        server: a.serve,
         ..Default::default()
     };
     let (inputs, plan) = plan_memory(&dir, &opts)?;

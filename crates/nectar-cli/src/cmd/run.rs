@@ -18,7 +18,9 @@ const DEFAULT_PROMPT: &str = "And God said,";
 pub fn run(a: RunArgs) -> Result<()> {
     let dir = model_dir(a.model.clone())?;
     let budget = match &a.memory_budget {
-        Some(b) => Some(fit_to_machine(super::fit::resolve_budget(Some(b))?)),
+        Some(b) => Some(nectar_engine::budget_for_this_process(
+            super::fit::resolve_budget(Some(b))?,
+        )),
         None => None,
     };
     let opts = LoadOptions {
@@ -430,14 +432,4 @@ fn logprob_entry(id: u32, lp: &Logprobs, tok: Option<&Tokenizer>) -> Result<Valu
             .collect::<Result<Vec<_>>>()?,
     );
     Ok(v)
-}
-
-/// The budget lowered to what this process can have (see `rss::fit_budget`), with a warning.
-pub fn fit_to_machine(budget: u64) -> u64 {
-    let (b, msg) =
-        nectar_residency::rss::fit_budget(budget, &nectar_residency::rss::Reading::now());
-    if let Some(m) = msg {
-        eprintln!("warning: {m}");
-    }
-    b
 }

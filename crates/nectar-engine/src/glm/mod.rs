@@ -43,12 +43,14 @@ mod tests {
     use crate::tokenizer::tests::demo;
     use serde_json::{json, Value};
 
+    /// The weather tool shared by the engine's and the server's tool-call tests
+    /// (`tests/fixtures/tools/weather.json`: a bounded string, an unbounded integer, an enum).
     fn weather() -> Value {
-        json!({"type": "function", "function": {"name": "get_weather", "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer"},
-                           "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city"]}}})
+        serde_json::from_str(include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tools/weather.json"
+        )))
+        .expect("the weather tool fixture is JSON")
     }
 
     #[test]

@@ -138,6 +138,12 @@ pub struct OutputParser {
     /// Drop whitespace at the start of the next content (after `</think>` or `</tool_call>`,
     /// where the template puts a newline that is layout, not answer).
     skip_ws: bool,
+    /// Tool calls at most (`parallel_tool_calls: false` is 1); later calls are dropped.
+    max_calls: Option<usize>,
+    /// Calls emitted so far.
+    calls: usize,
+    /// The open call is past `max_calls`: its pieces are dropped.
+    dropping: bool,
 }
 
 impl OutputParser {
@@ -155,7 +161,47 @@ impl OutputParser {
             parse_tools,
             strings: StringParams::default(),
             skip_ws: false,
+            max_calls: None,
+            calls: 0,
+            dropping: false,
         }
+    }
+
+    /// Emits at most `n` tool calls (OpenAI's `parallel_tool_calls: false`, Anthropic's
+    /// `disable_parallel_tool_use`: 1). A later call is still parsed — so its markup never
+    /// leaks as text — but none of its pieces is emitted.
+    pub fn with_max_calls(mut self, n: usize) -> OutputParser {
+        self.max_calls = Some(n);
+        self
+    }
+
+    /// Drops the pieces of calls past `max_calls`.
+    fn limit(&mut self, pieces: Vec<Piece>) -> Vec<Piece> {
+        let Some(max) = self.max_calls else {
+            return pieces;
+        };
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            match &p {
+                Piece::CallStart { name } => {
+                    self.dropping = self.calls >= max;
+                    if self.dropping {
+                        tracing::debug!(name, max, "tool call past the request's limit: dropped");
+                        continue;
+                    }
+                }
+                Piece::CallArgs(_) if self.dropping => continue,
+                Piece::CallEnd(_) => {
+                    if std::mem::take(&mut self.dropping) {
+                        continue;
+                    }
+                    self.calls += 1;
+                }
+                _ => {}
+            }
+            out.push(p);
+        }
+        out
     }
 
     /// Types arguments by the tools' schemas: string parameters stay strings and stream as
@@ -170,13 +216,19 @@ impl OutputParser {
         self.buf.push_str(delta);
         let mut out = Vec::new();
         while self.step(&mut out) {}
-        merge(out)
+        let out = merge(out);
+        self.limit(out)
     }
 
     /// Ends the stream: whatever is held is emitted as what it is so far; an open tool call is
     /// closed with the arguments generated so far (a call whose name was never complete is
     /// dropped).
     pub fn finish(&mut self) -> Vec<Piece> {
+        let out = self.finish_unlimited();
+        self.limit(out)
+    }
+
+    fn finish_unlimited(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.buf);
         let mut out = Vec::new();
         match std::mem::replace(&mut self.mode, Mode::Content) {
@@ -701,6 +753,35 @@ mod tests {
             true,
         );
         assert_eq!(out, [call("now", json!({})), call("add", json!({"a": 1}))]);
+    }
+
+    /// `parallel_tool_calls: false`: the first call is emitted, a second one is parsed and
+    /// dropped (its markup never becomes text), whether it arrives whole or token by token.
+    #[test]
+    fn a_call_limit_drops_later_calls() {
+        let text = "<tool_call>now\n</tool_call>\n<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>";
+        let whole = {
+            let mut p = OutputParser::new(false, true).with_max_calls(1);
+            let mut v = p.push(text);
+            v.extend(p.finish());
+            fold(v)
+        };
+        assert_eq!(whole, [call("now", json!({}))]);
+        let by_char = {
+            let mut p = OutputParser::new(false, true).with_max_calls(1);
+            let mut v = Vec::new();
+            for c in text.chars() {
+                v.extend(p.push(&c.to_string()));
+            }
+            v.extend(p.finish());
+            fold(v)
+        };
+        assert_eq!(by_char, whole);
+        // A second call cut short is dropped too.
+        let mut p = OutputParser::new(false, true).with_max_calls(1);
+        let mut v = p.push("<tool_call>now\n</tool_call><tool_call>add\n<arg_key>a</arg_key>");
+        v.extend(p.finish());
+        assert_eq!(fold(v), [call("now", json!({}))]);
     }
 
     #[test]

@@ -95,6 +95,8 @@ pub struct MessagesRequest {
 struct Converted {
     prompt: Prompt,
     tools: bool,
+    /// Tool calls at most (`tool_choice.disable_parallel_tool_use`).
+    max_calls: Option<usize>,
     /// A forced tool call or a structured output format.
     constraint: Option<crate::backend::Constraint>,
     /// Thinking is on: the answer starts with a thinking block.
@@ -172,6 +174,12 @@ fn convert(req: &MessagesRequest) -> ApiResult<Converted> {
             enable_thinking,
         },
         tools: tools_on,
+        max_calls: req
+            .tool_choice
+            .as_ref()
+            .and_then(|c| c.get("disable_parallel_tool_use"))
+            .and_then(Value::as_bool)
+            .and_then(|d| d.then_some(1)),
         constraint: resolved.constraint,
         thinking: enable_thinking == Some(true),
     })
@@ -431,7 +439,10 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             constraint: c.constraint,
             cancel: CancelToken::new(),
         },
-        OutputMode::Chat { tools: c.tools },
+        OutputMode::Chat {
+            tools: c.tools,
+            max_calls: c.max_calls,
+        },
         "messages",
     )
     .await?;

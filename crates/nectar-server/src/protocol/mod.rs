@@ -244,6 +244,49 @@ pub fn function_tool(name: &str, description: Option<&Value>, parameters: Option
     serde_json::json!({"type": "function", "function": Value::Object(f)})
 }
 
+/// A known field of a request: its name, its value if sent, and when that value asks for
+/// something this server does not do.
+pub type KnownField<'a> = (&'a str, Option<&'a Value>, fn(&Value) -> bool);
+
+/// Refuses known request fields that this server does not implement and that would change the
+/// answer if ignored (audio output, web search, server-side prompts, …): each `(name, value)`
+/// whose value is present and asks for something (`refuses` says when) is a 400 naming the
+/// field. Fields that do not change the answer are accepted and ignored (`docs/api.md` lists
+/// both).
+pub fn refuse_fields(fields: &[KnownField<'_>]) -> ApiResult<()> {
+    for (name, v, refuses) in fields {
+        if let Some(v) = v.filter(|v| refuses(v)) {
+            return Err(ApiError::invalid_param(
+                *name,
+                format!("`{name}` ({v}) is not supported by this server"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Asks for something: not null, `false`, `{}`, `[]` or `""`.
+pub fn asks(v: &Value) -> bool {
+    !matches!(v, Value::Null | Value::Bool(false))
+        && v.as_array().is_none_or(|a| !a.is_empty())
+        && v.as_object().is_none_or(|o| !o.is_empty())
+        && v.as_str().is_none_or(|s| !s.is_empty())
+}
+
+/// `modalities` asks for more than text.
+pub fn beyond_text(v: &Value) -> bool {
+    match v {
+        Value::Array(a) => a.iter().any(|m| m != "text"),
+        Value::Null => false,
+        _ => true,
+    }
+}
+
+/// The tool-call limit of an OpenAI `parallel_tool_calls`: `false` is at most one call.
+pub fn call_limit(parallel_tool_calls: Option<bool>) -> Option<usize> {
+    (parallel_tool_calls == Some(false)).then_some(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -100,6 +100,24 @@ pub struct ChatRequest {
     /// `none` turns thinking off; any other value turns it on.
     #[serde(default)]
     pub reasoning_effort: Option<String>,
+    /// `false`: at most one tool call (later calls are dropped by the output parser).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Output modalities: only `["text"]` (audio output is refused).
+    #[serde(default)]
+    pub modalities: Option<Value>,
+    /// Audio output parameters: refused.
+    #[serde(default)]
+    pub audio: Option<Value>,
+    /// Web search: refused (this server searches nothing).
+    #[serde(default)]
+    pub web_search_options: Option<Value>,
+    /// The deprecated form of `tools`: refused (ignoring it would drop the tools).
+    #[serde(default)]
+    pub functions: Option<Value>,
+    /// The deprecated form of `tool_choice`: refused.
+    #[serde(default)]
+    pub function_call: Option<Value>,
 }
 
 /// `stream_options`.
@@ -137,6 +155,8 @@ pub struct FunctionDef {
 struct Plan {
     gen: GenRequest,
     tools: bool,
+    /// Tool calls at most (`parallel_tool_calls: false`).
+    max_calls: Option<usize>,
     logprobs: bool,
     stream: bool,
     include_usage: bool,
@@ -160,7 +180,10 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
     let gen = Generation::start(
         state.backend.clone(),
         plan.gen,
-        OutputMode::Chat { tools: plan.tools },
+        OutputMode::Chat {
+            tools: plan.tools,
+            max_calls: plan.max_calls,
+        },
         "messages",
     )
     .await?;
@@ -228,6 +251,23 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
 
 /// Validates the request and builds the protocol-neutral one.
 fn plan(req: ChatRequest) -> ApiResult<Plan> {
+    crate::protocol::refuse_fields(&[
+        (
+            "modalities",
+            req.modalities.as_ref(),
+            crate::protocol::beyond_text,
+        ),
+        ("audio", req.audio.as_ref(), crate::protocol::asks),
+        ("web_search_options", req.web_search_options.as_ref(), |v| {
+            !v.is_null()
+        }),
+        ("functions", req.functions.as_ref(), crate::protocol::asks),
+        (
+            "function_call",
+            req.function_call.as_ref(),
+            crate::protocol::asks,
+        ),
+    ])?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid_param(
             "n",
@@ -309,6 +349,7 @@ fn plan(req: ChatRequest) -> ApiResult<Plan> {
     };
     let stream = req.stream.unwrap_or(false);
     Ok(Plan {
+        max_calls: crate::protocol::call_limit(req.parallel_tool_calls),
         gen: GenRequest {
             prompt: Prompt::Chat {
                 messages: Value::Array(messages),
@@ -589,6 +630,42 @@ mod tests {
             with("messages", json!([{"role": "wizard", "content": "x"}])).as_deref(),
             Some("messages[0].role")
         );
+        // Known fields that would change the answer if ignored are refused by name.
+        assert_eq!(
+            with("modalities", json!(["text", "audio"])).as_deref(),
+            Some("modalities")
+        );
+        assert!(with("modalities", json!(["text"])).is_none());
+        assert_eq!(
+            with("audio", json!({"voice": "alloy", "format": "mp3"})).as_deref(),
+            Some("audio")
+        );
+        assert_eq!(
+            with("web_search_options", json!({})).as_deref(),
+            Some("web_search_options")
+        );
+        assert_eq!(
+            with("functions", json!([{"name": "f"}])).as_deref(),
+            Some("functions")
+        );
+        assert_eq!(
+            with("function_call", json!("auto")).as_deref(),
+            Some("function_call")
+        );
+        // Known fields that change nothing in the answer are accepted.
+        for (k, v) in [
+            ("store", json!(true)),
+            ("metadata", json!({"k": "v"})),
+            ("service_tier", json!("auto")),
+            ("user", json!("u1")),
+            ("safety_identifier", json!("s")),
+            ("prompt_cache_key", json!("p")),
+            ("prediction", json!({"type": "content", "content": "x"})),
+            ("audio", Value::Null),
+            ("parallel_tool_calls", json!(false)),
+        ] {
+            assert!(with(k, v).is_none(), "{k}");
+        }
         // Accepted and passed to the engine's sampler.
         assert!(with("temperature", json!(0.7)).is_none());
         assert!(with("seed", json!(42)).is_none());

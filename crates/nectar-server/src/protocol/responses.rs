@@ -82,9 +82,18 @@ pub struct ResponsesRequest {
     /// Echoed back.
     #[serde(default)]
     pub metadata: Option<Value>,
-    /// Echoed back.
+    /// Echoed back; `false`: at most one tool call (later calls are dropped by the parser).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
+    /// Background runs: refused when `true` (the request would expect to poll for it).
+    #[serde(default)]
+    pub background: Option<Value>,
+    /// A stored prompt template by id: refused (this server stores none).
+    #[serde(default)]
+    pub prompt: Option<Value>,
+    /// A stored conversation by id: refused (`previous_response_id` is the supported form).
+    #[serde(default)]
+    pub conversation: Option<Value>,
 }
 
 /// `POST /v1/responses`.
@@ -532,6 +541,15 @@ impl Storing {
 
 async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let req: ResponsesRequest = parse_body(body, Flavour::OpenAi, state.config.body_limit)?;
+    crate::protocol::refuse_fields(&[
+        ("background", req.background.as_ref(), crate::protocol::asks),
+        ("prompt", req.prompt.as_ref(), crate::protocol::asks),
+        (
+            "conversation",
+            req.conversation.as_ref(),
+            crate::protocol::asks,
+        ),
+    ])?;
     check_model(&state, req.model.as_deref())?;
     let format = constraint::text_format(req.text.as_ref())?;
     let tools = template_tools(req.tools.as_deref().unwrap_or_default())?;
@@ -586,7 +604,10 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<
             constraint: resolved.constraint,
             cancel: CancelToken::new(),
         },
-        OutputMode::Chat { tools: tools_on },
+        OutputMode::Chat {
+            tools: tools_on,
+            max_calls: crate::protocol::call_limit(req.parallel_tool_calls),
+        },
         "input",
     )
     .await?;

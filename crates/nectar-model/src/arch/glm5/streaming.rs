@@ -8,7 +8,7 @@ use nectar_format::experts::layer_extents;
 use nectar_format::Catalog;
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::{plan as slot_plan, SlotLayout};
-use nectar_residency::planner::{plan, Plan, PlanInputs};
+use nectar_residency::planner::{plan, Plan, PlanInputs, ReserveInputs};
 use nectar_residency::{ExpertKey, Residency, ResidencyConfig};
 use std::sync::Arc;
 
@@ -30,8 +30,11 @@ pub struct LoadOptions {
     pub working_slots: usize,
     /// Use direct I/O where the filesystem allows it.
     pub direct_io: bool,
-    /// Process reserve in the memory equation (allocator, thread stacks, tokenizer, server).
-    pub runtime_reserve: u64,
+    /// Process reserve in the memory equation; `None` (the default) is the measured model of
+    /// [`nectar_residency::planner::runtime_reserve`] for this model and process.
+    pub runtime_reserve: Option<u64>,
+    /// The process is `nectar serve` (its runtime and buffers are in the reserve).
+    pub server: bool,
     /// Next-layer expert prediction; `Pilot` with a budget adds `2 × top-k` prefetch slots to
     /// the working bank (counted in the memory plan).
     pub prefetch: super::Prefetch,
@@ -83,7 +86,8 @@ impl Default for LoadOptions {
             io_threads: 3,
             working_slots: 64,
             direct_io: true,
-            runtime_reserve: 128 << 20,
+            runtime_reserve: None,
+            server: false,
             prefetch: super::Prefetch::Off,
             pin: None,
             admission: DEFAULT_ADMISSION,
@@ -165,8 +169,25 @@ pub(super) fn plan_inputs(
         + full * r.index_head_dim) as u64
         * 4;
     let h = r.hidden_size as u64;
-    let transients = PREFILL_CHUNK * h * 4 * (8 + r.num_experts_per_tok as u64)
-        + PREFILL_CHUNK * (r.vocab_size as u64) * 4;
+    // A prompt chunk's activations (a prompt longer than the context cannot run). Logits are
+    // computed for the last row of each sequence only: they are in the reserve's per-sequence
+    // activations, not here.
+    let chunk = PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64);
+    let transients = chunk * h * 4 * (8 + r.num_experts_per_tok as u64);
+    let reserve = opts.runtime_reserve.unwrap_or_else(|| {
+        nectar_residency::planner::runtime_reserve(&ReserveInputs {
+            tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
+                .map_or(0, |m| m.len()),
+            // The compute pool's default size (every core), the I/O workers, main and ledger.
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get())
+                + opts.io_threads
+                + 2,
+            sequences: opts.sequences.max(1),
+            hidden: h,
+            vocab: r.vocab_size as u64,
+            server: opts.server,
+        })
+    });
     PlanInputs {
         budget,
         spine: spine.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
@@ -180,7 +201,7 @@ pub(super) fn plan_inputs(
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size * opts.sequences.max(1),
         prefill_transients: transients * opts.sequences.max(1) as u64,
-        runtime_reserve: opts.runtime_reserve,
+        runtime_reserve: reserve,
     }
 }
 
