@@ -5,7 +5,8 @@
 //! work, with a little serial work between. Rayon's idle workers sleep after a few dozen yields,
 //! so every region paid a futex wake of a halted thread (14 context switches per token at 2
 //! threads against 0.1 at 1), which cost about what the second thread saved. Here an idle worker
-//! spins for [`SPIN`] after the last region it saw before it parks, so within a step, and from
+//! polls (pause instructions, and a `sched_yield` every few µs so that it gives way on a busy
+//! core) for [`SPIN`] after the last region it saw before it parks, so within a step, and from
 //! one token to the next, it is already running when the next region opens; an idle server's
 //! workers park a few milliseconds after its last step.
 //!
@@ -35,8 +36,13 @@ use std::time::{Duration, Instant};
 /// model never parks its workers; short enough that an idle server stops burning CPU at once.
 pub const SPIN: Duration = Duration::from_millis(2);
 
-/// Spins between two reads of the clock (a read is ~20 ns; a spin with its pause ~40 ns).
-const SPINS_PER_CHECK: u32 = 256;
+/// Pause instructions between two `sched_yield`s of a waiting thread (a few µs). The yield
+/// costs nothing on an idle core and hands the core over where other threads wait for it: on a
+/// busy machine a thread that only spun would take the time its own team (or anyone) needed.
+const SPINS_PER_YIELD: u32 = 64;
+
+/// Yields between two reads of the clock by an idle worker.
+const YIELDS_PER_CHECK: u32 = 4;
 
 /// One parallel region: tasks `0..n` of `f`, claimed one at a time.
 struct Region<'a> {
@@ -72,6 +78,8 @@ struct Shared {
     active: AtomicUsize,
     /// Workers parked (or about to) on `wake`.
     sleepers: AtomicUsize,
+    /// Times a worker parked (for [`stats`]).
+    parks: AtomicU64,
     lock: Mutex<()>,
     wake: Condvar,
     stop: AtomicBool,
@@ -105,6 +113,7 @@ impl Team {
             epoch: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            parks: AtomicU64::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -152,6 +161,29 @@ impl Drop for Team {
             let _ = h.join();
         }
     }
+}
+
+/// What the team this thread owns has done so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// Threads, the owner included.
+    pub threads: usize,
+    /// Parallel regions run on the team (a region is a [`for_each`] with more than one task
+    /// made by the owner outside a task).
+    pub regions: u64,
+    /// Times a worker parked after [`SPIN`] without a region (and so had to be woken).
+    pub parks: u64,
+}
+
+/// The statistics of the team this thread owns, if it owns one.
+pub fn stats() -> Option<Stats> {
+    OWNED.with(|o| {
+        o.borrow().as_ref().map(|s| Stats {
+            threads: OWNED_THREADS.with(Cell::get),
+            regions: s.epoch.load(Ordering::Relaxed),
+            parks: s.parks.load(Ordering::Relaxed),
+        })
+    })
 }
 
 /// Threads a parallel call made here can use: the owned team's size on its owner, 1 inside a
@@ -280,8 +312,8 @@ fn run(s: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) {
     let mut spins = 0u32;
     while s.active.load(Ordering::SeqCst) != 0 {
         spins = spins.wrapping_add(1);
-        if spins % 1024 == 0 {
-            // A worker descheduled in mid-task (an oversubscribed machine): give it the core.
+        if spins % SPINS_PER_YIELD == 0 {
+            // A worker descheduled in mid-task (a busy machine): give it the core.
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -317,11 +349,15 @@ fn worker(s: &Shared) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_CHECK == 0 && idle_since.elapsed() > SPIN {
+            if spins % SPINS_PER_YIELD != 0 {
+                std::hint::spin_loop();
+            } else if spins % (SPINS_PER_YIELD * YIELDS_PER_CHECK) == 0
+                && idle_since.elapsed() > SPIN
+            {
                 park(s, seen);
                 idle_since = Instant::now();
             } else {
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
         }
         s.active.fetch_add(1, Ordering::SeqCst);
@@ -343,6 +379,7 @@ fn worker(s: &Shared) {
 /// Parks until a region after `seen` opens or the team stops.
 fn park(s: &Shared, seen: u64) {
     let mut g = s.lock.lock().unwrap_or_else(PoisonError::into_inner);
+    s.parks.fetch_add(1, Ordering::Relaxed);
     s.sleepers.fetch_add(1, Ordering::SeqCst);
     while s.epoch.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
         g = s.wake.wait(g).unwrap_or_else(PoisonError::into_inner);
@@ -387,10 +424,15 @@ mod tests {
         assert_eq!(arrived.load(Ordering::SeqCst), 2);
     }
 
-    /// A worker that parked (idle longer than SPIN) wakes for the next region.
+    /// A worker that parked (idle longer than SPIN) wakes for the next region; regions and
+    /// parks are counted.
     #[test]
     fn parked_workers_wake_for_the_next_region() {
+        assert_eq!(stats(), None);
         let _team = Team::start(2).unwrap();
+        for_each(1, |_| {});
+        map(3, |i| i);
+        assert_eq!(stats().unwrap().regions, 1, "one task runs without a region");
         for _ in 0..3 {
             std::thread::sleep(SPIN * 5);
             let arrived = AtomicU32::new(0);
@@ -401,6 +443,9 @@ mod tests {
                 }
             });
         }
+        // (Whether the worker parked in each pause depends on the scheduler: not asserted.)
+        let st = stats().unwrap();
+        assert_eq!((st.threads, st.regions), (2, 4));
     }
 
     /// Parallel calls inside a task run inline (one thread there), so nesting cannot wait on
