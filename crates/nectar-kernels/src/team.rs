@@ -153,7 +153,11 @@ impl Drop for Team {
         });
         self.shared.stop.store(true, Ordering::SeqCst);
         {
-            let _g = self.shared.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let _g = self
+                .shared
+                .lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             self.shared.wake.notify_all();
         }
         for h in self.workers.drain(..) {
@@ -292,7 +296,9 @@ fn run(s: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) {
     };
     // SAFETY (of the erased lifetime): see `Shared::region`; the pointer is cleared and every
     // worker that read it has finished with it before `region` goes out of scope below.
-    let p = (&region as *const Region<'_>).cast_mut().cast::<Region<'static>>();
+    let p = (&region as *const Region<'_>)
+        .cast_mut()
+        .cast::<Region<'static>>();
     s.region.store(p, Ordering::SeqCst);
     s.epoch.fetch_add(1, Ordering::SeqCst);
     // A worker registers as a sleeper before it re-checks the epoch (both SeqCst), so either it
@@ -405,7 +411,10 @@ mod tests {
             for_each(n, |i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "round {round}");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
         }
     }
 
@@ -432,7 +441,11 @@ mod tests {
         let _team = Team::start(2).unwrap();
         for_each(1, |_| {});
         map(3, |i| i);
-        assert_eq!(stats().unwrap().regions, 1, "one task runs without a region");
+        assert_eq!(
+            stats().unwrap().regions,
+            1,
+            "one task runs without a region"
+        );
         for _ in 0..3 {
             std::thread::sleep(SPIN * 5);
             let arrived = AtomicU32::new(0);
