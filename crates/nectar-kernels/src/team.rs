@@ -318,7 +318,7 @@ fn run(s: &Shared, n: usize, f: &(dyn Fn(usize) + Sync)) {
     let mut spins = 0u32;
     while s.active.load(Ordering::SeqCst) != 0 {
         spins = spins.wrapping_add(1);
-        if spins % SPINS_PER_YIELD == 0 {
+        if spins.is_multiple_of(SPINS_PER_YIELD) {
             // A worker descheduled in mid-task (a busy machine): give it the core.
             std::thread::yield_now();
         } else {
@@ -355,9 +355,9 @@ fn worker(s: &Shared) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_YIELD != 0 {
+            if !spins.is_multiple_of(SPINS_PER_YIELD) {
                 std::hint::spin_loop();
-            } else if spins % (SPINS_PER_YIELD * YIELDS_PER_CHECK) == 0
+            } else if spins.is_multiple_of(SPINS_PER_YIELD * YIELDS_PER_CHECK)
                 && idle_since.elapsed() > SPIN
             {
                 park(s, seen);
