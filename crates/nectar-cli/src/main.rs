@@ -53,16 +53,31 @@ fn main() {
     // call forks from inside the pool: handing each call to a pool thread and parking the caller
     // cost two futex round trips per matrix (a tenth of decode time on the demo model). The
     // server's model thread builds its own pool the same way; its main thread only runs HTTP.
-    if !matches!(cli.command, args::Command::Serve(_)) {
-        if let Err(e) = rayon::ThreadPoolBuilder::new()
+    //
+    // The same thread owns the compute team (`nectar_kernels::team`) of as many threads: the
+    // forward's short parallel regions run there, on workers that spin between regions instead
+    // of sleeping (rayon's idle workers slept between them, and waking them cost what the second
+    // thread saved).
+    let _team = if matches!(cli.command, args::Command::Serve(_)) {
+        None
+    } else {
+        let team = rayon::ThreadPoolBuilder::new()
             .num_threads(cli.threads.unwrap_or(0))
             .use_current_thread()
             .build_global()
-        {
-            eprintln!("error: cannot start the compute threads: {e}");
-            std::process::exit(2);
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                nectar_kernels::team::Team::start(rayon::current_num_threads())
+                    .map_err(|e| e.to_string())
+            });
+        match team {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("error: cannot start the compute threads: {e}");
+                std::process::exit(2);
+            }
         }
-    }
+    };
     if let Some(isa) = &cli.isa {
         if let Err(e) = nectar_kernels::set_isa(isa) {
             eprintln!("error: --isa: {e}");

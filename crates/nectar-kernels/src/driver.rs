@@ -8,7 +8,6 @@
 use crate::dot::Isa;
 use crate::format::{MatRef, WeightFormat};
 use crate::xpack::{Layout, XPack};
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Work each parallel task covers at least, in weight bytes × activation rows: small enough to
@@ -269,14 +268,14 @@ impl SharedOut {
     }
 }
 // SAFETY: tasks write disjoint elements (each owns a distinct row range) and the owner of the
-// buffer waits for all of them (rayon's scope) before reading it.
+// buffer waits for all of them (`team::for_each` returns after the last) before reading it.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
 
 /// Splits `rows` into tasks of whole row blocks covering at least [`TASK_BYTES`] of work each
 /// (`row_bytes` of weights per row, applied to `m` activation rows) and runs `f` on every task
-/// in parallel (on the current rayon pool).
+/// in parallel (on this thread's compute team, see [`crate::team`]).
 pub(crate) fn par_rows(
     rows: Range<usize>,
     row_bytes: usize,
@@ -284,7 +283,7 @@ pub(crate) fn par_rows(
     f: impl Fn(Range<usize>) + Sync + Send,
 ) {
     let work = row_bytes.saturating_mul(m.max(1)).max(1);
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if threads == 1 {
         // One thread: one task, so the weight stream (and its prefetch) never restarts.
         f(rows);
@@ -303,7 +302,7 @@ pub(crate) fn par_rows(
         f(rows);
         return;
     }
-    (0..n).into_par_iter().for_each(|t| {
+    crate::team::for_each(n, |t| {
         let a = rows.start + t * per;
         f(a..(a + per).min(rows.end));
     });

@@ -40,6 +40,7 @@ mod norm;
 mod readbw;
 mod rope;
 mod scalar;
+pub mod team;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 mod xpack;

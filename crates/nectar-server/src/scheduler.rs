@@ -103,6 +103,16 @@ pub(crate) fn model_thread(
             return;
         }
     };
+    // ... and owns a compute team of as many threads (the forward's parallel regions run there;
+    // see `nectar_kernels::team`). Dropped when the thread returns: its workers stop.
+    let _team = match nectar_kernels::team::Team::start(_pool.current_num_threads()) {
+        Ok(t) => t,
+        Err(e) => {
+            let e = format!("cannot start the compute threads: {e}");
+            shared.state.send_replace(LoadState::Failed(e));
+            return;
+        }
+    };
     let loaded = open_bundle(&opts).and_then(|b| {
         let spec = resolve_speculation(&opts, b.model.has_mtp())?;
         Ok((b, spec))

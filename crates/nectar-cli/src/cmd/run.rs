@@ -399,6 +399,12 @@ fn json_output(
             "isa": nectar_kernels::isa(),
         }
     });
+    // The compute team's counts over the whole process (load, prefill and decode): regions run
+    // in parallel and how often an idle worker parked and had to be woken.
+    if let Some(t) = nectar_kernels::team::stats() {
+        out["stats"]["team"] =
+            json!({"threads": t.threads, "regions": t.regions, "parks": t.parks});
+    }
     if !request.params.is_greedy() {
         out["seed"] = json!(gen.seed);
     }

@@ -16,8 +16,7 @@ use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::{decode_row, dot, matmul_rows, rms_norm, softmax_in_place, RopeTable};
-use rayon::prelude::*;
+use nectar_kernels::{decode_row, dot, matmul_rows, rms_norm, softmax_in_place, team, RopeTable};
 
 /// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
 const LATENT_EPS: f32 = 1e-6;
@@ -191,20 +190,17 @@ impl Attention {
             })
             .collect::<Result<_>>()?;
         let mut o = vec![0.0; m * hd * self.dv];
-        o.par_chunks_mut(self.dv)
-            .enumerate()
-            .for_each(|(idx, out)| {
-                let (i, head) = (idx / hd, idx % hd);
-                let row = layout.rows[i];
-                let qh = &q[i * hd * dq + head * dq..][..dq];
-                let keys = sel[i].as_deref();
-                match &recon[row.seq] {
-                    Some(kvf) => {
-                        self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out)
-                    }
-                    None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
-                }
-            });
+        // One task per (row, head), on the compute team.
+        team::for_each_chunk_mut(&mut o, self.dv, |idx, out| {
+            let (i, head) = (idx / hd, idx % hd);
+            let row = layout.rows[i];
+            let qh = &q[i * hd * dq + head * dq..][..dq];
+            let keys = sel[i].as_deref();
+            match &recon[row.seq] {
+                Some(kvf) => self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out),
+                None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
+            }
+        });
         self.o.forward(&o, m)
     }
 

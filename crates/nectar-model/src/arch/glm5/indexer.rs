@@ -8,8 +8,7 @@ use super::layout::Layout;
 use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
-use nectar_kernels::{dot, layer_norm, RopeTable};
-use rayon::prelude::*;
+use nectar_kernels::{dot, layer_norm, team, RopeTable};
 use std::cmp::Ordering;
 
 /// ε of the indexer key LayerNorm.
@@ -104,30 +103,28 @@ impl Indexer {
                 rope.apply(&mut hq[..rope.dim()], layout.rows[i].pos);
             }
         }
-        let sels: Vec<Vec<u32>> = need
-            .par_iter()
-            .enumerate()
-            .map(|(j, &i)| {
-                let pos = layout.rows[i].pos;
-                let keys = &caches[layout.rows[i].seq].index_k[..(pos + 1) * self.dim];
-                let qj = &q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim];
-                let wj: Vec<f32> = w[j * self.heads..(j + 1) * self.heads]
-                    .iter()
-                    .map(|x| x * head_scale)
-                    .collect();
-                let scores: Vec<f32> = keys
-                    .chunks_exact(self.dim)
-                    .map(|kt| {
-                        let mut s = 0.0f32;
-                        for (hq, &wh) in qj.chunks_exact(self.dim).zip(&wj) {
-                            s += wh * (dot(hq, kt) * qk_scale).max(0.0);
-                        }
-                        s
-                    })
-                    .collect();
-                top_k_positions(&scores, self.topk)
-            })
-            .collect();
+        // One task per row, on the compute team.
+        let sels: Vec<Vec<u32>> = team::map(need.len(), |j| {
+            let i = need[j];
+            let pos = layout.rows[i].pos;
+            let keys = &caches[layout.rows[i].seq].index_k[..(pos + 1) * self.dim];
+            let qj = &q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim];
+            let wj: Vec<f32> = w[j * self.heads..(j + 1) * self.heads]
+                .iter()
+                .map(|x| x * head_scale)
+                .collect();
+            let scores: Vec<f32> = keys
+                .chunks_exact(self.dim)
+                .map(|kt| {
+                    let mut s = 0.0f32;
+                    for (hq, &wh) in qj.chunks_exact(self.dim).zip(&wj) {
+                        s += wh * (dot(hq, kt) * qk_scale).max(0.0);
+                    }
+                    s
+                })
+                .collect();
+            top_k_positions(&scores, self.topk)
+        });
         for (&i, s) in need.iter().zip(sels) {
             out[i] = Some(s);
         }

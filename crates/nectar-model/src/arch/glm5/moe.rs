@@ -2,7 +2,7 @@
 use crate::blocks::{Linear, Loader};
 use crate::error::{Error, Result};
 use crate::observer::Observer;
-use nectar_kernels::{matmul, swiglu_in_place, MatRef};
+use nectar_kernels::{matmul, swiglu_in_place, team, MatRef};
 use nectar_residency::Residency;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -303,19 +303,17 @@ impl Moe {
                 if let Some(f) = after_reads.take() {
                     f()?;
                 }
-                // Experts (and the shared expert) are independent: computed in parallel, one
-                // task each, then placed by (row, slot) — the sums below run in a fixed order.
-                let (ys_union, sh) = rayon::join(
-                    || {
-                        union
-                            .par_iter()
-                            .map(|(e, rows)| {
-                                experts[*e as usize].forward(&gather(rows), rows.len())
-                            })
-                            .collect::<Vec<_>>()
-                    },
-                    || self.shared.forward(x, m),
-                );
+                // Experts and the shared expert are independent: computed in parallel on the
+                // compute team, one task each (the shared expert first), then placed by (row,
+                // slot) — the sums below run in a fixed order.
+                let mut ys_union = team::map(union.len() + 1, |t| match t.checked_sub(1) {
+                    None => self.shared.forward(x, m),
+                    Some(u) => {
+                        let (e, rows) = &union[u];
+                        experts[*e as usize].forward(&gather(rows), rows.len())
+                    }
+                });
+                let sh = ys_union.remove(0);
                 shared = Some(sh?);
                 for ((_, rows), y) in union.iter().zip(ys_union) {
                     scatter(rows, &y?);
