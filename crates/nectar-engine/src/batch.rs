@@ -218,6 +218,9 @@ pub struct Batch {
     rows: Vec<Row>,
     kept: PrefixCache,
     held: Vec<(u64, SeqCache)>,
+    /// The `auto` controller of the last row that finished after deciding at least once: a new
+    /// `auto` row of the same maximum depth starts from it ([`AutoGamma::carry_over`]).
+    learned: Option<AutoGamma>,
 }
 
 /// What one row runs in a step.
@@ -249,6 +252,7 @@ impl Batch {
             rows: Vec::new(),
             kept: PrefixCache::new(opts.keep_tokens),
             held: Vec::new(),
+            learned: None,
         }
     }
 
@@ -334,10 +338,14 @@ impl Batch {
                     }
                 };
                 let gamma = s.max_draft();
+                let auto = s.auto.then(|| match &self.learned {
+                    Some(a) if a.max() == gamma => a.carry_over(),
+                    _ => AutoGamma::new(gamma),
+                });
                 Some(RowSpec {
                     provider,
                     gamma,
-                    auto: s.auto.then(|| AutoGamma::new(gamma)),
+                    auto,
                     c: SpecCounters::new(gamma),
                 })
             }
@@ -409,6 +417,11 @@ impl Batch {
     fn finish(&mut self, i: usize, now: Instant) -> RowSummary {
         let mut row = self.rows.remove(i);
         let s = summary(&row, now);
+        if let Some(a) = row.spec.as_ref().and_then(|s| s.auto.as_ref()) {
+            if !a.decisions().is_empty() {
+                self.learned = Some(a.clone());
+            }
+        }
         if let Some(Provider::Mtp(d)) = row.spec.as_mut().map(|s| &mut s.provider) {
             // A row that ended inside a verified run still holds the round's chained MTP rows.
             let _ = d.observe(&mut row.cache, &[], &[]);

@@ -201,3 +201,39 @@ fn seeded_sampled_rows_in_a_batch_match_speculating_alone() {
     // And a batch run replays itself.
     assert_eq!(run_batch(&rows).0, got);
 }
+
+#[test]
+fn a_new_auto_row_starts_from_what_the_rows_before_it_learned() {
+    let b = demo();
+    let ps = prompts();
+    let mut batch = Batch::new(BatchOptions::default());
+    let admit = |batch: &mut Batch, id, p: &Vec<u32>| {
+        let r = Request::new(p.clone(), 64);
+        let state = RequestState::new(&r, &[], b.model.vocab_size(), None).unwrap();
+        let opts = RowOptions {
+            speculation: Some(mtp(3, true)),
+            ..RowOptions::default()
+        };
+        batch.admit_row(&b.model, id, state, opts).unwrap();
+    };
+    // A first row long enough for its controller to decide.
+    admit(&mut batch, 0, &ps[3]);
+    let first = loop {
+        let report = batch.step(&b.model, None).unwrap();
+        if let Some(s) = report.rows.into_iter().find_map(|r| r.summary) {
+            break s.spec;
+        }
+    };
+    assert!(!first.decisions.is_empty(), "{first:?}");
+    // The next row's first decode step asks for the depth the first row ended on (a fresh
+    // controller would ask for 3).
+    admit(&mut batch, 1, &ps[1]);
+    let mut asked = None;
+    while asked.is_none() {
+        let report = batch.step(&b.model, None).unwrap();
+        if report.spec_rows > 0 {
+            asked = Some(report.gamma_sum);
+        }
+    }
+    assert_eq!(asked, Some(first.final_gamma), "{first:?}");
+}
