@@ -607,9 +607,9 @@ pub(crate) struct Counters {
 
 /// One queued generation.
 pub(crate) struct Job {
-    /// The prepared state (batched decoding).
+    /// The prepared state (validated, its grammar compiled), admitted into the batch.
     pub(crate) state: RequestState,
-    /// The request itself (serial speculative decoding builds its own state from it).
+    /// The request itself (its prompt, for the prompt's logprobs and the usage counts).
     pub(crate) request: Request,
     /// Send the prompt's logprobs first, with this many alternatives per token.
     pub(crate) prompt_logprobs: Option<usize>,

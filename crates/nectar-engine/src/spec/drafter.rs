@@ -57,6 +57,8 @@ pub struct Proposals<'a> {
     q: Vec<Option<Distribution>>,
     /// Grammar advances made while drafting (what the drop undoes).
     advanced: usize,
+    /// The grammar's state before the round (restored on drop when it advanced).
+    saved: Option<crate::grammar::GrammarMatcher>,
     /// A pushed draft was rejected by the grammar: nothing more is taken.
     closed: bool,
 }
@@ -65,7 +67,9 @@ impl<'a> Proposals<'a> {
     /// Room for `max` drafts after the request's current tokens.
     pub(crate) fn new(state: &'a mut RequestState, max: usize) -> Proposals<'a> {
         let generated = state.budget().0;
+        let saved = state.grammar_snapshot();
         Proposals {
+            saved,
             state,
             generated,
             max,
@@ -166,8 +170,8 @@ impl Drop for Proposals<'_> {
     fn drop(&mut self) {
         let generated = self.generated;
         self.state.draft_parts().0.truncate_generated(generated);
-        // Drop cannot return the error; a failed rollback leaves the
-        // matcher in its error state, which the next mask reports.
-        let _ = self.state.grammar_rollback(self.advanced);
+        if let (true, Some(g)) = (self.advanced > 0, self.saved.take()) {
+            self.state.grammar_restore(g);
+        }
     }
 }
