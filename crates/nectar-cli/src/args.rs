@@ -849,8 +849,10 @@ pub struct ServeArgs {
     /// Stream routed experts under this memory budget (e.g. 24G). Default: experts memory-mapped.
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// MTP speculative decoding: on, off or auto. Drafting is serial: `on` needs --parallel 1;
-    /// `auto` drafts (depth chosen by measurement) with --parallel 1 and is off otherwise.
+    /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
+    /// forward verifies all rows' drafts; `auto` chooses each row's depth (0 included) from its
+    /// measured acceptance and the measured step cost, and drafts only while the row has the
+    /// step to itself.
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
     /// The Atlas the page shows (`/experts.json`, written by `nectar atlas analyze`). Default:

@@ -1,16 +1,27 @@
-//! Continuous batching: many requests decode together, one model forward per step.
+//! Continuous batching with speculative decoding: the engine's one decode driver.
 //!
-//! A [`Batch`] holds the live rows — each a [`RequestState`] (its own sampler, stops, text) and
-//! its own [`SeqCache`] — and [`Batch::step`] runs every row's pending tokens through **one**
-//! `Glm5::forward`. Rows join ([`Batch::admit`]) and leave ([`Batch::remove`], or by finishing)
-//! between steps. Because the model's expert batch-union spans every row of a forward, each
-//! routed expert a step needs is read (or found resident) once per layer, however many rows
-//! route to it.
+//! A [`Batch`] holds the live rows — each a [`RequestState`] (its own sampler, stops, text), its
+//! own [`SeqCache`] and, when it speculates, its own draft provider, depth γ and counters — and
+//! [`Batch::step`] runs every row's tokens through **one** `Glm5::forward`: prompt chunks, plain
+//! decode tokens and speculative verification runs (`[last, d1..dγ]`) side by side, ragged.
+//! Because the model's expert batch-union spans every row of a forward, each routed expert a
+//! step needs — for any row or draft position — is read (or found resident) once per layer.
+//! Rows join ([`Batch::admit`]) and leave ([`Batch::remove`], or by finishing) between steps.
+//! `nectar run` is a batch of one ([`crate::generate`] and friends are thin wrappers).
+//!
+//! A step: (1) tokens a row's grammar forces are emitted; (2) every speculating row at a
+//! decode boundary drafts up to its γ (0 allowed; `auto` chooses it per row from measured
+//! acceptance and measured step cost): prompt-lookup rows on their own, MTP rows together in
+//! one MTP forward per depth; (3) one main forward; (4) one lm-head call over every row that
+//! needs logits; (5) each row samples, or verifies its drafts ([`RequestState::verify`]) and
+//! rolls its caches back to exactly the kept rows.
 //!
 //! Row independence is what makes this safe to serve: the kernels' output for a row does not
-//! depend on how many rows share the matmul, attention runs per sequence, and the MoE sums each
-//! row's experts in a fixed order. So a row's tokens are the same whether it decodes alone or
-//! beside others (tested under greedy decoding). A long prompt is fed in chunks of at most
+//! depend on how many rows share the matmul, attention runs per sequence — and chooses its form
+//! per sequence, so a verification run of γ + 1 ≤ 4 rows stays on the absorbed path whatever
+//! prompt chunk shares the forward — and the MoE sums each row's experts in a fixed order. So a
+//! row's tokens are the same whether it decodes alone or beside others, speculating or not
+//! (tested under greedy decoding). A long prompt is fed in chunks of at most
 //! [`BatchOptions::prefill_chunk`] tokens per step, so a joining request delays the rows already
 //! decoding by one bounded step instead of its whole prefill; the chunking depends only on the
 //! row itself, never on its neighbours.
@@ -19,6 +30,11 @@ use crate::error::{Error, Result};
 use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::request::{FinishReason, Request, StopCause};
 use crate::request_state::{RequestState, Step};
+use crate::sampler::Distribution;
+use crate::spec::{
+    draft_together, row_stats, AutoGamma, Drafter, MtpDrafter, MtpRow, PromptLookup, Proposals,
+    SpecCounters, SpecStats, Speculation, Speculator,
+};
 use crate::tokenizer::Tokenizer;
 use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
 use std::time::{Duration, Instant};
@@ -48,8 +64,60 @@ impl Default for BatchOptions {
     }
 }
 
+/// How one row joins a batch ([`Batch::admit_row`]).
+#[derive(Default)]
+pub struct RowOptions {
+    /// Speculate: the provider, its depth and whether `auto` chooses the depth.
+    pub speculation: Option<Speculation>,
+    /// A caller's own draft provider (replaces the one `speculation` names; its depth and
+    /// `auto` still apply).
+    pub drafter: Option<Box<dyn Drafter + Send>>,
+    /// Start from this cache, which holds the first `cache.len()` prompt tokens (a session's
+    /// reused prefix; with MTP drafting also as many MTP rows, else the main cache is cut back
+    /// to them).
+    pub cache: Option<SeqCache>,
+    /// When the row finishes, hold its cache for [`Batch::take_cache`] instead of keeping it
+    /// for a continuing request.
+    pub hold_cache: bool,
+}
+
+impl std::fmt::Debug for RowOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowOptions")
+            .field("speculation", &self.speculation)
+            .field("drafter", &self.drafter.as_ref().map(|d| d.name()))
+            .field("cache", &self.cache.as_ref().map(SeqCache::len))
+            .field("hold_cache", &self.hold_cache)
+            .finish()
+    }
+}
+
+/// Who drafts for a row.
+enum Provider {
+    /// The model's MTP head: drafts with the other MTP rows in one forward per depth.
+    Mtp(MtpDrafter),
+    /// A per-row drafter (prompt lookup, or a caller's).
+    Own(Box<dyn Drafter + Send>),
+}
+
+/// A speculating row's drafting state.
+struct RowSpec {
+    provider: Provider,
+    gamma: usize,
+    auto: Option<AutoGamma>,
+    c: SpecCounters,
+}
+
+impl RowSpec {
+    fn mode(&self) -> &'static str {
+        match &self.provider {
+            Provider::Mtp(_) => "mtp",
+            Provider::Own(d) => d.name(),
+        }
+    }
+}
+
 /// One live request.
-#[derive(Debug)]
 struct Row {
     id: u64,
     state: RequestState,
@@ -59,6 +127,20 @@ struct Row {
     prompt_tokens: usize,
     admitted: Instant,
     first_token: Option<Instant>,
+    spec: Option<RowSpec>,
+    hold: bool,
+    /// Prompt tokens the starting cache held.
+    cached: usize,
+}
+
+impl std::fmt::Debug for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Row")
+            .field("id", &self.id)
+            .field("cache_len", &self.cache.len())
+            .field("spec", &self.spec.as_ref().map(|s| (s.mode(), s.gamma)))
+            .finish_non_exhaustive()
+    }
 }
 
 /// What one row produced in a step.
@@ -80,14 +162,20 @@ pub struct RowSummary {
     pub finish: Option<FinishReason>,
     /// The stop token or string, when `finish` is `Stop`.
     pub stop: Option<StopCause>,
-    /// Prompt tokens.
+    /// Prompt tokens (those a reused cache held included).
     pub prompt_tokens: usize,
+    /// Of those, the tokens a reused cache held (they did not run).
+    pub cached_tokens: usize,
     /// Tokens generated (a final stop token included).
     pub generated: usize,
+    /// Tokens the grammar forced (emitted without sampling).
+    pub forced_tokens: usize,
     /// From admission to the first token (queueing inside the batch and prefill).
     pub time_to_first_token: Duration,
     /// From the first token to the last.
     pub decode: Duration,
+    /// Speculation telemetry (mode `"off"` for a row that did not speculate).
+    pub spec: SpecStats,
 }
 
 impl RowSummary {
@@ -101,12 +189,24 @@ impl RowSummary {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepReport {
     /// One entry per token produced this step, in order: a row's grammar-forced tokens, then
-    /// its sampled one (a row still feeding its prompt produces none).
+    /// its sampled one, or its accepted drafts and the correction or bonus token (a row still
+    /// feeding its prompt produces none).
     pub rows: Vec<RowStep>,
     /// Rows in the forward.
     pub batch_rows: usize,
-    /// Tokens in the forward (decode rows count one; prompt chunks their length).
+    /// Tokens in the forward (decode rows count one, verification runs γ + 1; prompt chunks
+    /// their length).
     pub tokens: usize,
+    /// Rows at a decode step that could speculate (they have a provider).
+    pub spec_rows: usize,
+    /// Of those, rows that verified at least one draft.
+    pub speculating: usize,
+    /// Sum of the depth each speculation-capable decode row asked for (`auto` may ask 0).
+    pub gamma_sum: usize,
+    /// Drafts verified, and accepted.
+    pub drafted: usize,
+    /// Drafts accepted.
+    pub accepted: usize,
     /// Wall time of the step.
     pub elapsed: Duration,
 }
@@ -117,6 +217,27 @@ pub struct Batch {
     opts: BatchOptions,
     rows: Vec<Row>,
     kept: PrefixCache,
+    held: Vec<(u64, SeqCache)>,
+    /// The `auto` controller of the last row that finished after deciding at least once: a new
+    /// `auto` row of the same maximum depth starts from it ([`AutoGamma::carry_over`]).
+    learned: Option<AutoGamma>,
+}
+
+/// What one row runs in a step.
+struct Plan {
+    /// Slice of the pending input (plain rows).
+    start: usize,
+    end: usize,
+    /// The slice completes the pending input: the row samples from its last row.
+    complete: bool,
+    /// A decode step of a row with a provider (it may speculate).
+    round: bool,
+    /// Drafts asked for.
+    want: usize,
+    drafts: Vec<u32>,
+    q: Vec<Option<Distribution>>,
+    /// MTP rows this row absorbed while drafting.
+    absorbed: usize,
 }
 
 impl Batch {
@@ -130,6 +251,8 @@ impl Batch {
             },
             rows: Vec::new(),
             kept: PrefixCache::new(opts.keep_tokens),
+            held: Vec::new(),
+            learned: None,
         }
     }
 
@@ -165,7 +288,18 @@ impl Batch {
 
     /// [`Batch::admit`] for a request whose state was prepared already (validated and its
     /// grammar compiled, e.g. on a server's request thread so a bad request is refused there).
-    pub fn admit_state(&mut self, model: &Glm5, id: u64, mut state: RequestState) -> Result<()> {
+    pub fn admit_state(&mut self, model: &Glm5, id: u64, state: RequestState) -> Result<()> {
+        self.admit_row(model, id, state, RowOptions::default())
+    }
+
+    /// [`Batch::admit_state`] with the row's speculation, a starting cache, or both.
+    pub fn admit_row(
+        &mut self,
+        model: &Glm5,
+        id: u64,
+        mut state: RequestState,
+        opts: RowOptions,
+    ) -> Result<()> {
         if !state.generated().is_empty() {
             return Err(Error::Request(format!(
                 "row {id}: only a request that has not started can join a batch"
@@ -186,16 +320,56 @@ impl Batch {
                 reason: "must be at least 1".into(),
             });
         }
+        let spec = match (opts.speculation, opts.drafter) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(Error::InvalidParam {
+                    param: "draft_tokens",
+                    reason: "a drafter needs a speculation (its depth)".into(),
+                })
+            }
+            (Some(s), own) => {
+                s.validate()?;
+                let provider = match (own, s.speculator) {
+                    (Some(d), _) => Provider::Own(d),
+                    (None, Speculator::Mtp { .. }) => Provider::Mtp(MtpDrafter::new(model)?),
+                    (None, Speculator::PromptLookup { ngram, .. }) => {
+                        Provider::Own(Box::new(PromptLookup::new(ngram)))
+                    }
+                };
+                let gamma = s.max_draft();
+                let auto = s.auto.then(|| match &self.learned {
+                    Some(a) if a.max() == gamma => a.carry_over(),
+                    _ => AutoGamma::new(gamma),
+                });
+                Some(RowSpec {
+                    provider,
+                    gamma,
+                    auto,
+                    c: SpecCounters::new(gamma),
+                })
+            }
+        };
         // A request that continues a kept conversation starts from its cache (before the
         // first step the history is the prompt).
         let prompt_tokens = state.history().tokens().len();
-        let cache = match self.kept.take(state.history().tokens()) {
-            Some(c) => {
-                state.skip_cached(c.len())?;
-                c
-            }
-            None => model.new_cache(),
-        };
+        let mut cache = match opts.cache {
+            Some(c) => Some(c),
+            None => self.kept.take(state.history().tokens()),
+        }
+        .unwrap_or_else(|| model.new_cache());
+        let mtp = matches!(spec.as_ref().map(|s| &s.provider), Some(Provider::Mtp(_)));
+        if mtp {
+            // The MTP drafter absorbs the hidden of every main row past its own cache, and
+            // only a row that runs has one: the main cache goes back to the MTP rows.
+            let m = cache.mtp.len().min(cache.len());
+            cache.truncate(m);
+            cache.mtp.truncate(m);
+        }
+        let cache_len = cache.len();
+        if cache_len > 0 {
+            state.skip_cached(cache_len)?;
+        }
         self.rows.push(Row {
             id,
             state,
@@ -204,14 +378,34 @@ impl Batch {
             prompt_tokens,
             admitted: Instant::now(),
             first_token: None,
+            cached: cache_len,
+            spec,
+            hold: opts.hold_cache,
         });
         Ok(())
     }
 
     /// Takes row `id` out (a cancelled request); its totals so far, or `None` if it is not live.
     pub fn remove(&mut self, id: u64) -> Option<RowSummary> {
+        self.take(id).map(|(s, _)| s)
+    }
+
+    /// [`Batch::remove`], also returning the row's cache (holding every token fed so far).
+    pub fn take(&mut self, id: u64) -> Option<(RowSummary, SeqCache)> {
         let i = self.rows.iter().position(|r| r.id == id)?;
-        Some(summary(&self.rows.remove(i), Instant::now()))
+        let row = self.rows.remove(i);
+        Some((summary(&row, Instant::now()), row.cache))
+    }
+
+    /// Live row `id`'s cache (main layers and MTP layer).
+    pub fn cache(&self, id: u64) -> Option<&SeqCache> {
+        self.rows.iter().find(|r| r.id == id).map(|r| &r.cache)
+    }
+
+    /// The cache of finished row `id`, admitted with [`RowOptions::hold_cache`].
+    pub fn take_cache(&mut self, id: u64) -> Option<SeqCache> {
+        let i = self.held.iter().position(|(h, _)| *h == id)?;
+        Some(self.held.swap_remove(i).1)
     }
 
     /// Kept conversations and what they saved.
@@ -221,8 +415,21 @@ impl Batch {
 
     /// A finished row leaves: its totals, and its cache kept for a continuing request.
     fn finish(&mut self, i: usize, now: Instant) -> RowSummary {
-        let row = self.rows.remove(i);
+        let mut row = self.rows.remove(i);
         let s = summary(&row, now);
+        if let Some(a) = row.spec.as_ref().and_then(|s| s.auto.as_ref()) {
+            if !a.decisions().is_empty() {
+                self.learned = Some(a.clone());
+            }
+        }
+        if let Some(Provider::Mtp(d)) = row.spec.as_mut().map(|s| &mut s.provider) {
+            // A row that ended inside a verified run still holds the round's chained MTP rows.
+            let _ = d.observe(&mut row.cache, &[], &[]);
+        }
+        if row.hold {
+            self.held.push((row.id, row.cache));
+            return s;
+        }
         let n = row.cache.len();
         if let Some(tokens) = row.state.history().tokens().get(..n) {
             self.kept.put(tokens.to_vec(), row.prompt_tokens, row.cache);
@@ -237,20 +444,23 @@ impl Batch {
     }
 
     /// Runs one forward over every live row and advances each: a row still inside its prompt
-    /// feeds its next chunk; every other row samples its next token. Finished rows leave the
-    /// batch and report their totals. A model error fails the whole step (the caller should
-    /// [`Batch::clear`] and fail those requests: their caches may be half-written).
+    /// feeds its next chunk; a speculating row verifies its drafts; every other row samples
+    /// its next token. Finished rows leave the batch and report their totals. A model error
+    /// fails the whole step (the caller should [`Batch::clear`] and fail those requests: their
+    /// caches may be half-written).
     pub fn step(&mut self, model: &Glm5, tokenizer: Option<&Tokenizer>) -> Result<StepReport> {
         let t0 = Instant::now();
         let chunk = self.opts.prefill_chunk;
         // Tokens a row's grammar forces are emitted now and join its pending input, so this
         // step's forward runs them with the last sampled token (a row inside its prompt is not
-        // at a token boundary and forces nothing yet).
+        // at a token boundary and forces nothing yet). Such a row does not draft this step.
         let mut rows_out = Vec::new();
+        let mut forced_ids = Vec::new();
         for row in &mut self.rows {
             if row.fed_in_input == 0 {
                 for step in row.state.fast_forward(tokenizer)? {
                     row.first_token.get_or_insert(t0);
+                    forced_ids.push(row.id);
                     rows_out.push(RowStep {
                         id: row.id,
                         step,
@@ -267,77 +477,265 @@ impl Batch {
                 }
             }
         }
+        let mut report = StepReport {
+            rows: rows_out,
+            batch_rows: self.rows.len(),
+            tokens: 0,
+            spec_rows: 0,
+            speculating: 0,
+            gamma_sum: 0,
+            drafted: 0,
+            accepted: 0,
+            elapsed: Duration::ZERO,
+        };
         if self.rows.is_empty() {
-            return Ok(StepReport {
-                rows: rows_out,
-                batch_rows: 0,
-                tokens: 0,
-                elapsed: t0.elapsed(),
-            });
+            report.elapsed = t0.elapsed();
+            return Ok(report);
         }
-        // Which slice of each row's pending input runs now, and whether it completes it.
-        let mut plan: Vec<(usize, usize, bool)> = Vec::with_capacity(self.rows.len());
+        // What each row runs: a prompt chunk, its pending tokens, or a speculative round.
+        let mut plans: Vec<Plan> = Vec::with_capacity(self.rows.len());
+        // `auto` drafts only for a row that has the step to itself. In a shared step a row's
+        // drafts add rows whose cost every other row pays, which its own controller cannot
+        // see (measured on the demo: `auto` at --parallel 4 and 8 ran at 0.76× and 0.40× of
+        // `off`, RESULTS); `on` still drafts in any batch.
+        let shared = self.rows.len() > 1;
         for row in &self.rows {
             let pending = row.state.pending_input().ok_or_else(|| {
                 Error::Request(format!("row {} finished but is still live", row.id))
             })?;
             let start = row.fed_in_input;
             let end = (start + chunk).min(pending.len());
-            plan.push((start, end, end == pending.len()));
+            let round = row.spec.is_some()
+                && start == 0
+                && pending.len() == 1
+                && !row.state.generated().is_empty()
+                && !forced_ids.contains(&row.id);
+            let want = match (&row.spec, round) {
+                (Some(s), true) => {
+                    let (generated, max_tokens) = row.state.budget();
+                    // Drafts past `max_tokens` could never be kept.
+                    let room = max_tokens.saturating_sub(generated + 1);
+                    match &s.auto {
+                        Some(_) if shared => 0,
+                        Some(a) => a.next(),
+                        None => s.gamma,
+                    }
+                    .min(room)
+                }
+                _ => 0,
+            };
+            plans.push(Plan {
+                start,
+                end,
+                complete: end == pending.len(),
+                round,
+                want,
+                drafts: Vec::new(),
+                q: Vec::new(),
+                absorbed: 0,
+            });
         }
-        let hd = model.hidden_size();
+        let prefill_in_step = plans.iter().any(|p| !p.round && p.end - p.start > 1);
+        // Drafting: per-row providers on their own, MTP rows together.
+        let td = Instant::now();
+        let mut absorb_secs = 0.0;
+        {
+            let mut mtp_rows = Vec::new();
+            let mut mtp_plans = Vec::new();
+            for (row, plan) in self.rows.iter_mut().zip(plans.iter_mut()) {
+                if plan.want == 0 {
+                    continue;
+                }
+                let Row {
+                    state, cache, spec, ..
+                } = row;
+                let Some(spec) = spec.as_mut() else { continue };
+                let mut proposals = Proposals::new(state, plan.want);
+                match &mut spec.provider {
+                    Provider::Own(d) => {
+                        d.draft(model, cache, &mut proposals)?;
+                        (plan.drafts, plan.q) = proposals.finish();
+                    }
+                    Provider::Mtp(d) => {
+                        mtp_rows.push(MtpRow {
+                            drafter: d,
+                            cache,
+                            proposals,
+                        });
+                        mtp_plans.push(plan);
+                    }
+                }
+            }
+            if !mtp_rows.is_empty() {
+                let ta = Instant::now();
+                let absorbed = draft_together(model, &mut mtp_rows)?;
+                absorb_secs = ta.elapsed().as_secs_f64();
+                for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed) {
+                    (plan.drafts, plan.q) = r.proposals.finish();
+                    plan.absorbed = n;
+                }
+            }
+        }
+        let draft_secs = td.elapsed().as_secs_f64();
+        // Each row's input: a verification run `[last, drafts…]`, or its pending slice.
+        let inputs: Vec<Vec<u32>> = self
+            .rows
+            .iter()
+            .zip(&plans)
+            .map(|(row, p)| {
+                let pending = row.state.pending_input().unwrap_or_default();
+                if p.round {
+                    let mut v = Vec::with_capacity(p.drafts.len() + 1);
+                    v.push(pending[0]);
+                    v.extend_from_slice(&p.drafts);
+                    v
+                } else {
+                    pending[p.start..p.end].to_vec()
+                }
+            })
+            .collect();
+        let starts: Vec<usize> = self.rows.iter().map(|r| r.cache.len()).collect();
+        let tv = Instant::now();
         let hidden = {
             let mut steps: Vec<SeqStep<'_>> = self
                 .rows
                 .iter_mut()
-                .zip(&plan)
-                .map(|(row, &(start, end, _))| SeqStep {
-                    // `pending_input` is `Some` for every row (checked above).
-                    tokens: &row.state.pending_input().unwrap_or_default()[start..end],
+                .zip(&inputs)
+                .map(|(row, tokens)| SeqStep {
+                    tokens,
                     cache: &mut row.cache,
                 })
                 .collect();
             model.forward(&mut steps, &mut NoObserver)?
         };
-        // The last hidden row of each row that completed its input, batched into one lm_head.
-        let mut last_rows = Vec::new();
+        let hd = model.hidden_size();
+        // Logits, in one lm-head call: every row of a verification run, the last row of each
+        // completed input.
+        let mut logit_rows = Vec::new();
         let mut offset = 0;
-        for &(start, end, complete) in &plan {
-            offset += end - start;
-            if complete {
-                last_rows.extend_from_slice(&hidden[(offset - 1) * hd..offset * hd]);
+        let mut spans = Vec::with_capacity(plans.len());
+        for (p, input) in plans.iter().zip(&inputs) {
+            let n = input.len();
+            spans.push(offset);
+            if p.round {
+                logit_rows.extend_from_slice(&hidden[offset * hd..(offset + n) * hd]);
+            } else if p.complete {
+                logit_rows.extend_from_slice(&hidden[(offset + n - 1) * hd..(offset + n) * hd]);
             }
+            offset += n;
         }
-        let logits = if last_rows.is_empty() {
+        report.tokens = offset;
+        let logits = if logit_rows.is_empty() {
             Vec::new()
         } else {
-            model.logits(&last_rows)?
+            model.logits(&logit_rows)?
         };
         let vocab = model.vocab_size();
         let now = Instant::now();
-        let mut report = StepReport {
-            rows: rows_out,
-            batch_rows: self.rows.len(),
-            tokens: offset,
-            elapsed: Duration::ZERO,
+        let mut next_logits = 0;
+        let mut take_logits = |rows: usize| -> Result<&[f32]> {
+            let l = logits
+                .get(next_logits * vocab..(next_logits + rows) * vocab)
+                .ok_or_else(|| Error::Request("fewer logits rows than inputs".into()))?;
+            next_logits += rows;
+            Ok(l)
         };
-        let mut next_logits = logits.chunks_exact(vocab);
-        for (row, &(_, end, complete)) in self.rows.iter_mut().zip(&plan) {
-            if !complete {
-                row.fed_in_input = end;
+        let mut rounds = Vec::new();
+        let rows = self.rows.iter_mut().zip(&plans).zip(&inputs).zip(&spans);
+        for (i, (((row, p), input), &off)) in rows.enumerate() {
+            let h = &hidden[off * hd..(off + input.len()) * hd];
+            if p.round {
+                // Verify the drafts, keep the longest accepted prefix plus one, roll back.
+                let l = take_logits(input.len())?;
+                let v = row.state.verify(l, &p.drafts, &p.q, tokenizer)?;
+                let n = starts[i];
+                let kept = v.steps.len();
+                row.cache.truncate(n + kept);
+                let next: Vec<u32> = v.steps.iter().map(|s| s.token).collect();
+                observe(row, &h[..kept * hd], &next)?;
+                let tokens = row.state.history().tokens().len();
+                if row.cache.len() != n + kept || tokens != n + kept + 1 {
+                    return Err(Error::Speculation(format!(
+                        "after keeping {kept} rows from {n}, the main cache holds {} rows and \
+                         the request {tokens} tokens",
+                        row.cache.len()
+                    )));
+                }
+                row.first_token.get_or_insert(now);
+                rounds.push((row.id, p.want, p.drafts.len(), v.accepted, p.absorbed));
+                for step in v.steps {
+                    report.rows.push(RowStep {
+                        id: row.id,
+                        step,
+                        summary: None,
+                    });
+                }
+                continue;
+            }
+            if !p.complete {
+                // A prompt chunk: the drafter sees its rows (the next token of each is known).
+                row.fed_in_input = p.end;
+                let pending = row.state.pending_input().unwrap_or_default();
+                let next = pending[p.start + 1..=p.end].to_vec();
+                observe(row, h, &next)?;
                 continue;
             }
             row.fed_in_input = 0;
-            let l = next_logits
-                .next()
-                .ok_or_else(|| Error::Request("fewer logits rows than completed inputs".into()))?;
+            let l = take_logits(1)?;
             let step = row.state.on_logits(l, None, tokenizer)?;
+            if row.state.finished().is_none() {
+                let mut next = input[1..].to_vec();
+                next.push(step.token);
+                observe(row, h, &next)?;
+            }
+            if let Some(s) = row.spec.as_mut().filter(|_| row.first_token.is_some()) {
+                // A decode step that could not speculate (forced tokens) still counts.
+                s.c.main_forwards += 1;
+            }
             row.first_token.get_or_insert(now);
             report.rows.push(RowStep {
                 id: row.id,
                 step,
                 summary: None,
             });
+        }
+        // The speculating rows' counters and `auto` controllers. Every row pays the whole
+        // step: what drafting (its own, and the experts its drafts add to the step's union)
+        // costs is what the step's time measures.
+        let step_secs = now.duration_since(t0).as_secs_f64();
+        let verify_secs = now.duration_since(tv).as_secs_f64();
+        let total_absorbed: usize = rounds.iter().map(|r| r.4).sum();
+        for (id, want, drafted, accepted, absorbed) in rounds {
+            report.spec_rows += 1;
+            report.speculating += usize::from(drafted > 0);
+            report.gamma_sum += want;
+            report.drafted += drafted;
+            report.accepted += accepted;
+            let Some(row) = self.rows.iter_mut().find(|r| r.id == id) else {
+                continue;
+            };
+            let generated = row.state.budget().0;
+            let Some(s) = row.spec.as_mut() else { continue };
+            s.c.round(want, drafted, accepted);
+            s.c.draft_secs += draft_secs;
+            s.c.verify_secs += verify_secs;
+            let share = if total_absorbed > 0 {
+                absorb_secs * absorbed as f64 / total_absorbed as f64
+            } else {
+                0.0
+            };
+            // A step that also ran a prompt chunk, or other rows, says nothing about this row's
+            // decode cost.
+            if let (Some(a), false, false) = (s.auto.as_mut(), prefill_in_step, shared) {
+                a.record(
+                    drafted,
+                    accepted,
+                    step_secs - absorb_secs,
+                    absorbed,
+                    share,
+                    generated,
+                );
+            }
         }
         // Finished rows leave, with their totals.
         for rs in &mut report.rows {
@@ -352,14 +750,52 @@ impl Batch {
     }
 }
 
+/// The drafter of a speculating row sees the rows the main model kept: hiddens and the token
+/// after each.
+fn observe(row: &mut Row, hidden: &[f32], next: &[u32]) -> Result<()> {
+    match row.spec.as_mut().map(|s| &mut s.provider) {
+        Some(Provider::Mtp(d)) => d.observe(&mut row.cache, hidden, next),
+        Some(Provider::Own(d)) => d.observe(&mut row.cache, hidden, next),
+        None => Ok(()),
+    }
+}
+
 fn summary(row: &Row, now: Instant) -> RowSummary {
     let first = row.first_token.unwrap_or(now);
+    let generated = row.state.generated().len();
+    let decode = now.duration_since(first);
+    let total = now.duration_since(row.admitted);
+    let spec = match &row.spec {
+        Some(s) => {
+            let mut st = row_stats(
+                s.mode(),
+                s.auto.as_ref(),
+                s.gamma,
+                &s.c,
+                generated,
+                total.as_secs_f64(),
+                decode.as_secs_f64(),
+            );
+            if let Provider::Mtp(d) = &s.provider {
+                st.draft_forwards = d.forwards();
+            }
+            st
+        }
+        None => SpecStats::plain(
+            generated,
+            generated as f64 / total.as_secs_f64().max(1e-9),
+            generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
+        ),
+    };
     RowSummary {
         finish: row.state.finished(),
         stop: row.state.stop_cause().cloned(),
         prompt_tokens: row.prompt_tokens,
-        generated: row.state.generated().len(),
+        cached_tokens: row.cached,
+        generated,
+        forced_tokens: row.state.forced_tokens(),
         time_to_first_token: first.duration_since(row.admitted),
-        decode: now.duration_since(first),
+        decode,
+        spec,
     }
 }

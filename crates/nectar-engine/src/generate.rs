@@ -1,18 +1,19 @@
-//! The serial driver: one request, prefill then one decode step at a time.
+//! One request to its end: a batch of one.
 //!
-//! This is what `nectar run` uses. All per-request logic (sampling, stops,
-//! text) lives in [`RequestState`]; the driver only runs the model: one
-//! `Glm5::forward` per step on the request's own cache, and the logits of
-//! the last row.
+//! There is one decode driver, [`Batch`]; these functions admit a single
+//! row (with its speculation, if any, and a starting cache, if any), step
+//! the batch until the row finishes and collect what it produced. This is
+//! what `nectar run`, sessions, examples and tests use.
 
+use crate::batch::{Batch, BatchOptions, RowOptions};
 use crate::bundle::ModelBundle;
 use crate::error::Result;
 use crate::request::{FinishReason, Request, StopCause};
 use crate::request_state::{RequestState, Step};
 use crate::sampler::Logprobs;
-use crate::spec::SpecStats;
+use crate::spec::{SpecStats, Speculation};
 use crate::tokenizer::Tokenizer;
-use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
+use nectar_model::{Glm5, SeqCache};
 use std::time::{Duration, Instant};
 
 /// What one generation produced and how long it took.
@@ -41,9 +42,8 @@ pub struct Generation {
     pub prefill: Duration,
     /// Time for the remaining decode steps.
     pub decode: Duration,
-    /// Speculation telemetry, from [`crate::generate_speculative`] (which
-    /// reports plain decoding too, as `"off"`); `None` from the plain
-    /// drivers.
+    /// Speculation telemetry (plain decoding reports mode `"off"`); `None`
+    /// when nothing ran (`max_tokens` 0).
     pub spec: Option<SpecStats>,
 }
 
@@ -76,11 +76,22 @@ pub fn generate(
     request: &Request,
     on_step: impl FnMut(&Step) -> Result<bool>,
 ) -> Result<Generation> {
-    generate_with(
+    generate_spec(bundle, request, None, on_step)
+}
+
+/// [`generate`] with speculation `spec` (`None`: plain decoding).
+pub fn generate_spec(
+    bundle: &ModelBundle,
+    request: &Request,
+    spec: Option<&Speculation>,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    generate_speculative(
         &bundle.model,
         bundle.tokenizer.as_ref(),
         &bundle.stop_ids,
         request,
+        spec,
         on_step,
     )
 }
@@ -94,8 +105,7 @@ pub fn generate_with(
     request: &Request,
     on_step: impl FnMut(&Step) -> Result<bool>,
 ) -> Result<Generation> {
-    let mut cache = model.new_cache();
-    generate_cached(model, tokenizer, stop_ids, request, &mut cache, on_step)
+    generate_speculative(model, tokenizer, stop_ids, request, None, on_step)
 }
 
 /// [`generate_with`] continuing from `cache`, which holds the first
@@ -109,10 +119,66 @@ pub fn generate_cached(
     stop_ids: &[u32],
     request: &Request,
     cache: &mut SeqCache,
-    mut on_step: impl FnMut(&Step) -> Result<bool>,
+    on_step: impl FnMut(&Step) -> Result<bool>,
 ) -> Result<Generation> {
-    let mut state = RequestState::new(request, stop_ids, model.vocab_size(), tokenizer)?;
-    state.skip_cached(cache.len())?;
+    generate_speculative_cached(model, tokenizer, stop_ids, request, None, cache, on_step)
+}
+
+/// [`generate_with`] with speculation `spec` (`None`: plain decoding).
+pub fn generate_speculative(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    spec: Option<&Speculation>,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    let mut cache = model.new_cache();
+    generate_speculative_cached(
+        model, tokenizer, stop_ids, request, spec, &mut cache, on_step,
+    )
+}
+
+/// [`generate_speculative`] continuing from `cache` (see [`generate_cached`];
+/// with MTP drafting the main cache is cut back to the MTP cache's rows). On
+/// return the cache holds every token but the last generated one (on error it
+/// may have been emptied).
+pub fn generate_speculative_cached(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    spec: Option<&Speculation>,
+    cache: &mut SeqCache,
+    on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<Generation> {
+    let opts = RowOptions {
+        speculation: spec.copied(),
+        cache: Some(std::mem::take(cache)),
+        ..RowOptions::default()
+    };
+    let (g, c) = generate_row(model, tokenizer, stop_ids, request, opts, on_step)?;
+    *cache = c;
+    Ok(g)
+}
+
+/// Runs `request` as the only row of a [`Batch`] admitted with `opts`, to its
+/// end; returns what it produced and its cache. `on_step` sees every output
+/// token and returns `false` to cancel: the request then ends at that token,
+/// as it would have in plain decoding, whatever the rest of the step's
+/// tokens were.
+pub fn generate_row(
+    model: &Glm5,
+    tokenizer: Option<&Tokenizer>,
+    stop_ids: &[u32],
+    request: &Request,
+    mut opts: RowOptions,
+    mut on_step: impl FnMut(&Step) -> Result<bool>,
+) -> Result<(Generation, SeqCache)> {
+    if let Some(s) = &opts.speculation {
+        s.validate()?;
+    }
+    let state = RequestState::new(request, stop_ids, model.vocab_size(), tokenizer)?;
     let mut out = Generation {
         tokens: Vec::new(),
         text: String::new(),
@@ -120,66 +186,71 @@ pub fn generate_cached(
         finish: FinishReason::Length,
         stop: None,
         seed: state.sampler().seed(),
-        prompt_tokens: request.prompt_ids.len() - cache.len(),
+        prompt_tokens: 0,
         forced_tokens: 0,
         prefill: Duration::ZERO,
         decode: Duration::ZERO,
         spec: None,
     };
-    let hd = model.hidden_size();
+    if state.finished().is_some() {
+        // Nothing to generate (`max_tokens` 0): nothing runs.
+        let cache = opts.cache.take().unwrap_or_else(|| model.new_cache());
+        return Ok((out, cache));
+    }
+    opts.hold_cache = true;
+    // The whole prompt in one forward, as a lone request has no one to wait for.
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 1,
+        prefill_chunk: usize::MAX,
+        keep_tokens: 0,
+    });
+    batch.admit_row(model, 0, state, opts)?;
     let t0 = Instant::now();
     let mut t1 = None;
-    loop {
-        // Forced tokens first: they join the pending input, so the forward
-        // below runs them together with the last sampled token.
-        let forced = state.fast_forward(tokenizer)?;
-        if !report(&mut out, &mut state, forced, &mut on_step)? {
-            break;
-        }
-        let Some(input) = state.pending_input() else {
-            break;
-        };
-        let h = model.forward(
-            &mut [SeqStep {
-                cache: &mut *cache,
-                tokens: input,
-            }],
-            &mut NoObserver,
-        )?;
-        let logits = model.logits(&h[h.len() - hd..])?;
-        let step = state.on_logits(&logits, None, tokenizer)?;
+    let mut summary = None;
+    // Set when the consumer cancels before the step's last token or before the end.
+    let mut cut = false;
+    'run: while summary.is_none() {
+        let report = batch.step(model, tokenizer)?;
         if t1.is_none() {
             out.prefill = t0.elapsed();
             t1 = Some(Instant::now());
         }
-        report(&mut out, &mut state, vec![step], &mut on_step)?;
-    }
-    out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
-    out.forced_tokens = state.forced_tokens();
-    out.finish = state.finished().unwrap_or(FinishReason::Length);
-    out.stop = state.stop_cause().cloned();
-    Ok(out)
-}
-
-/// Adds `steps` to `out` and shows them to `on_step`; a `false` from it
-/// cancels the request and drops the steps after it. Returns whether to go
-/// on.
-fn report(
-    out: &mut Generation,
-    state: &mut RequestState,
-    steps: Vec<Step>,
-    on_step: &mut impl FnMut(&Step) -> Result<bool>,
-) -> Result<bool> {
-    for step in steps {
-        out.tokens.push(step.token);
-        out.text += &step.text;
-        out.logprobs.extend(step.logprobs.iter().cloned());
-        if !on_step(&step)? {
-            state.cancel();
-            return Ok(false);
+        let n = report.rows.len();
+        for (i, rs) in report.rows.into_iter().enumerate() {
+            out.tokens.push(rs.step.token);
+            out.text += &rs.step.text;
+            out.logprobs.extend(rs.step.logprobs.iter().cloned());
+            let last = rs.summary.is_some();
+            summary = summary.or(rs.summary);
+            if !on_step(&rs.step)? {
+                cut = i + 1 < n || !last;
+                break 'run;
+            }
         }
     }
-    Ok(true)
+    out.decode = t1.map_or(Duration::ZERO, |t| t.elapsed());
+    let (s, cache) = match batch.take(0) {
+        Some(x) => x,
+        None => match (summary, batch.take_cache(0)) {
+            (Some(s), Some(c)) => (s, c),
+            _ => {
+                return Err(crate::error::Error::Request(
+                    "the row left the batch without its totals".into(),
+                ))
+            }
+        },
+    };
+    out.prompt_tokens = s.prompt_tokens - s.cached_tokens;
+    out.forced_tokens = s.forced_tokens;
+    if cut {
+        out.finish = FinishReason::Cancelled;
+    } else {
+        out.finish = s.finish.unwrap_or(FinishReason::Length);
+        out.stop = s.stop.clone();
+    }
+    out.spec = Some(s.spec);
+    Ok((out, cache))
 }
 
 /// Greedy ids-only generation from `prompt` until an id of `stop_ids` or

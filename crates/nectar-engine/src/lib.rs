@@ -5,11 +5,10 @@
 //! (tokenizer); it chooses each next token (sampler), decides when to stop
 //! (stop ids and stop strings) and turns generated ids back into text as
 //! they arrive (stream decoder). A request is a [`RequestState`] stepped by
-//! a driver: [`generate`] runs one request serially; a [`Batch`] steps
-//! many together, one row each, in one forward per step (continuous
-//! batching). Speculative decoding ([`SpecDecoder`],
-//! [`generate_speculative`]: MTP or prompt-lookup drafts, verified in one
-//! batched forward) lives here too, and so do sessions ([`Session`]: caches
+//! the one decode driver, a [`Batch`]: many requests together, one row each,
+//! in one forward per step (continuous batching), each row speculating on its
+//! own if asked (MTP or prompt-lookup drafts, verified in the same forward as
+//! the other rows' tokens); [`generate`] is a batch of one. Sessions ([`Session`]: caches
 //! kept between turns with prefix reuse, saved and restored crash-safely)
 //! and structured output ([`GrammarSpec`] on a [`Request`]: JSON schema,
 //! JSON object, regex or Lark grammar, through `llguidance`). GLM's output
@@ -47,11 +46,16 @@ pub use strftime::rfc3339;
 mod tokenizer;
 mod usage_log;
 
-pub use batch::{Batch, BatchOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK};
+pub use batch::{
+    Batch, BatchOptions, RowOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK,
+};
 pub use bundle::{budget_for_this_process, ModelBundle};
 pub use chat_template::ChatTemplate;
 pub use error::{Error, Result};
-pub use generate::{generate, generate_cached, generate_greedy, generate_with, Generation};
+pub use generate::{
+    generate, generate_cached, generate_greedy, generate_row, generate_spec, generate_speculative,
+    generate_speculative_cached, generate_with, Generation,
+};
 pub use grammar::{GrammarCompiler, GrammarMatcher, GrammarSpec};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use request::{FinishReason, Request, StopCause};
@@ -65,8 +69,7 @@ pub use session::{
     ModelIdentity, Reuse, Session, SessionError, SessionFormat,
 };
 pub use spec::{
-    generate_spec, generate_speculative, generate_speculative_cached, lookup, verify_draft,
-    AutoDecision, AutoGamma, Drafter, MtpDrafter, PromptLookup, Proposals, Round, SpecDecoder,
+    lookup, verify_draft, AutoDecision, AutoGamma, Drafter, MtpDrafter, PromptLookup, Proposals,
     SpecStats, Speculation, Speculator, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};

@@ -5,8 +5,8 @@
 //! matcher. A driver asks it which tokens to run next
 //! ([`RequestState::pending_input`]), runs them through the model, and hands
 //! back the last row's logits ([`RequestState::on_logits`]). Nothing here
-//! touches the model, so the same state serves the serial driver and a
-//! batching scheduler that steps many requests, one row each.
+//! touches the model: the batch ([`crate::Batch`], the one decode driver)
+//! steps many states, one row each.
 //!
 //! Structured output: with a grammar ([`Request::grammar`]) the state owns
 //! its matcher. Every row is sampled under the grammar's mask, every emitted
@@ -236,7 +236,7 @@ impl RequestState {
     }
 
     /// Advances the grammar over a draft; stop tokens are not consumed.
-    /// Returns whether it advanced (what [`Self::grammar_rollback`] undoes).
+    /// Returns whether it advanced (what [`Self::grammar_restore`] undoes).
     pub(crate) fn grammar_advance(&mut self, token: u32) -> Result<bool> {
         match self.grammar.as_mut() {
             Some(g) if self.stop_ids.binary_search(&token).is_err() => {
@@ -247,12 +247,15 @@ impl RequestState {
         }
     }
 
-    /// Undoes `n` draft advances.
-    pub(crate) fn grammar_rollback(&mut self, n: usize) -> Result<()> {
-        match self.grammar.as_mut() {
-            Some(g) if n > 0 => g.rollback(n),
-            _ => Ok(()),
-        }
+    /// A copy of the grammar's state before drafting (`None` without a grammar).
+    pub(crate) fn grammar_snapshot(&self) -> Option<GrammarMatcher> {
+        self.grammar.as_ref().map(GrammarMatcher::snapshot)
+    }
+
+    /// Returns the grammar to a state saved by [`Self::grammar_snapshot`] (undoes the draft
+    /// advances; a rollback would fail on grammars with `max_tokens`/`stop` lexemes).
+    pub(crate) fn grammar_restore(&mut self, saved: GrammarMatcher) {
+        self.grammar = Some(saved);
     }
 
     /// Tokens emitted without sampling because the grammar forced them.

@@ -4,7 +4,8 @@
 //! for bit.
 
 use nectar_engine::{
-    argmax, Drafter, ModelBundle, MtpDrafter, Proposals, Request, Result, SpecDecoder,
+    argmax, Batch, BatchOptions, Drafter, ModelBundle, Proposals, Request, RequestState, Result,
+    RowOptions, Speculation, Speculator,
 };
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqCache, SeqStep};
 use std::path::Path;
@@ -117,23 +118,45 @@ fn same_prefix(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(bits(got), bits(&want[..got.len()]), "{what}");
 }
 
-/// Runs the decoder to the end, checking the caches and the next logits
-/// after every round; returns the (drafted, accepted) of each round.
-fn check_rounds(dec: &mut SpecDecoder<'_>, r: &Reference, mtp: bool) -> Vec<(usize, usize)> {
+/// A batch of one row speculating with `drafter` (`None`: the MTP head) at depth `gamma`.
+fn batch_of_one(gamma: usize, drafter: Option<Box<dyn Drafter + Send>>) -> Batch {
+    let model = model();
+    let mut batch = Batch::new(BatchOptions {
+        prefill_chunk: usize::MAX,
+        ..BatchOptions::default()
+    });
+    let req = Request::new(PROMPT.to_vec(), TOKENS);
+    let state = RequestState::new(&req, &[], model.vocab_size(), None).unwrap();
+    let opts = RowOptions {
+        speculation: Some(Speculation {
+            speculator: Speculator::Mtp { gamma },
+            auto: false,
+        }),
+        drafter,
+        ..RowOptions::default()
+    };
+    batch.admit_row(model, 0, state, opts).unwrap();
+    batch
+}
+
+/// Steps the batch to the end, checking the caches and the next logits
+/// after every step; returns the (drafted, accepted) of each step.
+fn check_rounds(batch: &mut Batch, r: &Reference, mtp: bool) -> Vec<(usize, usize)> {
     let model = model();
     let mut rounds = Vec::new();
-    let mut generated = 0;
-    while !dec.finished() {
-        let before = dec.cache().len();
-        let round = dec.round().unwrap();
-        generated += round.steps.len();
-        rounds.push((round.drafted, round.accepted));
-        let gen = &r.tokens[..generated];
-        assert_eq!(dec.state().generated(), gen);
-        if dec.finished() {
+    let mut gen = Vec::new();
+    loop {
+        let before = batch.cache(0).unwrap().len();
+        let report = batch.step(model, None).unwrap();
+        let finished = report.rows.iter().any(|s| s.summary.is_some());
+        gen.extend(report.rows.iter().map(|s| s.step.token));
+        rounds.push((report.drafted, report.accepted));
+        let generated = gen.len();
+        assert_eq!(gen, &r.tokens[..generated]);
+        if finished {
             break;
         }
-        let c = dec.cache();
+        let c = batch.cache(0).unwrap();
         // Exactly the fed tokens: the prompt and every output token but the last.
         assert_eq!(c.len(), PROMPT.len() + generated - 1);
         for (l, (got, want)) in c.layers.iter().zip(&r.cache.layers).enumerate() {
@@ -141,7 +164,7 @@ fn check_rounds(dec: &mut SpecDecoder<'_>, r: &Reference, mtp: bool) -> Vec<(usi
             same_prefix(&got.k_pe, &want.k_pe, &format!("layer {l} k_pe"));
             same_prefix(&got.index_k, &want.index_k, &format!("layer {l} index_k"));
         }
-        if mtp && round.drafted > 0 {
+        if mtp && report.drafted > 0 {
             // The chained rows are gone; the kept rows wait to be absorbed.
             assert_eq!(c.mtp.len(), before, "MTP cache after the round");
             same_prefix(&c.mtp.latent, &r.cache.mtp.latent, "MTP latent");
@@ -164,7 +187,7 @@ fn check_rounds(dec: &mut SpecDecoder<'_>, r: &Reference, mtp: bool) -> Vec<(usi
         same_prefix(&logits, &r.logits[generated], "next logits");
         assert_eq!(logits.len(), r.logits[generated].len());
     }
-    assert_eq!(dec.state().generated(), &r.tokens[..]);
+    assert_eq!(gen, r.tokens);
     rounds
 }
 
@@ -178,18 +201,8 @@ fn rollback_after_zero_and_partial_acceptance_is_exact() {
             prompt: PROMPT.len(),
             right,
         };
-        let req = Request::new(PROMPT.to_vec(), TOKENS);
-        let mut dec = SpecDecoder::new(
-            model,
-            None,
-            &[],
-            &req,
-            Some(Box::new(drafter)),
-            gamma,
-            false,
-        )
-        .unwrap();
-        let rounds = check_rounds(&mut dec, &r, false);
+        let mut batch = batch_of_one(gamma, Some(Box::new(drafter)));
+        let rounds = check_rounds(&mut batch, &r, false);
         // Every drafting round accepted exactly `right` (or all it could).
         for &(drafted, accepted) in &rounds[1..] {
             assert_eq!(accepted, right.min(drafted), "γ={gamma} right={right}");
@@ -203,19 +216,8 @@ fn mtp_cache_rollback_is_exact() {
     let model = model();
     let r = reference(model, PROMPT, TOKENS);
     for gamma in 1..=3 {
-        let req = Request::new(PROMPT.to_vec(), TOKENS);
-        let drafter = MtpDrafter::new(model).unwrap();
-        let mut dec = SpecDecoder::new(
-            model,
-            None,
-            &[],
-            &req,
-            Some(Box::new(drafter)),
-            gamma,
-            false,
-        )
-        .unwrap();
-        let rounds = check_rounds(&mut dec, &r, true);
+        let mut batch = batch_of_one(gamma, None);
+        let rounds = check_rounds(&mut batch, &r, true);
         if gamma >= 2 {
             // Both kinds of rollback happened on the way.
             assert!(

@@ -430,12 +430,19 @@ pub struct BackendStats {
     pub session_hits: u64,
     /// Prompt tokens those requests did not run again.
     pub session_reused_tokens: u64,
-    /// MTP drafts checked by the main model (serial speculative decoding).
+    /// Drafts checked by the main model (speculation inside the batch).
     pub mtp_drafted: u64,
-    /// MTP drafts accepted.
+    /// Drafts accepted.
     pub mtp_accepted: u64,
-    /// Main-model forwards after prefill while speculating (each verifies a round or decodes).
+    /// Batch steps with at least one row at a decode step that could speculate.
     pub mtp_forwards: u64,
+    /// Such rows, summed over steps.
+    pub mtp_rows: u64,
+    /// Of those, rows that verified at least one draft (the others ran γ = 0: `auto`'s choice,
+    /// or no draft was found).
+    pub mtp_speculating: u64,
+    /// The depth those rows asked for, summed (`mtp_gamma / mtp_rows` is the mean γ in force).
+    pub mtp_gamma: u64,
     /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
     pub residency: Option<Value>,
 }
@@ -589,6 +596,9 @@ pub(crate) struct Counters {
     pub(crate) mtp_drafted: AtomicU64,
     pub(crate) mtp_accepted: AtomicU64,
     pub(crate) mtp_forwards: AtomicU64,
+    pub(crate) mtp_rows: AtomicU64,
+    pub(crate) mtp_speculating: AtomicU64,
+    pub(crate) mtp_gamma: AtomicU64,
     pub(crate) sessions: AtomicUsize,
     pub(crate) session_tokens: AtomicUsize,
     pub(crate) session_hits: AtomicU64,
@@ -597,9 +607,9 @@ pub(crate) struct Counters {
 
 /// One queued generation.
 pub(crate) struct Job {
-    /// The prepared state (batched decoding).
+    /// The prepared state (validated, its grammar compiled), admitted into the batch.
     pub(crate) state: RequestState,
-    /// The request itself (serial speculative decoding builds its own state from it).
+    /// The request itself (its prompt, for the prompt's logprobs and the usage counts).
     pub(crate) request: Request,
     /// Send the prompt's logprobs first, with this many alternatives per token.
     pub(crate) prompt_logprobs: Option<usize>,
@@ -874,6 +884,9 @@ impl Backend for EngineBackend {
             mtp_drafted: get(&n.mtp_drafted),
             mtp_accepted: get(&n.mtp_accepted),
             mtp_forwards: get(&n.mtp_forwards),
+            mtp_rows: get(&n.mtp_rows),
+            mtp_speculating: get(&n.mtp_speculating),
+            mtp_gamma: get(&n.mtp_gamma),
             sessions: n.sessions.load(Ordering::Relaxed),
             session_tokens: n.session_tokens.load(Ordering::Relaxed),
             session_hits: get(&n.session_hits),

@@ -126,6 +126,7 @@ pub async fn stats(State(state): State<AppState>) -> Response {
         LoadState::Loading => "loading",
         LoadState::Failed(_) => "failed",
     };
+    let ratio = |a: u64, b: u64| if b > 0 { a as f64 / b as f64 } else { 0.0 };
     let tok_s = if b.busy_seconds > 0.0 {
         b.generated_tokens as f64 / b.busy_seconds
     } else {
@@ -167,6 +168,10 @@ pub async fn stats(State(state): State<AppState>) -> Response {
             "accepted": b.mtp_accepted,
             "acceptance_rate": if b.mtp_drafted > 0 { b.mtp_accepted as f64 / b.mtp_drafted as f64 } else { 0.0 },
             "main_forwards": b.mtp_forwards,
+            "decode_rows": b.mtp_rows,
+            "speculating_rows": b.mtp_speculating,
+            "mean_speculating_rows": ratio(b.mtp_speculating, b.mtp_forwards),
+            "mean_gamma": ratio(b.mtp_gamma, b.mtp_rows),
         },
         "sessions": {
             "kept": b.sessions,

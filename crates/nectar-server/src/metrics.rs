@@ -109,7 +109,7 @@ const GAUGES: [(&str, &str); 12] = [
 ];
 
 /// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
-const COUNTERS: [(&str, &str); 11] = [
+const COUNTERS: [(&str, &str); 14] = [
     (
         "generations",
         "Generations that ran to a finish (cancelled ones included).",
@@ -133,11 +133,23 @@ const COUNTERS: [(&str, &str); 11] = [
         "session_reused_tokens",
         "Prompt tokens not run again because a request continued a kept conversation.",
     ),
-    ("mtp_drafted", "MTP drafts checked by the main model."),
-    ("mtp_accepted", "MTP drafts accepted."),
+    ("mtp_drafted", "Drafts checked by the main model."),
+    ("mtp_accepted", "Drafts accepted."),
     (
         "mtp_main_forwards",
-        "Main-model forwards after prefill while speculating.",
+        "Batch steps with a row at a decode step that could speculate.",
+    ),
+    (
+        "mtp_decode_rows",
+        "Rows at a decode step that could speculate, summed over steps.",
+    ),
+    (
+        "mtp_speculating_rows",
+        "Of those, rows that verified drafts (the rest ran plain: auto chose 0 or no draft).",
+    ),
+    (
+        "mtp_gamma",
+        "Draft depth those rows asked for, summed (gamma / decode_rows = mean depth).",
     ),
 ];
 
@@ -383,6 +395,9 @@ impl Metrics {
             backend.mtp_drafted,
             backend.mtp_accepted,
             backend.mtp_forwards,
+            backend.mtp_rows,
+            backend.mtp_speculating,
+            backend.mtp_gamma,
         ];
         for (c, v) in self.counters.iter().zip(counters) {
             mirror(c, v);

@@ -4,7 +4,7 @@
 
 use crate::backend::{Backend, EngineBackend, EngineOptions, LoadState};
 use crate::state::{AppState, ServerConfig};
-use nectar_engine::{Speculation, Speculator, DEFAULT_DRAFT_TOKENS};
+use nectar_engine::{Speculation, Speculator, DEFAULT_DRAFT_TOKENS, MAX_DRAFT};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,8 +33,9 @@ pub struct ServeOptions {
     pub memory_budget: Option<u64>,
     /// Requests decoded together (continuous batching when above 1).
     pub parallel: usize,
-    /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts; serial, so only with
-    /// `parallel == 1`; `auto` falls back to off on a model without an MTP head).
+    /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts for every row inside the
+    /// batch step; `auto` chooses each row's depth and falls back to off on a model without an
+    /// MTP head).
     pub mtp: String,
     /// Requests that may wait for the model.
     pub queue_capacity: usize,
@@ -94,13 +95,18 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         queue_capacity: opts.queue_capacity,
         threads: opts.threads,
         parallel: opts.parallel,
-        // MTP drafting is serial: `auto` means off when rows are batched.
+        // `on` drafts at the depth measured best on the demo model; `auto` chooses each row's
+        // depth up to the most (as `nectar run` does).
         speculation: match opts.mtp.as_str() {
-            "on" | "auto" if opts.parallel <= 1 => Some(Speculation {
+            "on" => Some(Speculation {
                 speculator: Speculator::Mtp {
                     gamma: DEFAULT_DRAFT_TOKENS,
                 },
-                auto: opts.mtp == "auto",
+                auto: false,
+            }),
+            "auto" => Some(Speculation {
+                speculator: Speculator::Mtp { gamma: MAX_DRAFT },
+                auto: true,
             }),
             _ => None,
         },

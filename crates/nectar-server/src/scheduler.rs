@@ -1,13 +1,13 @@
 //! The model thread: loads the model, then serves the queue.
 //!
-//! Two schedules, chosen at start:
-//! - **Continuous batching** (the default): up to `parallel` requests live in one
-//!   `nectar_engine::Batch`; every step admits waiting requests while there is room, drops rows
-//!   whose client went away, and runs one forward over all live rows (so each routed expert is
-//!   read once per layer per step, whatever the number of rows that use it). Rows stream their
-//!   deltas as they are produced and leave when finished.
-//! - **Serial speculative decoding** (`--mtp on|auto`, `parallel == 1`): one request at a time
-//!   through `generate_speculative`, the MTP head drafting and the main model verifying.
+//! One schedule, continuous batching: up to `parallel` requests live in one
+//! `nectar_engine::Batch`; every step admits waiting requests while there is room, drops rows
+//! whose client went away, and runs one forward over all live rows (so each routed expert is
+//! read once per layer per step, whatever the number of rows that use it). With `--mtp on|auto`
+//! every row speculates inside that step: the MTP head drafts for all rows in one forward per
+//! depth and the main forward verifies every row's drafts beside the other rows' tokens (`auto`
+//! chooses each row's depth, 0 included). Rows stream their deltas as they are produced and
+//! leave when finished.
 //!
 //! A panic inside a step is a bug; it fails the requests of that step and nothing else: the
 //! thread keeps serving.
@@ -18,8 +18,8 @@ use crate::backend::{
 };
 use crate::guard::MemoryGuard;
 use nectar_engine::{
-    generate_spec, Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, Request,
-    RowSummary, Speculation, Step, StopCause, Tokenizer, UsageLog, LEDGER_FILE,
+    Batch, BatchOptions, FinishReason as EngineFinish, ModelBundle, RowOptions, RowSummary,
+    Speculation, Step, StopCause, Tokenizer, UsageLog, LEDGER_FILE,
 };
 use nectar_model::{NoObserver, SeqStep};
 use serde_json::Value;
@@ -68,10 +68,6 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
 /// `on` without one is a load error.
 fn resolve_speculation(opts: &EngineOptions, has_mtp: bool) -> Result<Option<Speculation>, String> {
     match opts.speculation {
-        Some(_) if opts.parallel > 1 => Err(format!(
-            "MTP speculative decoding runs one request at a time; it cannot serve --parallel {}",
-            opts.parallel
-        )),
         Some(s) if !has_mtp && s.auto => Ok(None),
         Some(_) if !has_mtp => Err("--mtp on, but the model has no MTP layer".into()),
         other => Ok(other),
@@ -191,18 +187,18 @@ pub(crate) fn model_thread(
     );
     let mut usage = Ledger::new(&bundle);
     let mut guard = MemoryGuard::new(&bundle, opts.memory_budget);
-    match spec {
-        Some(spec) => serve_speculative(&bundle, &spec, &shared, &rx, &mut usage, &mut guard),
-        None => serve_batched(
-            &bundle,
-            opts.parallel.max(1),
+    serve_batched(
+        &bundle,
+        Schedule {
+            parallel: opts.parallel.max(1),
             ctx,
-            &shared,
-            &rx,
-            &mut usage,
-            &mut guard,
-        ),
-    }
+            spec,
+        },
+        &shared,
+        &rx,
+        &mut usage,
+        &mut guard,
+    );
     usage.close(&bundle);
 }
 
@@ -320,11 +316,18 @@ struct Client {
     sink: UnboundedSender<GenEvent>,
 }
 
+/// How the batch runs: its rows, the tokens kept for continuing conversations, every row's
+/// speculation.
+struct Schedule {
+    parallel: usize,
+    ctx: usize,
+    spec: Option<Speculation>,
+}
+
 /// Continuous batching (see the module docs).
 fn serve_batched(
     bundle: &ModelBundle,
-    parallel: usize,
-    ctx: usize,
+    sched: Schedule,
     shared: &Shared,
     rx: &Receiver<Job>,
     usage: &mut Ledger,
@@ -336,8 +339,8 @@ fn serve_batched(
     // Finished conversations are kept up to one context's worth of tokens (the memory plan
     // reserves one sequence beyond the rows for them).
     let mut batch = Batch::new(BatchOptions {
-        max_rows: parallel,
-        keep_tokens: ctx,
+        max_rows: sched.parallel,
+        keep_tokens: sched.ctx,
         ..BatchOptions::default()
     });
     let mut clients: HashMap<u64, Client> = HashMap::new();
@@ -361,7 +364,14 @@ fn serve_batched(
                     }
                     let id = next_id;
                     next_id += 1;
-                    admit(bundle, &mut batch, &mut clients, id, job, shared);
+                    admit(
+                        bundle,
+                        &mut batch,
+                        &mut clients,
+                        (id, sched.spec),
+                        job,
+                        shared,
+                    );
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -432,6 +442,19 @@ fn serve_batched(
             .fetch_add(report.batch_rows as u64, Ordering::Relaxed);
         n.busy_nanos
             .fetch_add(report.elapsed.as_nanos() as u64, Ordering::Relaxed);
+        if report.spec_rows > 0 {
+            n.mtp_forwards.fetch_add(1, Ordering::Relaxed);
+            n.mtp_drafted
+                .fetch_add(report.drafted as u64, Ordering::Relaxed);
+            n.mtp_accepted
+                .fetch_add(report.accepted as u64, Ordering::Relaxed);
+            n.mtp_rows
+                .fetch_add(report.spec_rows as u64, Ordering::Relaxed);
+            n.mtp_speculating
+                .fetch_add(report.speculating as u64, Ordering::Relaxed);
+            n.mtp_gamma
+                .fetch_add(report.gamma_sum as u64, Ordering::Relaxed);
+        }
         n.generated_tokens
             .fetch_add(report.rows.len() as u64, Ordering::Relaxed);
         if !report.rows.is_empty() {
@@ -469,12 +492,13 @@ fn serve_batched(
     }
 }
 
-/// Puts a job into the batch, or answers it at once (cancelled while queued, or refused).
+/// Puts a job into the batch as row `id` speculating with `spec`, or answers it at once
+/// (cancelled while queued, or refused).
 fn admit(
     bundle: &ModelBundle,
     batch: &mut Batch,
     clients: &mut HashMap<u64, Client>,
-    id: u64,
+    (id, spec): (u64, Option<Speculation>),
     job: Job,
     shared: &Shared,
 ) {
@@ -500,7 +524,11 @@ fn admit(
         return;
     }
     let admitted = catch_unwind(AssertUnwindSafe(|| {
-        batch.admit_state(&bundle.model, id, job.state)
+        let opts = RowOptions {
+            speculation: spec,
+            ..RowOptions::default()
+        };
+        batch.admit_row(&bundle.model, id, job.state, opts)
     }));
     match admitted {
         Ok(Ok(())) => {
@@ -634,110 +662,4 @@ fn token_logprob(tok: Option<&Tokenizer>, id: u32, lp: &nectar_engine::Logprobs)
         logprob: lp.logprob,
         top: lp.top.iter().map(|&(i, l)| (i, text(i), l)).collect(),
     }
-}
-
-/// Serial speculative decoding: one request at a time (see the module docs).
-fn serve_speculative(
-    bundle: &ModelBundle,
-    spec: &Speculation,
-    shared: &Shared,
-    rx: &Receiver<Job>,
-    usage: &mut Ledger,
-    guard: &mut MemoryGuard,
-) {
-    let n = &shared.n;
-    while let Ok(job) = recv_idle(rx, guard, bundle, shared) {
-        shared.queued.fetch_sub(1, Ordering::SeqCst);
-        shared.observatory.turn_start();
-        n.active.store(1, Ordering::SeqCst);
-        let sink = job.sink.clone();
-        let cancel = job.cancel.clone();
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            run_speculative(bundle, spec, job, shared, guard)
-        }));
-        n.active.store(0, Ordering::SeqCst);
-        let event = match outcome {
-            Ok(Ok(finish)) => {
-                n.completed.fetch_add(1, Ordering::Relaxed);
-                if finish.reason == FinishReason::Cancelled || cancel.is_cancelled() {
-                    n.cancelled.fetch_add(1, Ordering::Relaxed);
-                }
-                GenEvent::Finish(finish)
-            }
-            Ok(Err(e)) => {
-                n.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error(e)
-            }
-            Err(_) => {
-                n.failed.fetch_add(1, Ordering::Relaxed);
-                GenEvent::Error(Failure::internal("generation panicked"))
-            }
-        };
-        // The receiver may be gone (client left); nothing to do then.
-        let _ = sink.send(event);
-        usage.tick(bundle);
-        repin(bundle);
-    }
-}
-
-/// Runs one request with speculation, streaming deltas; returns the finish or the cause of a
-/// failure.
-fn run_speculative(
-    bundle: &ModelBundle,
-    spec: &Speculation,
-    job: Job,
-    shared: &Shared,
-    guard: &mut MemoryGuard,
-) -> Result<Finish, Failure> {
-    let n = &shared.n;
-    let request: &Request = &job.request;
-    let prompt_tokens = request.prompt_ids.len();
-    if job.cancel.is_cancelled() {
-        return Ok(Finish {
-            reason: FinishReason::Cancelled,
-            usage: Usage {
-                prompt_tokens,
-                completion_tokens: 0,
-            },
-            decode_tok_s: 0.0,
-        });
-    }
-    send_prompt_logprobs(bundle, &job)?;
-    let gen = generate_spec(bundle, request, Some(spec), |step| {
-        // After each step every expert lease is released: the memory guard's safe point.
-        guard.check(bundle)?;
-        shared.observatory.step(&bundle.model.expert_usage());
-        if !send_step(bundle, &job.sink, step) {
-            job.cancel.cancel();
-        }
-        Ok(!job.cancel.is_cancelled())
-    })
-    .map_err(|e| Failure::of_engine(&e))?;
-    // The last forward (a verification whose tokens were all emitted) is counted too.
-    shared.observatory.step(&bundle.model.expert_usage());
-    let reason = finish_reason(Some(gen.finish), gen.stop.clone());
-    n.prompt_tokens
-        .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-    n.generated_tokens
-        .fetch_add(gen.tokens.len() as u64, Ordering::Relaxed);
-    let busy: Duration = gen.prefill + gen.decode;
-    n.busy_nanos
-        .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
-    if let Some(s) = &gen.spec {
-        n.mtp_drafted.fetch_add(s.drafted as u64, Ordering::Relaxed);
-        n.mtp_accepted
-            .fetch_add(s.accepted as u64, Ordering::Relaxed);
-        n.mtp_forwards
-            .fetch_add(s.main_forwards as u64, Ordering::Relaxed);
-    }
-    let tok_s = gen.decode_tok_s();
-    n.last_tok_s_bits.store(tok_s.to_bits(), Ordering::Relaxed);
-    Ok(Finish {
-        reason,
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens: gen.tokens.len(),
-        },
-        decode_tok_s: tok_s,
-    })
 }

@@ -1,7 +1,7 @@
 //! `nectar serve`: the OpenAI- and Anthropic-compatible HTTP server over one model.
 //!
-//! Flags are checked here and refused when the server cannot honour them (`--mtp on` with
-//! `--parallel` > 1: MTP drafting is serial), rather than accepted and silently ignored.
+//! Flags are checked here and refused when the server cannot honour them, rather than accepted
+//! and silently ignored.
 use crate::args::ServeArgs;
 use crate::demo::model_dir;
 use anyhow::{bail, Result};
@@ -15,13 +15,6 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
     let dir = model_dir(a.model)?;
     if a.parallel == 0 {
         bail!("--parallel must be at least 1");
-    }
-    if a.mtp == "on" && a.parallel > 1 {
-        bail!(
-            "--mtp on drafts for one request at a time; it cannot serve --parallel {} (use \
-             --parallel 1 for MTP, or --mtp auto/off to batch rows)",
-            a.parallel
-        );
     }
     if a.ctx_size == Some(0) {
         bail!("--ctx-size must be at least 1");

@@ -26,6 +26,16 @@ impl std::fmt::Debug for GrammarMatcher {
 }
 
 impl GrammarMatcher {
+    /// An independent copy of the parser state, to return to after drafting: llguidance cannot
+    /// roll back grammars with `max_tokens`/`stop` lexemes (forced tool calls have them).
+    pub(crate) fn snapshot(&self) -> GrammarMatcher {
+        GrammarMatcher {
+            inner: self.inner.deep_clone(),
+            vocab_size: self.vocab_size,
+            param: self.param,
+        }
+    }
+
     pub(crate) fn new(
         parser: TokenParser,
         vocab_size: usize,

@@ -28,10 +28,11 @@ pub use prefix::Reuse;
 
 use crate::bundle::ModelBundle;
 use crate::error::Result;
+use crate::generate::generate_speculative_cached;
 use crate::generate::Generation;
 use crate::request::Request;
 use crate::request_state::Step;
-use crate::spec::{generate_speculative_cached, Speculation, Speculator};
+use crate::spec::{Speculation, Speculator};
 use crate::tokenizer::Tokenizer;
 use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
 use std::path::Path;

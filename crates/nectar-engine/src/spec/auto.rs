@@ -113,6 +113,25 @@ impl AutoGamma {
             .unwrap_or(self.current)
     }
 
+    /// The largest depth it chooses from.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// A controller for a new request that starts from what this one measured (its
+    /// acceptance, its costs, its choice), with no decisions of its own yet. Requests are often
+    /// shorter than a few windows; a batch hands each new row what the rows before it learned
+    /// instead of starting every one at γ_max.
+    pub fn carry_over(&self) -> AutoGamma {
+        AutoGamma {
+            round: 0,
+            window: WINDOW,
+            rounds: 0,
+            decisions: Vec::new(),
+            ..self.clone()
+        }
+    }
+
     /// The depth currently chosen.
     pub fn current(&self) -> usize {
         self.current
@@ -309,6 +328,18 @@ mod tests {
         assert_eq!(a.current(), 3, "{:?}", a.decisions());
         assert_eq!(a.decisions().len(), 1);
         assert_eq!(a.decisions()[0].windows, 3);
+    }
+
+    #[test]
+    fn a_carried_over_controller_keeps_the_choice_and_starts_a_full_window() {
+        let a = simulate(0.5, |g| 1e-3 * (1.0 + g as f64), 3);
+        assert_eq!(a.current(), 0);
+        let b = a.carry_over();
+        assert_eq!(b.current(), 0);
+        assert!(b.decisions().is_empty());
+        // A fresh controller starts at γ_max; the carried one at the learned choice.
+        assert_eq!(AutoGamma::new(3).next(), 3);
+        assert_eq!(b.next(), 0);
     }
 
     #[test]

@@ -6,10 +6,12 @@ use crate::sampler::Distribution;
 use nectar_model::{Glm5, SeqCache};
 
 /// A source of draft tokens for one request. Exactly one drafter owns a
-/// request for its whole life; the driver ([`crate::SpecDecoder`]) asks it
-/// for drafts, verifies them with the main model and tells it which rows
-/// were kept. Implementations: [`crate::MtpDrafter`] (the model's own MTP
-/// head) and [`crate::PromptLookup`] (n-gram matches in the context).
+/// request for its whole life; the driver ([`crate::Batch`]) asks it for
+/// drafts, verifies them with the main model and tells it which rows were
+/// kept. Implementations: [`crate::PromptLookup`] (n-gram matches in the
+/// context) and any drafter a caller brings ([`crate::RowOptions::drafter`]).
+/// The model's own MTP head ([`crate::MtpDrafter`]) is not one: its rows draft
+/// together in one MTP forward per depth, which a per-row trait cannot do.
 pub trait Drafter {
     /// Short name for telemetry (`"mtp"`, `"prompt-lookup"`).
     fn name(&self) -> &'static str;
@@ -23,13 +25,6 @@ pub trait Drafter {
     /// speculative state it built while drafting the round.
     fn observe(&mut self, cache: &mut SeqCache, hidden: &[f32], next: &[u32]) -> Result<()>;
 
-    /// Work to do before drafting, timed apart from drafting (the MTP
-    /// drafter runs its layer over the rows observed since the last round).
-    /// Returns how many rows it processed.
-    fn prepare(&mut self, _model: &Glm5, _cache: &mut SeqCache) -> Result<usize> {
-        Ok(0)
-    }
-
     /// Proposes up to `proposals.max()` tokens to follow
     /// `proposals.context()`, each through [`Proposals::sample`] or
     /// [`Proposals::push`]. Proposing fewer, or none, is allowed.
@@ -39,11 +34,6 @@ pub trait Drafter {
         cache: &mut SeqCache,
         proposals: &mut Proposals<'_>,
     ) -> Result<()>;
-
-    /// Forwards of a draft model so far (0 for model-free drafters).
-    fn forwards(&self) -> usize {
-        0
-    }
 }
 
 /// The drafts of one round, as a drafter proposes them.
@@ -67,6 +57,8 @@ pub struct Proposals<'a> {
     q: Vec<Option<Distribution>>,
     /// Grammar advances made while drafting (what the drop undoes).
     advanced: usize,
+    /// The grammar's state before the round (restored on drop when it advanced).
+    saved: Option<crate::grammar::GrammarMatcher>,
     /// A pushed draft was rejected by the grammar: nothing more is taken.
     closed: bool,
 }
@@ -75,7 +67,9 @@ impl<'a> Proposals<'a> {
     /// Room for `max` drafts after the request's current tokens.
     pub(crate) fn new(state: &'a mut RequestState, max: usize) -> Proposals<'a> {
         let generated = state.budget().0;
+        let saved = state.grammar_snapshot();
         Proposals {
+            saved,
             state,
             generated,
             max,
@@ -176,8 +170,8 @@ impl Drop for Proposals<'_> {
     fn drop(&mut self) {
         let generated = self.generated;
         self.state.draft_parts().0.truncate_generated(generated);
-        // Drop cannot return the error; a failed rollback leaves the
-        // matcher in its error state, which the next mask reports.
-        let _ = self.state.grammar_rollback(self.advanced);
+        if let (true, Some(g)) = (self.advanced > 0, self.saved.take()) {
+            self.state.grammar_restore(g);
+        }
     }
 }

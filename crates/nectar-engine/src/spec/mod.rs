@@ -1,13 +1,14 @@
-//! Speculative decoding (serial): draft several tokens cheaply, verify them
-//! with the main model in one batched forward, keep the longest prefix the
-//! target agrees with.
+//! Speculative decoding: draft several tokens cheaply, verify them with the
+//! main model in one forward, keep the longest prefix the target agrees with.
 //!
 //! Two providers, exactly one per request ([`Speculator`]): the model's own
 //! MTP head ([`MtpDrafter`]) and prompt lookup ([`PromptLookup`], n-gram
-//! matches in the context, model-free). Both go through the same driver
-//! ([`SpecDecoder`]): verification ([`crate::RequestState::verify`], standard
-//! rejection sampling, exact match when greedy), exact rollback of the main
-//! cache, and the drafter told which rows were kept.
+//! matches in the context, model-free). The driver is the batch
+//! ([`crate::Batch`]): each row has its own provider, depth and rollback, and
+//! one main forward verifies every row's drafts beside the other rows'
+//! tokens; this module holds the pieces it uses — verification
+//! ([`crate::RequestState::verify`], standard rejection sampling, exact match
+//! when greedy), the MTP drafting of many rows at once, `auto`, telemetry.
 //!
 //! Guarantees: greedy output is token-identical to plain decoding (the
 //! verify rows' logits are bit-identical to single-token decoding because
@@ -19,21 +20,19 @@
 //! measured acceptance and measured round costs, γ = 0 being plain decoding.
 
 mod auto;
-mod decoder;
 mod drafter;
 mod lookup;
 mod mtp;
-mod run;
 mod stats;
 mod verify;
 
 pub use auto::{AutoDecision, AutoGamma, WINDOW as AUTO_WINDOW};
-pub use decoder::{Round, SpecDecoder};
 pub use drafter::{Drafter, Proposals};
 pub use lookup::{lookup, PromptLookup};
 pub use mtp::MtpDrafter;
-pub use run::{generate_spec, generate_speculative, generate_speculative_cached};
+pub(crate) use mtp::{draft_together, MtpRow};
 pub use stats::SpecStats;
+pub(crate) use stats::{row_stats, SpecCounters};
 pub use verify::{verify_draft, Verdict};
 
 use crate::error::{Error, Result};
@@ -97,7 +96,7 @@ impl Speculation {
                 reason: "must be at least 1 (turn speculation off instead)".into(),
             });
         }
-        decoder::check_gamma(g)?;
+        check_gamma(g)?;
         if let Speculator::PromptLookup { ngram: 0, .. } = self.speculator {
             return Err(Error::InvalidParam {
                 param: "prompt_lookup",
@@ -106,4 +105,21 @@ impl Speculation {
         }
         Ok(())
     }
+}
+
+/// γ + 1 verification rows must stay within the attention's single-token
+/// (absorbed) path, whose rows are bit-identical to plain decoding
+/// (`MlaMode::Auto` switches to the reconstructed form above 4 rows of one
+/// sequence).
+fn check_gamma(gamma: usize) -> Result<()> {
+    if gamma > MAX_DRAFT {
+        return Err(Error::InvalidParam {
+            param: "draft_tokens",
+            reason: format!(
+                "{gamma} drafts per round; at most {MAX_DRAFT} (verification must stay on the \
+                 single-token attention path so output is unchanged)"
+            ),
+        });
+    }
+    Ok(())
 }

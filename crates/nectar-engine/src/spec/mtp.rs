@@ -21,7 +21,9 @@
 //! prompt, or rows left by `auto`'s plain stretches) take the
 //! reconstructed form, exactly as a prefill does.
 
-use super::drafter::{Drafter, Proposals};
+#[cfg(doc)]
+use super::drafter::Drafter;
+use super::drafter::Proposals;
 use crate::error::{Error, Result};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqCache};
 
@@ -76,12 +78,15 @@ impl MtpDrafter {
     }
 }
 
-impl Drafter for MtpDrafter {
-    fn name(&self) -> &'static str {
-        "mtp"
-    }
-
-    fn observe(&mut self, cache: &mut SeqCache, hidden: &[f32], next: &[u32]) -> Result<()> {
+impl MtpDrafter {
+    /// The main model kept these rows (see [`Drafter::observe`]): the round's chained rows leave
+    /// the MTP cache, the kept rows wait to be absorbed.
+    pub(crate) fn observe(
+        &mut self,
+        cache: &mut SeqCache,
+        hidden: &[f32],
+        next: &[u32],
+    ) -> Result<()> {
         if let Some(start) = self.round_start.take() {
             cache.mtp.truncate(start);
         }
@@ -98,61 +103,106 @@ impl Drafter for MtpDrafter {
         self.check(cache, "after verification")
     }
 
-    fn prepare(&mut self, model: &Glm5, cache: &mut SeqCache) -> Result<usize> {
-        let rows = self.pending();
-        if rows == 0 {
-            return Ok(0);
-        }
-        self.check(cache, "before absorbing")?;
-        let hm = model.mtp_forward(
-            &mut [MtpStep {
-                cache,
-                hidden: &self.pending_h,
-                next_tokens: &self.pending_next,
-            }],
-            &mut NoObserver,
-        )?;
-        self.forwards += 1;
-        self.last = Some(hm[hm.len() - self.hd..].to_vec());
-        self.pending_h.clear();
-        self.pending_next.clear();
-        Ok(rows)
+    /// MTP forwards this drafter took part in.
+    pub(crate) fn forwards(&self) -> usize {
+        self.forwards
     }
+}
 
-    fn draft(
-        &mut self,
-        model: &Glm5,
-        cache: &mut SeqCache,
-        proposals: &mut Proposals<'_>,
-    ) -> Result<()> {
-        self.prepare(model, cache)?;
-        self.check(cache, "before drafting")?;
-        let Some(mut h) = self.last.clone() else {
+/// One speculating row of a batch step: its drafter, its caches and the proposals to fill.
+pub(crate) struct MtpRow<'r, 's> {
+    pub drafter: &'r mut MtpDrafter,
+    pub cache: &'r mut SeqCache,
+    pub proposals: Proposals<'s>,
+}
+
+/// Drafts for every row together: one MTP forward absorbs every row's waiting rows (ragged),
+/// then per draft depth one MTP-logits call over the rows still drafting and one chained MTP
+/// forward, so the MTP layer's experts are read once per depth, not once per row. Returns
+/// the rows each row absorbed.
+pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Result<Vec<usize>> {
+    let hd = model.hidden_size();
+    let absorbed: Vec<usize> = rows.iter().map(|r| r.drafter.pending()).collect();
+    for r in rows.iter() {
+        r.drafter.check(r.cache, "before absorbing")?;
+    }
+    if absorbed.iter().any(|&n| n > 0) {
+        let hm = {
+            let mut steps: Vec<MtpStep<'_>> = rows
+                .iter_mut()
+                .filter(|r| r.drafter.pending() > 0)
+                .map(|r| MtpStep {
+                    cache: &mut *r.cache,
+                    hidden: &r.drafter.pending_h,
+                    next_tokens: &r.drafter.pending_next,
+                })
+                .collect();
+            model.mtp_forward(&mut steps, &mut NoObserver)?
+        };
+        let mut end = 0;
+        for (r, &n) in rows.iter_mut().zip(&absorbed) {
+            if n == 0 {
+                continue;
+            }
+            end += n;
+            r.drafter.last = Some(hm[(end - 1) * hd..end * hd].to_vec());
+            r.drafter.forwards += 1;
+            r.drafter.pending_h.clear();
+            r.drafter.pending_next.clear();
+        }
+    }
+    let mut h = Vec::with_capacity(rows.len());
+    for r in rows.iter_mut() {
+        r.drafter.check(r.cache, "before drafting")?;
+        let Some(last) = r.drafter.last.clone() else {
             return Err(Error::Speculation(
                 "MTP drafting before any row was observed".into(),
             ));
         };
-        self.round_start = Some(cache.mtp.len());
-        for j in 0..proposals.max() {
-            if j > 0 {
-                let prev = proposals.context()[proposals.context().len() - 1];
-                h = model.mtp_forward(
-                    &mut [MtpStep {
-                        cache,
-                        hidden: &h,
-                        next_tokens: &[prev],
-                    }],
-                    &mut NoObserver,
-                )?;
-                self.forwards += 1;
-            }
-            let logits = model.mtp_logits(&h)?;
-            proposals.sample(&logits)?;
+        h.push(last);
+        r.drafter.round_start = Some(r.cache.mtp.len());
+    }
+    let depth = rows.iter().map(|r| r.proposals.max()).max().unwrap_or(0);
+    for j in 0..depth {
+        let active: Vec<usize> = (0..rows.len())
+            .filter(|&i| j < rows[i].proposals.max())
+            .collect();
+        if active.is_empty() {
+            break;
         }
-        Ok(())
+        if j > 0 {
+            // Each active row's next chained row: its previous MTP hidden and its last draft.
+            let prev: Vec<u32> = active
+                .iter()
+                .map(|&i| *rows[i].proposals.context().last().unwrap_or(&0))
+                .collect();
+            let out = {
+                let mut steps: Vec<MtpStep<'_>> = rows
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| active.contains(i))
+                    .zip(&prev)
+                    .map(|((i, r), t)| MtpStep {
+                        cache: &mut *r.cache,
+                        hidden: &h[i],
+                        next_tokens: std::slice::from_ref(t),
+                    })
+                    .collect();
+                model.mtp_forward(&mut steps, &mut NoObserver)?
+            };
+            for (k, &i) in active.iter().enumerate() {
+                h[i] = out[k * hd..(k + 1) * hd].to_vec();
+                rows[i].drafter.forwards += 1;
+            }
+        }
+        let cat: Vec<f32> = active.iter().flat_map(|&i| h[i].iter().copied()).collect();
+        let logits = model.mtp_logits(&cat)?;
+        let vocab = logits.len() / active.len();
+        for (k, &i) in active.iter().enumerate() {
+            rows[i]
+                .proposals
+                .sample(&logits[k * vocab..(k + 1) * vocab])?;
+        }
     }
-
-    fn forwards(&self) -> usize {
-        self.forwards
-    }
+    Ok(absorbed)
 }

@@ -12,9 +12,10 @@ use serde::Serialize;
 pub struct SpecStats {
     /// `"off"`, `"mtp"` or `"prompt-lookup"` — what actually ran.
     pub mode: &'static str,
-    /// How speculation was scheduled: `"serial"` (one request, drafts then
-    /// verification) or `"off"`. A scheduler that cannot speculate must say
-    /// `"off"` here rather than claim a mode it silently dropped.
+    /// How speculation was scheduled: `"batch"` (drafts verified inside the
+    /// batch step, beside the other rows) or `"off"`. A scheduler that cannot
+    /// speculate must say `"off"` here rather than claim a mode it silently
+    /// dropped.
     pub schedule: &'static str,
     /// True when `auto` chose the depth.
     pub auto: bool,
@@ -49,6 +50,8 @@ pub struct SpecStats {
     pub draft_seconds: f64,
     /// Seconds spent in main forwards, logits and verification.
     pub verify_seconds: f64,
+    /// Mean drafts asked for per decode step (the γ in force on average; `auto` moves it).
+    pub mean_gamma: f64,
     /// End to end: generated tokens over prefill plus decode time.
     pub tok_s: f64,
     /// Decode only: tokens after the first over the decode time.
@@ -79,9 +82,101 @@ impl SpecStats {
             draft_forwards: 0,
             draft_seconds: 0.0,
             verify_seconds: 0.0,
+            mean_gamma: 0.0,
             tok_s,
             decode_tok_s,
             decisions: Vec::new(),
         }
+    }
+}
+
+/// A speculating row's running counts, turned into [`SpecStats`] when it ends.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SpecCounters {
+    /// Main forwards (batch steps) the row took part in after its prefill.
+    pub main_forwards: usize,
+    /// Steps that verified at least one of the row's drafts.
+    pub spec_rounds: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Per draft depth j: j-th drafts checked, and accepted.
+    pub tried_at: Vec<usize>,
+    pub accepted_at: Vec<usize>,
+    /// MTP forwards the row took part in (absorption and chained drafting).
+    pub draft_forwards: usize,
+    pub draft_secs: f64,
+    pub verify_secs: f64,
+    /// Sum of the depth asked for at each decode step (its mean is the γ in force).
+    pub gamma_sum: usize,
+}
+
+impl SpecCounters {
+    pub fn new(gamma: usize) -> SpecCounters {
+        SpecCounters {
+            tried_at: vec![0; gamma],
+            accepted_at: vec![0; gamma],
+            ..SpecCounters::default()
+        }
+    }
+
+    /// One decode step that asked for `want` drafts, verified `drafted` and accepted `accepted`.
+    pub fn round(&mut self, want: usize, drafted: usize, accepted: usize) {
+        self.main_forwards += 1;
+        self.gamma_sum += want;
+        self.spec_rounds += usize::from(drafted > 0);
+        self.drafted += drafted;
+        self.accepted += accepted;
+        for j in 0..drafted.min(accepted + 1).min(self.tried_at.len()) {
+            self.tried_at[j] += 1;
+            self.accepted_at[j] += usize::from(j < accepted);
+        }
+    }
+}
+
+/// The figures of a speculating row that generated `tokens` in `total_secs` end to end, of
+/// which `decode_secs` after the first token.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn row_stats(
+    mode: &'static str,
+    auto: Option<&super::AutoGamma>,
+    gamma: usize,
+    c: &SpecCounters,
+    tokens: usize,
+    total_secs: f64,
+    decode_secs: f64,
+) -> SpecStats {
+    let decoded = tokens.saturating_sub(1);
+    let ratio = |a: usize, b: usize| if b > 0 { a as f64 / b as f64 } else { 0.0 };
+    SpecStats {
+        mode,
+        schedule: "batch",
+        auto: auto.is_some(),
+        gamma,
+        final_gamma: auto.map_or(gamma, super::AutoGamma::current),
+        drafted: c.drafted,
+        accepted: c.accepted,
+        acceptance_rate: ratio(c.accepted, c.drafted),
+        acceptance_by_depth: c
+            .tried_at
+            .iter()
+            .zip(&c.accepted_at)
+            .map(|(&t, &a)| ratio(a, t))
+            .collect(),
+        checked_by_depth: c.tried_at.clone(),
+        main_forwards: c.main_forwards,
+        spec_rounds: c.spec_rounds,
+        tokens_per_forward: ratio(decoded, c.main_forwards),
+        forwards_saved: decoded.saturating_sub(c.main_forwards),
+        draft_forwards: c.draft_forwards,
+        draft_seconds: c.draft_secs,
+        verify_seconds: c.verify_secs,
+        mean_gamma: if c.main_forwards > 0 {
+            c.gamma_sum as f64 / c.main_forwards as f64
+        } else {
+            0.0
+        },
+        tok_s: tokens as f64 / total_secs.max(1e-9),
+        decode_tok_s: decoded as f64 / decode_secs.max(1e-9),
+        decisions: auto.map_or_else(Vec::new, |a| a.decisions().to_vec()),
     }
 }

@@ -1,0 +1,86 @@
+//! `nectar serve --parallel 4 --mtp on`: concurrent greedy requests speculate inside one batch
+//! and each answer equals the serial one (`nectar run --mtp off`); `/stats` shows drafts
+//! accepted and more than one row per step in the same run.
+mod common;
+
+use common::server::Server;
+use common::{ids, json, nectar, root};
+
+/// The demo model's reference prompts (token ids).
+fn prompts() -> Vec<Vec<u64>> {
+    let path = root().join("models/nectar-demo-glm5/reference.json");
+    let v = json(&std::fs::read_to_string(path).unwrap());
+    v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| ids(&p["input_ids"]))
+        .collect()
+}
+
+fn csv(p: &[u64]) -> String {
+    p.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+const TOKENS: usize = 40;
+
+#[test]
+fn parallel_mtp_serves_the_serial_outputs_and_reports_drafts_and_rows() {
+    let prompts = prompts();
+    // Serial references: one request, no speculation.
+    let serial: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let (ok, out, err) = nectar(&[
+                "run",
+                "--json",
+                "--no-usage-save",
+                "--mtp",
+                "off",
+                "--max-tokens",
+                &TOKENS.to_string(),
+                "--prompt-ids",
+                &csv(p),
+            ]);
+            assert!(ok, "{err}");
+            json(&out)["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let s = Server::start(&["--parallel", "4", "--mtp", "on"]);
+    let texts: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                scope.spawn(move || {
+                    let body = serde_json::json!({
+                        "model": "nectar-demo-glm5",
+                        "prompt": p,
+                        "max_tokens": TOKENS,
+                        "temperature": 0,
+                    })
+                    .to_string();
+                    let (st, out) = s.http("POST", "/v1/completions", None, Some(&body));
+                    let v = json(&String::from_utf8_lossy(&out));
+                    assert_eq!(st, 200, "{v}");
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(texts, serial);
+    let (st, body) = s.http("GET", "/stats", None, None);
+    assert_eq!(st, 200);
+    let stats = json(&String::from_utf8_lossy(&body));
+    let mtp = &stats["mtp"];
+    assert_eq!(mtp["mode"], "on", "{mtp}");
+    assert!(mtp["accepted"].as_u64().unwrap() > 0, "{mtp}");
+    assert!(mtp["speculating_rows"].as_u64().unwrap() > 0, "{mtp}");
+    let mean_rows = stats["batch"]["mean_rows"].as_f64().unwrap();
+    assert!(mean_rows > 1.0, "{}", stats["batch"]);
+    assert!(
+        mtp["mean_speculating_rows"].as_f64().unwrap() > 1.0,
+        "rows never verified drafts together: {mtp}"
+    );
+}
