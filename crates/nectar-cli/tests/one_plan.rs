@@ -3,16 +3,7 @@
 mod common;
 
 use common::server::Server;
-use common::{json, nectar};
-
-/// The byte count of a refusal's "needs at least X (N bytes)".
-fn needed(err: &str) -> u64 {
-    err.split(" bytes)")
-        .next()
-        .and_then(|x| x.rsplit('(').next())
-        .and_then(|x| x.parse().ok())
-        .unwrap_or_else(|| panic!("no minimum in: {err}"))
-}
+use common::{json, nectar, needed};
 
 #[test]
 fn the_minimum_fit_prints_is_accepted_by_run() {

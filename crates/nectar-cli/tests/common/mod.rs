@@ -24,6 +24,15 @@ pub fn nectar(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The byte count of a refusal's "needs at least X (N bytes)".
+pub fn needed(err: &str) -> u64 {
+    err.split(" bytes)")
+        .next()
+        .and_then(|x| x.rsplit('(').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in: {err}"))
+}
+
 /// Parses JSON output, showing it when it is not JSON.
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
