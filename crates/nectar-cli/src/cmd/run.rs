@@ -167,7 +167,9 @@ pub fn run(a: RunArgs) -> Result<()> {
                 t.wait_seconds
             );
         }
-        if bundle.model.prefetch != Prefetch::Off {
+        // Look-ahead reads only under a budget (without one every expert is mapped already).
+        let lookahead_idle = bundle.model.prefetch == Prefetch::Lookahead && residency.is_none();
+        if bundle.model.prefetch != Prefetch::Off && !lookahead_idle {
             eprintln!(
                 "{}",
                 prefetch_summary(
