@@ -237,3 +237,39 @@ fn a_new_auto_row_starts_from_what_the_rows_before_it_learned() {
     }
     assert_eq!(asked, Some(first.final_gamma), "{first:?}");
 }
+
+#[test]
+fn auto_drafts_only_for_a_row_that_has_the_step_to_itself() {
+    let b = demo();
+    let ps = prompts();
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 2,
+        ..BatchOptions::default()
+    });
+    let admit = |batch: &mut Batch, id, p: &Vec<u32>, max_tokens| {
+        let r = Request::new(p.clone(), max_tokens);
+        let state = RequestState::new(&r, &[], b.model.vocab_size(), None).unwrap();
+        let opts = RowOptions {
+            speculation: Some(mtp(3, true)),
+            ..RowOptions::default()
+        };
+        batch.admit_row(&b.model, id, state, opts).unwrap();
+    };
+    // Two `auto` rows share every step until the shorter one ends: neither asks for drafts.
+    admit(&mut batch, 0, &ps[0], 12);
+    admit(&mut batch, 1, &ps[1], 48);
+    let (mut shared_rounds, mut alone_gamma) = (0, 0);
+    while !batch.is_empty() {
+        let shared = batch.len() > 1;
+        let report = batch.step(&b.model, None).unwrap();
+        if shared {
+            shared_rounds += report.spec_rows;
+            assert_eq!(report.gamma_sum, 0, "drafts asked in a shared step");
+        } else {
+            alone_gamma += report.gamma_sum;
+        }
+    }
+    assert!(shared_rounds > 0, "no shared decode step was seen");
+    // Alone, the remaining row drafts again (a fresh controller starts at γ = 3).
+    assert!(alone_gamma > 0);
+}
