@@ -473,9 +473,13 @@ impl Policy {
         {
             return Ok(None);
         }
-        let Some(s) = self.slots.iter().position(|s| s.role == Role::Free) else {
-            return Ok(None);
-        };
+        Ok(self.claim_prefetch_slot(key, events))
+    }
+
+    /// Takes a free working slot for a prefetch of `key` (not resident or loading), or `None`
+    /// when no slot is free. Shared by [`Policy::prefetch`] and the look-ahead plan.
+    fn claim_prefetch_slot(&mut self, key: ExpertKey, events: &mut Vec<Event>) -> Option<usize> {
+        let s = self.slots.iter().position(|s| s.role == Role::Free)?;
         self.slots[s] = Slot {
             role: Role::Working,
             key: Some(key),
@@ -486,7 +490,7 @@ impl Policy {
         self.map.insert(key, s);
         self.wave_misses.push((key, s));
         events.push(Event::Prefetch(key));
-        Ok(Some(s))
+        Some(s)
     }
 
     /// Forgets a miss whose load failed (its working slot becomes free again).

@@ -10,7 +10,7 @@
 //! The cache starts empty at the first segment, and again at every segment when the trace says
 //! so (conversations). Every layer has `capacity` LRU slots; a wave's misses sit in working
 //! slots until the layer's safe point, where the policy decides what stays.
-use crate::policy::{Access, Admission, Event, ExpertKey, LookaheadStats, Policy};
+use crate::policy::{Admission, Event, ExpertKey, LookaheadStats, Policy};
 use crate::trace::Trace;
 
 /// One step: the rows it processes, whether its hits count, whether the cache resets first.
@@ -172,65 +172,7 @@ pub fn replay_setup(
     layers: &[usize],
     setup: &CacheSetup,
 ) -> Vec<Count> {
-    let (capacity, admission) = (setup.capacity, setup.admission);
-    let reqs: Vec<Vec<Vec<u32>>> = layers
-        .iter()
-        .map(|&l| layer_requests(trace, steps, l))
-        .collect();
-    let working = reqs
-        .iter()
-        .flat_map(|r| r.iter().map(Vec::len))
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let pins: Vec<ExpertKey> = setup
-        .pinned
-        .iter()
-        .enumerate()
-        .flat_map(|(li, v)| v.iter().map(move |&e| ExpertKey::new(li, e as usize)))
-        .collect();
-    let fresh =
-        || Policy::new(vec![capacity; layers.len()], working, &pins).with_admission(admission);
-    let mut policy = fresh();
-    let mut counts = vec![Count::default(); layers.len()];
-    let mut events = Vec::new();
-    for (t, s) in steps.iter().enumerate() {
-        if s.reset {
-            policy = fresh();
-        } else if s.turn && setup.repin_swaps > 0 {
-            policy.repin(setup.repin_swaps);
-        }
-        if let Some(tok) = &trace.tokens {
-            for r in s.rows.clone() {
-                policy.observe_token(u32::from(tok[r]));
-            }
-        }
-        for (li, r) in reqs.iter().enumerate() {
-            if s.rows.len() > 1 {
-                let rows: Vec<Vec<u32>> = s
-                    .rows
-                    .clone()
-                    .map(|row| trace.experts(row, layers[li]).collect())
-                    .collect();
-                policy.observe_rows(li, &rows);
-            }
-            for &e in &r[t] {
-                let hit = matches!(
-                    policy
-                        .access(ExpertKey::new(li, e as usize), &mut events)
-                        .expect("the working bank holds a wave's unique experts"),
-                    Access::Hit(_)
-                );
-                if s.counted {
-                    counts[li].requests += 1;
-                    counts[li].hits += hit as u64;
-                }
-            }
-            policy.end_wave_layer(li, &mut events);
-            events.clear();
-        }
-    }
-    counts
+    replay(trace, steps, layers, setup, None).0
 }
 
 /// How look-ahead prefetch is replayed: working slots beyond a step's need (`slack`; the
@@ -256,6 +198,17 @@ pub fn replay_prefetch(
     setup: &CacheSetup,
     prefetch: PrefetchSetup,
 ) -> (Vec<Count>, LookaheadStats) {
+    replay(trace, steps, layers, setup, Some(prefetch))
+}
+
+/// The replay of [`replay_setup`] (`prefetch` `None`) and [`replay_prefetch`].
+fn replay(
+    trace: &Trace,
+    steps: &[Step],
+    layers: &[usize],
+    setup: &CacheSetup,
+    prefetch: Option<PrefetchSetup>,
+) -> (Vec<Count>, LookaheadStats) {
     let (capacity, admission) = (setup.capacity, setup.admission);
     let reqs: Vec<Vec<Vec<u32>>> = layers
         .iter()
@@ -267,7 +220,7 @@ pub fn replay_prefetch(
         .max()
         .unwrap_or(0)
         .max(1);
-    let working = need_max + prefetch.slack;
+    let working = need_max + prefetch.map_or(0, |p| p.slack);
     let pins: Vec<ExpertKey> = setup
         .pinned
         .iter()
@@ -305,10 +258,12 @@ pub fn replay_prefetch(
                 policy.observe_token(u32::from(tok[r]));
             }
         }
-        let reserve = (s.rows.len() * trace.top_k).min(need_max);
-        policy.plan_prefetch(s.rows.len(), reserve, prefetch.min_context);
-        policy.issue_prefetches(&mut events);
-        tally(&mut events, &mut stats, s.counted);
+        if let Some(p) = prefetch {
+            let reserve = (s.rows.len() * trace.top_k).min(need_max);
+            policy.plan_prefetch(s.rows.len(), reserve, p.min_context);
+            policy.issue_prefetches(&mut events);
+            tally(&mut events, &mut stats, s.counted);
+        }
         for (li, r) in reqs.iter().enumerate() {
             if s.rows.len() > 1 {
                 let rows: Vec<Vec<u32>> = s
@@ -329,7 +284,9 @@ pub fn replay_prefetch(
                 }
             }
             policy.end_wave_layer(li, &mut events);
-            policy.issue_prefetches(&mut events);
+            if prefetch.is_some() {
+                policy.issue_prefetches(&mut events);
+            }
             tally(&mut events, &mut stats, s.counted);
         }
     }

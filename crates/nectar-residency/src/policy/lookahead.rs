@@ -19,7 +19,7 @@
 //! and a slot for a few layers. Only matches of at least [`MIN_CONTEXT`] tokens are used:
 //! replayed on route256, shorter contexts predict too few of their experts to pay for the
 //! reads (`benchmarks/RESULTS.md`, "Look-ahead prefetch").
-use super::{Admission, Event, ExpertKey, Policy, Role, Slot};
+use super::{Admission, Event, ExpertKey, Policy};
 
 /// Shortest token context whose earlier routes are prefetched.
 pub const MIN_CONTEXT: usize = 8;
@@ -108,19 +108,9 @@ impl Policy {
             if self.map.contains_key(&key) {
                 continue;
             }
-            let Some(s) = self.slots.iter().position(|s| s.role == Role::Free) else {
+            let Some(s) = self.claim_prefetch_slot(key, events) else {
                 break;
             };
-            self.slots[s] = Slot {
-                role: Role::Working,
-                key: Some(key),
-                last_use: self.clock,
-                wave: 0,
-                prefetch: true,
-            };
-            self.map.insert(key, s);
-            self.wave_misses.push((key, s));
-            events.push(Event::Prefetch(key));
             out.push((s, key));
         }
         out
