@@ -3,40 +3,13 @@
 //! rest, and a bad request is refused without touching the live rows.
 
 use nectar_engine::{
-    generate, Batch, BatchOptions, FinishReason, GrammarSpec, ModelBundle, Request, SamplingParams,
+    generate, Batch, BatchOptions, FinishReason, GrammarSpec, Request, SamplingParams,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::OnceLock;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-
-fn demo() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| ModelBundle::open(&Path::new(ROOT).join("models/nectar-demo-glm5")).unwrap())
-}
-
-/// The demo model's reference prompts (token ids).
-fn prompts() -> Vec<Vec<u32>> {
-    let text =
-        std::fs::read_to_string(Path::new(ROOT).join("models/nectar-demo-glm5/reference.json"))
-            .unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            p["input_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
+mod common;
+use common::{demo, prompts};
 
 /// What a row produced: tokens, text, finish.
 #[derive(Debug, Default, Clone, PartialEq)]

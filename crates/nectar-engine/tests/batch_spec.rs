@@ -4,39 +4,12 @@
 //! sampled row the tokens it gets speculating alone.
 
 use nectar_engine::{
-    generate, generate_speculative, Batch, BatchOptions, GrammarSpec, ModelBundle, Request,
-    RequestState, RowOptions, SamplingParams, Speculation, Speculator,
+    generate, generate_speculative, Batch, BatchOptions, GrammarSpec, Request, RequestState,
+    RowOptions, SamplingParams, Speculation, Speculator,
 };
-use serde_json::Value;
-use std::path::Path;
-use std::sync::OnceLock;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-
-fn demo() -> &'static ModelBundle {
-    static B: OnceLock<ModelBundle> = OnceLock::new();
-    B.get_or_init(|| ModelBundle::open(&Path::new(ROOT).join("models/nectar-demo-glm5")).unwrap())
-}
-
-fn prompts() -> Vec<Vec<u32>> {
-    let text =
-        std::fs::read_to_string(Path::new(ROOT).join("models/nectar-demo-glm5/reference.json"))
-            .unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            p["input_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
+mod common;
+use common::{demo, prompts};
 
 fn mtp(gamma: usize, auto: bool) -> Speculation {
     Speculation {
