@@ -309,23 +309,6 @@ fn a_budget_above_the_cgroup_limit_is_planned_down() {
     );
 }
 
-/// The demo model converted to int4 (`nectar convert` defaults), in `dir`.
-fn int4_demo(dir: &std::path::Path) -> String {
-    let out = dir.join("demo-int4");
-    let demo = common::root().join("models/nectar-demo-glm5");
-    let (ok, _, err) = nectar(&[
-        "convert",
-        "--from",
-        demo.to_str().unwrap(),
-        "--to",
-        out.to_str().unwrap(),
-        "--min-free-gb",
-        "0",
-    ]);
-    assert!(ok, "{err}");
-    out.to_str().unwrap().to_string()
-}
-
 /// `fit`'s minimum for the int4 demo at a context (bytes).
 fn fit_minimum(model: &str, ctx: &str) -> u64 {
     let (ok, _, err) = nectar(&[
@@ -352,7 +335,7 @@ fn fit_minimum(model: &str, ctx: &str) -> u64 {
 #[test]
 fn the_int4_demo_decodes_inside_a_40_mb_cgroup_and_at_fits_minimum() {
     let dir = tempfile::tempdir().unwrap();
-    let model = int4_demo(dir.path());
+    let model = common::int4_demo(dir.path()).to_str().unwrap().to_string();
     let ctx = "64";
     let args = |budget: &str| {
         vec![

@@ -57,17 +57,7 @@ fn decode(model: &str, threads: &str) -> (serde_json::Value, serde_json::Value, 
 fn one_and_two_threads_give_identical_logits_and_decodes() {
     let d = tempfile::tempdir().unwrap();
     let demo = root().join("models/nectar-demo-glm5");
-    let int4 = d.path().join("int4");
-    let (ok, _, err) = nectar(&[
-        "convert",
-        "--from",
-        demo.to_str().unwrap(),
-        "--to",
-        int4.to_str().unwrap(),
-        "--min-free-gb",
-        "0",
-    ]);
-    assert!(ok, "{err}");
+    let int4 = common::int4_demo(d.path());
     for model in [demo.to_str().unwrap(), int4.to_str().unwrap()] {
         let one = logits(model, "1");
         assert!(one.len() > 1000, "{model}: {one}");

@@ -18,18 +18,7 @@ fn flip_header_dtype(p: &std::path::Path) {
 #[test]
 fn convert_writes_a_manifest_that_verify_and_loading_check() {
     let d = tempfile::tempdir().unwrap();
-    let out = d.path().join("c");
-    let demo = root().join("models/nectar-demo-glm5");
-    let (ok, _, err) = nectar(&[
-        "convert",
-        "--from",
-        demo.to_str().unwrap(),
-        "--to",
-        out.to_str().unwrap(),
-        "--min-free-gb",
-        "0",
-    ]);
-    assert!(ok, "{err}");
+    let out = common::int4_demo(d.path());
     let o = out.to_str().unwrap();
     let (ok, stdout, err) = nectar(&["verify", o]);
     assert!(ok, "{err}");

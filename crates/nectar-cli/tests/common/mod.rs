@@ -33,6 +33,24 @@ pub fn needed(err: &str) -> u64 {
         .unwrap_or_else(|| panic!("no minimum in: {err}"))
 }
 
+/// The demo model converted by `nectar convert` with its defaults (int4 experts and spine) into
+/// `dir/demo-int4`; returns that directory.
+pub fn int4_demo(dir: &std::path::Path) -> PathBuf {
+    let out = dir.join("demo-int4");
+    let demo = root().join("models/nectar-demo-glm5");
+    let (ok, _, err) = nectar(&[
+        "convert",
+        "--from",
+        demo.to_str().unwrap(),
+        "--to",
+        out.to_str().unwrap(),
+        "--min-free-gb",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    out
+}
+
 /// Parses JSON output, showing it when it is not JSON.
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
