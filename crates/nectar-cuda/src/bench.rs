@@ -524,7 +524,8 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
             let abs: f32 = row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
             let g = y[i * rows + r];
             let ok = match case.precision {
-                Precision::Split => crate::within_gemm_tolerance(g, cpu, abs),
+                Precision::Split3 => crate::within_tolerance(g, cpu, abs),
+                Precision::Split2 => crate::within_gemm_tolerance(g, cpu, abs),
                 Precision::Single => (g - cpu).abs() <= abs / 256.0 + 1e-5 * abs,
             };
             if !ok {

@@ -10,37 +10,34 @@
 // staging), so their latency hides behind the tensor-core work.
 //
 // Precision. bf16 keeps 8 significant bits, so nothing is rounded to bf16 alone (that costs
-// ~1e-3 relative per product, ten times the model's parity bar):
-//   - activations are split x = x_hi + x_lo, both bf16 (x_hi = RN(x), x_lo = RN(x - x_hi)):
-//     |x - x_hi - x_lo| <= 2^-16 |x|; two products per weight plane. (`_x1` kernels keep x_hi
-//     only: measured for speed and error, not used by the model.)
-//   - codes mode (int8, int4 per row, int4 groups that are a multiple of 16 columns): the
-//     integer codes are exact in bf16; the scale is applied in f32 per 16-column step.
-//   - bf16 weights are exact as they are.
-//   - f32 and f16 weights, and int4 groups that split a 16-column step (dequantised first to the
-//     CPU's f32 value code × scale), are split like x into w_hi + w_lo; three products
-//     (w_hi·x_hi, w_hi·x_lo, w_lo·x_hi; w_lo·x_lo is below 2^-16 of |w·x| and dropped).
+// ~1e-3 relative per product, ten times the model's parity bar). Values are split into bf16
+// parts instead, v = v0 + v1 + v2 with v0 = RN(v), v1 = RN(v - v0), v2 = RN(v - v0 - v1) (each
+// difference exact in f32), which keeps a value to about 2^-24 of itself:
+//   - activations: XP parts (3 for the model; the `_x2` / `_x1` kernels keep 2 or 1, measured
+//     for speed and error, not used by the model);
+//   - weights: int8 / int4 codes are exact in bf16 (one part) and their f32 scale is applied per
+//     16-column step; bf16 weights are exact; f16 weights are exact in 2 parts; f32 weights, and
+//     int4 groups that split a 16-column step (dequantised first to the CPU's f32 code × scale),
+//     take 3 parts.
+//   The products of weight part i and activation part j with i + j <= 2 are taken (terms below
+//   2^-24 of |w·x| are dropped): 3 tensor-core products per step for codes and bf16, 5 for f16,
+//   6 for f32.
 //
 // Accumulation order, for each output (weight row r, token t), over 16-column steps k in
-// increasing order:
-//   codes mode:  p = mma(w_code, x_hi) from 0, then p = mma(w_code, x_lo, p);
-//                acc = fma(scale(r, k), p, acc)
-//   float modes: acc = mma(w_hi, x_hi, acc); acc = mma(w_hi, x_lo, acc);
-//                [two planes] acc = mma(w_lo, x_hi, acc)
-// where mma adds 16 products to its f32 input inside the tensor core. An output depends only
-// on its own row, token and the column order — not on M, the tile it lands in, or the other
-// matrices of the launch — so a token's result is the same whatever M (tested bit for bit).
-// It is not the GEMV kernels' order: parity with the CPU is by tolerance.
+// increasing order: p = 0; for s = 2, 1, 0: for i = 0, 1, …: p = mma(w_i, x_(s-i), p) (the
+// small terms first); then acc = fma(scale(r, k), p, acc) for codes, acc = acc + p otherwise.
+// mma adds 16 products to its f32 input inside the tensor core, which aligns and truncates
+// them to the largest: starting each step from 0 keeps that error relative to the step's own
+// terms, not to the running sum (adding into the running sum measured ten times the error).
+// An output depends only on its own row, token and the column order — not on M, the tile it
+// lands in, or the other matrices of the launch — so a token's result is the same whatever M
+// (tested bit for bit). It is not the GEMV kernels' order: parity with the CPU is by tolerance.
 
 #define GEMM_BW 128      // weight rows per block
 #define GEMM_BX 64       // tokens per block
 #define GEMM_BK 32       // columns per step
 #define GEMM_LD 20       // u32 per shared-memory row: 16 bf16 pairs + 4 padding (no bank conflicts)
 #define GEMM_THREADS 256
-
-#define MODE_CODES 0     // integer codes in bf16, scale per 16-column step
-#define MODE_BF16 1      // bf16 weights, one plane
-#define MODE_SPLIT 2     // f32 values split into two bf16 planes
 
 // Raw 32-bit words holding 16 consecutive weights of format F.
 template <int F> struct Raw;
@@ -57,12 +54,15 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// Splits a pair (lo column, hi column) into bf16 hi and lo planes.
-__device__ __forceinline__ void split_pair(float a, float b, u32& hi, u32& lo) {
-    hi = pack_bf16x2(a, b);
-    const float ah = __uint_as_float(hi << 16);
-    const float bh = __uint_as_float(hi & 0xffff0000u);
-    lo = pack_bf16x2(a - ah, b - bh);
+// Splits a pair (a: even column, b: odd column) into N bf16x2 parts, largest first.
+template <int N>
+__device__ __forceinline__ void split_pair(float a, float b, u32 (&out)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        out[i] = pack_bf16x2(a, b);
+        a -= __uint_as_float(out[i] << 16);
+        b -= __uint_as_float(out[i] & 0xffff0000u);
+    }
 }
 
 // The 16 weights of row `row` starting at column k0 into raw words, element by element; columns
@@ -135,15 +135,16 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int F, int MODE, int XP>
+// CODES: integer codes in one exact bf16 part, scale per 16-column step. WP, XP: bf16 parts of
+// the weights and of the activations.
+template <int F, bool CODES, int WP, int XP>
 __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, int m,
                                           int row_bytes, int row_scales, u32 gmagic, int gshift,
                                           int vec) {
-    constexpr int WP = MODE == MODE_SPLIT ? 2 : 1;
     constexpr int RN = Raw<F>::N;
     __shared__ __align__(16) u32 sW[WP][GEMM_BW][GEMM_LD];
     __shared__ __align__(16) u32 sX[XP][GEMM_BX][GEMM_LD];
-    __shared__ float sS[GEMM_BW][2];
+    __shared__ float sS[CODES ? GEMM_BW : 1][2];
 
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -174,7 +175,7 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
             load_raw_vec<F>(wrow_p, k0, raw);
         else
             load_raw_slow<F>(wrow_p, k0, cols, raw);
-        if (MODE == MODE_CODES) sc = k0 < cols ? __ldg(srow_p + scale_index(k0, gmagic, gshift)) : 0.0f;
+        if (CODES) sc = k0 < cols ? __ldg(srow_p + scale_index(k0, gmagic, gshift)) : 0.0f;
         const int c0 = kt + 8 * lq;
         if (xvec && c0 + 8 <= cols) {
             const float4 a = __ldg((const float4*)(xrow_p + c0));
@@ -187,15 +188,15 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
         }
     };
     auto store = [&](int kt) {
-        u32 hi[8], lo[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        u32 w[8][WP];
 #pragma unroll
         for (int p = 0; p < 8; p++) {
-            if constexpr (MODE == MODE_BF16) {
-                hi[p] = raw[p];
-            } else if constexpr (MODE == MODE_CODES) {
+            if constexpr (F == FMT_BF16 && WP == 1) {
+                w[p][0] = raw[p];
+            } else if constexpr (CODES) {
                 // Exact small integers: the f32's top half is the bf16.
-                hi[p] = (__float_as_uint(raw_value<F>(raw, 2 * p)) >> 16) |
-                        (__float_as_uint(raw_value<F>(raw, 2 * p + 1)) & 0xffff0000u);
+                w[p][0] = (__float_as_uint(raw_value<F>(raw, 2 * p)) >> 16) |
+                          (__float_as_uint(raw_value<F>(raw, 2 * p + 1)) & 0xffff0000u);
             } else {
                 float a = raw_value<F>(raw, 2 * p), b = raw_value<F>(raw, 2 * p + 1);
                 if (IsQuant<F>::V) {
@@ -205,28 +206,22 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
                     b = k + 1 < cols ? __fmul_rn(b, __ldg(srow_p + scale_index(k + 1, gmagic, gshift)))
                                      : 0.0f;
                 }
-                split_pair(a, b, hi[p], lo[p]);
+                split_pair<WP>(a, b, w[p]);
             }
         }
-        uint4* dst = (uint4*)&sW[0][lr][8 * lh];
-        dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-        dst[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-        if (WP == 2) {
-            uint4* dl = (uint4*)&sW[WP - 1][lr][8 * lh];
-            dl[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-            dl[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-        }
-        if (MODE == MODE_CODES) sS[lr][lh] = sc;
-        u32 xh[4], xl[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int p = 0; p < 4; p++) {
-            if (XP == 2)
-                split_pair(xv[2 * p], xv[2 * p + 1], xh[p], xl[p]);
-            else
-                xh[p] = pack_bf16x2(xv[2 * p], xv[2 * p + 1]);
+        for (int q = 0; q < WP; q++) {
+            uint4* dst = (uint4*)&sW[q][lr][8 * lh];
+            dst[0] = make_uint4(w[0][q], w[1][q], w[2][q], w[3][q]);
+            dst[1] = make_uint4(w[4][q], w[5][q], w[6][q], w[7][q]);
         }
-        *(uint4*)&sX[0][lt][4 * lq] = make_uint4(xh[0], xh[1], xh[2], xh[3]);
-        if (XP == 2) *(uint4*)&sX[XP - 1][lt][4 * lq] = make_uint4(xl[0], xl[1], xl[2], xl[3]);
+        if constexpr (CODES) sS[lr][lh] = sc;
+        u32 x[4][XP];
+#pragma unroll
+        for (int p = 0; p < 4; p++) split_pair<XP>(xv[2 * p], xv[2 * p + 1], x[p]);
+#pragma unroll
+        for (int q = 0; q < XP; q++)
+            *(uint4*)&sX[q][lt][4 * lq] = make_uint4(x[0][q], x[1][q], x[2][q], x[3][q]);
     };
 
     // Warp tile: weight rows wm·32 … +32 (two m16 tiles), tokens wn·32 … +32 (four n8 tiles).
@@ -271,24 +266,28 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 float s0 = 0.0f, s1 = 0.0f;
-                if (MODE == MODE_CODES) {
+                if constexpr (CODES) {
                     s0 = sS[wm * 32 + i * 16 + g][ks];
                     s1 = sS[wm * 32 + i * 16 + g + 8][ks];
                 }
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    if (MODE == MODE_CODES) {
-                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_bf16(p, a[0][i], b[0][j][0], b[0][j][1]);
-                        if (XP == 2) mma_bf16(p, a[0][i], b[XP - 1][j][0], b[XP - 1][j][1]);
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int o = 2; o >= 0; o--)
+#pragma unroll
+                        for (int wi = 0; wi < WP; wi++) {
+                            const int xi = o - wi;
+                            if (xi >= 0 && xi < XP) mma_bf16(p, a[wi][i], b[xi][j][0], b[xi][j][1]);
+                        }
+                    if (CODES) {
                         acc[i][j][0] = fmaf(s0, p[0], acc[i][j][0]);
                         acc[i][j][1] = fmaf(s0, p[1], acc[i][j][1]);
                         acc[i][j][2] = fmaf(s1, p[2], acc[i][j][2]);
                         acc[i][j][3] = fmaf(s1, p[3], acc[i][j][3]);
                     } else {
-                        mma_bf16(acc[i][j], a[0][i], b[0][j][0], b[0][j][1]);
-                        if (XP == 2) mma_bf16(acc[i][j], a[0][i], b[XP - 1][j][0], b[XP - 1][j][1]);
-                        if (WP == 2) mma_bf16(acc[i][j], a[WP - 1][i], b[0][j][0], b[0][j][1]);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[i][j][e] += p[e];
                     }
                 }
             }
@@ -309,20 +308,26 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
             }
 }
 
-#define GEMM_ENTRY(NAME, F, MODE, XP)                                                             \
+#define GEMM_ENTRY(NAME, F, CODES, WP, XP)                                                        \
     extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)                                 \
         NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
              u32 gmagic, int gshift, int vec) {                                                   \
         const Job job = jobs[blockIdx.z];                                                         \
-        gemm_tile<F, MODE, XP>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift, vec);   \
+        gemm_tile<F, CODES, WP, XP>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift,    \
+                                    vec);                                                         \
     }
 
-GEMM_ENTRY(gemm_f32, FMT_F32, MODE_SPLIT, 2)
-GEMM_ENTRY(gemm_f16, FMT_F16, MODE_SPLIT, 2)
-GEMM_ENTRY(gemm_bf16, FMT_BF16, MODE_BF16, 2)
-GEMM_ENTRY(gemm_i8, FMT_I8, MODE_CODES, 2)
-GEMM_ENTRY(gemm_i4, FMT_I4, MODE_CODES, 2)
-GEMM_ENTRY(gemm_i4_deq, FMT_I4, MODE_SPLIT, 2)
-GEMM_ENTRY(gemm_bf16_x1, FMT_BF16, MODE_BF16, 1)
-GEMM_ENTRY(gemm_i8_x1, FMT_I8, MODE_CODES, 1)
-GEMM_ENTRY(gemm_i4_x1, FMT_I4, MODE_CODES, 1)
+// What the model uses: activations in 3 parts.
+GEMM_ENTRY(gemm_f32, FMT_F32, false, 3, 3)
+GEMM_ENTRY(gemm_f16, FMT_F16, false, 2, 3)
+GEMM_ENTRY(gemm_bf16, FMT_BF16, false, 1, 3)
+GEMM_ENTRY(gemm_i8, FMT_I8, true, 1, 3)
+GEMM_ENTRY(gemm_i4, FMT_I4, true, 1, 3)
+GEMM_ENTRY(gemm_i4_deq, FMT_I4, false, 3, 3)
+// Measured only: activations in 2 parts, or rounded to one bf16.
+GEMM_ENTRY(gemm_bf16_x2, FMT_BF16, false, 1, 2)
+GEMM_ENTRY(gemm_i8_x2, FMT_I8, true, 1, 2)
+GEMM_ENTRY(gemm_i4_x2, FMT_I4, true, 1, 2)
+GEMM_ENTRY(gemm_bf16_x1, FMT_BF16, false, 1, 1)
+GEMM_ENTRY(gemm_i8_x1, FMT_I8, true, 1, 1)
+GEMM_ENTRY(gemm_i4_x1, FMT_I4, true, 1, 1)

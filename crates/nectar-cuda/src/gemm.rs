@@ -1,7 +1,7 @@
 //! y = W·x on the tensor cores for many activation rows at once (`gemm.cu`): prefill and
 //! batched verify. Weight tiles are dequantised to bf16 in shared memory and multiplied with
-//! f32 accumulation; activations are split into two bf16 parts so that the product keeps about
-//! 16 bits of each activation (`gemm.cu` states the order and the error bound).
+//! f32 accumulation; activations (and f32/f16 weights) are split into bf16 parts so that the
+//! product keeps about 24 bits of each (`gemm.cu` states the order and the error bound).
 //!
 //! Below [`GEMM_MIN_M`] rows the GEMV kernels (`gemv.rs`) are used: they stream the weights at
 //! close to the memory bandwidth, while a GEMM tile of 64 tokens would mostly multiply padding.
@@ -21,23 +21,27 @@ const TILE_TOKENS: u32 = 64;
 /// Threads per block (`GEMM_THREADS`).
 const BLOCK_THREADS: u32 = 256;
 
-/// How activations enter the tensor cores.
+/// How activations enter the tensor cores: in how many bf16 parts (x = x0 + x1 + x2, each the
+/// rounding of what the earlier parts left).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Precision {
-    /// x = x_hi + x_lo, both bf16: two products per weight, |error| ≤ 2⁻¹⁶·|x| per activation.
-    /// What the model uses.
-    Split,
-    /// x rounded to one bf16 (about 2⁻⁹ relative per activation): half the tensor-core work,
-    /// ten times the model's parity bar. Measured by `nectar bench gpu`, never used by the model.
+    /// Three parts: x kept to about 2⁻²⁴·|x|, like f32. What the model uses.
+    Split3,
+    /// Two parts: x kept to 2⁻¹⁶·|x|. Measured by the tests and `nectar bench gpu` only (on
+    /// the f32 fixtures the model's logits came out 30 times further from the reference
+    /// than with GEMV, and router weights missed the 1e-5 bar).
+    Split2,
+    /// One bf16 (2⁻⁹·|x|): ten times the model's parity bar. Measured only.
     Single,
 }
 
 impl Precision {
-    /// `split` / `single`.
+    /// `x3` / `x2` / `x1`.
     pub fn name(self) -> &'static str {
         match self {
-            Precision::Split => "split",
-            Precision::Single => "single",
+            Precision::Split3 => "x3",
+            Precision::Split2 => "x2",
+            Precision::Single => "x1",
         }
     }
 }
@@ -69,8 +73,10 @@ pub(crate) fn kernel_name(format: WeightFormat, cols: usize, precision: Precisio
         WeightFormat::Int4Group { group } if codes(group) => "i4",
         WeightFormat::Int4Group { .. } => "i4_deq",
     };
+    // The coarser activations exist for the formats whose weights take one part.
     match precision {
-        Precision::Single if matches!(base, "bf16" | "i8" | "i4") => format!("gemm_{base}_x1"),
+        Precision::Split3 => format!("gemm_{base}"),
+        p if matches!(base, "bf16" | "i8" | "i4") => format!("gemm_{base}_{}", p.name()),
         _ => format!("gemm_{base}"),
     }
 }
@@ -79,7 +85,8 @@ pub(crate) fn kernel_name(format: WeightFormat, cols: usize, precision: Precisio
 #[cfg(test)]
 pub(crate) fn kernel_names() -> Vec<String> {
     let mut v: Vec<String> = [
-        "f32", "f16", "bf16", "i8", "i4", "i4_deq", "bf16_x1", "i8_x1", "i4_x1",
+        "f32", "f16", "bf16", "i8", "i4", "i4_deq", "bf16_x2", "i8_x2", "i4_x2", "bf16_x1",
+        "i8_x1", "i4_x1",
     ]
     .iter()
     .map(|b| format!("gemm_{b}"))

@@ -1,12 +1,13 @@
-//! The tensor-core GEMM (prefill, batched verify) against the CPU kernels, by
-//! `nectar_cuda::within_gemm_tolerance` (2⁻¹⁴ of Σ|w·x| plus the summation order's 64 ε), on
-//! random inputs: every stored format, shapes that leave partial tiles, odd widths and groups
+//! The tensor-core GEMM (prefill, batched verify) against the CPU kernels, on random inputs.
+//! With activations in three bf16 parts (what the model uses) the bound is the GEMV kernels'
+//! own, `nectar_cuda::within_tolerance` (64 ε of Σ|w·x|); with two parts
+//! `within_gemm_tolerance` (2⁻¹⁴), with one bf16 2⁻⁸. Covered: every stored format, shapes that leave partial tiles, odd widths and groups
 //! (element-wise loads, dequantised int4 groups), GLM shapes, and a token's result independent
 //! of M and of the batch.
 //!
 //! Without a GPU every test prints why and passes, unless `NECTAR_REQUIRE_GPU=1` is set.
 #![cfg(feature = "cuda")]
-use nectar_cuda::{within_gemm_tolerance, Error, Gpu, Precision};
+use nectar_cuda::{within_gemm_tolerance, within_tolerance, Error, Gpu, Precision};
 use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
 use std::sync::OnceLock;
 
@@ -84,12 +85,12 @@ fn check(gpu: &Gpu, format: WeightFormat, rows: usize, cols: usize, m: usize, se
     matmul(&w, &x, m, &mut cpu).unwrap();
     let dev = gpu.upload(&w).unwrap();
     let mut y = vec![f32::NAN; m * rows];
-    gpu.gemm(&dev, &x, m, &mut y, Precision::Split).unwrap();
+    gpu.gemm(&dev, &x, m, &mut y, Precision::Split3).unwrap();
     let abs = abs_sums(&w, &x, m);
     let mut worst = 0.0f64;
     for (k, ((&g, &c), &a)) in y.iter().zip(&cpu).zip(&abs).enumerate() {
         assert!(
-            within_gemm_tolerance(g, c, a),
+            within_tolerance(g, c, a),
             "{} {rows}x{cols} m={m}: element {k} (token {}, row {}): gpu {g}, cpu {c}, Σ|w·x| {a}",
             format.name(),
             k / rows,
@@ -173,11 +174,12 @@ fn a_tokens_result_does_not_depend_on_m_or_the_batch() {
         let big = 100;
         let x = activations(big * cols, 3 + fi as u64);
         let mut all = vec![0.0; big * rows];
-        gpu.gemm(&dev, &x, big, &mut all, Precision::Split).unwrap();
+        gpu.gemm(&dev, &x, big, &mut all, Precision::Split3)
+            .unwrap();
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         // The first 9 tokens alone, and token 70 alone (another tile of the big launch).
         let mut head = vec![0.0; 9 * rows];
-        gpu.gemm(&dev, &x[..9 * cols], 9, &mut head, Precision::Split)
+        gpu.gemm(&dev, &x[..9 * cols], 9, &mut head, Precision::Split3)
             .unwrap();
         assert_eq!(bits(&head), bits(&all[..9 * rows]), "{}", f.name());
         let mut one = vec![0.0; rows];
@@ -186,7 +188,7 @@ fn a_tokens_result_does_not_depend_on_m_or_the_batch() {
             &x[70 * cols..71 * cols],
             1,
             &mut one,
-            Precision::Split,
+            Precision::Split3,
         )
         .unwrap();
         assert_eq!(bits(&one), bits(&all[70 * rows..71 * rows]), "{}", f.name());
@@ -195,19 +197,21 @@ fn a_tokens_result_does_not_depend_on_m_or_the_batch() {
             .map(|j| activations(12 * cols, 40 + j as u64))
             .collect();
         let items: Vec<_> = xs.iter().map(|x| (&dev, x.as_slice())).collect();
-        let batch = gpu.gemm_batch(&items, 12, Precision::Split).unwrap();
+        let batch = gpu.gemm_batch(&items, 12, Precision::Split3).unwrap();
         for (x, got) in xs.iter().zip(&batch) {
             let mut alone = vec![0.0; 12 * rows];
-            gpu.gemm(&dev, x, 12, &mut alone, Precision::Split).unwrap();
+            gpu.gemm(&dev, x, 12, &mut alone, Precision::Split3)
+                .unwrap();
             assert_eq!(bits(&alone), bits(got), "{}", f.name());
         }
     }
 }
 
-/// bf16 activations without the low part: measured, not used by the model. Within 2⁻⁸ of
-/// Σ|w·x| (their rounding); how many outputs miss the GEMM tolerance is printed.
+/// Coarser activations, measured (not used by the model): two bf16 parts stay within
+/// `within_gemm_tolerance` (2⁻¹⁴ of Σ|w·x|), one bf16 within 2⁻⁸ (its rounding); the largest
+/// error and how many outputs miss the GEMV bound are printed.
 #[test]
-fn single_bf16_activations_are_coarser_than_the_split() {
+fn coarser_activations_stay_within_their_bounds() {
     let Some(gpu) = gpu() else { return };
     for f in [
         WeightFormat::Bf16,
@@ -221,22 +225,30 @@ fn single_bf16_activations_are_coarser_than_the_split() {
         let mut cpu = vec![0.0; m * rows];
         matmul(&w, &x, m, &mut cpu).unwrap();
         let dev = gpu.upload(&w).unwrap();
-        let mut y = vec![f32::NAN; m * rows];
-        gpu.gemm(&dev, &x, m, &mut y, Precision::Single).unwrap();
         let abs = abs_sums(&w, &x, m);
-        let mut worst = 0.0f64;
-        let mut outside = 0;
-        for ((&g, &c), &a) in y.iter().zip(&cpu).zip(&abs) {
-            let rel = ((g - c).abs() / a) as f64;
-            assert!(rel <= 1.0 / 256.0 + 1e-5, "{}: {rel:e}", f.name());
-            worst = worst.max(rel);
-            outside += usize::from(!within_gemm_tolerance(g, c, a));
+        for precision in [Precision::Split2, Precision::Single] {
+            let mut y = vec![f32::NAN; m * rows];
+            gpu.gemm(&dev, &x, m, &mut y, precision).unwrap();
+            let mut worst = 0.0f64;
+            let mut outside = 0;
+            for ((&g, &c), &a) in y.iter().zip(&cpu).zip(&abs) {
+                let rel = ((g - c).abs() / a) as f64;
+                match precision {
+                    Precision::Split2 => {
+                        assert!(within_gemm_tolerance(g, c, a), "{}: {rel:e}", f.name())
+                    }
+                    _ => assert!(rel <= 1.0 / 256.0 + 1e-5, "{}: {rel:e}", f.name()),
+                }
+                worst = worst.max(rel);
+                outside += usize::from(!within_tolerance(g, c, a));
+            }
+            eprintln!(
+                "{} activations {}: max |Δ| / Σ|w·x| = {worst:.2e}, {outside} of {} outside the GEMV bound",
+                f.name(),
+                precision.name(),
+                y.len()
+            );
         }
-        eprintln!(
-            "{} single bf16 x: max |Δ| / Σ|w·x| = {worst:.2e}, {outside} of {} outside the GEMM tolerance",
-            f.name(),
-            y.len()
-        );
     }
 }
 
@@ -248,9 +260,9 @@ fn bad_shapes_are_errors_not_faults() {
     let dev = gpu.upload(&w).unwrap();
     let mut y = vec![0.0; 4 * 10];
     assert!(gpu
-        .gemm(&dev, &[0.0; 31 * 10], 10, &mut y, Precision::Split)
+        .gemm(&dev, &[0.0; 31 * 10], 10, &mut y, Precision::Split3)
         .is_err());
     assert!(gpu
-        .gemm_plan(WeightFormat::Int8Row, 4, 32, 0, Precision::Split)
+        .gemm_plan(WeightFormat::Int8Row, 4, 32, 0, Precision::Split3)
         .is_err());
 }

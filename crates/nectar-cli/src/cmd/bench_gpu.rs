@@ -108,10 +108,10 @@ mod with_cuda {
                 continue;
             }
             for &m in a.gemm_m.iter().filter(|&&m| m > 0) {
-                let mut precisions = vec![Precision::Split];
-                // bf16 activations alone, for the record (not what the model uses).
-                if m == top && name == "expert.gate" && format != WeightFormat::Int8Row {
-                    precisions.push(Precision::Single);
+                let mut precisions = vec![Precision::Split3];
+                // Coarser activations, for the record (not what the model uses).
+                if m == top && name == "expert.gate" {
+                    precisions.extend([Precision::Split2, Precision::Single]);
                 }
                 for precision in precisions {
                     v.push(GemmCase {

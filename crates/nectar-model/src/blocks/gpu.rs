@@ -29,10 +29,10 @@ impl GpuWeight {
 
     /// y = W·x: below [`GEMM_MIN_M`] rows (decode, MTP verify) by the GEMV kernels with every
     /// weight dequantised to the CPU's value (the exact order); from there on (prefill, batched
-    /// verify) on the tensor cores, activations split into two bf16 parts (`gemm.cu`).
+    /// verify) on the tensor cores, activations split into three bf16 parts (`gemm.cu`).
     pub(crate) fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
         if m >= GEMM_MIN_M {
-            self.gpu.gemm(&self.mat, x, m, y, Precision::Split)
+            self.gpu.gemm(&self.mat, x, m, y, Precision::Split3)
         } else {
             self.gpu.matmul(&self.mat, x, m, y, Order::Exact)
         }
