@@ -28,7 +28,8 @@
 // small terms first); then acc = fma(scale(r, k), p, acc) for codes, acc = acc + p otherwise.
 // mma adds 16 products to its f32 input inside the tensor core, which aligns and truncates
 // them to the largest: starting each step from 0 keeps that error relative to the step's own
-// terms, not to the running sum (adding into the running sum measured ten times the error).
+// terms, not to the running sum (adding into the running sum measured eight times the error
+// on bf16 weights: 9.3e-7 against 1.2e-7 of Σ|w·x|).
 // An output depends only on its own row, token and the column order — not on M, the tile it
 // lands in, or the other matrices of the launch — so a token's result is the same whatever M
 // (tested bit for bit). It is not the GEMV kernels' order: parity with the CPU is by tolerance.

@@ -27,9 +27,8 @@ const BLOCK_THREADS: u32 = 256;
 pub enum Precision {
     /// Three parts: x kept to about 2⁻²⁴·|x|, like f32. What the model uses.
     Split3,
-    /// Two parts: x kept to 2⁻¹⁶·|x|. Measured by the tests and `nectar bench gpu` only (on
-    /// the f32 fixtures the model's logits came out 30 times further from the reference
-    /// than with GEMV, and router weights missed the 1e-5 bar).
+    /// Two parts: x kept to 2⁻¹⁶·|x|. Measured by the tests and `nectar bench gpu` only (a
+    /// first two-part version failed the f32 fixtures' router-weight check; docs/gpu.md).
     Split2,
     /// One bf16 (2⁻⁹·|x|): ten times the model's parity bar. Measured only.
     Single,
@@ -199,5 +198,46 @@ impl GemmPlan {
     /// The plan's format.
     pub fn format(&self) -> WeightFormat {
         self.format
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which kernel a format takes decides exactness: codes only when no scale group splits a
+    /// 16-column step, and coarse activations only where they were built.
+    #[test]
+    fn formats_map_to_their_kernels() {
+        let k = |f, cols, p| kernel_name(f, cols, p);
+        let g = |group| WeightFormat::Int4Group { group };
+        assert_eq!(k(g(64), 6144, Precision::Split3), "gemm_i4");
+        assert_eq!(k(g(48), 768, Precision::Split3), "gemm_i4");
+        assert_eq!(k(g(40), 200, Precision::Split3), "gemm_i4_deq");
+        assert_eq!(k(g(5), 63, Precision::Split3), "gemm_i4_deq");
+        // One group covering the row is a per-row scale.
+        assert_eq!(k(g(100), 64, Precision::Split3), "gemm_i4");
+        assert_eq!(k(WeightFormat::Int4Row, 101, Precision::Split3), "gemm_i4");
+        assert_eq!(
+            k(WeightFormat::Int8Row, 70, Precision::Split2),
+            "gemm_i8_x2"
+        );
+        assert_eq!(k(WeightFormat::Bf16, 7, Precision::Single), "gemm_bf16_x1");
+        // Split weights always take three activation parts.
+        assert_eq!(k(WeightFormat::F32, 64, Precision::Single), "gemm_f32");
+        assert_eq!(k(g(5), 63, Precision::Split2), "gemm_i4_deq");
+        for f in [
+            WeightFormat::F32,
+            WeightFormat::F16,
+            WeightFormat::Bf16,
+            WeightFormat::Int8Row,
+            WeightFormat::Int4Row,
+            g(64),
+            g(5),
+        ] {
+            for p in [Precision::Split3, Precision::Split2, Precision::Single] {
+                assert!(kernel_names().contains(&k(f, 64, p)), "{f:?} {p:?}");
+            }
+        }
     }
 }
