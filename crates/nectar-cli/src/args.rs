@@ -474,6 +474,10 @@ pub struct BenchGpuArgs {
     /// Activation rows to measure (decode, MTP verify, small batches).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
     pub m: Vec<usize>,
+    /// Activation rows of the tensor-core GEMM cases (prefill, batched verify), each against
+    /// the ⌈M/8⌉ GEMV launches it replaces; `0` skips them.
+    #[arg(long, value_delimiter = ',', default_values_t = [16, 64, 512])]
+    pub gemm_m: Vec<usize>,
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,

@@ -13,6 +13,7 @@
 //! against the CPU kernels (sampled rows, by [`crate::within_tolerance`]) before it is timed.
 use crate::device::Gpu;
 use crate::error::{Error, Result};
+use crate::gemm::Precision;
 use crate::gemv::{Job, Order};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
@@ -383,4 +384,178 @@ fn float_bytes(f: WeightFormat, raw: &[u8]) -> Vec<u8> {
             .collect(),
         _ => raw.to_vec(),
     }
+}
+
+/// One prefill-shaped product: `m` activation rows through one `rows × cols` matrix, on the
+/// tensor cores and, for comparison in the same run, as the ⌈m/8⌉ GEMV launches of the path it
+/// replaces.
+#[derive(Debug, Clone)]
+pub struct GemmCase {
+    /// Stable name (`expert.gate`, `attn.q_b`, ...).
+    pub name: String,
+    /// Weight format.
+    pub format: WeightFormat,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Activation rows.
+    pub m: usize,
+    /// How activations enter the tensor cores.
+    pub precision: Precision,
+}
+
+/// A timed GEMM case.
+#[derive(Debug, Clone)]
+pub struct GemmResult {
+    /// The case.
+    pub case: GemmCase,
+    /// Per-product timing on the tensor cores.
+    pub gemm: Timing,
+    /// Per-product timing as ⌈m/8⌉ GEMV launches (exact order), same weights, same run.
+    pub gemv: Timing,
+    /// Largest |gpu − cpu| / Σ|w·x| over the checked elements (GEMM).
+    pub max_rel_err: f64,
+    /// Elements checked against the CPU kernels.
+    pub checked: usize,
+}
+
+impl GemmResult {
+    /// Useful TFLOP/s (2 · rows · cols · m per product) at the median GEMM time.
+    pub fn tflops(&self) -> f64 {
+        2.0 * (self.case.rows * self.case.cols * self.case.m) as f64 / self.gemm.median_s / 1e12
+    }
+
+    /// GEMV-path time ÷ GEMM time.
+    pub fn speedup(&self) -> f64 {
+        self.gemv.median_s / self.gemm.median_s
+    }
+}
+
+/// Measures one GEMM case; weights rotate through copies spanning at least `arena_bytes`, as
+/// in [`gemv_case`], so each product reads its weights from HBM.
+pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmResult> {
+    let (f, rows, cols, m) = (case.format, case.rows, case.cols, case.m);
+    let plan = gpu.gemm_plan(f, rows, cols, m, case.precision)?;
+    let wb = rows * f.row_bytes(cols);
+    let sc = rows * f.row_scales(cols);
+    let copies = arena_bytes.div_ceil((wb + sc * 4).max(1)).max(2);
+    let host_w = random_bytes(wb, 0x6765_6d6d);
+    let host_w = match f {
+        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &host_w),
+        _ => host_w,
+    };
+    let host_s: Vec<f32> = random_bytes(sc, 0x73_6361_6c65)
+        .iter()
+        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
+        .collect();
+    let host_x: Vec<f32> = random_bytes(m * cols * 2, 0x78)
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
+        .collect();
+    let mut w_dev: CudaSlice<u8> = gpu.stream.alloc_zeros((copies * wb).max(1))?;
+    let mut s_dev: CudaSlice<f32> = gpu.stream.alloc_zeros((copies * sc).max(1))?;
+    for c in 0..copies {
+        gpu.stream
+            .memcpy_htod(&host_w, &mut w_dev.slice_mut(c * wb..(c + 1) * wb))?;
+        if sc > 0 {
+            gpu.stream
+                .memcpy_htod(&host_s, &mut s_dev.slice_mut(c * sc..(c + 1) * sc))?;
+        }
+    }
+    let x_dev = gpu.stream.clone_htod(&host_x)?;
+    let mut y_dev: CudaSlice<f32> = gpu.stream.alloc_zeros(m * rows)?;
+    let (wp, _) = w_dev.device_ptr(&gpu.stream);
+    let (sp, _) = s_dev.device_ptr(&gpu.stream);
+    let (xp, _) = x_dev.device_ptr(&gpu.stream);
+    let (yp, _) = y_dev.device_ptr_mut(&gpu.stream);
+    // One job per copy, for the whole m (GEMM) and per chunk of 8 rows (GEMV).
+    let job = |c: usize, i0: usize| Job {
+        w: wp + (c * wb) as u64,
+        s: sp + (c * sc * 4) as u64,
+        x: xp + (i0 * cols * 4) as u64,
+        y: yp + (i0 * rows * 4) as u64,
+    };
+    let chunks: Vec<usize> = (0..m).step_by(crate::MAX_M).collect();
+    let gemm_jobs: Vec<Job> = (0..copies).map(|c| job(c, 0)).collect();
+    let gemv_jobs: Vec<Job> = (0..copies)
+        .flat_map(|c| chunks.iter().map(move |&i0| (c, i0)))
+        .map(|(c, i0)| job(c, i0))
+        .collect();
+    let vec = plan.vector_flags(&gemm_jobs);
+    let gemm_table = gpu.stream.clone_htod(&gemm_jobs)?;
+    let gemv_table = gpu.stream.clone_htod(&gemv_jobs)?;
+    let (gt, _) = gemm_table.device_ptr(&gpu.stream);
+    let (vt, _) = gemv_table.device_ptr(&gpu.stream);
+    let job_bytes = std::mem::size_of::<Job>() as u64;
+    let gemm = |copy: usize| {
+        // SAFETY: job `copy` points at copy `copy` of the weights, x (m × cols) and y (m ×
+        // rows) of this function, the plan's shape; `vector_flags` checked alignment.
+        unsafe { gpu.gemm_launch(&plan, gt + copy as u64 * job_bytes, 1, vec) }
+    };
+    let mut gemv_plans = Vec::new();
+    for &i0 in &chunks {
+        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::Exact)?);
+    }
+    let gemv_vector = gemv_plans[0].vector_ok(&gemv_jobs);
+    let gemv = |copy: usize| -> Result<()> {
+        for (k, p) in gemv_plans.iter().enumerate() {
+            let at = (copy * chunks.len() + k) as u64 * job_bytes;
+            // SAFETY: as above, for rows i0 … i0 + 8 of x and y.
+            unsafe { gpu.gemv_launch(p, vt + at, 1, gemv_vector)? };
+        }
+        Ok(())
+    };
+
+    // Check the GEMM against the CPU on sampled rows (NaN-poisoned output first).
+    gpu.stream
+        .memcpy_htod(&vec![f32::NAN; m * rows], &mut y_dev)?;
+    gemm(0)?;
+    let y = gpu.stream.clone_dtoh(&y_dev)?;
+    let w = MatRef::new(f, rows, cols, &host_w, &host_s)?;
+    let (mut max_rel_err, mut checked) = (0.0f64, 0);
+    let mut row = vec![0.0f32; cols];
+    for k in 0..CHECK_ROWS.min(rows) {
+        let r = k * rows / CHECK_ROWS.min(rows);
+        decode_row(&w, r, &mut row);
+        for i in (0..m).step_by(m.div_ceil(16)) {
+            let x = &host_x[i * cols..(i + 1) * cols];
+            let cpu = dot_scalar(&row, x);
+            let abs: f32 = row.iter().zip(x).map(|(a, b)| (a * b).abs()).sum();
+            let g = y[i * rows + r];
+            let ok = match case.precision {
+                Precision::Split3 => crate::within_tolerance(g, cpu, abs),
+                Precision::Split2 => crate::within_gemm_tolerance(g, cpu, abs),
+                Precision::Single => (g - cpu).abs() <= abs / 256.0 + 1e-5 * abs,
+            };
+            if !ok {
+                return Err(Error::Shape(format!(
+                    "gemm {} {} m={m}: row {r} token {i}: gpu {g} vs cpu {cpu} (Σ|w·x| = {abs})",
+                    case.name,
+                    f.name()
+                )));
+            }
+            max_rel_err = max_rel_err.max(((g - cpu).abs() / abs.max(f32::MIN_POSITIVE)) as f64);
+            checked += 1;
+        }
+    }
+    if y.iter().any(|v| v.is_nan()) {
+        return Err(Error::Shape(format!(
+            "gemm {} {}: an output element was never written",
+            case.name,
+            f.name()
+        )));
+    }
+    // Enough products per trial to pass ~2 ms at a guessed 100 TFLOP/s.
+    let t_est = 2.0 * (rows * cols * m) as f64 / 1e14;
+    let reps = ((2e-3 / t_est).ceil() as usize).clamp(3, 500);
+    let gemm_t = gpu.time(copies.min(4), reps, 9, |i| gemm(i % copies))?;
+    let gemv_t = gpu.time(copies.min(4), reps.div_ceil(4), 5, |i| gemv(i % copies))?;
+    Ok(GemmResult {
+        case: case.clone(),
+        gemm: gemm_t,
+        gemv: gemv_t,
+        max_rel_err,
+        checked,
+    })
 }

@@ -7,8 +7,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// The kernel source, compiled at run time by NVRTC for the device found (`gemv.cu`).
-const GEMV_SOURCE: &str = include_str!("gemv.cu");
+/// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
+/// (`gemv.cu`), then the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions).
+const KERNEL_SOURCE: &str = concat!(include_str!("gemv.cu"), include_str!("gemm.cu"));
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
 #[derive(Debug, Clone)]
@@ -54,7 +55,7 @@ pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    compile_ptx_with_opts(GEMV_SOURCE, opts).map_err(|e| match e {
+    compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             Error::Compile(log.to_string_lossy().into_owned())
         }
@@ -173,8 +174,9 @@ mod tests {
             return;
         }
         let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
-        let names = kernel_names();
+        let mut names = kernel_names();
         assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * MAX_M);
+        names.extend(crate::gemm::kernel_names());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

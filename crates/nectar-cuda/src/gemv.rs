@@ -10,6 +10,7 @@
 use crate::device::Gpu;
 use crate::divide;
 use crate::error::{Error, Result};
+use crate::gemm::Precision;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use nectar_kernels::{MatRef, WeightFormat};
 
@@ -281,6 +282,40 @@ impl Gpu {
         m: usize,
         order: Order,
     ) -> Result<Vec<Vec<f32>>> {
+        self.run_batch(items, m, Kernel::Gemv(order))
+    }
+
+    /// y = W·x for `m` activation rows on the tensor cores (`gemm.rs`), synchronously.
+    pub fn gemm(
+        &self,
+        w: &GpuMat,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        precision: Precision,
+    ) -> Result<()> {
+        let mut out = self.gemm_batch(&[(w, x)], m, precision)?;
+        y.copy_from_slice(&out.pop().unwrap_or_default());
+        Ok(())
+    }
+
+    /// [`Gpu::matmul_batch`] on the tensor cores: one launch for all `m` rows of every item.
+    pub fn gemm_batch(
+        &self,
+        items: &[(&GpuMat, &[f32])],
+        m: usize,
+        precision: Precision,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.run_batch(items, m, Kernel::Gemm(precision))
+    }
+
+    /// Uploads the items' activations, runs `kernel` over them, and downloads the outputs.
+    fn run_batch(
+        &self,
+        items: &[(&GpuMat, &[f32])],
+        m: usize,
+        kernel: Kernel,
+    ) -> Result<Vec<Vec<f32>>> {
         let Some(&(first, _)) = items.first() else {
             return Ok(Vec::new());
         };
@@ -302,7 +337,8 @@ impl Gpu {
                 )));
             }
         }
-        if m == 0 || rows == 0 {
+        // Nothing to launch: an empty product, or rows that are sums of no columns.
+        if m == 0 || rows == 0 || cols == 0 {
             return Ok(vec![vec![0.0; m * rows]; items.len()]);
         }
         let n = items.len();
@@ -311,11 +347,7 @@ impl Gpu {
         for (_, x) in items {
             xs.extend_from_slice(x);
         }
-        let x_dev = if xs.is_empty() {
-            self.stream.alloc_zeros(1)?
-        } else {
-            self.stream.clone_htod(&xs)?
-        };
+        let x_dev = self.stream.clone_htod(&xs)?;
         // SAFETY: every element is written below before it is read (a NaN fill proves it: an
         // unwritten element would come back NaN, which the parity tests reject).
         let y_dev: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * rows)? };
@@ -338,11 +370,9 @@ impl Gpu {
                 (wp, sp)
             })
             .collect();
-        for i0 in (0..m).step_by(MAX_M) {
-            let mc = MAX_M.min(m - i0);
-            let plan = self.gemv_plan(format, rows, cols, mc, order)?;
-            let jobs: Vec<Job> = ptrs
-                .iter()
+        // Jobs for activation rows i0 .. of every item.
+        let jobs_from = |i0: usize| -> Vec<Job> {
+            ptrs.iter()
                 .enumerate()
                 .map(|(j, &(w, s))| Job {
                     w,
@@ -350,18 +380,44 @@ impl Gpu {
                     x: xp + ((j * m + i0) * cols * 4) as u64,
                     y: yp + ((j * m + i0) * rows * 4) as u64,
                 })
-                .collect();
-            let vector = plan.vector_ok(&jobs);
-            let table = self.stream.clone_htod(&jobs)?;
-            let (tp, _t_sync) = table.device_ptr(&self.stream);
-            // SAFETY: every job points into this call's x/y buffers (m × cols and m × rows per
-            // item, offset by the chunk) and into uploaded matrices of the plan's shape;
-            // `vector_ok` checked the alignment.
-            unsafe { self.gemv_launch(&plan, tp, jobs.len(), vector)? };
+                .collect()
+        };
+        match kernel {
+            Kernel::Gemv(order) => {
+                for i0 in (0..m).step_by(MAX_M) {
+                    let mc = MAX_M.min(m - i0);
+                    let plan = self.gemv_plan(format, rows, cols, mc, order)?;
+                    let jobs = jobs_from(i0);
+                    let vector = plan.vector_ok(&jobs);
+                    let table = self.stream.clone_htod(&jobs)?;
+                    let (tp, _t_sync) = table.device_ptr(&self.stream);
+                    // SAFETY: every job points into this call's x/y buffers (m × cols and m ×
+                    // rows per item, offset by the chunk) and into uploaded matrices of the
+                    // plan's shape; `vector_ok` checked the alignment.
+                    unsafe { self.gemv_launch(&plan, tp, jobs.len(), vector)? };
+                }
+            }
+            Kernel::Gemm(precision) => {
+                let plan = self.gemm_plan(format, rows, cols, m, precision)?;
+                let jobs = jobs_from(0);
+                let vec = plan.vector_flags(&jobs);
+                let table = self.stream.clone_htod(&jobs)?;
+                let (tp, _t_sync) = table.device_ptr(&self.stream);
+                // SAFETY: as above, with the whole m rows per job; `vector_flags` checked the
+                // alignment.
+                unsafe { self.gemm_launch(&plan, tp, jobs.len(), vec)? };
+            }
         }
         let y = self.stream.clone_dtoh(&y_dev)?;
         Ok(y.chunks(m * rows).map(<[f32]>::to_vec).collect())
     }
+}
+
+/// Which kernel family runs a batch.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Gemv(Order),
+    Gemm(Precision),
 }
 
 impl GemvPlan {

@@ -5,8 +5,9 @@
 //! [`Error::Unavailable`], and callers stay on the CPU), compile its kernels at run time with
 //! NVRTC for the device found, keep weight matrices resident in their stored bytes
 //! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
-//! same-shaped ones (a layer's routed experts) — and measure kernels and copies against the
-//! device's own copy bandwidth ([`bench`]).
+//! same-shaped ones (a layer's routed experts) — or for many rows at once on the tensor cores
+//! ([`Gpu::gemm`], prefill), and measure kernels and copies against the device's own copy
+//! bandwidth ([`bench`]).
 //! What it does not do: decide what lives on the GPU (the model's placement does), or know
 //! model files.
 //!
@@ -30,12 +31,16 @@ mod device;
 #[cfg(feature = "cuda")]
 mod error;
 #[cfg(feature = "cuda")]
+mod gemm;
+#[cfg(feature = "cuda")]
 mod gemv;
 
 #[cfg(feature = "cuda")]
 pub use device::{Gpu, GpuInfo};
 #[cfg(feature = "cuda")]
 pub use error::{Error, Result};
+#[cfg(feature = "cuda")]
+pub use gemm::{GemmPlan, Precision, GEMM_MIN_M};
 #[cfg(feature = "cuda")]
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 
@@ -53,6 +58,20 @@ pub fn within_tolerance(gpu: f32, cpu: f32, abs_sum: f32) -> bool {
     (gpu - cpu).abs() <= bound
 }
 
+/// The bound of the tensor-core GEMM with activations in two bf16 parts (`Precision::Split2`,
+/// measured, not used by the model), relative to Σ|wⱼ·xⱼ|: two parts keep each xⱼ to
+/// 2⁻¹⁶·|xⱼ|, so 4·2⁻¹⁶ = 2⁻¹⁴ (6.1e-5) covers it with room, plus [`TOLERANCE_EPS`] for the
+/// summation order. One wrong weight of a 768-term row (1.3e-3 of Σ|w·x|) still misses it
+/// twenty-fold. With three parts (what the model uses) the GEMM is held to
+/// [`within_tolerance`], the GEMV kernels' bound.
+pub const GEMM_TOLERANCE: f32 = 1.0 / 16384.0;
+
+/// |gpu − cpu| ≤ ([`GEMM_TOLERANCE`] + 64 ε)·Σ|wⱼ·xⱼ|.
+pub fn within_gemm_tolerance(gpu: f32, cpu: f32, abs_sum: f32) -> bool {
+    let bound = (GEMM_TOLERANCE + TOLERANCE_EPS * f32::EPSILON) * abs_sum + f32::MIN_POSITIVE;
+    (gpu - cpu).abs() <= bound
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +84,15 @@ mod tests {
         // A 6144-term sum of unit products off by one product.
         assert!(!within_tolerance(1.0 + 1.0 / 6144.0, 1.0, 6144.0 / 6144.0));
         assert!(within_tolerance(1.0 + 3.0e-6, 1.0, 1.0));
+    }
+
+    #[test]
+    fn gemm_tolerance_admits_split_rounding_not_a_wrong_weight() {
+        assert!(within_gemm_tolerance(1.0 + 5.0e-5, 1.0, 1.0));
+        assert!(!within_gemm_tolerance(f32::NAN, 1.0, 1.0));
+        // A 768-term sum of unit products off by one product.
+        assert!(!within_gemm_tolerance(1.0 + 1.0 / 768.0, 1.0, 1.0));
+        // bf16 activations alone (2⁻⁹ relative) do not pass.
+        assert!(!within_gemm_tolerance(1.0 + 1.0 / 512.0, 1.0, 1.0));
     }
 }

@@ -8,6 +8,8 @@
 //!   matrix to show what a lone launch costs. Weights rotate through copies spanning at least
 //!   8× the L2 cache (and 512 MiB), and every case is checked against the CPU kernels first.
 //! - Copies: expert-sized host→device copies from pinned memory ÷ one large pinned copy.
+//! - Tensor-core GEMM (prefill): useful TFLOP/s of M-row products on GLM-5.2 shapes, and the
+//!   time of the ⌈M/8⌉ GEMV launches they replace, measured on the same weights in the same run.
 //!
 //! The measurement code is `nectar_cuda::bench`; this module picks the cases and prints.
 use crate::args::BenchGpuArgs;
@@ -25,8 +27,10 @@ pub use with_cuda::gpu;
 mod with_cuda {
     use super::*;
     use anyhow::Context;
-    use nectar_cuda::bench::{d2d_copy, gemv_case, h2d, read_ref, GemvCase, GemvResult};
-    use nectar_cuda::{Gpu, Order};
+    use nectar_cuda::bench::{
+        d2d_copy, gemm_case, gemv_case, h2d, read_ref, GemmCase, GemmResult, GemvCase, GemvResult,
+    };
+    use nectar_cuda::{Gpu, Order, Precision};
     use nectar_kernels::WeightFormat;
     use serde_json::json;
 
@@ -80,6 +84,43 @@ mod with_cuda {
                         batch,
                         m,
                         order,
+                    });
+                }
+            }
+        }
+        v
+    }
+
+    fn gemm_cases(a: &BenchGpuArgs) -> Vec<GemmCase> {
+        let g64 = WeightFormat::Int4Group { group: 64 };
+        let shapes = [
+            ("expert.gate", g64, 2048, 6144),
+            ("expert.gate", WeightFormat::Int8Row, 2048, 6144),
+            ("expert.gate", WeightFormat::Bf16, 2048, 6144),
+            ("expert.down", g64, 6144, 2048),
+            ("attn.q_b", g64, 16384, 2048),
+            ("attn.o_proj", WeightFormat::Bf16, 6144, 16384),
+        ];
+        let top = a.gemm_m.iter().copied().max().unwrap_or(0);
+        let mut v = Vec::new();
+        for (name, format, rows, cols) in shapes {
+            if a.filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            for &m in a.gemm_m.iter().filter(|&&m| m > 0) {
+                let mut precisions = vec![Precision::Split3];
+                // Coarser activations, for the record (not what the model uses).
+                if m == top && name == "expert.gate" {
+                    precisions.extend([Precision::Split2, Precision::Single]);
+                }
+                for precision in precisions {
+                    v.push(GemmCase {
+                        name: name.to_string(),
+                        format,
+                        rows,
+                        cols,
+                        m,
+                        precision,
                     });
                 }
             }
@@ -159,7 +200,45 @@ mod with_cuda {
             }
             results.push(r);
         }
+        if !a.json {
+            println!(
+                "{:<12} {:<9} {:>5} {:<6} {:>9} {:>8} {:>12} {:>8} {:>9}",
+                "gemm case", "format", "m", "x", "µs", "TFLOP/s", "GEMV µs", "speedup", "max err"
+            );
+        }
+        let mut gemms: Vec<GemmResult> = Vec::new();
+        for c in gemm_cases(&a) {
+            let r = gemm_case(&gpu, &c, arena)
+                .with_context(|| format!("gemm {} {} m={}", c.name, c.format.name(), c.m))?;
+            if !a.json {
+                println!(
+                    "{:<12} {:<9} {:>5} {:<6} {:>9.1} {:>8.1} {:>12.1} {:>8.2} {:>9.1e}",
+                    c.name,
+                    c.format.name(),
+                    c.m,
+                    c.precision.name(),
+                    r.gemm.median_s * 1e6,
+                    r.tflops(),
+                    r.gemv.median_s * 1e6,
+                    r.speedup(),
+                    r.max_rel_err
+                );
+            }
+            gemms.push(r);
+        }
         if a.json {
+            let gemm_cases: Vec<_> = gemms
+                .iter()
+                .map(|r| {
+                    json!({
+                        "name": r.case.name, "format": r.case.format.name(), "rows": r.case.rows,
+                        "cols": r.case.cols, "m": r.case.m, "precision": r.case.precision.name(),
+                        "median_us": r.gemm.median_s * 1e6, "best_us": r.gemm.best_s * 1e6,
+                        "tflops": r.tflops(), "gemv_median_us": r.gemv.median_s * 1e6,
+                        "speedup": r.speedup(), "checked": r.checked, "max_rel_err": r.max_rel_err,
+                    })
+                })
+                .collect();
             let cases: Vec<_> = results
                 .iter()
                 .map(|r| {
@@ -187,6 +266,7 @@ mod with_cuda {
                             "ratio": h_chunk / h_whole},
                     "arena_bytes": arena,
                     "cases": cases,
+                    "gemm_cases": gemm_cases,
                 })
             );
         }

@@ -1,6 +1,6 @@
 //! A [`super::Linear`]'s copy in VRAM and the product that uses it (`--features cuda`).
 use crate::error::{Error, Result};
-use nectar_cuda::{Gpu, GpuMat, Order};
+use nectar_cuda::{Gpu, GpuMat, Order, Precision, GEMM_MIN_M};
 use nectar_kernels::MatRef;
 use std::sync::Arc;
 
@@ -27,11 +27,16 @@ impl GpuWeight {
         self.mat.device_bytes()
     }
 
-    /// y = W·x with every weight dequantised to the CPU's value (the exact order).
+    /// y = W·x: below [`GEMM_MIN_M`] rows (decode, MTP verify) by the GEMV kernels with every
+    /// weight dequantised to the CPU's value (the exact order); from there on (prefill, batched
+    /// verify) on the tensor cores, activations split into three bf16 parts (`gemm.cu`).
     pub(crate) fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
-        self.gpu
-            .matmul(&self.mat, x, m, y, Order::Exact)
-            .map_err(gpu_err)
+        if m >= GEMM_MIN_M {
+            self.gpu.gemm(&self.mat, x, m, y, Precision::Split3)
+        } else {
+            self.gpu.matmul(&self.mat, x, m, y, Order::Exact)
+        }
+        .map_err(gpu_err)
     }
 }
 

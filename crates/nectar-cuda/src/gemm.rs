@@ -1,0 +1,243 @@
+//! y = W·x on the tensor cores for many activation rows at once (`gemm.cu`): prefill and
+//! batched verify. Weight tiles are dequantised to bf16 in shared memory and multiplied with
+//! f32 accumulation; activations (and f32/f16 weights) are split into bf16 parts so that the
+//! product keeps about 24 bits of each (`gemm.cu` states the order and the error bound).
+//!
+//! Below [`GEMM_MIN_M`] rows the GEMV kernels (`gemv.rs`) are used: they stream the weights at
+//! close to the memory bandwidth, while a GEMM tile of 64 tokens would mostly multiply padding.
+use crate::device::Gpu;
+use crate::divide;
+use crate::error::{Error, Result};
+use crate::gemv::Job;
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use nectar_kernels::WeightFormat;
+
+/// Products with at least this many activation rows take the tensor-core GEMM (one launch, each
+/// weight read once per 64 rows) instead of ⌈M/8⌉ GEMV launches (each reading every weight).
+pub const GEMM_MIN_M: usize = 9;
+/// Weight rows and tokens one block covers (`GEMM_BW`, `GEMM_BX` in `gemm.cu`).
+const TILE_ROWS: u32 = 128;
+const TILE_TOKENS: u32 = 64;
+/// Threads per block (`GEMM_THREADS`).
+const BLOCK_THREADS: u32 = 256;
+
+/// How activations enter the tensor cores: in how many bf16 parts (x = x0 + x1 + x2, each the
+/// rounding of what the earlier parts left).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// Three parts: x kept to about 2⁻²⁴·|x|, like f32. What the model uses.
+    Split3,
+    /// Two parts: x kept to 2⁻¹⁶·|x|. Measured by the tests and `nectar bench gpu` only (a
+    /// first two-part version failed the f32 fixtures' router-weight check; docs/gpu.md).
+    Split2,
+    /// One bf16 (2⁻⁹·|x|): ten times the model's parity bar. Measured only.
+    Single,
+}
+
+impl Precision {
+    /// `x3` / `x2` / `x1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Split3 => "x3",
+            Precision::Split2 => "x2",
+            Precision::Single => "x1",
+        }
+    }
+}
+
+/// A GEMM kernel and its arguments for one (format, shape, M, precision).
+pub struct GemmPlan {
+    func: CudaFunction,
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    m: usize,
+    row_bytes: i32,
+    row_scales: i32,
+    gmagic: u32,
+    gshift: i32,
+}
+
+/// The kernel for a format: integer codes go to the tensor cores exact, with the scale applied
+/// per 16-column step, when no scale group splits such a step; other groups are dequantised to
+/// the CPU's f32 values first (`_deq`).
+pub(crate) fn kernel_name(format: WeightFormat, cols: usize, precision: Precision) -> String {
+    let codes = |group: usize| group.is_multiple_of(16) || group >= cols;
+    let base = match format {
+        WeightFormat::F32 => "f32",
+        WeightFormat::F16 => "f16",
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::Int8Row => "i8",
+        WeightFormat::Int4Row => "i4",
+        WeightFormat::Int4Group { group } if codes(group) => "i4",
+        WeightFormat::Int4Group { .. } => "i4_deq",
+    };
+    // The coarser activations exist for the formats whose weights take one part.
+    match precision {
+        Precision::Split3 => format!("gemm_{base}"),
+        p if matches!(base, "bf16" | "i8" | "i4") => format!("gemm_{base}_{}", p.name()),
+        _ => format!("gemm_{base}"),
+    }
+}
+
+/// Every GEMM entry point (for the compile test).
+#[cfg(test)]
+pub(crate) fn kernel_names() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "f32", "f16", "bf16", "i8", "i4", "i4_deq", "bf16_x2", "i8_x2", "i4_x2", "bf16_x1",
+        "i8_x1", "i4_x1",
+    ]
+    .iter()
+    .map(|b| format!("gemm_{b}"))
+    .collect();
+    v.sort();
+    v
+}
+
+fn shape_i32(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} exceeds the kernel limit")))
+}
+
+impl Gpu {
+    /// Prepares the GEMM for `m` (≥ 1) activation rows of a `rows × cols` matrix.
+    pub fn gemm_plan(
+        &self,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        m: usize,
+        precision: Precision,
+    ) -> Result<GemmPlan> {
+        if m == 0 || m.div_ceil(TILE_TOKENS as usize) > 65535 {
+            return Err(Error::Shape(format!(
+                "gemm: m = {m} outside 1..={}",
+                65535 * TILE_TOKENS as usize
+            )));
+        }
+        let group = match format {
+            WeightFormat::Int8Row | WeightFormat::Int4Row => cols.max(1),
+            WeightFormat::Int4Group { group } if group > 0 => group,
+            WeightFormat::Int4Group { .. } => return Err(Error::Shape("int4 group size 0".into())),
+            _ => 1,
+        };
+        shape_i32("rows", rows)?;
+        shape_i32("cols", cols)?;
+        shape_i32("m", m)?;
+        let (gmagic, gshift) = divide::magic(group.clamp(1, 1 << 31) as u32);
+        Ok(GemmPlan {
+            func: self.function(&kernel_name(format, cols, precision))?,
+            format,
+            rows,
+            cols,
+            m,
+            row_bytes: shape_i32("row bytes", format.row_bytes(cols))?,
+            row_scales: shape_i32("row scales", format.row_scales(cols))?,
+            gmagic,
+            gshift: gshift as i32,
+        })
+    }
+
+    /// Queues one GEMM launch of `plan` over `n` jobs read from the job table at `jobs`.
+    ///
+    /// # Safety
+    /// As [`Gpu::gemv_launch`]: `jobs` holds `n` [`Job`]s in device memory of this context whose
+    /// addresses match the plan's shape (`rows × row_bytes` weight bytes, `rows × row_scales`
+    /// scales, `m × cols` activations, `m × rows` writable outputs); `vec` only as
+    /// [`GemmPlan::vector_flags`] computed it for these jobs.
+    pub unsafe fn gemm_launch(&self, plan: &GemmPlan, jobs: u64, n: usize, vec: i32) -> Result<()> {
+        if n == 0 || plan.rows == 0 || plan.cols == 0 {
+            return Ok(());
+        }
+        if n > 65535 {
+            return Err(Error::Shape(format!(
+                "gemm: {n} jobs in one launch (at most 65535)"
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (plan.rows as u32).div_ceil(TILE_ROWS),
+                (plan.m as u32).div_ceil(TILE_TOKENS),
+                n as u32,
+            ),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
+        let mut b = self.stream.launch_builder(&plan.func);
+        b.arg(&jobs)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&m)
+            .arg(&plan.row_bytes)
+            .arg(&plan.row_scales)
+            .arg(&plan.gmagic)
+            .arg(&plan.gshift)
+            .arg(&vec);
+        // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
+        // the grid covers every (row, token) once and the kernel bounds-checks both.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+impl GemmPlan {
+    /// The kernel's vector-load flags for `jobs`: bit 0, weight rows in whole 16-byte chunks at
+    /// 16-byte-aligned addresses; bit 1, activation rows of whole float4s, 16-byte aligned.
+    /// Anything else is read element by element (still exact).
+    pub fn vector_flags(&self, jobs: &[Job]) -> i32 {
+        let w = self.row_bytes % 16 == 0 && jobs.iter().all(|j| j.w % 16 == 0);
+        let x = self.cols.is_multiple_of(4) && jobs.iter().all(|j| j.x % 16 == 0);
+        i32::from(w) | (i32::from(x) << 1)
+    }
+
+    /// Multiply-adds one job performs (rows × cols × m).
+    pub fn macs(&self) -> usize {
+        self.rows * self.cols * self.m
+    }
+
+    /// The plan's format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which kernel a format takes decides exactness: codes only when no scale group splits a
+    /// 16-column step, and coarse activations only where they were built.
+    #[test]
+    fn formats_map_to_their_kernels() {
+        let k = |f, cols, p| kernel_name(f, cols, p);
+        let g = |group| WeightFormat::Int4Group { group };
+        assert_eq!(k(g(64), 6144, Precision::Split3), "gemm_i4");
+        assert_eq!(k(g(48), 768, Precision::Split3), "gemm_i4");
+        assert_eq!(k(g(40), 200, Precision::Split3), "gemm_i4_deq");
+        assert_eq!(k(g(5), 63, Precision::Split3), "gemm_i4_deq");
+        // One group covering the row is a per-row scale.
+        assert_eq!(k(g(100), 64, Precision::Split3), "gemm_i4");
+        assert_eq!(k(WeightFormat::Int4Row, 101, Precision::Split3), "gemm_i4");
+        assert_eq!(
+            k(WeightFormat::Int8Row, 70, Precision::Split2),
+            "gemm_i8_x2"
+        );
+        assert_eq!(k(WeightFormat::Bf16, 7, Precision::Single), "gemm_bf16_x1");
+        // Split weights always take three activation parts.
+        assert_eq!(k(WeightFormat::F32, 64, Precision::Single), "gemm_f32");
+        assert_eq!(k(g(5), 63, Precision::Split2), "gemm_i4_deq");
+        for f in [
+            WeightFormat::F32,
+            WeightFormat::F16,
+            WeightFormat::Bf16,
+            WeightFormat::Int8Row,
+            WeightFormat::Int4Row,
+            g(64),
+            g(5),
+        ] {
+            for p in [Precision::Split3, Precision::Split2, Precision::Single] {
+                assert!(kernel_names().contains(&k(f, 64, p)), "{f:?} {p:?}");
+            }
+        }
+    }
+}
