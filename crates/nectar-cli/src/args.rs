@@ -739,6 +739,11 @@ pub struct FitArgs {
     /// it, the plan is `nectar run`'s).
     #[arg(long)]
     pub serve: bool,
+    /// Plan for this `--mtp` mode: `off` leaves the MTP layer out of memory (as `run --mtp off`
+    /// and `serve --mtp off` do), `on`/`auto` load it. Default: the planned command's own
+    /// default (`off` for run, `auto` with --serve).
+    #[arg(long, value_parser = ["off", "on", "auto"])]
+    pub mtp: Option<String>,
     /// Also predict decode tok/s (MTP off and on) and prefill tok/s for this plan, from this
     /// machine's measured memory, kernel and disk speeds (or the flags below) and the hit rate
     /// the route256 trace reaches at the plan's slots.

@@ -41,6 +41,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             ),
             None => None,
         },
+        // `--mtp off` (the default) neither loads nor plans the MTP layer.
+        mtp: a.mtp != MtpMode::Off,
         ..Default::default()
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
