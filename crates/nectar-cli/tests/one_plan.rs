@@ -77,10 +77,17 @@ fn mtp_off_leaves_the_mtp_layer_out_of_the_plan_and_its_minimum_is_exact() {
     // minimum cannot hold the MTP layer.
     for (mtp, need) in [("off", off), ("on", on)] {
         let (ok, out, err) = run(need, mtp);
-        assert!(ok, "--mtp {mtp}: fit's minimum {need} B was refused:\n{err}");
+        assert!(
+            ok,
+            "--mtp {mtp}: fit's minimum {need} B was refused:\n{err}"
+        );
         let stats = &json(&out)["stats"];
         assert_eq!(stats["residency"]["lru_per_layer"], 1);
-        assert_eq!(stats["residency"]["mtp_tier"].is_null(), mtp == "off", "{stats}");
+        assert_eq!(
+            stats["residency"]["mtp_tier"].is_null(),
+            mtp == "off",
+            "{stats}"
+        );
         let (ok, _, err) = run(need - 1, mtp);
         assert!(!ok && err.contains("needs at least"), "{err}");
     }

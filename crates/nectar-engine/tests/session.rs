@@ -162,7 +162,8 @@ fn a_session_with_mtp_rows_loads_into_a_process_that_skips_the_mtp_layer() {
     assert_eq!(s.cache().mtp.len(), len - 1);
     let dir = tmp();
     let path = dir.path().join("with-mtp.nectar");
-    s.save(&path, SessionFormat::Nectar, model(), &id()).unwrap();
+    s.save(&path, SessionFormat::Nectar, model(), &id())
+        .unwrap();
     let loaded = Session::load(&path, SessionFormat::Nectar, &no_mtp, &id()).unwrap();
     assert!(loaded.verified && !loaded.recomputed);
     let r = loaded.session;

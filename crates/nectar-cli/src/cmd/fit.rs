@@ -21,7 +21,10 @@ pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
 /// Whether the planned command loads the MTP layer: `--mtp`, else its default (`run`: off,
 /// `serve`: auto).
 pub fn loads_mtp(a: &FitArgs) -> bool {
-    a.mtp.as_deref().unwrap_or(if a.serve { "auto" } else { "off" }) != "off"
+    a.mtp
+        .as_deref()
+        .unwrap_or(if a.serve { "auto" } else { "off" })
+        != "off"
 }
 
 pub fn run(a: FitArgs) -> Result<()> {

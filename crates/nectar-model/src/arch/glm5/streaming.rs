@@ -161,7 +161,10 @@ pub fn prompt_transients(ctx: usize, hidden: usize, top_k: usize) -> u64 {
 /// Whether the model has an MTP layer and `opts` loads it.
 pub(super) fn loads_mtp(cfg: &Config, cat: &Catalog, opts: &LoadOptions) -> bool {
     let n = cfg.raw.num_hidden_layers;
-    opts.mtp && cat.get(&format!("model.layers.{n}.eh_proj.weight")).is_some()
+    opts.mtp
+        && cat
+            .get(&format!("model.layers.{n}.eh_proj.weight"))
+            .is_some()
 }
 
 /// The inputs of the memory equation for this model (no weight bytes are read).
