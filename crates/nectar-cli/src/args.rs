@@ -158,7 +158,8 @@ pub struct RunArgs {
     /// runs on the CPU.
     #[arg(long)]
     pub gpu_memory: Option<String>,
-    /// Context length the memory plan reserves KV for (with --memory-budget).
+    /// Context length (prompt + reply) the memory plan reserves KV for (with --memory-budget:
+    /// a prompt that fills it is refused, a reply stops where it ends).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
     /// I/O threads reading experts (with --memory-budget).

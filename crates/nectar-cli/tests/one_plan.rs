@@ -143,3 +143,42 @@ fn fit_serve_is_the_plan_serve_runs() {
             || terms(&run_plan["terms"]) < terms(&planned["terms"])
     );
 }
+
+#[test]
+fn run_keeps_to_the_context_its_plan_reserved() {
+    let run = |ctx: &str, ids: &str, max: &str| {
+        nectar(&[
+            "run",
+            "--memory-budget",
+            "400M",
+            "--ctx-size",
+            ctx,
+            "--prompt-ids",
+            ids,
+            "--max-tokens",
+            max,
+            "--no-usage-save",
+            "--json",
+        ])
+    };
+    let (ok, _, err) = run("4", "1,2,3,4", "2");
+    assert!(!ok && err.contains("--ctx-size 4"), "{err}");
+    let (ok, out, err) = run("8", "1,2,3", "20");
+    assert!(ok, "{err}");
+    assert!(err.contains("stopping after 5 tokens"), "{err}");
+    assert_eq!(json(&out)["tokens"].as_array().unwrap().len(), 5, "{out}");
+    // Without a budget nothing is planned, so --ctx-size does not limit the run.
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--ctx-size",
+        "8",
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "12",
+        "--no-usage-save",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(json(&out)["tokens"].as_array().unwrap().len(), 12, "{out}");
+}
