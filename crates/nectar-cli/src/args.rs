@@ -158,7 +158,8 @@ pub struct RunArgs {
     /// runs on the CPU.
     #[arg(long)]
     pub gpu_memory: Option<String>,
-    /// Context length the memory plan reserves KV for (with --memory-budget).
+    /// Context length (prompt + reply) the memory plan reserves KV for (with --memory-budget:
+    /// a prompt that fills it is refused, a reply stops where it ends).
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
     /// I/O threads reading experts (with --memory-budget).
@@ -743,6 +744,11 @@ pub struct FitArgs {
     /// it, the plan is `nectar run`'s).
     #[arg(long)]
     pub serve: bool,
+    /// Plan for this `--mtp` mode: `off` leaves the MTP layer out of memory (as `run --mtp off`
+    /// and `serve --mtp off` do), `on`/`auto` load it. Default: the planned command's own
+    /// default (`off` for run, `auto` with --serve).
+    #[arg(long, value_parser = ["off", "on", "auto"])]
+    pub mtp: Option<String>,
     /// Also predict decode tok/s (MTP off and on) and prefill tok/s for this plan, from this
     /// machine's measured memory, kernel and disk speeds (or the flags below) and the hit rate
     /// the route256 trace reaches at the plan's slots.

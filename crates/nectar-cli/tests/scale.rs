@@ -179,11 +179,14 @@ fn fit_projects_decode_and_prefill_speed() {
             "--json",
         ]);
         assert!(ok, "{err}");
-        json(&out)["projection"]["decode_tok_s"]["mtp_off"]
-            .as_f64()
-            .unwrap()
+        json(&out)["projection"].clone()
     };
-    assert!(glm("14") > glm("7"));
+    let (slow, fast) = (glm("7"), glm("14"));
+    let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
+    assert!(tok_s(&fast) > tok_s(&slow));
+    // MTP off does not load the MTP layer: its ~1 GB buys the main layers a 12th slot at 29 GiB.
+    assert_eq!(slow["lru_slots_per_layer"], 12, "{slow}");
+    assert_eq!(slow["lru_slots_per_layer_mtp_on"], 11, "{slow}");
     let (ok, _, err) = nectar(&["fit", "--geometry", "glm52", "--project"]);
     assert!(!ok && err.contains("--disk-gbps"), "{err}");
 }

@@ -131,6 +131,55 @@ fn restored_session_continues_with_identical_logits() {
     }
 }
 
+#[test]
+fn a_session_with_mtp_rows_loads_into_a_process_that_skips_the_mtp_layer() {
+    // `--mtp off` does not load the MTP layer; a session saved by a process that ran it keeps
+    // its main-layer caches (the MTP rows are read, checksummed and dropped).
+    let no_mtp = Glm5::load_with(
+        Path::new(DEMO),
+        &nectar_model::arch::glm5::LoadOptions {
+            mtp: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!no_mtp.has_mtp() && model().has_mtp());
+    let toks = long_prompt();
+    let len = 40;
+    let mut c = model().new_cache();
+    let h = run(&mut c, &toks[..len]);
+    model()
+        .mtp_forward(
+            &mut [MtpStep {
+                cache: &mut c,
+                hidden: &h,
+                next_tokens: &toks[1..=len],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let s = Session::from_cache(toks[..len].to_vec(), c).unwrap();
+    assert_eq!(s.cache().mtp.len(), len - 1);
+    let dir = tmp();
+    let path = dir.path().join("with-mtp.nectar");
+    s.save(&path, SessionFormat::Nectar, model(), &id())
+        .unwrap();
+    let loaded = Session::load(&path, SessionFormat::Nectar, &no_mtp, &id()).unwrap();
+    assert!(loaded.verified && !loaded.recomputed);
+    let r = loaded.session;
+    assert!(r.cache().mtp.is_empty());
+    let mut want = s.cache().clone();
+    want.mtp.truncate(0);
+    assert_cache_eq(r.cache(), &want);
+    // The dropped rows were still checked: a flipped bit in them is refused.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 32 - 4;
+    bytes[at] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Session::load(&path, SessionFormat::Nectar, &no_mtp, &id()).unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+}
+
 fn greedy(prompt: &[u32], n: usize) -> Request {
     let mut r = Request::new(prompt.to_vec(), n);
     r.params.logprobs = Some(2);

@@ -59,6 +59,14 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
         // The rows, and the conversations kept for continuing requests.
         sequences: nectar_model::arch::glm5::serve_sequences(opts.parallel),
         server: true,
+        // `--mtp off` neither loads nor plans the MTP layer (its memory goes to the cache).
+        mtp: matches!(
+            opts.speculation,
+            Some(Speculation {
+                speculator: nectar_engine::Speculator::Mtp { .. },
+                ..
+            })
+        ),
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())

@@ -147,11 +147,13 @@ fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64) {
 }
 
 /// The container loaded afresh (a cold cache) under `budget_s`: the model, its expert cache
-/// and the budget in bytes.
+/// and the budget in bytes. `mtp`: load the MTP layer (as `run --mtp on` does; `--mtp off`
+/// leaves it out of memory, and its bytes to the main layers' cache).
 fn load(
     a: &BenchReplayArgs,
     budget_s: &str,
     prefetch: Prefetch,
+    mtp: bool,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
     let budget = super::fit::resolve_budget(Some(budget_s))?;
     let opts = LoadOptions {
@@ -159,6 +161,7 @@ fn load(
         io_threads: a.io_threads,
         admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
         prefetch,
+        mtp,
         ..Default::default()
     };
     let model = Glm5::load_with(&a.model, &opts)
@@ -186,7 +189,7 @@ fn run_one(
     raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
-    let (model, res, budget) = load(a, budget_s, prefetch)?;
+    let (model, res, budget) = load(a, budget_s, prefetch, mtp)?;
     anyhow::ensure!(
         !mtp || model.has_mtp(),
         "{} has no MTP layer (nectar synth --mtp writes one)",
@@ -430,7 +433,7 @@ fn prefill_run(
         "--prompt-rows {rows}: the prefill trace has {} rows",
         trace.rows
     );
-    let (model, res, _) = load(a, budget_s, Prefetch::Off)?;
+    let (model, res, _) = load(a, budget_s, Prefetch::Off, false)?;
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {

@@ -278,6 +278,8 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
+        // `nectar run`'s default (`--mtp off`): the MTP layer is not loaded.
+        mtp: false,
         ..Default::default()
     };
     match plan_memory(dir, &opts) {
@@ -311,6 +313,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         ctx_size: a.ctx_size,
         parallel: 1,
         serve: false,
+        mtp: None,
         project: true,
         geometry: None,
         disk_gbps: None,

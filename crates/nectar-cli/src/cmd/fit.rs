@@ -18,12 +18,21 @@ pub fn resolve_budget(given: Option<&str>) -> Result<u64> {
     }
 }
 
+/// Whether the planned command loads the MTP layer: `--mtp`, else its default (`run`: off,
+/// `serve`: auto).
+pub fn loads_mtp(a: &FitArgs) -> bool {
+    a.mtp
+        .as_deref()
+        .unwrap_or(if a.serve { "auto" } else { "off" })
+        != "off"
+}
+
 pub fn run(a: FitArgs) -> Result<()> {
     let budget = resolve_budget(a.memory_budget.as_deref())?;
     if a.project {
         return super::project::run(&a, budget);
     }
-    let dir = model_dir(a.model)?;
+    let dir = model_dir(a.model.clone())?;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
@@ -33,6 +42,7 @@ pub fn run(a: FitArgs) -> Result<()> {
             a.parallel.max(1)
         },
         server: a.serve,
+        mtp: loads_mtp(&a),
         ..Default::default()
     };
     let (inputs, plan) = plan_memory(&dir, &opts)?;

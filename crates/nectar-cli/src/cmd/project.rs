@@ -33,9 +33,11 @@
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
-use nectar_model::arch::glm5::{expert_layouts, plan_memory, LoadOptions};
+use nectar_model::arch::glm5::{
+    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions,
+};
 use nectar_residency::io::FileIo;
-use nectar_residency::planner::{plan, PlanInputs};
+use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
 use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
@@ -72,8 +74,11 @@ pub struct Geometry {
 impl Geometry {
     /// GLM-5.2 at Nectar's default conversion (experts int4 g64), from the model constants of
     /// `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB (37.75 M parameters), MTP
-    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident.
-    pub fn glm52() -> (Geometry, PlanInputs) {
+    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident. `mtp`: the
+    /// process loads the MTP layer (`--mtp on/auto`); with `--mtp off` its 0.3 GB, its working
+    /// bank and its slot row are not planned. The terms follow the runtime's plan
+    /// (`nectar_model::arch::glm5::plan_memory`) with GLM-5.2's dimensions.
+    pub fn glm52(mtp: bool, cores: usize) -> (Geometry, PlanInputs) {
         let g = Geometry {
             source: "GLM-5.2 constants (docs/performance.md §1), experts int4 g64".into(),
             spine_read: 9.5e9,
@@ -84,28 +89,44 @@ impl Geometry {
             top_k: 8,
             params_per_byte: 37.75e6 / 21.2e6,
         };
+        let (hidden, vocab, top_k) = (6144, 154_880, 8);
+        let mut spine = vec![(
+            "resident spine (int4 + int8 embed/head)".into(),
+            9_900_000_000,
+        )];
+        if mtp {
+            spine.push(("MTP layer (non-expert)".into(), 300_000_000));
+        }
         let p = PlanInputs {
             budget: 0,
-            spine: vec![
-                (
-                    "resident spine (int4 + int8 embed/head)".into(),
-                    9_900_000_000,
-                ),
-                ("MTP layer (non-expert)".into(), 300_000_000),
-            ],
+            spine,
             slot_bytes: 21_200_000,
             sparse_layers: 75,
-            mtp_slot_bytes: 37_800_000,
+            mtp_slot_bytes: if mtp { 37_800_000 } else { 0 },
             experts_per_layer: 256,
             working_slots: 16,
             pinned_slots: 0,
-            mtp_slots: 8,
-            // 78 layers + MTP of f32 MLA latent (512) + rope key (64), indexer keys (128) on
-            // the full-indexer layers (21 of 78 + MTP).
-            kv_bytes_per_token: ((79 * (512 + 64) + 22 * 128) * 4) as u64,
+            mtp_slots: if mtp { 8 } else { 0 },
+            // 78 layers (+ MTP) of MLA latent (512) + rope key (64); indexer keys (128) on the
+            // 21 full-indexer layers (+ MTP).
+            kv_bytes_per_token: kv_bytes_per_token(
+                78 + usize::from(mtp),
+                21 + usize::from(mtp),
+                512 + 64,
+                128,
+            ),
             ctx: 4096,
-            prefill_transients: 512 * 6144 * 4 * 16 + 512 * 154_880 * 4,
-            runtime_reserve: 128 << 20,
+            prefill_transients: prompt_transients(4096, hidden, top_k),
+            // GLM-5's tokenizer.json (about 20 MB, as GLM-4.5's), `cores` compute threads,
+            // 3 I/O workers, main and ledger: `nectar run`'s reserve.
+            runtime_reserve: runtime_reserve(&ReserveInputs {
+                tokenizer_json_bytes: 20_000_000,
+                threads: cores + 3 + 2,
+                sequences: 1,
+                hidden: hidden as u64,
+                vocab,
+                server: false,
+            }),
         };
         (g, p)
     }
@@ -373,7 +394,7 @@ pub fn calibrate(
 pub fn project(
     g: &Geometry,
     m: &Machine,
-    slots: usize,
+    slots: Slots,
     trace: &Trace,
     acceptance: f64,
     prefetch: bool,
@@ -381,7 +402,8 @@ pub fn project(
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
-    let c = slots.min(trace.experts_per_layer);
+    let c = slots.mtp_off.min(trace.experts_per_layer);
+    let c_on = slots.mtp_on.min(trace.experts_per_layer);
     // Four independent replays (deterministic each): run side by side.
     let ((((h1, u1), (h2, u2)), (hm, _)), (phi, waste)) = rayon::join(
         || {
@@ -389,14 +411,14 @@ pub fn project(
                 || {
                     rayon::join(
                         || hit_curve(trace, &main, c, 1),
-                        || hit_curve(trace, &main, c, 2),
+                        || hit_curve(trace, &main, c_on, 2),
                     )
                 },
                 || {
                     if mtp_l.is_empty() || g.mtp_expert == 0.0 {
                         (0.0, 0.0)
                     } else {
-                        hit_curve(trace, &mtp_l, c, 1)
+                        hit_curve(trace, &mtp_l, c_on, 1)
                     }
                 },
             )
@@ -448,7 +470,8 @@ pub fn project(
         p / t
     };
     json!({
-        "lru_slots_per_layer": slots,
+        "lru_slots_per_layer": slots.mtp_off,
+        "lru_slots_per_layer_mtp_on": slots.mtp_on,
         "hit_rate": {"mtp_off": h1, "mtp_on": h2, "mtp_layer": hm},
         "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
@@ -461,6 +484,13 @@ pub fn project(
         "prefill_tok_s": {"512": prefill(512.0), "2048": prefill(2048.0), "8192": prefill(8192.0)},
         "acceptance": acceptance,
     })
+}
+
+/// LRU slots per layer of the two plans projected: MTP off (the layer not loaded) and on.
+#[derive(Debug, Clone, Copy)]
+pub struct Slots {
+    pub mtp_off: usize,
+    pub mtp_on: usize,
 }
 
 /// `nectar fit --project`.
@@ -483,32 +513,43 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let trace = Trace::load(&trace_dir, "decode")?;
     let (geom, inputs, model_dir) = match a.geometry.as_deref() {
         Some("glm52") => {
-            let (g, mut p) = Geometry::glm52();
-            p.budget = budget;
-            p.ctx = a.ctx_size;
-            (g, p, None)
+            let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
+            let plans = [false, true].map(|mtp| {
+                let mut p = Geometry::glm52(mtp, cores).1;
+                p.budget = budget;
+                p.ctx = a.ctx_size;
+                p
+            });
+            (Geometry::glm52(true, cores).0, plans, None)
         }
         Some(o) => anyhow::bail!("unknown --geometry `{o}` (glm52)"),
         None => {
             let dir = crate::demo::model_dir(a.model.clone())?;
-            let opts = LoadOptions {
-                memory_budget: Some(budget),
-                ctx_size: a.ctx_size,
-                sequences: a.parallel.max(1),
-                ..Default::default()
+            let plan_for = |mtp: bool| -> Result<PlanInputs> {
+                let opts = LoadOptions {
+                    memory_budget: Some(budget),
+                    ctx_size: a.ctx_size,
+                    sequences: a.parallel.max(1),
+                    mtp,
+                    ..Default::default()
+                };
+                Ok(plan_memory(&dir, &opts)?.0)
             };
-            let (inputs, _) = plan_memory(&dir, &opts)?;
+            let plans = [plan_for(false)?, plan_for(true)?];
             let cfg: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
             let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
-            (Geometry::from_plan(&dir, &inputs, k), inputs, Some(dir))
+            (Geometry::from_plan(&dir, &plans[1], k), plans, Some(dir))
         }
     };
     anyhow::ensure!(
         a.disk_gbps.is_some() || model_dir.is_some(),
         "--geometry has no files to measure the disk with: pass --disk-gbps (or --model)"
     );
-    let p = plan(&inputs).context("the memory plan")?;
+    // `run --mtp off` plans without the MTP layer, `--mtp on` with it: each projection uses
+    // its own plan's slots.
+    let p_off = plan(&inputs[0]).context("the memory plan (MTP off)")?;
+    let p_on = plan(&inputs[1]).context("the memory plan (MTP on)")?;
     if let Some(s) = a.kernel_share {
         anyhow::ensure!(
             s > 0.0 && s <= 1.0,
@@ -606,7 +647,10 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let out = project(
         &geom,
         &machine,
-        p.lru_per_layer,
+        Slots {
+            mtp_off: p_off.lru_per_layer,
+            mtp_on: p_on.lru_per_layer,
+        },
         &trace,
         a.acceptance,
         a.prefetch == "lookahead",
@@ -640,9 +684,10 @@ pub fn render(full: &serde_json::Value) -> String {
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let slots = o["lru_slots_per_layer"].as_u64().unwrap_or(0);
     let mut s = format!(
-        "projection for {} under {} ({slots} LRU slots per layer)\n",
+        "projection for {} under {} ({slots} LRU slots per layer; {} with the MTP layer loaded)\n",
         full["geometry"].as_str().unwrap_or(""),
         nectar_residency::planner::human(full["budget"].as_u64().unwrap_or(0)),
+        o["lru_slots_per_layer_mtp_on"],
     );
     s += &format!(
         "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s\n",

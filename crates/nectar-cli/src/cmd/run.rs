@@ -41,6 +41,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             ),
             None => None,
         },
+        // `--mtp off` (the default) neither loads nor plans the MTP layer.
+        mtp: a.mtp != MtpMode::Off,
         ..Default::default()
     };
     let bundle = ModelBundle::open_with(&dir, &opts)
@@ -60,7 +62,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         }
     };
-    let request = request(&a, prompt_ids.clone())?;
+    let mut request = request(&a, prompt_ids.clone())?;
+    if budget.is_some() {
+        request.max_tokens = within_context(prompt_ids.len(), a.max_tokens, a.ctx_size)?;
+    }
     let tok = bundle.tokenizer.as_ref();
     // Refuse bad flags before echoing the prompt.
     request.validate(bundle.model.vocab_size(), tok.is_some())?;
@@ -334,6 +339,25 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
 }
 
 /// The engine request the flags describe (validated by the engine).
+/// Under a budget the memory plan reserved KV for `ctx` tokens (prompt + reply): a prompt that
+/// fills it is refused, and the reply stops where the context ends (as `serve` clamps
+/// `max_tokens`), so KV never outgrows the plan.
+fn within_context(prompt: usize, max_tokens: usize, ctx: usize) -> Result<usize> {
+    anyhow::ensure!(
+        prompt < ctx,
+        "the prompt has {prompt} tokens, but --ctx-size {ctx} (the context the memory plan \
+         reserves KV for) leaves no room for a reply: raise --ctx-size"
+    );
+    let room = ctx - prompt;
+    if max_tokens > room {
+        eprintln!(
+            "note: --max-tokens {max_tokens} runs past --ctx-size {ctx}; stopping after {room} \
+             tokens (raise --ctx-size for more)"
+        );
+    }
+    Ok(max_tokens.min(room))
+}
+
 fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> Result<Request> {
     Ok(Request {
         prompt_ids,

@@ -160,6 +160,9 @@ pub fn read(
     let mtp_index = match dims.mtp_index {
         Some(d) if mtp_rows == 0 || file_mtp_index as usize == d => d,
         None if mtp_rows == 0 => 0,
+        // Saved by a process that ran the MTP layer, loaded by one that does not (`--mtp off`
+        // skips it): the rows are read (the checksum covers them) and dropped.
+        None if file_mtp_index != NO_MTP => file_mtp_index as usize,
         model => {
             return Err(SessionError::dims(
                 path,
@@ -234,7 +237,10 @@ pub fn read(
     for &d in &dims.index {
         cache.layers.push(layer(n, d)?);
     }
-    cache.mtp = layer(mtp_rows, mtp_index)?;
+    let mtp = layer(mtp_rows, mtp_index)?;
+    if dims.mtp_index.is_some() {
+        cache.mtp = mtp;
+    }
     let sum: Hash = r.hash.finalize_reset().into();
     let mut stored = [0u8; 32];
     r.inner.read_exact(&mut stored).map_err(io)?;

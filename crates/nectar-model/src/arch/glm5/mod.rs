@@ -29,7 +29,8 @@ pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::GpuPlacement;
 pub use streaming::{
-    expert_layouts, plan_memory, serve_sequences, LoadOptions, PinRequest, DEFAULT_ADMISSION,
+    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, serve_sequences,
+    LoadOptions, PinRequest, DEFAULT_ADMISSION,
 };
 
 use crate::blocks::{Embedding, Linear, Loader};
@@ -127,7 +128,11 @@ impl Glm5 {
             embed: ld.embedding("model.embed_tokens.weight", v, h)?,
             norm: ld.vector("model.norm.weight", h)?,
             lm_head: ld.linear(lm_name, v, h)?,
-            mtp: Mtp::load(&ld, &cfg, streamed(r.num_hidden_layers))?,
+            mtp: if streaming::loads_mtp(&cfg, &catalog, opts) {
+                Mtp::load(&ld, &cfg, streamed(r.num_hidden_layers))?
+            } else {
+                None
+            },
             rope: RopeTable::new(r.qk_rope_head_dim, cfg.rope_theta),
             layers,
             mla_mode: MlaMode::Auto,

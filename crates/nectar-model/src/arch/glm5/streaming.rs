@@ -46,6 +46,11 @@ pub struct LoadOptions {
     /// `None` runs everything on the CPU. Without a usable GPU, or without the `cuda` feature,
     /// the model stays on the CPU and [`super::Glm5::gpu_placement`] says why.
     pub gpu_memory: Option<u64>,
+    /// Load the MTP layer when the model has one (default). Off for `--mtp off`: the layer is
+    /// then neither loaded nor planned, so under a budget its spine, working bank and slot row
+    /// (about 1 GB at GLM-5.2's size, a 12th LRU slot per layer at 29 GiB) go to the main
+    /// layers' cache instead.
+    pub mtp: bool,
 }
 
 /// Sequences `nectar serve --parallel N` plans KV and prompt transients for: its N rows and one
@@ -92,6 +97,7 @@ impl Default for LoadOptions {
             pin: None,
             admission: DEFAULT_ADMISSION,
             gpu_memory: None,
+            mtp: true,
         }
     }
 }
@@ -138,6 +144,29 @@ fn slot_sizes(layouts: &[Vec<SlotLayout>], n: usize) -> (u64, u64) {
     )
 }
 
+/// KV-cache bytes per token: each attention layer's f32 MLA latent and rope key (`latent_rope`
+/// floats), and the indexer keys of the `full` layers whose DSA indexer keeps them.
+pub fn kv_bytes_per_token(layers: usize, full: usize, latent_rope: usize, index_dim: usize) -> u64 {
+    ((layers * latent_rope + full * index_dim) * 4) as u64
+}
+
+/// One sequence's prompt-chunk activations (a prompt longer than the context cannot run).
+/// Logits are computed for the last row of each sequence only: they are in the reserve's
+/// per-sequence activations, not here.
+pub fn prompt_transients(ctx: usize, hidden: usize, top_k: usize) -> u64 {
+    let chunk = PREFILL_CHUNK.min(ctx.max(1) as u64);
+    chunk * hidden as u64 * 4 * (8 + top_k as u64)
+}
+
+/// Whether the model has an MTP layer and `opts` loads it.
+pub(super) fn loads_mtp(cfg: &Config, cat: &Catalog, opts: &LoadOptions) -> bool {
+    let n = cfg.raw.num_hidden_layers;
+    opts.mtp
+        && cat
+            .get(&format!("model.layers.{n}.eh_proj.weight"))
+            .is_some()
+}
+
 /// The inputs of the memory equation for this model (no weight bytes are read).
 pub(super) fn plan_inputs(
     cfg: &Config,
@@ -159,21 +188,21 @@ pub(super) fn plan_inputs(
                 "attention, norms, dense, shared, routers, embed, head"
             }
             inventory::TensorClass::Indexer => "DSA indexers",
+            inventory::TensorClass::Mtp if !mtp => continue,
             inventory::TensorClass::Mtp => "MTP layer (non-expert)",
             inventory::TensorClass::Other => "other",
         };
         *spine.entry(class).or_default() += e.len;
     }
     let full = cfg.indexer_full.iter().filter(|f| **f).count() + usize::from(mtp);
-    let kv = ((n + usize::from(mtp)) * (r.kv_lora_rank + r.qk_rope_head_dim)
-        + full * r.index_head_dim) as u64
-        * 4;
+    let kv = kv_bytes_per_token(
+        n + usize::from(mtp),
+        full,
+        r.kv_lora_rank + r.qk_rope_head_dim,
+        r.index_head_dim,
+    );
     let h = r.hidden_size as u64;
-    // A prompt chunk's activations (a prompt longer than the context cannot run). Logits are
-    // computed for the last row of each sequence only: they are in the reserve's per-sequence
-    // activations, not here.
-    let chunk = PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64);
-    let transients = chunk * h * 4 * (8 + r.num_experts_per_tok as u64);
+    let transients = prompt_transients(opts.ctx_size, r.hidden_size, r.num_experts_per_tok);
     let reserve = opts.runtime_reserve.unwrap_or_else(|| {
         nectar_residency::planner::runtime_reserve(&ReserveInputs {
             tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
@@ -244,9 +273,7 @@ pub(super) fn setup(
     opts: &LoadOptions,
 ) -> Result<Streaming> {
     let n = cfg.raw.num_hidden_layers;
-    let mtp = cat
-        .get(&format!("model.layers.{n}.eh_proj.weight"))
-        .is_some();
+    let mtp = loads_mtp(cfg, cat, opts);
     let layouts = layouts(cfg, cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
     let mut plan =
@@ -403,9 +430,7 @@ pub fn plan_memory(
     let cfg = Config::from_dir(dir)?;
     let cat = Catalog::open(dir)?;
     let n = cfg.raw.num_hidden_layers;
-    let mtp = cat
-        .get(&format!("model.layers.{n}.eh_proj.weight"))
-        .is_some();
+    let mtp = loads_mtp(&cfg, &cat, opts);
     let layouts = layouts(&cfg, &cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
     let budget = opts.memory_budget.unwrap_or(0);
