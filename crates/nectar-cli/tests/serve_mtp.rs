@@ -83,4 +83,30 @@ fn parallel_mtp_serves_the_serial_outputs_and_reports_drafts_and_rows() {
         mtp["mean_speculating_rows"].as_f64().unwrap() > 1.0,
         "rows never verified drafts together: {mtp}"
     );
+    // The drafts widen the steps' expert union: more distinct experts per MoE layer than the
+    // same steps' plain rows route to (the demo: top-4 of 32 per row and layer).
+    let u = &mtp["expert_union"];
+    assert!(u["verify_steps"].as_u64().unwrap() > 0, "{u}");
+    let (all, plain) = (
+        u["verify_experts_per_layer"].as_f64().unwrap(),
+        u["verify_plain_experts_per_layer"].as_f64().unwrap(),
+    );
+    assert!(plain >= 4.0 && all > plain && all <= 32.0, "{u}");
+    assert!(
+        (u["growth"].as_f64().unwrap() - all / plain).abs() < 1e-9,
+        "{u}"
+    );
+    // And /metrics has the sums they come from.
+    let (st, body) = s.http("GET", "/metrics", None, None);
+    assert_eq!(st, 200);
+    let text = String::from_utf8_lossy(&body);
+    let counter = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let layers = counter("nectar_expert_union_verify_layers_total");
+    assert!(layers > 0.0);
+    let per_layer = counter("nectar_expert_union_verify_experts_total") / layers;
+    assert!(per_layer > plain, "{per_layer} vs {plain}");
 }

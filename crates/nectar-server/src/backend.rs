@@ -23,6 +23,7 @@
 use nectar_engine::glm::{self, CallBudget};
 use nectar_engine::{
     ChatTemplate, GrammarSpec, Request, RequestState, SamplingParams, Speculation, Tokenizer,
+    UnionCounts,
 };
 
 /// GLM's output format as the protocols see it (the engine's `glm` module owns it).
@@ -443,6 +444,9 @@ pub struct BackendStats {
     pub mtp_speculating: u64,
     /// The depth those rows asked for, summed (`mtp_gamma / mtp_rows` is the mean γ in force).
     pub mtp_gamma: u64,
+    /// The routed-expert union of decode steps per MoE layer, with drafts and without (how
+    /// much verification widens what a step reads).
+    pub expert_union: UnionCounts,
     /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
     pub residency: Option<Value>,
 }
@@ -599,6 +603,7 @@ pub(crate) struct Counters {
     pub(crate) mtp_rows: AtomicU64,
     pub(crate) mtp_speculating: AtomicU64,
     pub(crate) mtp_gamma: AtomicU64,
+    pub(crate) expert_union: std::sync::Mutex<UnionCounts>,
     pub(crate) sessions: AtomicUsize,
     pub(crate) session_tokens: AtomicUsize,
     pub(crate) session_hits: AtomicU64,
@@ -887,6 +892,7 @@ impl Backend for EngineBackend {
             mtp_rows: get(&n.mtp_rows),
             mtp_speculating: get(&n.mtp_speculating),
             mtp_gamma: get(&n.mtp_gamma),
+            expert_union: *n.expert_union.lock().unwrap_or_else(|e| e.into_inner()),
             sessions: n.sessions.load(Ordering::Relaxed),
             session_tokens: n.session_tokens.load(Ordering::Relaxed),
             session_hits: get(&n.session_hits),

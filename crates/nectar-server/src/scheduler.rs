@@ -455,6 +455,12 @@ fn serve_batched(
             n.mtp_gamma
                 .fetch_add(report.gamma_sum as u64, Ordering::Relaxed);
         }
+        if let Some(u) = &report.union {
+            n.expert_union
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(u);
+        }
         n.generated_tokens
             .fetch_add(report.rows.len() as u64, Ordering::Relaxed);
         if !report.rows.is_empty() {

@@ -26,7 +26,7 @@ pub struct StepUnion {
 
 /// Union sums over decode steps (steps with a prompt chunk are left out: a prompt's union
 /// says nothing about decoding).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct UnionCounts {
     /// Steps that verified drafts.
     pub verify_steps: u64,
