@@ -109,7 +109,7 @@ const GAUGES: [(&str, &str); 12] = [
 ];
 
 /// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
-const COUNTERS: [(&str, &str); 21] = [
+const COUNTERS: [(&str, &str); 22] = [
     (
         "generations",
         "Generations that ran to a finish (cancelled ones included).",
@@ -170,6 +170,10 @@ const COUNTERS: [(&str, &str); 21] = [
          = union growth per verify).",
     ),
     ("expert_union_plain_steps", "Decode steps without drafts."),
+    (
+        "mtp_auto_decisions",
+        "Decisions of the auto draft-depth controller (one per window of a step shape).",
+    ),
     (
         "expert_union_plain_layers",
         "MoE layer-steps of those steps.",
@@ -430,6 +434,7 @@ impl Metrics {
             backend.expert_union.verify_experts,
             backend.expert_union.verify_plain_experts,
             backend.expert_union.plain_steps,
+            backend.mtp_auto_decisions,
             backend.expert_union.plain_layers,
             backend.expert_union.plain_experts,
         ];

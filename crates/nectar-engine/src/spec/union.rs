@@ -141,7 +141,8 @@ impl Observer for UnionMeter {
         if !self.active {
             return;
         }
-        let i = match self.layers.iter().position(|(l, _, _)| *l == layer) {
+        // Rows arrive layer by layer: the last layer seen first.
+        let i = match self.layers.iter().rposition(|(l, _, _)| *l == layer) {
             Some(i) => i,
             None => {
                 self.layers.push((layer, Vec::new(), Vec::new()));
