@@ -13,9 +13,10 @@
 //! decode boundary drafts up to its γ (0 allowed; for `auto` rows the batch's one controller
 //! chooses the step's γ from pooled acceptance and the measured cost of steps of this shape,
 //! for the step's tokens per second over all rows — `spec::auto`): prompt-lookup rows on
-//! their own, MTP rows together in one MTP forward per depth; (3) one main forward; (4) one lm-head call over every row that
-//! needs logits; (5) each row samples, or verifies its drafts ([`RequestState::verify`]) and
-//! rolls its caches back to exactly the kept rows.
+//! their own, MTP rows together in one MTP forward per depth; (3) one main forward, whose
+//! expert union per layer a [`UnionMeter`] counts with and without the draft positions; (4)
+//! one lm-head call over every row that needs logits; (5) each row samples, or verifies its
+//! drafts ([`RequestState::verify`]) and rolls its caches back to exactly the kept rows.
 //!
 //! Row independence is what makes this safe to serve: the kernels' output for a row does not
 //! depend on how many rows share the matmul, attention runs per sequence — and chooses its form
