@@ -251,6 +251,15 @@ fn synth_mtp_under_a_budget_auto_follows_its_measurement() {
     let on = run("on");
     assert_eq!(on["tokens"], off["tokens"]);
     assert!(on["stats"]["mtp"]["drafted"].as_u64().unwrap() > 0);
+    // The union growth per verify: drafts add experts to the steps' union; without drafts
+    // there is no verify step and the plain steps' union is reported.
+    let u = &on["stats"]["mtp"]["expert_union"];
+    assert!(u["verify_steps"].as_u64().unwrap() > 0, "{u}");
+    assert!(u["growth"].as_f64().unwrap() > 1.0, "{u}");
+    let u = &off["stats"]["mtp"]["expert_union"];
+    assert_eq!(u["verify_steps"], 0, "{u}");
+    assert!(u["plain_steps"].as_u64().unwrap() > 0, "{u}");
+    assert!(u["plain_experts_per_layer"].as_f64().unwrap() > 0.0, "{u}");
     let tier = &on["stats"]["residency"]["mtp_tier"];
     assert!(tier["reads"].as_u64().unwrap() > 0, "{tier}");
     assert!(

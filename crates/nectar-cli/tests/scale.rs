@@ -70,7 +70,13 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
     assert_eq!(runs.len(), 2);
     for (x, y) in runs.iter().zip(b["runs"].as_array().unwrap()) {
         // The cache's decisions never depend on I/O timing: the same trace gives the same hits.
-        for k in ["hit_rate", "belady_hit_rate", "decode_tokens", "accepted"] {
+        for k in [
+            "hit_rate",
+            "belady_hit_rate",
+            "decode_tokens",
+            "accepted",
+            "expert_union",
+        ] {
             assert_eq!(x[k], y[k], "{k}: {x} vs {y}");
         }
         let (hit, opt) = (
@@ -84,6 +90,20 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
     assert_eq!(runs[0]["decode_tokens"], 24);
     assert_eq!(runs[1]["mtp"], "on");
     assert!(runs[1]["drafted"].as_u64().unwrap() > 0);
+    // The union growth per verify. route256 routes each token to 8 distinct experts per layer:
+    // one plain row's union is 8; a verify (the token and its draft) reads 8 to 16.
+    let off = &runs[0]["expert_union"];
+    assert_eq!(off["verify_steps"], 0, "{off}");
+    assert_eq!(off["plain_experts_per_layer"], 8.0, "{off}");
+    let on = &runs[1]["expert_union"];
+    assert!(on["verify_steps"].as_u64().unwrap() > 0, "{on}");
+    assert_eq!(on["verify_plain_experts_per_layer"], 8.0, "{on}");
+    let all = on["verify_experts_per_layer"].as_f64().unwrap();
+    assert!(all > 8.0 && all <= 16.0, "{on}");
+    assert!(
+        (on["growth"].as_f64().unwrap() - all / 8.0).abs() < 1e-9,
+        "{on}"
+    );
 }
 
 #[test]

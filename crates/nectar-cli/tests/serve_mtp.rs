@@ -83,4 +83,80 @@ fn parallel_mtp_serves_the_serial_outputs_and_reports_drafts_and_rows() {
         mtp["mean_speculating_rows"].as_f64().unwrap() > 1.0,
         "rows never verified drafts together: {mtp}"
     );
+    // The drafts widen the steps' expert union: more distinct experts per MoE layer than the
+    // same steps' plain rows route to (the demo: top-4 of 32 per row and layer).
+    let u = &mtp["expert_union"];
+    assert!(u["verify_steps"].as_u64().unwrap() > 0, "{u}");
+    let (all, plain) = (
+        u["verify_experts_per_layer"].as_f64().unwrap(),
+        u["verify_plain_experts_per_layer"].as_f64().unwrap(),
+    );
+    assert!(plain >= 4.0 && all > plain && all <= 32.0, "{u}");
+    assert!(
+        (u["growth"].as_f64().unwrap() - all / plain).abs() < 1e-9,
+        "{u}"
+    );
+    // And /metrics has the sums they come from.
+    let (st, body) = s.http("GET", "/metrics", None, None);
+    assert_eq!(st, 200);
+    let text = String::from_utf8_lossy(&body);
+    let counter = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    let layers = counter("nectar_expert_union_verify_layers_total");
+    assert!(layers > 0.0);
+    let per_layer = counter("nectar_expert_union_verify_experts_total") / layers;
+    assert!(per_layer > plain, "{per_layer} vs {plain}");
+}
+
+#[test]
+fn parallel_auto_reports_its_decisions_per_step_shape() {
+    let prompts = prompts();
+    let s = Server::start(&["--parallel", "2", "--mtp", "auto"]);
+    std::thread::scope(|scope| {
+        for p in prompts.iter().take(2) {
+            let s = &s;
+            scope.spawn(move || {
+                let body = serde_json::json!({
+                    "model": "nectar-demo-glm5",
+                    "prompt": p,
+                    "max_tokens": 64,
+                    "temperature": 0,
+                })
+                .to_string();
+                let (st, _) = s.http("POST", "/v1/completions", None, Some(&body));
+                assert_eq!(st, 200);
+            });
+        }
+    });
+    let (_, body) = s.http("GET", "/stats", None, None);
+    let stats = json(&String::from_utf8_lossy(&body));
+    // One controller for the batch: decisions per step shape (rows sharing the step).
+    let auto = &stats["mtp"]["auto"];
+    assert!(auto["decisions"].as_u64().unwrap() > 0, "{auto}");
+    let choices = auto["choices"].as_array().unwrap();
+    assert!(!choices.is_empty(), "{auto}");
+    for c in choices {
+        let (rows, autos) = (
+            c["rows"].as_u64().unwrap(),
+            c["auto_rows"].as_u64().unwrap(),
+        );
+        assert!(
+            (1..=2).contains(&rows) && (1..=rows).contains(&autos),
+            "{c}"
+        );
+        assert!(c["gamma"].as_u64().unwrap() <= 3, "{c}");
+    }
+    let (_, body) = s.http("GET", "/metrics", None, None);
+    let text = String::from_utf8_lossy(&body);
+    let decisions = text
+        .lines()
+        .find_map(|l| l.strip_prefix("nectar_mtp_auto_decisions_total "))
+        .expect("nectar_mtp_auto_decisions_total");
+    assert_eq!(
+        decisions.parse::<u64>().unwrap(),
+        auto["decisions"].as_u64().unwrap()
+    );
 }

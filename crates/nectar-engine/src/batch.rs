@@ -10,11 +10,13 @@
 //! `nectar run` is a batch of one ([`crate::generate`] and friends are thin wrappers).
 //!
 //! A step: (1) tokens a row's grammar forces are emitted; (2) every speculating row at a
-//! decode boundary drafts up to its γ (0 allowed; `auto` chooses it per row from measured
-//! acceptance and measured step cost): prompt-lookup rows on their own, MTP rows together in
-//! one MTP forward per depth; (3) one main forward; (4) one lm-head call over every row that
-//! needs logits; (5) each row samples, or verifies its drafts ([`RequestState::verify`]) and
-//! rolls its caches back to exactly the kept rows.
+//! decode boundary drafts up to its γ (0 allowed; for `auto` rows the batch's one controller
+//! chooses the step's γ from pooled acceptance and the measured cost of steps of this shape,
+//! for the step's tokens per second over all rows — `spec::auto`): prompt-lookup rows on
+//! their own, MTP rows together in one MTP forward per depth; (3) one main forward, whose
+//! expert union per layer a [`UnionMeter`] counts with and without the draft positions; (4)
+//! one lm-head call over every row that needs logits; (5) each row samples, or verifies its
+//! drafts ([`RequestState::verify`]) and rolls its caches back to exactly the kept rows.
 //!
 //! Row independence is what makes this safe to serve: the kernels' output for a row does not
 //! depend on how many rows share the matmul, attention runs per sequence — and chooses its form
@@ -32,11 +34,12 @@ use crate::request::{FinishReason, Request, StopCause};
 use crate::request_state::{RequestState, Step};
 use crate::sampler::Distribution;
 use crate::spec::{
-    draft_together, row_stats, AutoGamma, Drafter, MtpDrafter, MtpRow, PromptLookup, Proposals,
-    SpecCounters, SpecStats, Speculation, Speculator,
+    draft_together, row_stats, AutoGamma, AutoRow, Drafter, MtpDrafter, MtpRow, PromptLookup,
+    Proposals, RowRound, Shape, SpecCounters, SpecStats, Speculation, Speculator, StepSample,
+    StepUnion, UnionCounts, UnionMeter,
 };
 use crate::tokenizer::Tokenizer;
-use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
+use nectar_model::{Glm5, SeqCache, SeqStep};
 use std::time::{Duration, Instant};
 
 /// Default prompt tokens a row feeds per step (see [`BatchOptions::prefill_chunk`]).
@@ -104,7 +107,9 @@ enum Provider {
 struct RowSpec {
     provider: Provider,
     gamma: usize,
-    auto: Option<AutoGamma>,
+    /// `auto` chooses the depth: the batch controller's decision count when the row joined,
+    /// and its choice for the shape of the row's latest step.
+    auto: Option<(usize, usize)>,
     c: SpecCounters,
 }
 
@@ -131,6 +136,8 @@ struct Row {
     hold: bool,
     /// Prompt tokens the starting cache held.
     cached: usize,
+    /// The expert union of the decode steps the row took part in.
+    union: UnionCounts,
 }
 
 impl std::fmt::Debug for Row {
@@ -207,8 +214,26 @@ pub struct StepReport {
     pub drafted: usize,
     /// Drafts accepted.
     pub accepted: usize,
+    /// The forward's expert union (`None` when it ran a prompt chunk).
+    pub union: Option<StepUnion>,
+    /// The γ `auto` gave the step's `auto` rows (`None`: no `auto` row at a decode step).
+    pub auto_gamma: Option<usize>,
     /// Wall time of the step.
     pub elapsed: Duration,
+}
+
+/// What a step costs the `auto` controller, in seconds, instead of its measured time: a
+/// deterministic cost model for tests and what-if runs ([`Batch::cost_steps_with`]). It sees
+/// the finished step's report (tokens in the forward, its expert union, drafts).
+pub type StepCost = Box<dyn Fn(&StepReport) -> f64 + Send>;
+
+/// The `auto` controller's optional cost model.
+struct CostModel(Option<StepCost>);
+
+impl std::fmt::Debug for CostModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Fed" } else { "WallTime" })
+    }
 }
 
 /// The live rows of a continuous batch (see the module docs).
@@ -218,9 +243,11 @@ pub struct Batch {
     rows: Vec<Row>,
     kept: PrefixCache,
     held: Vec<(u64, SeqCache)>,
-    /// The `auto` controller of the last row that finished after deciding at least once: a new
-    /// `auto` row of the same maximum depth starts from it ([`AutoGamma::carry_over`]).
-    learned: Option<AutoGamma>,
+    /// The `auto` controller of every `auto` row (created by the first): the objective is the
+    /// step's tokens per second over all rows, so it outlives any one row.
+    auto: Option<AutoGamma>,
+    cost: CostModel,
+    meter: UnionMeter,
 }
 
 /// What one row runs in a step.
@@ -252,8 +279,21 @@ impl Batch {
             rows: Vec::new(),
             kept: PrefixCache::new(opts.keep_tokens),
             held: Vec::new(),
-            learned: None,
+            auto: None,
+            cost: CostModel(None),
+            meter: UnionMeter::default(),
         }
+    }
+
+    /// Makes the `auto` controller take each step's cost from `cost` instead of the step's
+    /// measured time (deterministic: tests and what-if runs).
+    pub fn cost_steps_with(&mut self, cost: StepCost) {
+        self.cost = CostModel(Some(cost));
+    }
+
+    /// The `auto` controller (`None` before the first `auto` row joined).
+    pub fn auto(&self) -> Option<&AutoGamma> {
+        self.auto.as_ref()
     }
 
     /// Live rows.
@@ -338,9 +378,10 @@ impl Batch {
                     }
                 };
                 let gamma = s.max_draft();
-                let auto = s.auto.then(|| match &self.learned {
-                    Some(a) if a.max() == gamma => a.carry_over(),
-                    _ => AutoGamma::new(gamma),
+                let auto = s.auto.then(|| {
+                    let a = self.auto.get_or_insert_with(|| AutoGamma::new(gamma));
+                    a.widen(gamma);
+                    (a.logged(), gamma)
                 });
                 Some(RowSpec {
                     provider,
@@ -381,6 +422,7 @@ impl Batch {
             cached: cache_len,
             spec,
             hold: opts.hold_cache,
+            union: UnionCounts::default(),
         });
         Ok(())
     }
@@ -394,7 +436,7 @@ impl Batch {
     pub fn take(&mut self, id: u64) -> Option<(RowSummary, SeqCache)> {
         let i = self.rows.iter().position(|r| r.id == id)?;
         let row = self.rows.remove(i);
-        Some((summary(&row, Instant::now()), row.cache))
+        Some((summary(&row, self.auto.as_ref(), Instant::now()), row.cache))
     }
 
     /// Live row `id`'s cache (main layers and MTP layer).
@@ -416,12 +458,7 @@ impl Batch {
     /// A finished row leaves: its totals, and its cache kept for a continuing request.
     fn finish(&mut self, i: usize, now: Instant) -> RowSummary {
         let mut row = self.rows.remove(i);
-        let s = summary(&row, now);
-        if let Some(a) = row.spec.as_ref().and_then(|s| s.auto.as_ref()) {
-            if !a.decisions().is_empty() {
-                self.learned = Some(a.clone());
-            }
-        }
+        let s = summary(&row, self.auto.as_ref(), now);
         if let Some(Provider::Mtp(d)) = row.spec.as_mut().map(|s| &mut s.provider) {
             // A row that ended inside a verified run still holds the round's chained MTP rows.
             let _ = d.observe(&mut row.cache, &[], &[]);
@@ -486,6 +523,8 @@ impl Batch {
             gamma_sum: 0,
             drafted: 0,
             accepted: 0,
+            union: None,
+            auto_gamma: None,
             elapsed: Duration::ZERO,
         };
         if self.rows.is_empty() {
@@ -494,30 +533,43 @@ impl Batch {
         }
         // What each row runs: a prompt chunk, its pending tokens, or a speculative round.
         let mut plans: Vec<Plan> = Vec::with_capacity(self.rows.len());
-        // `auto` drafts only for a row that has the step to itself. In a shared step a row's
-        // drafts add rows whose cost every other row pays, which its own controller cannot
-        // see (measured on the demo: `auto` at --parallel 4 and 8 ran at 0.76× and 0.40× of
-        // `off`, RESULTS); `on` still drafts in any batch.
-        let shared = self.rows.len() > 1;
+        // One γ for every `auto` row at a decode step, chosen for the step's shape: in a
+        // shared step a row's drafts cost every other row, so only the step's tokens per
+        // second over all rows can say whether they pay.
+        let is_round = |row: &Row| {
+            row.spec.is_some()
+                && row.fed_in_input == 0
+                && row.state.pending_input().is_some_and(|p| p.len() == 1)
+                && !row.state.generated().is_empty()
+                && !forced_ids.contains(&row.id)
+        };
+        let shape = Shape {
+            rows: self.rows.len(),
+            auto_rows: self
+                .rows
+                .iter()
+                .filter(|r| is_round(r) && r.spec.as_ref().is_some_and(|s| s.auto.is_some()))
+                .count(),
+        };
+        let auto_gamma = match &mut self.auto {
+            Some(a) if shape.auto_rows > 0 => Some(a.next(shape)),
+            _ => None,
+        };
+        report.auto_gamma = auto_gamma;
         for row in &self.rows {
             let pending = row.state.pending_input().ok_or_else(|| {
                 Error::Request(format!("row {} finished but is still live", row.id))
             })?;
             let start = row.fed_in_input;
             let end = (start + chunk).min(pending.len());
-            let round = row.spec.is_some()
-                && start == 0
-                && pending.len() == 1
-                && !row.state.generated().is_empty()
-                && !forced_ids.contains(&row.id);
+            let round = is_round(row);
             let want = match (&row.spec, round) {
                 (Some(s), true) => {
                     let (generated, max_tokens) = row.state.budget();
                     // Drafts past `max_tokens` could never be kept.
                     let room = max_tokens.saturating_sub(generated + 1);
-                    match &s.auto {
-                        Some(_) if shared => 0,
-                        Some(a) => a.next(),
+                    match s.auto {
+                        Some(_) => auto_gamma.unwrap_or(0).min(s.gamma),
                         None => s.gamma,
                     }
                     .min(room)
@@ -595,6 +647,13 @@ impl Batch {
             })
             .collect();
         let starts: Vec<usize> = self.rows.iter().map(|r| r.cache.len()).collect();
+        // The union meter: which rows of the forward are draft positions.
+        let draft_rows = plans
+            .iter()
+            .zip(&inputs)
+            .flat_map(|(p, input)| (0..input.len()).map(move |j| p.round && j > 0))
+            .collect();
+        self.meter.begin(draft_rows);
         let tv = Instant::now();
         let hidden = {
             let mut steps: Vec<SeqStep<'_>> = self
@@ -606,8 +665,15 @@ impl Batch {
                     cache: &mut row.cache,
                 })
                 .collect();
-            model.forward(&mut steps, &mut NoObserver)?
+            model.forward(&mut steps, &mut self.meter)?
         };
+        let union = self.meter.end();
+        if !prefill_in_step {
+            report.union = Some(union);
+            for row in &mut self.rows {
+                row.union.add(&union);
+            }
+        }
         let hd = model.hidden_size();
         // Logits, in one lm-head call: every row of a verification run, the last row of each
         // completed input.
@@ -662,7 +728,7 @@ impl Batch {
                     )));
                 }
                 row.first_token.get_or_insert(now);
-                rounds.push((row.id, p.want, p.drafts.len(), v.accepted, p.absorbed));
+                rounds.push((row.id, p.want, p.drafts.len(), v.accepted, p.absorbed, kept));
                 for step in v.steps {
                     report.rows.push(RowStep {
                         id: row.id,
@@ -699,42 +765,58 @@ impl Batch {
                 summary: None,
             });
         }
-        // The speculating rows' counters and `auto` controllers. Every row pays the whole
-        // step: what drafting (its own, and the experts its drafts add to the step's union)
-        // costs is what the step's time measures.
+        // The speculating rows' counters.
         let step_secs = now.duration_since(t0).as_secs_f64();
         let verify_secs = now.duration_since(tv).as_secs_f64();
         let total_absorbed: usize = rounds.iter().map(|r| r.4).sum();
-        for (id, want, drafted, accepted, absorbed) in rounds {
+        let (mut auto_rows, mut auto_tokens) = (Vec::new(), 0);
+        for (id, want, drafted, accepted, _, kept) in rounds {
             report.spec_rows += 1;
             report.speculating += usize::from(drafted > 0);
             report.gamma_sum += want;
             report.drafted += drafted;
             report.accepted += accepted;
-            let Some(row) = self.rows.iter_mut().find(|r| r.id == id) else {
+            let Some(s) = self
+                .rows
+                .iter_mut()
+                .find(|r| r.id == id)
+                .and_then(|r| r.spec.as_mut())
+            else {
                 continue;
             };
-            let generated = row.state.budget().0;
-            let Some(s) = row.spec.as_mut() else { continue };
             s.c.round(want, drafted, accepted);
             s.c.draft_secs += draft_secs;
             s.c.verify_secs += verify_secs;
-            let share = if total_absorbed > 0 {
-                absorb_secs * absorbed as f64 / total_absorbed as f64
-            } else {
-                0.0
-            };
-            // A step that also ran a prompt chunk, or other rows, says nothing about this row's
-            // decode cost.
-            if let (Some(a), false, false) = (s.auto.as_mut(), prefill_in_step, shared) {
-                a.record(
-                    drafted,
+            if s.auto.is_some() {
+                auto_rows.push(RowRound {
+                    asked: want,
                     accepted,
-                    step_secs - absorb_secs,
-                    absorbed,
-                    share,
-                    generated,
-                );
+                });
+                auto_tokens += kept;
+            }
+        }
+        // The `auto` controller: the step's tokens over all rows against its cost — the whole
+        // step's time (or the fed cost), which holds what the drafts cost every row: draft
+        // forwards, verification rows and, under a budget, the experts they add to the union.
+        // A step that also ran a prompt chunk says nothing about decode cost.
+        if let (Some(a), Some(gamma), false) = (self.auto.as_mut(), auto_gamma, prefill_in_step) {
+            let (secs, absorb) = match &self.cost.0 {
+                Some(cost) => (cost(&report), 0.0),
+                None => (step_secs - absorb_secs, absorb_secs),
+            };
+            a.record(&StepSample {
+                shape,
+                gamma,
+                rows: &auto_rows,
+                others: report.rows.len().saturating_sub(auto_tokens),
+                secs,
+                absorbed: total_absorbed,
+                absorb_secs: absorb,
+            });
+            for s in self.rows.iter_mut().filter_map(|r| r.spec.as_mut()) {
+                if let Some((_, chosen)) = s.auto.as_mut() {
+                    *chosen = a.current(shape).unwrap_or(*chosen);
+                }
             }
         }
         // Finished rows leave, with their totals.
@@ -760,16 +842,20 @@ fn observe(row: &mut Row, hidden: &[f32], next: &[u32]) -> Result<()> {
     }
 }
 
-fn summary(row: &Row, now: Instant) -> RowSummary {
+fn summary(row: &Row, auto: Option<&AutoGamma>, now: Instant) -> RowSummary {
     let first = row.first_token.unwrap_or(now);
     let generated = row.state.generated().len();
     let decode = now.duration_since(first);
     let total = now.duration_since(row.admitted);
-    let spec = match &row.spec {
+    let mut spec = match &row.spec {
         Some(s) => {
+            let auto = s.auto.map(|(from, chosen)| AutoRow {
+                final_gamma: chosen,
+                decisions: auto.map_or_else(Vec::new, |a| a.decisions_since(from)),
+            });
             let mut st = row_stats(
                 s.mode(),
-                s.auto.as_ref(),
+                auto,
                 s.gamma,
                 &s.c,
                 generated,
@@ -787,6 +873,7 @@ fn summary(row: &Row, now: Instant) -> RowSummary {
             generated.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
         ),
     };
+    spec.expert_union = row.union.stats();
     RowSummary {
         finish: row.state.finished(),
         stop: row.state.stop_cause().cloned(),

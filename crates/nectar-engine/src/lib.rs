@@ -47,7 +47,8 @@ mod tokenizer;
 mod usage_log;
 
 pub use batch::{
-    Batch, BatchOptions, RowOptions, RowStep, RowSummary, StepReport, DEFAULT_PREFILL_CHUNK,
+    Batch, BatchOptions, RowOptions, RowStep, RowSummary, StepCost, StepReport,
+    DEFAULT_PREFILL_CHUNK,
 };
 pub use bundle::{budget_for_this_process, ModelBundle};
 pub use chat_template::ChatTemplate;
@@ -70,7 +71,8 @@ pub use session::{
 };
 pub use spec::{
     lookup, verify_draft, AutoDecision, AutoGamma, Drafter, MtpDrafter, PromptLookup, Proposals,
-    SpecStats, Speculation, Speculator, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
+    RowRound, Shape, SpecStats, Speculation, Speculator, StepSample, StepUnion, UnionCounts,
+    UnionMeter, UnionStats, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;

@@ -23,6 +23,7 @@
 use nectar_engine::glm::{self, CallBudget};
 use nectar_engine::{
     ChatTemplate, GrammarSpec, Request, RequestState, SamplingParams, Speculation, Tokenizer,
+    UnionCounts,
 };
 
 /// GLM's output format as the protocols see it (the engine's `glm` module owns it).
@@ -390,6 +391,17 @@ pub struct ModelInfo {
     pub memory_plan: Option<Value>,
 }
 
+/// The depth `auto` chose for steps of one shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AutoChoice {
+    /// Rows in the step.
+    pub rows: usize,
+    /// Of those, rows whose depth `auto` chooses.
+    pub auto_rows: usize,
+    /// The depth (0: no drafts).
+    pub gamma: usize,
+}
+
 /// Counters of the backend, for `/stats` and `/metrics`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BackendStats {
@@ -443,6 +455,13 @@ pub struct BackendStats {
     pub mtp_speculating: u64,
     /// The depth those rows asked for, summed (`mtp_gamma / mtp_rows` is the mean γ in force).
     pub mtp_gamma: u64,
+    /// The routed-expert union of decode steps per MoE layer, with drafts and without (how
+    /// much verification widens what a step reads).
+    pub expert_union: UnionCounts,
+    /// `auto`'s decisions so far (one per window of a step shape; a repeated one counts once).
+    pub mtp_auto_decisions: u64,
+    /// `auto`'s depth in force for each step shape it has seen.
+    pub mtp_auto_choices: Vec<AutoChoice>,
     /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
     pub residency: Option<Value>,
 }
@@ -599,6 +618,9 @@ pub(crate) struct Counters {
     pub(crate) mtp_rows: AtomicU64,
     pub(crate) mtp_speculating: AtomicU64,
     pub(crate) mtp_gamma: AtomicU64,
+    pub(crate) expert_union: std::sync::Mutex<UnionCounts>,
+    /// `auto`'s decision count and choices, as of the last step.
+    pub(crate) auto: std::sync::Mutex<(u64, Vec<AutoChoice>)>,
     pub(crate) sessions: AtomicUsize,
     pub(crate) session_tokens: AtomicUsize,
     pub(crate) session_hits: AtomicU64,
@@ -866,6 +888,8 @@ impl Backend for EngineBackend {
         let s = &self.shared;
         let n = &s.n;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // One lock, taken and released before the struct is built.
+        let auto = n.auto.lock().unwrap_or_else(|e| e.into_inner()).clone();
         BackendStats {
             queue_depth: s.queued.load(Ordering::SeqCst),
             queue_capacity: s.capacity,
@@ -887,6 +911,9 @@ impl Backend for EngineBackend {
             mtp_rows: get(&n.mtp_rows),
             mtp_speculating: get(&n.mtp_speculating),
             mtp_gamma: get(&n.mtp_gamma),
+            expert_union: *n.expert_union.lock().unwrap_or_else(|e| e.into_inner()),
+            mtp_auto_decisions: auto.0,
+            mtp_auto_choices: auto.1,
             sessions: n.sessions.load(Ordering::Relaxed),
             session_tokens: n.session_tokens.load(Ordering::Relaxed),
             session_hits: get(&n.session_hits),

@@ -172,6 +172,8 @@ pub async fn stats(State(state): State<AppState>) -> Response {
             "speculating_rows": b.mtp_speculating,
             "mean_speculating_rows": ratio(b.mtp_speculating, b.mtp_forwards),
             "mean_gamma": ratio(b.mtp_gamma, b.mtp_rows),
+            "expert_union": b.expert_union.stats(),
+            "auto": {"decisions": b.mtp_auto_decisions, "choices": b.mtp_auto_choices},
         },
         "sessions": {
             "kept": b.sessions,

@@ -109,7 +109,7 @@ const GAUGES: [(&str, &str); 12] = [
 ];
 
 /// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
-const COUNTERS: [(&str, &str); 14] = [
+const COUNTERS: [(&str, &str); 22] = [
     (
         "generations",
         "Generations that ran to a finish (cancelled ones included).",
@@ -150,6 +150,37 @@ const COUNTERS: [(&str, &str); 14] = [
     (
         "mtp_gamma",
         "Draft depth those rows asked for, summed (gamma / decode_rows = mean depth).",
+    ),
+    (
+        "expert_union_verify_steps",
+        "Decode steps that verified drafts (prompt-chunk steps are not counted).",
+    ),
+    (
+        "expert_union_verify_layers",
+        "MoE layer-steps of those steps.",
+    ),
+    (
+        "expert_union_verify_experts",
+        "Distinct routed experts per MoE layer in those steps, summed (per layer-step: \
+         verify_experts / verify_layers).",
+    ),
+    (
+        "expert_union_verify_plain_experts",
+        "The same without the draft positions' experts (verify_experts / verify_plain_experts \
+         = union growth per verify).",
+    ),
+    ("expert_union_plain_steps", "Decode steps without drafts."),
+    (
+        "mtp_auto_decisions",
+        "Decisions of the auto draft-depth controller (one per window of a step shape).",
+    ),
+    (
+        "expert_union_plain_layers",
+        "MoE layer-steps of those steps.",
+    ),
+    (
+        "expert_union_plain_experts",
+        "Distinct routed experts per MoE layer in those steps, summed.",
     ),
 ];
 
@@ -398,6 +429,14 @@ impl Metrics {
             backend.mtp_rows,
             backend.mtp_speculating,
             backend.mtp_gamma,
+            backend.expert_union.verify_steps,
+            backend.expert_union.verify_layers,
+            backend.expert_union.verify_experts,
+            backend.expert_union.verify_plain_experts,
+            backend.expert_union.plain_steps,
+            backend.mtp_auto_decisions,
+            backend.expert_union.plain_layers,
+            backend.expert_union.plain_experts,
         ];
         for (c, v) in self.counters.iter().zip(counters) {
             mirror(c, v);
@@ -491,6 +530,13 @@ mod tests {
             mtp_drafted: 10,
             mtp_accepted: 7,
             queue_depth: 3,
+            expert_union: nectar_engine::UnionCounts {
+                verify_steps: 2,
+                verify_layers: 14,
+                verify_experts: 210,
+                verify_plain_experts: 140,
+                ..Default::default()
+            },
             ..BackendStats::default()
         };
         let main = Telemetry {
@@ -540,6 +586,14 @@ mod tests {
         assert_eq!(value(&s, "nectar_prompt_tokens_total", &[]), 12.0);
         assert_eq!(value(&s, "nectar_generated_tokens_total", &[]), 34.0);
         assert_eq!(value(&s, "nectar_mtp_accepted_total", &[]), 7.0);
+        assert_eq!(
+            value(&s, "nectar_expert_union_verify_experts_total", &[]),
+            210.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_union_verify_plain_experts_total", &[]),
+            140.0
+        );
         assert_eq!(value(&s, "nectar_queue_depth", &[]), 3.0);
         assert_eq!(
             value(&s, "nectar_expert_hits_total", &[("tier", "main")]),

@@ -13,8 +13,8 @@
 //! thread keeps serving.
 
 use crate::backend::{
-    engine_err, CancelToken, EngineOptions, Failure, Finish, FinishReason, GenEvent, Job,
-    LoadState, ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
+    engine_err, AutoChoice, CancelToken, EngineOptions, Failure, Finish, FinishReason, GenEvent,
+    Job, LoadState, ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
 };
 use crate::guard::MemoryGuard;
 use nectar_engine::{
@@ -462,6 +462,24 @@ fn serve_batched(
                 .fetch_add(report.speculating as u64, Ordering::Relaxed);
             n.mtp_gamma
                 .fetch_add(report.gamma_sum as u64, Ordering::Relaxed);
+        }
+        if let Some(a) = batch.auto() {
+            let choices = a
+                .choices()
+                .into_iter()
+                .map(|(s, gamma)| AutoChoice {
+                    rows: s.rows,
+                    auto_rows: s.auto_rows,
+                    gamma,
+                })
+                .collect();
+            *n.auto.lock().unwrap_or_else(|e| e.into_inner()) = (a.logged() as u64, choices);
+        }
+        if let Some(u) = &report.union {
+            n.expert_union
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(u);
         }
         n.generated_tokens
             .fetch_add(report.rows.len() as u64, Ordering::Relaxed);

@@ -18,10 +18,12 @@
 //! bounds — disk-bound tok/s = raw GB/s ÷ Belady's GB per token (the least any policy must
 //! read), raw GB/s measured before and after the run reading the run's own requested experts in
 //! the same order; compute-bound tok/s = tokens ÷ (decode seconds − seconds waiting for
-//! misses).
+//! misses); and the expert union per decode step (`expert_union`): distinct experts per MoE
+//! layer with the draft row against the plain row alone, the union growth per verify.
 use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
+use nectar_engine::{UnionCounts, UnionMeter};
 use nectar_model::arch::glm5::{expert_layouts, LoadOptions, Prefetch};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
@@ -44,6 +46,8 @@ struct Replayer<'a> {
     rows: Vec<usize>,
     /// Per model layer: the unique experts each forward requested.
     requests: HashMap<usize, Vec<Vec<u32>>>,
+    /// The union per layer of each decode forward, the draft row apart.
+    union: UnionMeter,
 }
 
 impl Replayer<'_> {
@@ -68,6 +72,10 @@ impl Observer for Replayer<'_> {
             }
         }
         Some(ids)
+    }
+
+    fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
+        self.union.router(layer, row, ids, weights);
     }
 }
 
@@ -209,7 +217,9 @@ fn run_one(
         map,
         rows: Vec::new(),
         requests: HashMap::new(),
+        union: UnionMeter::default(),
     };
+    let mut union = UnionCounts::default();
     let mut flags: Vec<bool> = Vec::new(); // per forward of the main model: decode?
     let mut rng = Rng::new(a.seed);
     let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut steps) = (0.0, 0.0, 0usize, 0, 0);
@@ -249,6 +259,8 @@ fn run_one(
             };
             let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
             obs.begin(rows.clone(), &moe);
+            // Row 0 is the token plain decoding runs; row 1 the draft.
+            obs.union.begin((0..rows.len()).map(|i| i > 0).collect());
             flags.push(true);
             let h = model.forward(
                 &mut [SeqStep {
@@ -257,6 +269,7 @@ fn run_one(
                 }],
                 &mut obs,
             )?;
+            union.add(&obs.union.end());
             // Every row's logits, as decoding does (the verify checks the draft with them).
             model.logits(&h)?;
             let advance = if rows.len() == 2 {
@@ -368,6 +381,15 @@ fn run_one(
     let compute_bound = dec_tok as f64 / (dec_s - wait_s).max(1e-9);
     let bound = disk_bound.min(compute_bound);
     let slots = res.capacity(moe[0]);
+    let u = union.stats();
+    let union_text = if u.verify_steps > 0 {
+        format!(
+            "union {:.1}/{:.1} experts per layer (×{:.2})",
+            u.verify_experts_per_layer, u.verify_plain_experts_per_layer, u.growth
+        )
+    } else {
+        format!("union {:.1} experts per layer", u.plain_experts_per_layer)
+    };
     let json = json!({
         "budget": budget_s,
         "budget_bytes": budget,
@@ -387,6 +409,7 @@ fn run_one(
         "decode_tok_s": tok_s,
         "drafted": drafted,
         "accepted": accepted,
+        "expert_union": union.stats(),
         "hit_rate": hit_rate,
         "belady_hit_rate": opt_rate,
         "hit_ratio_to_belady": if opt_rate > 0.0 { hit_rate / opt_rate } else { 0.0 },
@@ -403,7 +426,7 @@ fn run_one(
     });
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
-         hit {hit_rate:.3} / Belady {opt_rate:.3}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
+         hit {hit_rate:.3} / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
          ratio {:.2}  prefetch used {}/{} (coverage {:.2})",
         if mtp { "on" } else { "off" },
@@ -441,6 +464,7 @@ fn prefill_run(
         map: layer_map(&model, &trace)?,
         rows: Vec::new(),
         requests: HashMap::new(),
+        union: UnionMeter::default(),
     };
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;

@@ -232,6 +232,13 @@ fn spec_summary(s: &SpecStats) -> String {
         s.forwards_saved + s.main_forwards,
         s.tok_s
     );
+    let u = &s.expert_union;
+    if u.verify_steps > 0 {
+        line += &format!(
+            "; expert union per verify {:.1} vs {:.1} experts per layer without the drafts (×{:.2})",
+            u.verify_experts_per_layer, u.verify_plain_experts_per_layer, u.growth
+        );
+    }
     if let Some(d) = s.decisions.last() {
         let path: Vec<String> = s
             .decisions

@@ -16,23 +16,27 @@
 //! per-row result is independent of the batch); sampled output has exactly
 //! the plain decoding distribution, and a seed replays it (every uniform
 //! comes from the request's RNG); stops inside an accepted run end the
-//! output where plain decoding would. `auto` ([`AutoGamma`]) chooses γ from
-//! measured acceptance and measured round costs, γ = 0 being plain decoding.
+//! output where plain decoding would. `auto` ([`AutoGamma`], one per batch) chooses the
+//! step's γ from measured acceptance and the measured cost of steps of its shape, for the
+//! step's tokens per second over all rows, γ = 0 being plain decoding; [`UnionMeter`] counts
+//! how much the drafts widen the step's expert union.
 
 mod auto;
 mod drafter;
 mod lookup;
 mod mtp;
 mod stats;
+mod union;
 mod verify;
 
-pub use auto::{AutoDecision, AutoGamma, WINDOW as AUTO_WINDOW};
+pub use auto::{AutoDecision, AutoGamma, RowRound, Shape, StepSample, WINDOW as AUTO_WINDOW};
 pub use drafter::{Drafter, Proposals};
 pub use lookup::{lookup, PromptLookup};
 pub use mtp::MtpDrafter;
 pub(crate) use mtp::{draft_together, MtpRow};
 pub use stats::SpecStats;
-pub(crate) use stats::{row_stats, SpecCounters};
+pub(crate) use stats::{row_stats, AutoRow, SpecCounters};
+pub use union::{StepUnion, UnionCounts, UnionMeter, UnionStats};
 pub use verify::{verify_draft, Verdict};
 
 use crate::error::{Error, Result};

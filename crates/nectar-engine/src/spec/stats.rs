@@ -1,6 +1,7 @@
 //! Speculation telemetry: what drafting cost and what it saved.
 
 use super::auto::AutoDecision;
+use super::union::UnionStats;
 use serde::Serialize;
 
 /// What speculation did over one generation (`"mtp"` in `nectar run --json`).
@@ -56,8 +57,12 @@ pub struct SpecStats {
     pub tok_s: f64,
     /// Decode only: tokens after the first over the decode time.
     pub decode_tok_s: f64,
-    /// The `auto` controller's decisions, one per window.
+    /// The batch's `auto` decisions taken while this row was live, one per window of a step
+    /// shape (a repeated decision extends its entry).
     pub decisions: Vec<AutoDecision>,
+    /// The expert union of the decode steps this row took part in: mean distinct experts per
+    /// MoE layer per step with drafts against the same steps' plain rows, and without drafts.
+    pub expert_union: UnionStats,
 }
 
 impl SpecStats {
@@ -86,6 +91,7 @@ impl SpecStats {
             tok_s,
             decode_tok_s,
             decisions: Vec::new(),
+            expert_union: UnionStats::default(),
         }
     }
 }
@@ -133,12 +139,18 @@ impl SpecCounters {
     }
 }
 
+/// What `auto` did for a row: the depth in force at its end and the decisions while it lived.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AutoRow {
+    pub final_gamma: usize,
+    pub decisions: Vec<AutoDecision>,
+}
+
 /// The figures of a speculating row that generated `tokens` in `total_secs` end to end, of
 /// which `decode_secs` after the first token.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn row_stats(
     mode: &'static str,
-    auto: Option<&super::AutoGamma>,
+    auto: Option<AutoRow>,
     gamma: usize,
     c: &SpecCounters,
     tokens: usize,
@@ -152,7 +164,7 @@ pub(crate) fn row_stats(
         schedule: "batch",
         auto: auto.is_some(),
         gamma,
-        final_gamma: auto.map_or(gamma, super::AutoGamma::current),
+        final_gamma: auto.as_ref().map_or(gamma, |a| a.final_gamma),
         drafted: c.drafted,
         accepted: c.accepted,
         acceptance_rate: ratio(c.accepted, c.drafted),
@@ -177,6 +189,7 @@ pub(crate) fn row_stats(
         },
         tok_s: tokens as f64 / total_secs.max(1e-9),
         decode_tok_s: decoded as f64 / decode_secs.max(1e-9),
-        decisions: auto.map_or_else(Vec::new, |a| a.decisions().to_vec()),
+        decisions: auto.map_or_else(Vec::new, |a| a.decisions),
+        expert_union: UnionStats::default(),
     }
 }
