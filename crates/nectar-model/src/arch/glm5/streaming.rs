@@ -96,13 +96,22 @@ impl Default for LoadOptions {
     }
 }
 
-/// Largest prompt chunk the plan reserves transient buffers for.
+/// Prompt tokens per sequence the plan reserves transient buffers for.
 const PREFILL_CHUNK: u64 = 512;
+
+/// Prompt tokens whose activations the plan's "prefill transients" term holds: a chunk per
+/// sequence decoded together (no more than the context). The engine's batch runs one prompt
+/// span's layer at a time, so one span may use all of it ([`super::Glm5::prefill_span`]).
+pub(super) fn planned_prefill_tokens(opts: &LoadOptions) -> u64 {
+    PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64) * opts.sequences.max(1) as u64
+}
 
 /// The plan and the caches for a budget.
 #[derive(Debug)]
 pub(super) struct Streaming {
     pub plan: Plan,
+    /// Prompt tokens whose activations the plan holds ([`planned_prefill_tokens`]).
+    pub prefill_tokens: usize,
     /// The main layers' cache.
     pub residency: Arc<Residency>,
     /// The MTP layer's tier (when the model has a streamed MTP layer).
@@ -172,8 +181,7 @@ pub(super) fn plan_inputs(
     // A prompt chunk's activations (a prompt longer than the context cannot run). Logits are
     // computed for the last row of each sequence only: they are in the reserve's per-sequence
     // activations, not here.
-    let chunk = PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64);
-    let transients = chunk * h * 4 * (8 + r.num_experts_per_tok as u64);
+    let transients = planned_prefill_tokens(opts) * h * 4 * (8 + r.num_experts_per_tok as u64);
     let reserve = opts.runtime_reserve.unwrap_or_else(|| {
         nectar_residency::planner::runtime_reserve(&ReserveInputs {
             tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
@@ -200,7 +208,7 @@ pub(super) fn plan_inputs(
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size * opts.sequences.max(1),
-        prefill_transients: transients * opts.sequences.max(1) as u64,
+        prefill_transients: transients,
         runtime_reserve: reserve,
     }
 }
@@ -323,6 +331,7 @@ pub(super) fn setup(
     };
     Ok(Streaming {
         plan,
+        prefill_tokens: planned_prefill_tokens(opts) as usize,
         residency: Arc::new(residency),
         mtp_residency,
         expert_bytes,
