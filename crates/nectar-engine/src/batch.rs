@@ -555,7 +555,9 @@ impl Batch {
                 Error::Request(format!("row {} finished but is still live", row.id))
             })?;
             let start = row.fed_in_input;
-            let prefill = row.prefill.is_some() || pending.len() - start > 1;
+            // An input of several tokens runs as prefill spans to its end (its last span may
+            // be one token).
+            let prefill = start > 0 || pending.len() > 1;
             let end = if prefill { start } else { pending.len() };
             let round = row.spec.is_some()
                 && start == 0
