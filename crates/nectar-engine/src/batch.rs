@@ -2,8 +2,9 @@
 //!
 //! A [`Batch`] holds the live rows — each a [`RequestState`] (its own sampler, stops, text), its
 //! own [`SeqCache`] and, when it speculates, its own draft provider, depth γ and counters — and
-//! [`Batch::step`] runs every row's tokens through **one** `Glm5::forward`: prompt chunks, plain
-//! decode tokens and speculative verification runs (`[last, d1..dγ]`) side by side, ragged.
+//! [`Batch::step`] advances the rows inside a prompt layer-major (below) and runs every other
+//! row's tokens through **one** `Glm5::forward`: plain decode tokens and speculative
+//! verification runs (`[last, d1..dγ]`) side by side, ragged.
 //! Because the model's expert batch-union spans every row of a forward, each routed expert a
 //! step needs — for any row or draft position — is read (or found resident) once per layer.
 //! Rows join ([`Batch::admit`]) and leave ([`Batch::remove`], or by finishing) between steps.
@@ -19,7 +20,7 @@
 //! Row independence is what makes this safe to serve: the kernels' output for a row does not
 //! depend on how many rows share the matmul, attention runs per sequence — and chooses its form
 //! per sequence, so a verification run of γ + 1 ≤ 4 rows stays on the absorbed path whatever
-//! prompt chunk shares the forward — and the MoE sums each row's experts in a fixed order. So a
+//! other rows share the forward — and the MoE sums each row's experts in a fixed order. So a
 //! row's tokens are the same whether it decodes alone or beside others, speculating or not
 //! (tested under greedy decoding).
 //!
@@ -543,7 +544,7 @@ impl Batch {
             report.elapsed = t0.elapsed();
             return Ok(report);
         }
-        // What each row runs: a prompt chunk, its pending tokens, or a speculative round.
+        // What each row runs: prefill spans, its pending token, or a speculative round.
         let mut plans: Vec<Plan> = Vec::with_capacity(self.rows.len());
         // `auto` drafts only for a row that has the step to itself. In a shared step a row's
         // drafts add rows whose cost every other row pays, which its own controller cannot
@@ -790,7 +791,7 @@ impl Batch {
             } else {
                 0.0
             };
-            // A step that also ran a prompt chunk, or other rows, says nothing about this row's
+            // A step that also ran prefill work, or other rows, says nothing about this row's
             // decode cost.
             if let (Some(a), false, false) = (s.auto.as_mut(), prefill_in_step, shared) {
                 a.record(

@@ -458,7 +458,11 @@ fn prefill_run(
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
     let ids: Vec<u32> = (0..rows).map(tok).collect();
-    let span = model.prefill_span().min(rows);
+    let span = if a.prefill_chunk == 0 {
+        rows
+    } else {
+        model.prefill_span().min(rows)
+    };
     let before = res.telemetry();
     let t0 = Instant::now();
     // The replayer's rows are prompt positions: a prefill span numbers its rows so.
