@@ -836,7 +836,11 @@ impl Batch {
         // The oldest span always runs a layer, so a prompt whose one layer costs more than the
         // budget still advances.
         let mut first = true;
-        let rows = self.rows.iter_mut().zip(plans.iter_mut()).zip(out.iter_mut());
+        let rows = self
+            .rows
+            .iter_mut()
+            .zip(plans.iter_mut())
+            .zip(out.iter_mut());
         for ((row, plan), done) in rows {
             if !plan.prefill {
                 continue;

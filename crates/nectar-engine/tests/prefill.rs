@@ -203,7 +203,10 @@ fn a_joining_prompt_reads_each_touched_expert_once_per_layer() {
     let tok = b.tokenizer.as_ref();
     let p = prompts();
     let long = p[3].clone();
-    let touched = touched(&Path::new(ROOT).join("models/nectar-demo-glm5-e256-int4"), &long);
+    let touched = touched(
+        &Path::new(ROOT).join("models/nectar-demo-glm5-e256-int4"),
+        &long,
+    );
     let mut batch = Batch::new(BatchOptions {
         max_rows: 2,
         prefill_chunk: 16,
@@ -242,7 +245,11 @@ fn a_joining_prompt_reads_each_touched_expert_once_per_layer() {
     );
     // The budget is tight: the prompt's experts did not fit, so the bound is not vacuous.
     let slots = res.capacity(1);
-    assert!(touched.len() > 2 * slots * moe_layers, "{} vs {slots}", touched.len());
+    assert!(
+        touched.len() > 2 * slots * moe_layers,
+        "{} vs {slots}",
+        touched.len()
+    );
 }
 
 #[test]
@@ -267,7 +274,12 @@ fn a_joining_prompt_stalls_decoding_rows_by_a_bounded_step() {
     let p = prompts();
     let long = p[3].len();
     let join = 10;
-    for (chunk, span) in [(64, usize::MAX), (8, usize::MAX), (16, 100), (300, usize::MAX)] {
+    for (chunk, span) in [
+        (64, usize::MAX),
+        (8, usize::MAX),
+        (16, 100),
+        (300, usize::MAX),
+    ] {
         let rows: Vec<Row> = vec![
             (Request::new(p[0].clone(), 300), None, 0),
             (Request::new(p[1].clone(), 300), mtp(), 0),
@@ -279,7 +291,11 @@ fn a_joining_prompt_stalls_decoding_rows_by_a_bounded_step() {
         let per = span.min(long);
         let bound = w.max(per);
         for (i, s) in steps.iter().enumerate() {
-            assert!(s.prefill_work <= bound, "step {i}: {} > {bound}", s.prefill_work);
+            assert!(
+                s.prefill_work <= bound,
+                "step {i}: {} > {bound}",
+                s.prefill_work
+            );
         }
         let work: usize = steps.iter().map(|s| s.prefill_work).sum();
         assert_eq!(work, (2 * long + p[0].len() + p[1].len()) * layers);
@@ -287,7 +303,10 @@ fn a_joining_prompt_stalls_decoding_rows_by_a_bounded_step() {
         assert!(first(0) < join && first(1) < join);
         let last = first(2).max(first(3));
         for (i, s) in steps.iter().enumerate().take(last + 1).skip(join) {
-            assert!(s.produced.contains(&0) && s.produced.contains(&1), "step {i}");
+            assert!(
+                s.produced.contains(&0) && s.produced.contains(&1),
+                "step {i}"
+            );
         }
         let need = 2 * long.div_ceil(per) * layers.div_ceil((w / per).max(1));
         assert!(

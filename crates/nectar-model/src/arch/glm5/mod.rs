@@ -242,7 +242,10 @@ impl Glm5 {
         let starts: Vec<usize> = steps.iter().map(|s| s.cache.len()).collect();
         let counts: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
         let layout = Layout::new(&starts, &counts);
-        let tokens: Vec<u32> = steps.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let tokens: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
         let mut x = self.embed_step(&tokens)?;
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
         let mut caches: Vec<&mut SeqCache> = steps.iter_mut().map(|s| &mut *s.cache).collect();
@@ -298,15 +301,7 @@ impl Glm5 {
             let layer = &self.layers[l];
             let mut caches: Vec<&mut LayerCache> =
                 seqs.iter_mut().map(|s| &mut s.layers[l]).collect();
-            layer.attend(
-                x,
-                layout,
-                &mut caches,
-                sel,
-                &self.rope,
-                self.mla_mode,
-                obs,
-            )?;
+            layer.attend(x, layout, &mut caches, sel, &self.rope, self.mla_mode, obs)?;
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
                 (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
