@@ -435,7 +435,8 @@ impl Batch {
         Some((summary(&row, Instant::now()), row.cache))
     }
 
-    /// Live row `id`'s cache (main layers and MTP layer).
+    /// Live row `id`'s cache (main layers and MTP layer). While a prefill span is in flight,
+    /// the layers it has run hold its tokens and the others do not yet.
     pub fn cache(&self, id: u64) -> Option<&SeqCache> {
         self.rows.iter().find(|r| r.id == id).map(|r| &r.cache)
     }

@@ -316,3 +316,44 @@ fn a_joining_prompt_stalls_decoding_rows_by_a_bounded_step() {
         );
     }
 }
+
+#[test]
+fn a_row_taken_out_inside_a_span_leaves_a_whole_cache() {
+    // Taken out after its 284-token prompt ran 3 of 8 layers, a row's cache holds what every
+    // layer holds (nothing of the unfinished span); a row started from it decodes as alone.
+    let b = demo();
+    let tok = b.tokenizer.as_ref();
+    let p = prompts();
+    let r = Request::new(p[3].clone(), 8);
+    let mut batch = Batch::new(opts(1, 40, usize::MAX));
+    batch.admit(&b.model, tok, &b.stop_ids, 0, &r).unwrap();
+    for _ in 0..3 {
+        let s = batch.step(&b.model, tok).unwrap();
+        assert!(s.rows.is_empty() && s.prefill_work == p[3].len());
+    }
+    let layers = |c: &nectar_model::SeqCache| c.layers.iter().map(|l| l.len()).collect::<Vec<_>>();
+    assert_eq!(
+        layers(batch.cache(0).unwrap())[..4],
+        [p[3].len(), p[3].len(), p[3].len(), 0]
+    );
+    let (_, cache) = batch.take(0).unwrap();
+    assert_eq!(layers(&cache), vec![0; b.model.num_layers()]);
+    let state = RequestState::new(&r, &b.stop_ids, b.model.vocab_size(), tok).unwrap();
+    let o = RowOptions {
+        cache: Some(cache),
+        ..RowOptions::default()
+    };
+    batch.admit_row(&b.model, 1, state, o).unwrap();
+    let mut got = Vec::new();
+    while !batch.is_empty() {
+        got.extend(
+            batch
+                .step(&b.model, tok)
+                .unwrap()
+                .rows
+                .iter()
+                .map(|s| s.step.token),
+        );
+    }
+    assert_eq!(got, alone(b, &r));
+}
