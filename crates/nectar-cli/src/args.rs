@@ -528,10 +528,15 @@ pub struct BenchReplayArgs {
     /// every expert the prompt touches.
     #[arg(long, value_delimiter = ',')]
     pub prompt_rows: Vec<usize>,
-    /// With --prompt-rows: feed the prompt in chunks of this many tokens (0: one forward),
-    /// e.g. 512 as `nectar serve`'s batch does.
+    /// With --prompt-rows: prefill through `nectar serve`'s batch with this much prefill work
+    /// per step (tokens' worth through every layer; 512 is `serve`'s), the model planned as
+    /// `serve --parallel` plans it (0: one forward over the whole prompt, as `nectar run`).
     #[arg(long, default_value_t = 0)]
     pub prefill_chunk: usize,
+    /// With --prefill-chunk: the `serve --parallel` whose memory plan the model loads with
+    /// (it decides the prefill span, see `nectar serve`).
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

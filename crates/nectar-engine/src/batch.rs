@@ -2,8 +2,9 @@
 //!
 //! A [`Batch`] holds the live rows — each a [`RequestState`] (its own sampler, stops, text), its
 //! own [`SeqCache`] and, when it speculates, its own draft provider, depth γ and counters — and
-//! [`Batch::step`] runs every row's tokens through **one** `Glm5::forward`: prompt chunks, plain
-//! decode tokens and speculative verification runs (`[last, d1..dγ]`) side by side, ragged.
+//! [`Batch::step`] advances the rows inside a prompt layer-major (below) and runs every other
+//! row's tokens through **one** `Glm5::forward`: plain decode tokens and speculative
+//! verification runs (`[last, d1..dγ]`) side by side, ragged.
 //! Because the model's expert batch-union spans every row of a forward, each routed expert a
 //! step needs — for any row or draft position — is read (or found resident) once per layer.
 //! Rows join ([`Batch::admit`]) and leave ([`Batch::remove`], or by finishing) between steps.
@@ -21,12 +22,26 @@
 //! Row independence is what makes this safe to serve: the kernels' output for a row does not
 //! depend on how many rows share the matmul, attention runs per sequence — and chooses its form
 //! per sequence, so a verification run of γ + 1 ≤ 4 rows stays on the absorbed path whatever
-//! prompt chunk shares the forward — and the MoE sums each row's experts in a fixed order. So a
+//! other rows share the forward — and the MoE sums each row's experts in a fixed order. So a
 //! row's tokens are the same whether it decodes alone or beside others, speculating or not
-//! (tested under greedy decoding). A long prompt is fed in chunks of at most
-//! [`BatchOptions::prefill_chunk`] tokens per step, so a joining request delays the rows already
-//! decoding by one bounded step instead of its whole prefill; the chunking depends only on the
-//! row itself, never on its neighbours.
+//! (tested under greedy decoding).
+//!
+//! **Prefill is layer-major.** A row's input of more than one token (a prompt, or a grammar's
+//! forced run) does not ride in the main forward: it runs as a [`Prefill`] span, layer by layer
+//! over all its tokens, its residual stream kept between steps, so each layer's MoE runs once
+//! over the union of the whole span's routes and a routed expert is read (or found resident)
+//! once per layer for the whole prompt — where feeding 512-token chunks through the main
+//! forward re-read each chunk's union (3.67× one read of every touched expert for a 2,048-token
+//! prompt on the GLM-5.2-geometry synth, `benchmarks/RESULTS.md`). A span is the whole input,
+//! or [`BatchOptions::prefill_span`] tokens of it when its activations would not fit (the
+//! server takes [`Glm5::prefill_span`]: what the memory plan reserves); a longer input runs as
+//! consecutive spans. Each step runs at most `W = prefill_chunk × layers` token-layers of
+//! prefill, oldest row first, and always at least one layer of the oldest span, so a step's
+//! prefill work is at most `max(W, span)` token-layers — with the default `prefill_chunk` of
+//! 512, what one 512-token chunk through every layer cost — and the rows already decoding
+//! produce a token every step while a prompt of `P` tokens joins over about `P × layers / W`
+//! steps. The spans depend only on the row itself, never on its neighbours, and running a span's
+//! layers over several steps computes the same bits as one forward over it.
 
 use crate::error::{Error, Result};
 use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
@@ -39,10 +54,10 @@ use crate::spec::{
     StepUnion, UnionCounts, UnionMeter,
 };
 use crate::tokenizer::Tokenizer;
-use nectar_model::{Glm5, SeqCache, SeqStep};
+use nectar_model::{Glm5, NoObserver, Observer, Prefill, SeqCache, SeqStep};
 use std::time::{Duration, Instant};
 
-/// Default prompt tokens a row feeds per step (see [`BatchOptions::prefill_chunk`]).
+/// Default prompt tokens' worth of prefill work per step (see [`BatchOptions::prefill_chunk`]).
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
 /// How a [`Batch`] steps.
@@ -50,8 +65,15 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 pub struct BatchOptions {
     /// Rows at most ([`Batch::admit`] refuses more).
     pub max_rows: usize,
-    /// Tokens at most that one row feeds per step while it works through its prompt.
+    /// Prefill work per step, in prompt tokens through every main layer: a step runs at most
+    /// `prefill_chunk × layers` token-layers of prompt (and always one layer of the oldest
+    /// prompt span, see the module docs).
     pub prefill_chunk: usize,
+    /// Tokens at most that run layer-major together (one span, whose activations — `hidden`
+    /// floats per token between steps, a layer's transients while it runs — are held); a longer
+    /// input runs as consecutive spans, each reading its experts once per layer.
+    /// `nectar serve` takes [`Glm5::prefill_span`]; `usize::MAX` runs any prompt as one span.
+    pub prefill_span: usize,
     /// Keep finished conversations' caches, up to this many tokens in all, so a request that
     /// continues one runs only its new tokens (see [`PrefixCache`]); 0 keeps none.
     pub keep_tokens: usize,
@@ -62,6 +84,7 @@ impl Default for BatchOptions {
         BatchOptions {
             max_rows: 1,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            prefill_span: usize::MAX,
             keep_tokens: 0,
         }
     }
@@ -127,8 +150,10 @@ struct Row {
     id: u64,
     state: RequestState,
     cache: SeqCache,
-    /// Tokens of the current pending input already fed (a prompt split over steps).
+    /// Tokens of the current pending input already fed (completed prefill spans).
     fed_in_input: usize,
+    /// The prefill span in flight (its residual stream between steps).
+    prefill: Option<Prefill>,
     prompt_tokens: usize,
     admitted: Instant,
     first_token: Option<Instant>,
@@ -201,9 +226,13 @@ pub struct StepReport {
     pub rows: Vec<RowStep>,
     /// Rows in the forward.
     pub batch_rows: usize,
-    /// Tokens in the forward (decode rows count one, verification runs γ + 1; prompt chunks
-    /// their length).
+    /// Tokens in the main forward (decode rows count one, verification runs γ + 1).
     pub tokens: usize,
+    /// Prefill work this step, in token-layers (a span's tokens × the main layers run over
+    /// them): at most `max(prefill_chunk × layers, span)` (see the module docs).
+    pub prefill_work: usize,
+    /// Rows that advanced a prefill span this step.
+    pub prefill_rows: usize,
     /// Rows at a decode step that could speculate (they have a provider).
     pub spec_rows: usize,
     /// Of those, rows that verified at least one draft.
@@ -252,7 +281,10 @@ pub struct Batch {
 
 /// What one row runs in a step.
 struct Plan {
-    /// Slice of the pending input (plain rows).
+    /// The row's input is longer than one token: it runs as prefill spans, not in the main
+    /// forward.
+    prefill: bool,
+    /// Slice of the pending input (plain rows; for a prefill row, the span it completed).
     start: usize,
     end: usize,
     /// The slice completes the pending input: the row samples from its last row.
@@ -274,6 +306,7 @@ impl Batch {
             opts: BatchOptions {
                 max_rows: opts.max_rows.max(1),
                 prefill_chunk: opts.prefill_chunk.max(1),
+                prefill_span: opts.prefill_span.max(1),
                 keep_tokens: opts.keep_tokens,
             },
             rows: Vec::new(),
@@ -416,6 +449,7 @@ impl Batch {
             state,
             cache,
             fed_in_input: 0,
+            prefill: None,
             prompt_tokens,
             admitted: Instant::now(),
             first_token: None,
@@ -435,11 +469,16 @@ impl Batch {
     /// [`Batch::remove`], also returning the row's cache (holding every token fed so far).
     pub fn take(&mut self, id: u64) -> Option<(RowSummary, SeqCache)> {
         let i = self.rows.iter().position(|r| r.id == id)?;
-        let row = self.rows.remove(i);
+        let mut row = self.rows.remove(i);
+        if let Some(p) = row.prefill.take() {
+            // Layers the span already ran hold its tokens; the others do not.
+            row.cache.truncate(p.start());
+        }
         Some((summary(&row, self.auto.as_ref(), Instant::now()), row.cache))
     }
 
-    /// Live row `id`'s cache (main layers and MTP layer).
+    /// Live row `id`'s cache (main layers and MTP layer). While a prefill span is in flight,
+    /// the layers it has run hold its tokens and the others do not yet.
     pub fn cache(&self, id: u64) -> Option<&SeqCache> {
         self.rows.iter().find(|r| r.id == id).map(|r| &r.cache)
     }
@@ -486,15 +525,27 @@ impl Batch {
     /// fails the whole step (the caller should [`Batch::clear`] and fail those requests: their
     /// caches may be half-written).
     pub fn step(&mut self, model: &Glm5, tokenizer: Option<&Tokenizer>) -> Result<StepReport> {
+        self.step_observed(model, tokenizer, &mut NoObserver)
+    }
+
+    /// [`Batch::step`] with an observer of the model's forwards: rows of the main forward are
+    /// numbered across it, rows of a prefill span by their place in the row's pending input
+    /// (for a fresh row, the prompt position). `nectar bench replay` drives the batch with its
+    /// routes this way.
+    pub fn step_observed(
+        &mut self,
+        model: &Glm5,
+        tokenizer: Option<&Tokenizer>,
+        obs: &mut dyn Observer,
+    ) -> Result<StepReport> {
         let t0 = Instant::now();
-        let chunk = self.opts.prefill_chunk;
         // Tokens a row's grammar forces are emitted now and join its pending input, so this
         // step's forward runs them with the last sampled token (a row inside its prompt is not
         // at a token boundary and forces nothing yet). Such a row does not draft this step.
         let mut rows_out = Vec::new();
         let mut forced_ids = Vec::new();
         for row in &mut self.rows {
-            if row.fed_in_input == 0 {
+            if row.fed_in_input == 0 && row.prefill.is_none() {
                 for step in row.state.fast_forward(tokenizer)? {
                     row.first_token.get_or_insert(t0);
                     forced_ids.push(row.id);
@@ -518,6 +569,8 @@ impl Batch {
             rows: rows_out,
             batch_rows: self.rows.len(),
             tokens: 0,
+            prefill_work: 0,
+            prefill_rows: 0,
             spec_rows: 0,
             speculating: 0,
             gamma_sum: 0,
@@ -531,7 +584,7 @@ impl Batch {
             report.elapsed = t0.elapsed();
             return Ok(report);
         }
-        // What each row runs: a prompt chunk, its pending tokens, or a speculative round.
+        // What each row runs: prefill spans, its pending token, or a speculative round.
         let mut plans: Vec<Plan> = Vec::with_capacity(self.rows.len());
         // One γ for every `auto` row at a decode step, chosen for the step's shape: in a
         // shared step a row's drafts cost every other row, so only the step's tokens per
@@ -561,7 +614,10 @@ impl Batch {
                 Error::Request(format!("row {} finished but is still live", row.id))
             })?;
             let start = row.fed_in_input;
-            let end = (start + chunk).min(pending.len());
+            // An input of several tokens runs as prefill spans to its end (its last span may
+            // be one token).
+            let prefill = start > 0 || pending.len() > 1;
+            let end = if prefill { start } else { pending.len() };
             let round = is_round(row);
             let want = match (&row.spec, round) {
                 (Some(s), true) => {
@@ -577,9 +633,10 @@ impl Batch {
                 _ => 0,
             };
             plans.push(Plan {
+                prefill,
                 start,
                 end,
-                complete: end == pending.len(),
+                complete: !prefill,
                 round,
                 want,
                 drafts: Vec::new(),
@@ -587,7 +644,7 @@ impl Batch {
                 absorbed: 0,
             });
         }
-        let prefill_in_step = plans.iter().any(|p| !p.round && p.end - p.start > 1);
+        let prefill_in_step = plans.iter().any(|p| p.prefill);
         // Drafting: per-row providers on their own, MTP rows together.
         let td = Instant::now();
         let mut absorb_secs = 0.0;
@@ -629,7 +686,10 @@ impl Batch {
             }
         }
         let draft_secs = td.elapsed().as_secs_f64();
-        // Each row's input: a verification run `[last, drafts…]`, or its pending slice.
+        // Prefill rows advance their spans; a row whose input completes samples below.
+        let spans = self.prefill(model, &mut plans, obs, &mut report)?;
+        // Each row's input: a verification run `[last, drafts…]`, or its pending slice (for a
+        // prefill row, the span it completed this step, if any).
         let inputs: Vec<Vec<u32>> = self
             .rows
             .iter()
@@ -651,21 +711,28 @@ impl Batch {
         let draft_rows = plans
             .iter()
             .zip(&inputs)
+            .filter(|(p, _)| !p.prefill)
             .flat_map(|(p, input)| (0..input.len()).map(move |j| p.round && j > 0))
             .collect();
         self.meter.begin(draft_rows);
         let tv = Instant::now();
-        let hidden = {
+        let main = {
             let mut steps: Vec<SeqStep<'_>> = self
                 .rows
                 .iter_mut()
                 .zip(&inputs)
-                .map(|(row, tokens)| SeqStep {
+                .zip(&plans)
+                .filter(|(_, p)| !p.prefill)
+                .map(|((row, tokens), _)| SeqStep {
                     tokens,
                     cache: &mut row.cache,
                 })
                 .collect();
-            model.forward(&mut steps, &mut self.meter)?
+            if steps.is_empty() {
+                Vec::new()
+            } else {
+                model.forward(&mut steps, &mut Both(obs, &mut self.meter))?
+            }
         };
         let union = self.meter.end();
         if !prefill_in_step {
@@ -675,22 +742,29 @@ impl Batch {
             }
         }
         let hd = model.hidden_size();
+        // Each row's hiddens: its rows of the main forward, or its completed span's.
+        let mut offset = 0;
+        let mut hiddens: Vec<&[f32]> = Vec::with_capacity(plans.len());
+        for ((p, input), span) in plans.iter().zip(&inputs).zip(&spans) {
+            if p.prefill {
+                hiddens.push(span.as_deref().unwrap_or_default());
+            } else {
+                let n = input.len();
+                hiddens.push(&main[offset * hd..(offset + n) * hd]);
+                offset += n;
+            }
+        }
+        report.tokens = offset;
         // Logits, in one lm-head call: every row of a verification run, the last row of each
         // completed input.
         let mut logit_rows = Vec::new();
-        let mut offset = 0;
-        let mut spans = Vec::with_capacity(plans.len());
-        for (p, input) in plans.iter().zip(&inputs) {
-            let n = input.len();
-            spans.push(offset);
+        for (p, h) in plans.iter().zip(&hiddens) {
             if p.round {
-                logit_rows.extend_from_slice(&hidden[offset * hd..(offset + n) * hd]);
+                logit_rows.extend_from_slice(h);
             } else if p.complete {
-                logit_rows.extend_from_slice(&hidden[(offset + n - 1) * hd..(offset + n) * hd]);
+                logit_rows.extend_from_slice(&h[h.len() - hd..]);
             }
-            offset += n;
         }
-        report.tokens = offset;
         let logits = if logit_rows.is_empty() {
             Vec::new()
         } else {
@@ -707,9 +781,8 @@ impl Batch {
             Ok(l)
         };
         let mut rounds = Vec::new();
-        let rows = self.rows.iter_mut().zip(&plans).zip(&inputs).zip(&spans);
-        for (i, (((row, p), input), &off)) in rows.enumerate() {
-            let h = &hidden[off * hd..(off + input.len()) * hd];
+        let rows = self.rows.iter_mut().zip(&plans).zip(&inputs).zip(&hiddens);
+        for (i, (((row, p), input), &h)) in rows.enumerate() {
             if p.round {
                 // Verify the drafts, keep the longest accepted prefix plus one, roll back.
                 let l = take_logits(input.len())?;
@@ -739,11 +812,7 @@ impl Batch {
                 continue;
             }
             if !p.complete {
-                // A prompt chunk: the drafter sees its rows (the next token of each is known).
-                row.fed_in_input = p.end;
-                let pending = row.state.pending_input().unwrap_or_default();
-                let next = pending[p.start + 1..=p.end].to_vec();
-                observe(row, h, &next)?;
+                // A prefill row still inside its input.
                 continue;
             }
             row.fed_in_input = 0;
@@ -829,6 +898,133 @@ impl Batch {
         }
         report.elapsed = t0.elapsed();
         Ok(report)
+    }
+}
+
+impl Batch {
+    /// Advances the prefill rows' spans, oldest row first, within the step's prefill work (see
+    /// the module docs). Returns, per row, the hiddens of the span that completed its input this
+    /// step (its plan then names that span and is complete); a span that completes only part of
+    /// the input is shown to the row's drafter here, as the main forward's rows are below.
+    fn prefill(
+        &mut self,
+        model: &Glm5,
+        plans: &mut [Plan],
+        obs: &mut dyn Observer,
+        report: &mut StepReport,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let layers = model.num_layers().max(1);
+        let mut budget = self.opts.prefill_chunk.saturating_mul(layers);
+        let span = self.opts.prefill_span;
+        let mut out: Vec<Option<Vec<f32>>> = (0..plans.len()).map(|_| None).collect();
+        // The oldest span always runs a layer, so a prompt whose one layer costs more than the
+        // budget still advances.
+        let mut first = true;
+        let rows = self
+            .rows
+            .iter_mut()
+            .zip(plans.iter_mut())
+            .zip(out.iter_mut());
+        for ((row, plan), done) in rows {
+            if !plan.prefill {
+                continue;
+            }
+            let pending = row.state.pending_input().unwrap_or_default().to_vec();
+            let mut advanced = false;
+            loop {
+                let fed = row.fed_in_input;
+                let p = match &mut row.prefill {
+                    Some(p) => p,
+                    None => {
+                        let end = fed.saturating_add(span).min(pending.len());
+                        row.prefill
+                            .insert(model.prefill_begin(&row.cache, &pending[fed..end])?)
+                    }
+                };
+                let per = p.tokens();
+                let mut n = (budget / per).min(layers - p.layers_done());
+                if first {
+                    n = n.max(1);
+                }
+                if n == 0 {
+                    break;
+                }
+                first = false;
+                advanced = true;
+                budget = budget.saturating_sub(n * per);
+                report.prefill_work += n * per;
+                let mut shifted = Shifted {
+                    inner: &mut *obs,
+                    by: fed,
+                };
+                let Some(h) = model.prefill_layers(p, &mut row.cache, n, &mut shifted)? else {
+                    break;
+                };
+                row.prefill = None;
+                let end = fed + per;
+                if end == pending.len() {
+                    (plan.start, plan.end, plan.complete) = (fed, end, true);
+                    *done = Some(h);
+                    break;
+                }
+                // A span inside the input: the drafter sees its rows (the next token of each
+                // is known).
+                row.fed_in_input = end;
+                observe(row, &h, &pending[fed + 1..=end])?;
+            }
+            report.prefill_rows += usize::from(advanced);
+        }
+        Ok(out)
+    }
+}
+
+/// An observer of a prefill span: its rows numbered by their place in the row's input.
+struct Shifted<'a> {
+    inner: &'a mut dyn Observer,
+    by: usize,
+}
+
+impl Observer for Shifted<'_> {
+    fn layer_output(&mut self, layer: usize, x: &[f32]) {
+        self.inner.layer_output(layer, x);
+    }
+    fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
+        self.inner.router(layer, row + self.by, ids, weights);
+    }
+    fn indexer(&mut self, layer: usize, row: usize, full: bool, selected: Option<&[u32]>) {
+        self.inner.indexer(layer, row + self.by, full, selected);
+    }
+    fn predicted(&mut self, layer: usize, row: usize, ids: &[u32]) {
+        self.inner.predicted(layer, row + self.by, ids);
+    }
+    fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.inner.replay_route(layer, row + self.by)
+    }
+}
+
+/// The caller's observer (first: a benchmark's routes replace the router's) and the union
+/// meter, both watching the main forward.
+struct Both<'a>(&'a mut dyn Observer, &'a mut UnionMeter);
+
+impl Observer for Both<'_> {
+    fn layer_output(&mut self, layer: usize, x: &[f32]) {
+        self.0.layer_output(layer, x);
+        self.1.layer_output(layer, x);
+    }
+    fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
+        self.0.router(layer, row, ids, weights);
+        self.1.router(layer, row, ids, weights);
+    }
+    fn indexer(&mut self, layer: usize, row: usize, full: bool, selected: Option<&[u32]>) {
+        self.0.indexer(layer, row, full, selected);
+        self.1.indexer(layer, row, full, selected);
+    }
+    fn predicted(&mut self, layer: usize, row: usize, ids: &[u32]) {
+        self.0.predicted(layer, row, ids);
+        self.1.predicted(layer, row, ids);
+    }
+    fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.0.replay_route(layer, row)
     }
 }
 

@@ -198,10 +198,12 @@ pub fn generate_row(
         return Ok((out, cache));
     }
     opts.hold_cache = true;
-    // The whole prompt in one forward, as a lone request has no one to wait for.
+    // The whole prompt as one span through every layer in one step, as a lone request has no
+    // one to wait for.
     let mut batch = Batch::new(BatchOptions {
         max_rows: 1,
         prefill_chunk: usize::MAX,
+        prefill_span: usize::MAX,
         keep_tokens: 0,
     });
     batch.admit_row(model, 0, state, opts)?;

@@ -18,7 +18,7 @@ mod cache;
 mod error;
 mod observer;
 
-pub use arch::glm5::{Glm5, MlaMode, MtpStep, SeqStep};
+pub use arch::glm5::{Glm5, MlaMode, MtpStep, Prefill, SeqStep};
 pub use arch::Arch;
 pub use cache::{CacheDims, LayerCache, SeqCache};
 pub use error::{Error, Result};

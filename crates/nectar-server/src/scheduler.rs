@@ -346,9 +346,11 @@ fn serve_batched(
     let n = &shared.n;
     // Finished conversations are kept up to one context's worth of tokens (the memory plan
     // reserves one sequence beyond the rows for them).
+    // A joining prompt runs layer-major in spans of what the memory plan holds activations for.
     let mut batch = Batch::new(BatchOptions {
         max_rows: sched.parallel,
         keep_tokens: sched.ctx,
+        prefill_span: model.prefill_span(),
         ..BatchOptions::default()
     });
     let mut clients: HashMap<u64, Client> = HashMap::new();

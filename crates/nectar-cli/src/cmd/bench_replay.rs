@@ -23,8 +23,8 @@
 use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
-use nectar_engine::{UnionCounts, UnionMeter};
-use nectar_model::arch::glm5::{expert_layouts, LoadOptions, Prefetch};
+use nectar_engine::{Batch, BatchOptions, Request, UnionCounts, UnionMeter};
+use nectar_model::arch::glm5::{expert_layouts, serve_sequences, LoadOptions, Prefetch};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
@@ -163,12 +163,25 @@ fn load(
     prefetch: Prefetch,
     mtp: bool,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
+    load_planned(a, budget_s, prefetch, None, mtp)
+}
+
+/// [`load`], planned as `nectar serve --parallel N` plans memory when `serve` is `Some(N)`.
+fn load_planned(
+    a: &BenchReplayArgs,
+    budget_s: &str,
+    prefetch: Prefetch,
+    serve: Option<usize>,
+    mtp: bool,
+) -> Result<(Glm5, Arc<Residency>, u64)> {
     let budget = super::fit::resolve_budget(Some(budget_s))?;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         io_threads: a.io_threads,
         admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
         prefetch,
+        sequences: serve.map_or(1, serve_sequences),
+        server: serve.is_some(),
         mtp,
         ..Default::default()
     };
@@ -442,8 +455,10 @@ fn run_one(
     Ok(RunOut { json, line })
 }
 
-/// Prefills the first `rows` rows of the `prefill` trace under `budget_s` in chunks: expert
-/// bytes read against one read of every (layer, expert) the prompt touches.
+/// Prefills the first `rows` rows of the `prefill` trace under `budget_s` — in one forward, or
+/// through `nectar serve`'s batch (the same `Batch` code, options and memory plan) with
+/// `--prefill-chunk` work per step: expert bytes read against one read of every (layer, expert)
+/// the prompt touches.
 fn prefill_run(
     a: &BenchReplayArgs,
     dir: &std::path::Path,
@@ -456,7 +471,9 @@ fn prefill_run(
         "--prompt-rows {rows}: the prefill trace has {} rows",
         trace.rows
     );
-    let (model, res, _) = load(a, budget_s, Prefetch::Off, false)?;
+    let serve = (a.prefill_chunk > 0).then_some(a.parallel);
+    // `serve` loads the MTP layer by default (`--mtp auto`); `run` does not.
+    let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some())?;
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
@@ -468,19 +485,19 @@ fn prefill_run(
     };
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
-    let chunk = if a.prefill_chunk == 0 {
+    let ids: Vec<u32> = (0..rows).map(tok).collect();
+    let span = if a.prefill_chunk == 0 {
         rows
     } else {
-        a.prefill_chunk
+        model.prefill_span().min(rows)
     };
-    let mut cache = model.new_cache();
     let before = res.telemetry();
     let t0 = Instant::now();
-    let mut start = 0;
-    while start < rows {
-        let end = (start + chunk).min(rows);
-        let ids: Vec<u32> = (start..end).map(tok).collect();
-        obs.begin((start..end).collect(), &moe);
+    // The replayer's rows are prompt positions: a prefill span numbers its rows so.
+    obs.begin((0..rows).collect(), &moe);
+    let mut steps = 0;
+    if a.prefill_chunk == 0 {
+        let mut cache = model.new_cache();
         model.forward(
             &mut [SeqStep {
                 cache: &mut cache,
@@ -488,7 +505,19 @@ fn prefill_run(
             }],
             &mut obs,
         )?;
-        start = end;
+        steps = 1;
+    } else {
+        let mut batch = Batch::new(BatchOptions {
+            max_rows: a.parallel,
+            prefill_chunk: a.prefill_chunk,
+            prefill_span: model.prefill_span(),
+            ..BatchOptions::default()
+        });
+        batch.admit(&model, None, &[], 0, &Request::new(ids, 1))?;
+        while !batch.is_empty() {
+            batch.step_observed(&model, None, &mut obs)?;
+            steps += 1;
+        }
     }
     let secs = t0.elapsed().as_secs_f64();
     let (_, _, bytes, _, wait) = delta(&before, &res.telemetry());
@@ -508,7 +537,8 @@ fn prefill_run(
     let read_gb = bytes as f64 / 1e9;
     if !a.json {
         println!(
-            "{budget_s:>6} prefill {rows} tokens in chunks of {chunk}: {:.2} tok/s, {read_gb:.2} GB read, touched experts {touched_gb:.2} GB, ratio {:.2}, wait {:.2}",
+            "{budget_s:>6} prefill {rows} tokens, prefill chunk {} (span {span}, {steps} steps): {:.2} tok/s, {read_gb:.2} GB read, touched experts {touched_gb:.2} GB, ratio {:.2}, wait {:.2}",
+            a.prefill_chunk,
             rows as f64 / secs,
             read_gb / touched_gb.max(1e-12),
             wait / secs
@@ -518,7 +548,9 @@ fn prefill_run(
         "budget": budget_s,
         "lru_slots_per_layer": res.capacity(moe[0]),
         "prompt_tokens": rows,
-        "chunk": chunk,
+        "chunk": a.prefill_chunk,
+        "span": span,
+        "steps": steps,
         "prefill_tok_s": rows as f64 / secs,
         "gb_read": read_gb,
         "touched_experts": touched,

@@ -116,7 +116,7 @@ impl Geometry {
                 128,
             ),
             ctx: 4096,
-            prefill_transients: prompt_transients(4096, hidden, top_k),
+            prefill_transients: prompt_transients(512, hidden, top_k),
             // GLM-5's tokenizer.json (about 20 MB, as GLM-4.5's), `cores` compute threads,
             // 3 I/O workers, main and ledger: `nectar run`'s reserve.
             runtime_reserve: runtime_reserve(&ReserveInputs {

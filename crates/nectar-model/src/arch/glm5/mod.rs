@@ -17,6 +17,7 @@ mod moe;
 mod mtp;
 mod pilot;
 mod placement;
+mod prefill;
 mod streaming;
 
 pub use attention::MlaMode;
@@ -28,6 +29,7 @@ pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::GpuPlacement;
+pub use prefill::Prefill;
 pub use streaming::{
     expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, serve_sequences,
     LoadOptions, PinRequest, DEFAULT_ADMISSION,
@@ -171,6 +173,15 @@ impl Glm5 {
         self.streaming.as_ref().map(|s| &s.plan)
     }
 
+    /// Most prompt tokens to run layer-major at once (one span, see [`Prefill`]): under a
+    /// memory budget, the tokens whose activations the memory plan reserves; without one,
+    /// unbounded (the whole prompt, whose activations nothing else competes with).
+    pub fn prefill_span(&self) -> usize {
+        self.streaming
+            .as_ref()
+            .map_or(usize::MAX, |s| s.prefill_tokens.max(1))
+    }
+
     /// The tensor catalog the model reads from.
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
@@ -236,44 +247,70 @@ impl Glm5 {
         let starts: Vec<usize> = steps.iter().map(|s| s.cache.len()).collect();
         let counts: Vec<usize> = steps.iter().map(|s| s.tokens.len()).collect();
         let layout = Layout::new(&starts, &counts);
+        let tokens: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
+        let mut x = self.embed_step(&tokens)?;
+        let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
+        let mut caches: Vec<&mut SeqCache> = steps.iter_mut().map(|s| &mut *s.cache).collect();
+        self.run_layers(
+            &mut x,
+            &layout,
+            &mut caches,
+            &mut sel,
+            0..self.layers.len(),
+            obs,
+        )?;
+        Ok(self.final_norm(&x, &self.norm))
+    }
+
+    /// The residual stream of a step's rows (their embeddings); tells the expert cache the
+    /// tokens and starts its look-ahead for the step.
+    fn embed_step(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hd = self.hidden_size();
-        let mut x = vec![0.0f32; layout.rows.len() * hd];
-        for (xr, &t) in x
-            .chunks_exact_mut(hd)
-            .zip(steps.iter().flat_map(|s| s.tokens.iter()))
-        {
+        let mut x = vec![0.0f32; tokens.len() * hd];
+        for (xr, &t) in x.chunks_exact_mut(hd).zip(tokens) {
             self.embed.row(t, xr)?;
         }
         // The expert cache's predictive admission keys its look-ahead on the token stream.
-        let m = layout.rows.len();
+        let m = tokens.len();
         if let Some(res) = self.residency() {
-            for &t in steps.iter().flat_map(|s| s.tokens.iter()) {
+            for &t in tokens {
                 res.observe_token(t);
             }
             // Look-ahead prefetch (a no-op unless on): this step's predicted misses start
             // reading now, behind the layers' attention.
             res.begin_step(m, m * self.cfg.raw.num_experts_per_tok);
         }
-        let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];
+        Ok(x)
+    }
+
+    /// Runs main layers `range` over the residual stream `x` (rows as in `layout`), appending
+    /// to each sequence's caches of those layers; `sel` carries the DSA selection from a full
+    /// indexer layer to the layers that share it.
+    fn run_layers(
+        &self,
+        x: &mut [f32],
+        layout: &Layout,
+        seqs: &mut [&mut SeqCache],
+        sel: &mut [Option<Vec<u32>>],
+        range: std::ops::Range<usize>,
+        obs: &mut dyn Observer,
+    ) -> Result<()> {
+        let m = layout.rows.len();
         let mut stats = PilotStats::default();
         // The prediction for the layer about to run (made during the previous one).
         let mut predicted: Option<Vec<Vec<u32>>> = None;
-        for (l, layer) in self.layers.iter().enumerate() {
+        for l in range {
+            let layer = &self.layers[l];
             let mut caches: Vec<&mut LayerCache> =
-                steps.iter_mut().map(|s| &mut s.cache.layers[l]).collect();
-            layer.attend(
-                &mut x,
-                &layout,
-                &mut caches,
-                &mut sel,
-                &self.rope,
-                self.mla_mode,
-                obs,
-            )?;
+                seqs.iter_mut().map(|s| &mut s.layers[l]).collect();
+            layer.attend(x, layout, &mut caches, sel, &self.rope, self.mla_mode, obs)?;
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
                 (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
-                (_, Some(n)) => n.predict(&x, m)?,
+                (_, Some(n)) => n.predict(x, m)?,
             };
             if let Some(p) = &next_pred {
                 for (row, ids) in p.iter().enumerate() {
@@ -297,14 +334,14 @@ impl Glm5 {
                 layer: l,
                 routes: vec![Vec::new(); if predicted.is_some() { m } else { 0 }],
             };
-            layer.feed_forward(&mut x, m, &mut tap, Some(&mut issue))?;
+            layer.feed_forward(x, m, &mut tap, Some(&mut issue))?;
             if let Some(p) = predicted.take() {
                 let (n, right) = pilot::score(&p, &tap.routes);
                 stats.chosen += n;
                 stats.predicted_right += right;
             }
             predicted = next_pred;
-            obs.layer_output(l, &x);
+            obs.layer_output(l, x);
         }
         if self.prefetch.runs_router_early() {
             self.pilot
@@ -312,7 +349,7 @@ impl Glm5 {
                 .unwrap_or_else(|p| p.into_inner())
                 .add(&stats);
         }
-        Ok(self.final_norm(&x, &self.norm))
+        Ok(())
     }
 
     /// Routed-expert selections since load, per MoE layer (the MTP layer is

@@ -102,13 +102,22 @@ impl Default for LoadOptions {
     }
 }
 
-/// Largest prompt chunk the plan reserves transient buffers for.
+/// Prompt tokens per sequence the plan reserves transient buffers for.
 const PREFILL_CHUNK: u64 = 512;
+
+/// Prompt tokens whose activations the plan's "prefill transients" term holds: a chunk per
+/// sequence decoded together (no more than the context). The engine's batch runs one prompt
+/// span's layer at a time, so one span may use all of it ([`super::Glm5::prefill_span`]).
+pub(super) fn planned_prefill_tokens(opts: &LoadOptions) -> u64 {
+    PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64) * opts.sequences.max(1) as u64
+}
 
 /// The plan and the caches for a budget.
 #[derive(Debug)]
 pub(super) struct Streaming {
     pub plan: Plan,
+    /// Prompt tokens whose activations the plan holds ([`planned_prefill_tokens`]).
+    pub prefill_tokens: usize,
     /// The main layers' cache.
     pub residency: Arc<Residency>,
     /// The MTP layer's tier (when the model has a streamed MTP layer).
@@ -150,12 +159,11 @@ pub fn kv_bytes_per_token(layers: usize, full: usize, latent_rope: usize, index_
     ((layers * latent_rope + full * index_dim) * 4) as u64
 }
 
-/// One sequence's prompt-chunk activations (a prompt longer than the context cannot run).
+/// The activations of `tokens` prompt tokens in flight (see [`planned_prefill_tokens`]).
 /// Logits are computed for the last row of each sequence only: they are in the reserve's
 /// per-sequence activations, not here.
-pub fn prompt_transients(ctx: usize, hidden: usize, top_k: usize) -> u64 {
-    let chunk = PREFILL_CHUNK.min(ctx.max(1) as u64);
-    chunk * hidden as u64 * 4 * (8 + top_k as u64)
+pub fn prompt_transients(tokens: u64, hidden: usize, top_k: usize) -> u64 {
+    tokens * hidden as u64 * 4 * (8 + top_k as u64)
 }
 
 /// Whether the model has an MTP layer and `opts` loads it.
@@ -202,7 +210,7 @@ pub(super) fn plan_inputs(
         r.index_head_dim,
     );
     let h = r.hidden_size as u64;
-    let transients = prompt_transients(opts.ctx_size, r.hidden_size, r.num_experts_per_tok);
+    let transients = prompt_transients(planned_prefill_tokens(opts), r.hidden_size, r.num_experts_per_tok);
     let reserve = opts.runtime_reserve.unwrap_or_else(|| {
         nectar_residency::planner::runtime_reserve(&ReserveInputs {
             tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
@@ -229,7 +237,7 @@ pub(super) fn plan_inputs(
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size * opts.sequences.max(1),
-        prefill_transients: transients * opts.sequences.max(1) as u64,
+        prefill_transients: transients,
         runtime_reserve: reserve,
     }
 }
@@ -350,6 +358,7 @@ pub(super) fn setup(
     };
     Ok(Streaming {
         plan,
+        prefill_tokens: planned_prefill_tokens(opts) as usize,
         residency: Arc::new(residency),
         mtp_residency,
         expert_bytes,
