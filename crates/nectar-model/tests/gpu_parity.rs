@@ -8,13 +8,13 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::*;
-use nectar_model::arch::glm5::LoadOptions;
+use nectar_model::arch::glm5::{GpuMemory, LoadOptions};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 
 /// Loads a fixture with every matrix on the GPU, or `None` (skip) without one.
 fn load_on_gpu(variant: &str) -> Option<Glm5> {
     let opts = LoadOptions {
-        gpu_memory: Some(u64::MAX),
+        gpu_memory: Some(GpuMemory::Size(u64::MAX)),
         ..Default::default()
     };
     let model = Glm5::load_with(&fixture_dir(variant).join("model"), &opts).unwrap();
@@ -149,7 +149,7 @@ fn glm52_on_the_gpu_matches_hf() {
 fn a_partial_placement_splits_the_model_and_agrees() {
     let dir = fixture_dir("glm5").join("model");
     let opts = LoadOptions {
-        gpu_memory: Some(64 << 10),
+        gpu_memory: Some(GpuMemory::Size(64 << 10)),
         ..Default::default()
     };
     let model = Glm5::load_with(&dir, &opts).unwrap();

@@ -42,10 +42,10 @@ pub struct LoadOptions {
     pub pin: Option<PinRequest>,
     /// How a full layer admits misses (default: [`DEFAULT_ADMISSION`]).
     pub admission: nectar_residency::Admission,
-    /// VRAM bytes for matrices on the GPU (`--gpu-memory`; `placement.rs` says which);
-    /// `None` runs everything on the CPU. Without a usable GPU, or without the `cuda` feature,
-    /// the model stays on the CPU and [`super::Glm5::gpu_placement`] says why.
-    pub gpu_memory: Option<u64>,
+    /// VRAM for matrices on the GPU (`--gpu-memory`; `placement.rs` says which); `None` runs
+    /// everything on the CPU. Without a usable GPU, or without the `cuda` feature, the model
+    /// stays on the CPU and [`super::Glm5::gpu_placement`] says why.
+    pub gpu_memory: Option<super::GpuMemory>,
 }
 
 /// Sequences `nectar serve --parallel N` plans KV and prompt transients for: its N rows and one
@@ -242,6 +242,7 @@ pub(super) fn setup(
     cat: &Catalog,
     budget: u64,
     opts: &LoadOptions,
+    vram: &[ExpertKey],
 ) -> Result<Streaming> {
     let n = cfg.raw.num_hidden_layers;
     let mtp = cat
@@ -252,7 +253,7 @@ pub(super) fn setup(
     let mut plan =
         plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0)).map_err(residency_err)?;
     let pinned = match &opts.pin {
-        Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission),
+        Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission, vram),
         None => Vec::new(),
     };
     if !pinned.is_empty() {
@@ -339,6 +340,7 @@ fn pins(
     n: usize,
     slot: u64,
     admission: nectar_residency::Admission,
+    vram: &[ExpertKey],
 ) -> Vec<ExpertKey> {
     let lru_bytes = plan.lru_bytes;
     let total = req.ledger.total();
@@ -356,9 +358,12 @@ fn pins(
         (lru_bytes as f64 * 0.5 * conf) as u64
     });
     let count = (bytes / slot.max(1)) as usize;
+    // Experts in VRAM never use a RAM slot: the pins are the hottest of the others.
+    let vram: std::collections::HashSet<ExpertKey> = vram.iter().copied().collect();
     req.ledger.hottest(count, |k| {
         let l = k.layer as usize;
-        l < n
+        !vram.contains(&k)
+            && l < n
             && layouts
                 .get(l)
                 .is_some_and(|x| (k.expert as usize) < x.len())
