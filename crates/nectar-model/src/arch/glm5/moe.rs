@@ -206,8 +206,8 @@ impl Moe {
     }
 
     /// Puts experts `ids` of MoE layer `layer` in VRAM: a resident expert gets VRAM copies of
-    /// its matrices; a streamed one is read into the layer's VRAM tier. Returns (experts
-    /// placed, matrices, device bytes, resident expert matrices left on the CPU).
+    /// its matrices; a streamed one is read into the layer's VRAM tier. Returns (matrices,
+    /// device bytes, resident expert matrices left on the CPU).
     #[cfg(feature = "cuda")]
     pub(super) fn place_experts(
         &mut self,
@@ -216,7 +216,7 @@ impl Moe {
         cfg: &super::Config,
         layer: usize,
         ids: &[u32],
-    ) -> Result<(usize, usize, u64, usize)> {
+    ) -> Result<(usize, u64, usize)> {
         let count = self.usage.len();
         match &mut self.experts {
             Experts::Resident(v) => {
@@ -226,16 +226,16 @@ impl Moe {
                         bytes += l.place_on_gpu(gpu)? as u64;
                     }
                 }
-                Ok((ids.len(), 3 * ids.len(), bytes, 3 * (v.len() - ids.len())))
+                Ok((3 * ids.len(), bytes, 3 * (v.len() - ids.len())))
             }
             Experts::Streamed { .. } => {
                 if ids.is_empty() {
-                    return Ok((0, 0, 0, 0));
+                    return Ok((0, 0, 0));
                 }
                 let (t, bytes) =
                     super::vram::VramExperts::load(gpu, catalog, cfg, layer, count, ids)?;
                 self.vram = Some(t);
-                Ok((ids.len(), 3 * ids.len(), bytes, 0))
+                Ok((3 * ids.len(), bytes, 0))
             }
         }
     }

@@ -246,8 +246,8 @@ pub struct GpuPlacement {
     pub bytes: u64,
     /// Matrices left on the CPU because the budget ran out (spine, and resident experts).
     pub left_on_cpu: usize,
-    /// Per MoE layer: (layer, experts in VRAM, experts in the layer).
-    pub vram_experts: Vec<(usize, usize, usize)>,
+    /// Per MoE layer: (layer, the experts in VRAM, experts in the layer).
+    pub vram_experts: Vec<(usize, Vec<u32>, usize)>,
 }
 
 impl GpuPlacement {
@@ -261,7 +261,7 @@ impl GpuPlacement {
 
     /// Routed experts held in VRAM, in all layers.
     pub fn experts_in_vram(&self) -> usize {
-        self.vram_experts.iter().map(|x| x.1).sum()
+        self.vram_experts.iter().map(|x| x.1.len()).sum()
     }
 }
 
@@ -385,11 +385,11 @@ pub(super) fn apply(
     for (l, mlp) in mlps {
         let Some(moe) = mlp.moe_mut() else { continue };
         let ids = plan.experts_of(l);
-        let (placed, matrices, bytes, left) = moe.place_experts(&gpu, &catalog, &cfg, l, &ids)?;
+        let (matrices, bytes, left) = moe.place_experts(&gpu, &catalog, &cfg, l, &ids)?;
         p.matrices += matrices;
         p.bytes += bytes;
         p.left_on_cpu += left;
-        p.vram_experts.push((l, placed, moe.expert_count()));
+        p.vram_experts.push((l, ids, moe.expert_count()));
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let total: usize = p.vram_experts.iter().map(|x| x.2).sum();
