@@ -29,8 +29,8 @@ pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
-    auto_budget, catalog_candidates, plan as plan_gpu, Candidates, ClassLine, GpuMemory,
-    GpuPlacement, GpuPlan,
+    auto_budget, catalog_candidates, plan as plan_gpu, resolve_budget as resolve_gpu_budget,
+    Candidates, ClassLine, GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use streaming::{
     expert_layouts, plan_memory, serve_sequences, LoadOptions, PinRequest, DEFAULT_ADMISSION,

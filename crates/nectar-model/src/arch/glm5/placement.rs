@@ -39,6 +39,15 @@ pub fn auto_budget(free: u64) -> u64 {
     free / 10 * 9
 }
 
+/// The VRAM bytes `req` stands for: a size as given; `auto` opens the GPU to read its free
+/// memory, or says why it cannot (no GPU, no CUDA tier in this build).
+pub fn resolve_budget(req: GpuMemory) -> std::result::Result<u64, String> {
+    match req {
+        GpuMemory::Size(b) => Ok(b),
+        GpuMemory::Auto => open(req).map(|o| o.budget()),
+    }
+}
+
 /// Names of the spine classes, in placement order.
 pub const CLASSES: [&str; 4] = [
     "attention + indexers",
