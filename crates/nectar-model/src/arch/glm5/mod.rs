@@ -304,12 +304,14 @@ impl Glm5 {
                 }
             }
             let target = match (self.prefetch, next, &next_pred) {
-                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p)),
+                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p, &n.mlp)),
                 _ => None,
             };
             let mut issue = || -> Result<()> {
-                if let Some(((res, tier), p)) = &target {
-                    let ids = pilot::union(p);
+                if let Some(((res, tier), p, mlp)) = &target {
+                    // Experts in VRAM are never read into RAM.
+                    let mut ids = pilot::union(p);
+                    ids.retain(|&e| !mlp.in_vram(e));
                     stats.candidates += ids.len() as u64;
                     stats.issued += res.prefetch(*tier, &ids)? as u64;
                 }

@@ -543,6 +543,13 @@ impl Mlp {
         }
     }
 
+    /// Whether routed expert `e` is in the layer's VRAM tier (streamed layers).
+    pub(super) fn in_vram(&self, e: u32) -> bool {
+        self.moe()
+            .and_then(|m| m.vram.as_ref())
+            .is_some_and(|v| v.holds(e))
+    }
+
     /// The MoE block, when this is one.
     pub(super) fn moe(&self) -> Option<&Moe> {
         match self {
