@@ -432,3 +432,48 @@ pub fn expert_layouts(
     let paths = cat.shards().iter().map(|s| s.path.clone()).collect();
     Ok((layouts(&cfg, &cat, mtp)?, paths))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nectar_residency::usage::Ledger;
+
+    /// The pins are the ledger's hottest experts that are not in VRAM (a VRAM expert in a
+    /// pinned RAM slot would waste it: it is never requested from the RAM cache).
+    #[test]
+    fn experts_in_vram_are_never_pinned() {
+        let dir = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/glm-tiny/glm5/model"
+        ));
+        let cfg = Config::from_dir(&dir).unwrap();
+        let cat = Catalog::open(&dir).unwrap();
+        let n = cfg.raw.num_hidden_layers;
+        let layouts = layouts(&cfg, &cat, true).unwrap();
+        let sizes = slot_sizes(&layouts, n);
+        let opts = LoadOptions {
+            ctx_size: 256,
+            runtime_reserve: Some(1 << 20),
+            ..Default::default()
+        };
+        let p = plan(&plan_inputs(&cfg, &cat, 64 << 20, &opts, sizes, true, 0)).unwrap();
+        let first = (0..n).find(|&l| !cfg.dense[l]).unwrap() as u32;
+        let key = |expert| ExpertKey {
+            layer: first,
+            expert,
+        };
+        let mut ledger = Ledger::new(n as u32 + 1, cfg.raw.n_routed_experts as u32, "glm_moe_dsa");
+        for e in 0..4 {
+            ledger.add(key(e), 100 - u64::from(e));
+        }
+        let req = PinRequest {
+            ledger,
+            bytes: Some(2 * sizes.0),
+        };
+        let pins =
+            |vram: &[ExpertKey]| pins(&req, &p, &layouts, n, sizes.0, DEFAULT_ADMISSION, vram);
+        assert_eq!(pins(&[]), vec![key(0), key(1)]);
+        assert_eq!(pins(&[key(0)]), vec![key(1), key(2)]);
+        assert_eq!(pins(&[key(1), key(2)]), vec![key(0), key(3)]);
+    }
+}
