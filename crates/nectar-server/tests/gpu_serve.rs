@@ -180,15 +180,14 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
     // On a GPU: the spine and part of every MoE layer's experts in VRAM; both devices ran
     // experts, the last step included some; the map shows the VRAM tier cell for cell.
     assert!(g["vram_bytes"].as_u64().unwrap() > 0, "{g}");
+    // Part of the experts: how they spread over the layers follows the usage ledger when the
+    // model directory has one.
     let per_layer = g["vram_experts_per_layer"].as_array().unwrap();
-    assert!(!per_layer.is_empty());
-    for l in per_layer {
-        let (k, n) = (
-            l["in_vram"].as_u64().unwrap(),
-            l["experts"].as_u64().unwrap(),
-        );
-        assert!(k > 0 && k < n, "{l}");
-    }
+    let count = |k: &str| -> u64 { per_layer.iter().map(|l| l[k].as_u64().unwrap()).sum() };
+    assert!(
+        count("in_vram") > 0 && count("in_vram") < count("experts"),
+        "{g}"
+    );
     assert!(runs("gpu") > 0 && runs("cpu") > 0, "{g}");
     assert_eq!(in_vram as u64, g["vram_experts"].as_u64().unwrap());
     assert!(metrics.contains(&format!(
