@@ -152,11 +152,12 @@ pub struct RunArgs {
     /// (see `nectar fit`). Default: every expert resident (memory-mapped).
     #[arg(long)]
     pub memory_budget: Option<String>,
-    /// VRAM for weights on the GPU (e.g. 16G; a build with `--features cuda`): attention,
-    /// dense, router and shared-expert matrices first, then the LM head and resident experts,
-    /// as far as they fit, run there (docs/gpu.md). Without a usable GPU, Nectar says why and
-    /// runs on the CPU.
-    #[arg(long)]
+    /// VRAM for weights on the GPU (a build with `--features cuda`): a size (16G), `auto` (90 %
+    /// of the free VRAM; the default with the CUDA tier) or `off`. Attention, dense, router and
+    /// shared-expert matrices first, then the LM heads, then routed experts (the most used
+    /// first) as far as they fit, run there (docs/gpu.md). Without a usable GPU, Nectar says
+    /// why and runs on the CPU.
+    #[arg(long, value_name = "SIZE|auto|off")]
     pub gpu_memory: Option<String>,
     /// Context length (prompt + reply) the memory plan reserves KV for (with --memory-budget:
     /// a prompt that fills it is refused, a reply stops where it ends).
@@ -741,6 +742,11 @@ pub struct FitArgs {
     /// Context length to reserve KV cache for.
     #[arg(long, default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Also print what goes to VRAM at this `--gpu-memory` (a size; `auto` needs a build with
+    /// `--features cuda` and a GPU): the spine by class, routed experts in VRAM per layer, and
+    /// what stays in RAM — the plan `run` and `serve` apply, from the headers alone.
+    #[arg(long, value_name = "SIZE|auto")]
+    pub gpu_memory: Option<String>,
     /// Sequences decoded together (`nectar serve --parallel`): KV and prompt transients are
     /// reserved for each.
     #[arg(long, default_value_t = 1)]
@@ -864,6 +870,10 @@ pub struct ServeArgs {
     /// Stream routed experts under this memory budget (e.g. 24G). Default: experts memory-mapped.
     #[arg(long)]
     pub memory_budget: Option<String>,
+    /// VRAM for the GPU tier, as `nectar run --gpu-memory` (a size, `auto` — the default with
+    /// `--features cuda` — or `off`).
+    #[arg(long, value_name = "SIZE|auto|off")]
+    pub gpu_memory: Option<String>,
     /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
     /// forward verifies all rows' drafts; `auto` chooses each row's depth (0 included) from its
     /// measured acceptance and the measured step cost, and drafts only while the row has the

@@ -50,3 +50,68 @@ fn bench_gpu_without_the_feature_says_how_to_get_it() {
     assert!(!ok);
     assert!(err.contains("--features cuda"), "{err}");
 }
+
+/// `fit --gpu-memory` prints the VRAM plan from the headers (no GPU needed): the spine by
+/// class in placement order, the routed experts in VRAM per layer, what stays in RAM — and the
+/// JSON agrees with itself and with the budget.
+#[test]
+fn fit_prints_the_vram_plan_without_a_gpu() {
+    let model = root().join("tests/fixtures/glm-tiny/glm5/model");
+    let model = model.to_str().unwrap();
+    let fit = |gpu: &str, json_out: bool| {
+        let mut args = vec!["fit", "--model", model, "--memory-budget", "27M"];
+        args.extend(["--gpu-memory", gpu]);
+        if json_out {
+            args.push("--json");
+        }
+        let (ok, out, err) = nectar(&args);
+        assert!(ok, "{err}");
+        out
+    };
+    let text = fit("1M", false);
+    for line in [
+        "VRAM plan (--gpu-memory 1.0 MiB):",
+        "attention + indexers (32 of 32 matrices)",
+        "LM heads (0 of 1 matrices)",
+        "routed experts: 1 of 32 in VRAM",
+        "experts in VRAM per layer: 1: 1/8, 2: 0/8",
+        "stays in RAM: 1 spine matrices",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
+    for budget in ["1K", "300K", "1M", "2M"] {
+        let v = json(&fit(budget, true));
+        let g = &v["gpu"];
+        let b = g["budget"].as_u64().unwrap();
+        let spine = g["spine_bytes"].as_u64().unwrap();
+        let experts = g["expert_bytes"].as_u64().unwrap();
+        assert!(spine + experts <= b, "{g}");
+        let placed: u64 = g["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["placed_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(placed, spine);
+        let held: u64 = g["experts_per_layer"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["in_vram"].as_u64().unwrap() * l["expert_bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(held, experts, "{g}");
+    }
+    // The whole model at 2M: nothing stays in RAM.
+    let v = json(&fit("2M", true));
+    assert_eq!(v["gpu"]["spine_left"]["matrices"], 0);
+    for l in v["gpu"]["experts_per_layer"].as_array().unwrap() {
+        assert_eq!(l["in_vram"], l["experts"], "{l}");
+    }
+}
+
+#[test]
+fn serve_refuses_a_bad_gpu_memory() {
+    let (ok, _, err) = nectar(&["serve", "--gpu-memory", "lots", "--port", "0"]);
+    assert!(!ok);
+    assert!(err.contains("--gpu-memory"), "{err}");
+}

@@ -8,13 +8,13 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::*;
-use nectar_model::arch::glm5::LoadOptions;
+use nectar_model::arch::glm5::{GpuMemory, LoadOptions};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 
 /// Loads a fixture with every matrix on the GPU, or `None` (skip) without one.
 fn load_on_gpu(variant: &str) -> Option<Glm5> {
     let opts = LoadOptions {
-        gpu_memory: Some(u64::MAX),
+        gpu_memory: Some(GpuMemory::Size(u64::MAX)),
         ..Default::default()
     };
     let model = Glm5::load_with(&fixture_dir(variant).join("model"), &opts).unwrap();
@@ -149,7 +149,7 @@ fn glm52_on_the_gpu_matches_hf() {
 fn a_partial_placement_splits_the_model_and_agrees() {
     let dir = fixture_dir("glm5").join("model");
     let opts = LoadOptions {
-        gpu_memory: Some(64 << 10),
+        gpu_memory: Some(GpuMemory::Size(64 << 10)),
         ..Default::default()
     };
     let model = Glm5::load_with(&dir, &opts).unwrap();
@@ -182,4 +182,113 @@ fn a_partial_placement_splits_the_model_and_agrees() {
         .map(|p| argmax(&l[p * v..(p + 1) * v]))
         .collect();
     assert_eq!(am, exp.ids("prompt_argmax"));
+}
+
+/// Greedy logits of `prompt` and `steps` decode steps.
+fn greedy(model: &Glm5, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache();
+    let hd = model.hidden_size();
+    let h = model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut cache,
+                tokens: prompt,
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let mut out = vec![model.logits(&h[h.len() - hd..]).unwrap()];
+    for _ in 0..steps {
+        let t = argmax(out.last().unwrap());
+        let h = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &[t],
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
+        out.push(model.logits(&h).unwrap());
+    }
+    out
+}
+
+/// Under a memory budget, the VRAM expert tier holds part of every MoE layer's experts (the
+/// spine on the GPU too) and the rest stream through the RAM cache to the CPU: the logits stay
+/// within 1e-4 × max|logit| of the all-CPU streamed model, the greedy tokens are identical,
+/// both devices computed experts, and no VRAM expert ever took a RAM slot.
+#[test]
+fn a_vram_expert_tier_under_a_memory_budget_agrees_with_the_cpu() {
+    use nectar_model::arch::glm5::{catalog_candidates, plan_gpu, Config};
+    let dir = fixture_dir("glm5").join("model");
+    let base = LoadOptions {
+        memory_budget: Some(64 << 20),
+        ctx_size: 256,
+        runtime_reserve: Some(1 << 20),
+        ..Default::default()
+    };
+    let cpu = Glm5::load_with(&dir, &base).unwrap();
+    // The spine and about half of each layer's experts.
+    let cfg = Config::from_dir(&dir).unwrap();
+    let c = catalog_candidates(&cfg, &nectar_format::Catalog::open(&dir).unwrap());
+    let all = plan_gpu(&c, &cfg, u64::MAX, None);
+    let vram = all.spine_bytes() + all.expert_bytes() / 2;
+    let plan = plan_gpu(&c, &cfg, vram, None);
+    let gpu = Glm5::load_with(
+        &dir,
+        &LoadOptions {
+            gpu_memory: Some(GpuMemory::Size(vram)),
+            ..base.clone()
+        },
+    )
+    .unwrap();
+    let p = gpu.gpu_placement().unwrap().clone();
+    eprintln!("VRAM tier: {}", p.summary);
+    if p.matrices == 0 {
+        assert!(
+            std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
+            "NECTAR_REQUIRE_GPU is set but nothing was placed: {}",
+            p.summary
+        );
+        eprintln!("skipped: {}", p.summary);
+        return;
+    }
+    assert_eq!(p.experts_in_vram(), plan.experts.len(), "{}", p.summary);
+    assert!(
+        p.vram_experts
+            .iter()
+            .all(|(_, ids, n)| !ids.is_empty() && ids.len() < *n),
+        "{:?}",
+        p.vram_experts
+    );
+    let prompt: Vec<u32> = (0..24).map(|i| 3 + i * 7).collect();
+    let want = greedy(&cpu, &prompt, 16);
+    let got = greedy(&gpu, &prompt, 16);
+    let mut worst = 0.0f64;
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+        let tol = 1e-4 * max_abs_f64(&w64);
+        let d = max_abs(g, &w64);
+        assert!(d <= tol, "step {i}: max |Δ| = {d:e} > {tol:e}");
+        worst = worst.max(d / max_abs_f64(&w64));
+        assert_eq!(argmax(g), argmax(w), "step {i}: greedy token");
+    }
+    let (on_gpu, on_cpu) = gpu.expert_runs();
+    eprintln!(
+        "VRAM tier: 17/17 greedy tokens, max |Δ| / max|logit| = {worst:.3e}; expert runs: {on_gpu} on the GPU, {on_cpu} on the CPU"
+    );
+    assert!(on_gpu > 0 && on_cpu > 0, "{on_gpu} GPU, {on_cpu} CPU");
+    assert_eq!(cpu.expert_runs().0, 0);
+    // The RAM cache never held a VRAM expert.
+    let held: std::collections::HashSet<_> = plan.experts.iter().copied().collect();
+    for r in [gpu.residency(), gpu.mtp_residency()].into_iter().flatten() {
+        for pl in r.placements() {
+            assert!(
+                !held.contains(&pl.key),
+                "{:?} is in VRAM and in RAM",
+                pl.key
+            );
+        }
+    }
 }

@@ -464,6 +464,34 @@ pub struct BackendStats {
     pub mtp_auto_choices: Vec<AutoChoice>,
     /// Residency telemetry (expert cache), when experts are streamed; opaque JSON.
     pub residency: Option<Value>,
+    /// The GPU tier: what is in VRAM and which experts ran where.
+    pub gpu: GpuStats,
+}
+
+/// The GPU tier as `/stats` and `/metrics` report it (`--gpu-memory`; docs/gpu.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GpuStats {
+    /// The load's one line: the device and what went to VRAM, or why the model runs on the
+    /// CPU (`None`: no GPU was asked for).
+    pub summary: Option<String>,
+    /// Device bytes of the matrices in VRAM.
+    pub vram_bytes: u64,
+    /// Matrices in VRAM (spine and experts).
+    pub matrices: usize,
+    /// Spine (and resident expert) matrices left on the CPU by the budget.
+    pub left_on_cpu: usize,
+    /// Routed experts in VRAM, all layers.
+    pub vram_experts: usize,
+    /// Per MoE layer: `[layer, experts in VRAM, experts in the layer]`.
+    pub vram_experts_per_layer: Vec<(usize, usize, usize)>,
+    /// Routed experts computed on the GPU since load (each chosen expert once per forward).
+    pub expert_runs_gpu: u64,
+    /// Routed experts computed on the CPU since load.
+    pub expert_runs_cpu: u64,
+    /// Of those, in the last batch step: on the GPU.
+    pub last_step_gpu: u64,
+    /// In the last batch step: on the CPU.
+    pub last_step_cpu: u64,
 }
 
 /// Why a request was not accepted.
@@ -553,6 +581,8 @@ pub struct EngineOptions {
     /// Compute threads (`None`: one per core). The model thread is one of them (see
     /// `scheduler::model_thread`).
     pub threads: Option<usize>,
+    /// VRAM for the GPU tier (`--gpu-memory`; `None`: the CPU only).
+    pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
 }
 
 impl EngineOptions {
@@ -566,6 +596,7 @@ impl EngineOptions {
             parallel: 1,
             speculation: None,
             threads: None,
+            gpu_memory: None,
         }
     }
 }
@@ -582,6 +613,8 @@ pub(crate) struct TextSide {
     pub(crate) stop_ids: Vec<u32>,
     pub(crate) info: ModelInfo,
     pub(crate) residency: Option<Box<dyn Fn() -> Option<Value> + Send + Sync>>,
+    /// What the load put in VRAM (the run counters are in [`Counters`]).
+    pub(crate) gpu: GpuStats,
 }
 
 /// State shared by the handle and the model thread.
@@ -625,6 +658,9 @@ pub(crate) struct Counters {
     pub(crate) session_tokens: AtomicUsize,
     pub(crate) session_hits: AtomicU64,
     pub(crate) session_reused: AtomicU64,
+    /// Routed experts computed (since load; in the last step): on the GPU, on the CPU.
+    pub(crate) expert_runs: [AtomicU64; 2],
+    pub(crate) last_step_runs: [AtomicU64; 2],
 }
 
 /// One queued generation.
@@ -923,6 +959,13 @@ impl Backend for EngineBackend {
                 .get()
                 .and_then(|t| t.residency.as_ref())
                 .and_then(|f| f()),
+            gpu: GpuStats {
+                expert_runs_gpu: get(&n.expert_runs[0]),
+                expert_runs_cpu: get(&n.expert_runs[1]),
+                last_step_gpu: get(&n.last_step_runs[0]),
+                last_step_cpu: get(&n.last_step_runs[1]),
+                ..s.text.get().map(|t| t.gpu.clone()).unwrap_or_default()
+            },
         }
     }
 }

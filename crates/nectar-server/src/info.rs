@@ -183,8 +183,35 @@ pub async fn stats(State(state): State<AppState>) -> Response {
         },
         "stored_responses": state.responses.len(),
         "residency": b.residency,
+        "gpu": gpu_json(&b),
     }))
     .into_response()
+}
+
+/// `/stats`' `gpu` object: the placement, and which experts ran where — since load, in the
+/// last batch step, and per step on average.
+fn gpu_json(b: &crate::backend::BackendStats) -> Value {
+    let g = &b.gpu;
+    let per_step = |v: u64| {
+        if b.batch_steps > 0 {
+            v as f64 / b.batch_steps as f64
+        } else {
+            0.0
+        }
+    };
+    json!({
+        "summary": g.summary,
+        "vram_bytes": g.vram_bytes,
+        "matrices": g.matrices,
+        "left_on_cpu": g.left_on_cpu,
+        "vram_experts": g.vram_experts,
+        "vram_experts_per_layer": g.vram_experts_per_layer.iter()
+            .map(|(l, k, n)| json!({"layer": l, "in_vram": k, "experts": n}))
+            .collect::<Vec<_>>(),
+        "expert_runs": {"gpu": g.expert_runs_gpu, "cpu": g.expert_runs_cpu},
+        "last_step": {"gpu": g.last_step_gpu, "cpu": g.last_step_cpu},
+        "per_step": {"gpu": per_step(g.expert_runs_gpu), "cpu": per_step(g.expert_runs_cpu)},
+    })
 }
 
 /// `GET /metrics`: Prometheus text format.

@@ -42,6 +42,8 @@ pub struct Metrics {
     expert: Vec<IntCounterVec>,
     expert_seconds: CounterVec,
     expert_slots: GaugeVec,
+    /// Routed experts computed, by device (mirrored at each scrape).
+    expert_runs: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -69,7 +71,7 @@ impl Drop for InFlight {
 }
 
 /// The gauges set at each scrape, by name (`nectar_<name>`) and help.
-const GAUGES: [(&str, &str); 12] = [
+const GAUGES: [(&str, &str); 15] = [
     (
         "model_ready",
         "1 when the model is loaded and serving, 0 while loading or after a failed load.",
@@ -106,6 +108,12 @@ const GAUGES: [(&str, &str); 12] = [
         "The memory budget experts are streamed under (0: none, experts memory-mapped).",
     ),
     ("expert_loads_in_flight", "Expert reads in flight now."),
+    (
+        "gpu_vram_bytes",
+        "Device bytes of the matrices in VRAM (--gpu-memory; 0: the CPU only).",
+    ),
+    ("gpu_matrices", "Matrices in VRAM (spine and experts)."),
+    ("gpu_vram_experts", "Routed experts in VRAM, all layers."),
 ];
 
 /// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
@@ -287,6 +295,14 @@ impl Metrics {
             ),
             &["tier", "role"],
         );
+        let runs = IntCounterVec::new(
+            Opts::new(
+                "nectar_expert_runs_total",
+                "Routed experts computed, by device (each chosen expert once per forward): \
+                 device=\"gpu\" the VRAM tier, device=\"cpu\" the rest.",
+            ),
+            &["device"],
+        );
         Metrics {
             started: Instant::now(),
             requests: reg(r, requests.expect("valid counter")),
@@ -325,6 +341,7 @@ impl Metrics {
                 .collect(),
             expert_seconds: reg(r, io_seconds.expect("valid counter")),
             expert_slots: reg(r, slots.expect("valid gauge")),
+            expert_runs: reg(r, runs.expect("valid counter")),
             registry,
         }
     }
@@ -410,6 +427,9 @@ impl Metrics {
             rss.unwrap_or(0) as f64,
             budget.unwrap_or(0) as f64,
             tiers.iter().map(|(_, t)| t.in_flight).sum::<usize>() as f64,
+            backend.gpu.vram_bytes as f64,
+            backend.gpu.matrices as f64,
+            backend.gpu.vram_experts as f64,
         ];
         for (g, v) in self.gauges.iter().zip(gauges) {
             g.set(v);
@@ -442,6 +462,12 @@ impl Metrics {
             mirror(c, v);
         }
         mirror_f(&self.busy_seconds, backend.busy_seconds);
+        for (device, v) in [
+            ("gpu", backend.gpu.expert_runs_gpu),
+            ("cpu", backend.gpu.expert_runs_cpu),
+        ] {
+            mirror(&self.expert_runs.with_label_values(&[device]), v);
+        }
         for (tier, t) in tiers {
             let sum = |f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
                 t.layers.iter().map(f).sum()
@@ -537,6 +563,14 @@ mod tests {
                 verify_plain_experts: 140,
                 ..Default::default()
             },
+            gpu: crate::backend::GpuStats {
+                vram_bytes: 5 << 20,
+                matrices: 7,
+                vram_experts: 3,
+                expert_runs_gpu: 9,
+                expert_runs_cpu: 4,
+                ..Default::default()
+            },
             ..BackendStats::default()
         };
         let main = Telemetry {
@@ -595,6 +629,17 @@ mod tests {
             140.0
         );
         assert_eq!(value(&s, "nectar_queue_depth", &[]), 3.0);
+        assert_eq!(value(&s, "nectar_gpu_vram_bytes", &[]), (5u64 << 20) as f64);
+        assert_eq!(value(&s, "nectar_gpu_matrices", &[]), 7.0);
+        assert_eq!(value(&s, "nectar_gpu_vram_experts", &[]), 3.0);
+        assert_eq!(
+            value(&s, "nectar_expert_runs_total", &[("device", "gpu")]),
+            9.0
+        );
+        assert_eq!(
+            value(&s, "nectar_expert_runs_total", &[("device", "cpu")]),
+            4.0
+        );
         assert_eq!(
             value(&s, "nectar_expert_hits_total", &[("tier", "main")]),
             6.0

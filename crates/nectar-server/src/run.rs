@@ -31,6 +31,8 @@ pub struct ServeOptions {
     pub ctx_size: Option<usize>,
     /// Expert-streaming memory budget in bytes.
     pub memory_budget: Option<u64>,
+    /// VRAM for the GPU tier (`--gpu-memory`; `None`: the CPU only).
+    pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
     /// Requests decoded together (continuous batching when above 1).
     pub parallel: usize,
     /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts for every row inside the
@@ -92,6 +94,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         model_dir: opts.model_dir.clone(),
         ctx_size: opts.ctx_size,
         memory_budget: opts.memory_budget,
+        gpu_memory: opts.gpu_memory,
         queue_capacity: opts.queue_capacity,
         threads: opts.threads,
         parallel: opts.parallel,

@@ -67,6 +67,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
                 ..
             })
         ),
+        gpu_memory: opts.gpu_memory,
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
@@ -171,7 +172,11 @@ pub(crate) fn model_thread(
                 .and_then(|p| serde_json::to_value(p).ok()),
         },
         residency,
+        gpu: gpu_stats(&bundle.model),
     };
+    if let Some(g) = bundle.model.gpu_placement() {
+        eprintln!("nectar serve: {}", g.summary);
+    }
     // `set` fails only if already set, which cannot happen: this thread is the only writer.
     let _ = shared.text.set(side);
     let tiers = [
@@ -184,6 +189,13 @@ pub(crate) fn model_thread(
     shared
         .observatory
         .init(&bundle.model.expert_usage(), tiers, opts.memory_budget);
+    if let Some(g) = bundle.model.gpu_placement() {
+        let vram = g
+            .vram_experts
+            .iter()
+            .flat_map(|(l, ids, _)| ids.iter().map(move |&e| (*l as u32, e)));
+        shared.observatory.set_vram(vram.collect());
+    }
     shared.state.send_replace(LoadState::Ready);
     tracing::info!(
         model = %opts.model_dir.display(),
@@ -212,6 +224,34 @@ pub(crate) fn model_thread(
 
 /// How often finished requests' expert selections are added to the usage ledger.
 const USAGE_FLUSH: Duration = Duration::from_secs(10);
+
+/// What the load put in VRAM, for `/stats` and `/metrics`.
+fn gpu_stats(model: &nectar_model::Glm5) -> crate::backend::GpuStats {
+    let Some(g) = model.gpu_placement() else {
+        return Default::default();
+    };
+    crate::backend::GpuStats {
+        summary: Some(g.summary.clone()),
+        vram_bytes: g.bytes,
+        matrices: g.matrices,
+        left_on_cpu: g.left_on_cpu,
+        vram_experts: g.experts_in_vram(),
+        vram_experts_per_layer: g
+            .vram_experts
+            .iter()
+            .map(|(l, ids, of)| (*l, ids.len(), *of))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Records the model's expert runs `(gpu, cpu)` since load, and the last step's share.
+fn count_expert_runs(n: &crate::backend::Counters, (gpu, cpu): (u64, u64)) {
+    for (i, now) in [gpu, cpu].into_iter().enumerate() {
+        let before = n.expert_runs[i].swap(now, Ordering::Relaxed);
+        n.last_step_runs[i].store(now.saturating_sub(before), Ordering::Relaxed);
+    }
+}
 
 /// Cumulative expert selection counts per layer (`Glm5::expert_usage`).
 type Counts = Vec<(usize, Vec<u64>)>;
@@ -447,6 +487,7 @@ fn serve_batched(
             }
         };
         shared.observatory.step(&model.expert_usage());
+        count_expert_runs(n, model.expert_runs());
         n.batch_steps.fetch_add(1, Ordering::Relaxed);
         n.batch_rows
             .fetch_add(report.batch_rows as u64, Ordering::Relaxed);

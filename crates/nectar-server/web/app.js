@@ -7,6 +7,7 @@
 const TIER_COLORS = {
   disk: [64, 72, 88], loading: [245, 150, 60], lru: [70, 140, 255], pinned: [185, 110, 255],
   working: [40, 200, 190], prefetched: [240, 210, 70], mapped: [80, 190, 110],
+  vram: [255, 90, 150],
 };
 const FLASH_MS = 700;
 const TIMELINE_POINTS = 180;
@@ -177,7 +178,7 @@ function drawGrid() {
 function drawTotals() {
   const counts = {};
   for (const b of S.cells) counts[tierName(b)] = (counts[tierName(b)] || 0) + 1;
-  const order = ['pinned', 'lru', 'working', 'loading', 'prefetched', 'disk', 'mapped'];
+  const order = ['vram', 'pinned', 'lru', 'working', 'loading', 'prefetched', 'disk', 'mapped'];
   $('totals').innerHTML = order.filter((t) => counts[t])
     .map((t) => `${t === 'lru' ? 'LRU' : t} <b>${counts[t]}</b>`).join(' · ') +
     ` · turn ${S.turn} · seq ${S.seq}`;
@@ -187,7 +188,7 @@ function drawLegend() {
   const notes = {
     disk: 'on disk only', loading: 'read in flight', lru: 'LRU cache', pinned: 'pinned',
     working: 'working slot (this wave\'s miss)', prefetched: 'prefetched, unused yet',
-    mapped: 'memory-mapped (no budget)',
+    mapped: 'memory-mapped (no budget)', vram: 'in VRAM (computed on the GPU)',
   };
   $('legend').innerHTML = S.tiers.map((t) => {
     const [r, g, b] = TIER_COLORS[t] || TIER_COLORS.disk;

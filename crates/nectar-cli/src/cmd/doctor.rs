@@ -311,6 +311,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         model: Some(dir.to_path_buf()),
         memory_budget: None,
         ctx_size: a.ctx_size,
+        gpu_memory: None,
         parallel: 1,
         serve: false,
         mtp: None,

@@ -2,9 +2,12 @@
 use crate::args::FitArgs;
 use crate::demo::model_dir;
 use anyhow::Result;
-use nectar_model::arch::glm5::{plan_memory, LoadOptions};
+use nectar_model::arch::glm5::{
+    catalog_candidates, plan_gpu, plan_memory, resolve_gpu_budget, Config, GpuPlan, LoadOptions,
+};
 use nectar_residency::planner::{human, parse_size, render};
-use serde_json::json;
+use serde_json::{json, Value};
+use std::path::Path;
 
 /// The budget to plan for: the given size, else 90 % of the usable memory (the smaller of
 /// MemAvailable and the memory cgroup's headroom).
@@ -46,6 +49,10 @@ pub fn run(a: FitArgs) -> Result<()> {
         ..Default::default()
     };
     let (inputs, plan) = plan_memory(&dir, &opts)?;
+    let gpu = match a.gpu_memory.as_deref() {
+        Some(flag) => Some(gpu_plan(&dir, flag)?),
+        None => None,
+    };
     match plan {
         Ok(p) => {
             if a.json {
@@ -58,6 +65,7 @@ pub fn run(a: FitArgs) -> Result<()> {
                     "model": dir, "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
                     "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
                     "terms": terms, "slack": p.slack,
+                    "gpu": gpu.as_ref().map(gpu_json),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
@@ -75,9 +83,96 @@ pub fn run(a: FitArgs) -> Result<()> {
                     human(inputs.slot_bytes),
                     human(p.slack)
                 );
+                if let Some(g) = &gpu {
+                    print!("{}", render_gpu(g));
+                }
             }
             Ok(())
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The `--gpu-memory` plan for the model in `dir`: the one `run` and `serve` apply, ranking
+/// experts by the directory's usage ledger when it has one.
+fn gpu_plan(dir: &Path, flag: &str) -> Result<GpuPlan> {
+    let req = super::gpu_flag::resolve(Some(flag))?
+        .ok_or_else(|| anyhow::anyhow!("--gpu-memory off: nothing goes to VRAM"))?;
+    let budget =
+        resolve_gpu_budget(req).map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
+    let cfg = Config::from_dir(dir)?;
+    let cat = nectar_format::Catalog::open(dir)?;
+    let ledger = nectar_engine::pin_request(dir, None, None)
+        .ok()
+        .and_then(|(r, _)| r)
+        .map(|r| r.ledger);
+    Ok(plan_gpu(
+        &catalog_candidates(&cfg, &cat),
+        &cfg,
+        budget,
+        ledger.as_ref(),
+    ))
+}
+
+/// The VRAM lines: each spine class placed, the routed experts in VRAM per layer, and what
+/// stays in RAM (the experts streamed under the budget planned above).
+fn render_gpu(g: &GpuPlan) -> String {
+    let mut out = format!("VRAM plan (--gpu-memory {}):\n", human(g.budget));
+    for c in &g.classes {
+        out += &format!(
+            "  {:>12}  {} ({} of {} matrices)\n",
+            human(c.placed_bytes),
+            c.name,
+            c.placed,
+            c.total
+        );
+    }
+    let (held, total): (usize, usize) = g
+        .per_layer
+        .values()
+        .fold((0, 0), |(h, t), x| (h + x.0, t + x.1));
+    out += &format!(
+        "  {:>12}  routed experts: {held} of {total} in VRAM\n",
+        human(g.expert_bytes())
+    );
+    let layers: Vec<String> = g
+        .per_layer
+        .iter()
+        .map(|(l, (k, n, _))| format!("{l}: {k}/{n}"))
+        .collect();
+    out += &format!(
+        "                experts in VRAM per layer: {}\n",
+        layers.join(", ")
+    );
+    let used = g.spine_bytes() + g.expert_bytes();
+    out += &format!(
+        "  {:>12}  in VRAM, {} unused\n",
+        human(used),
+        human(g.budget.saturating_sub(used))
+    );
+    let (left, left_bytes) = g.spine_left();
+    out += &format!(
+        "  => stays in RAM: {left} spine matrices ({}), computed on the CPU; {} routed experts \
+         through the RAM cache above (VRAM experts take no slot and are never pinned)\n",
+        human(left_bytes),
+        total - held,
+    );
+    out
+}
+
+fn gpu_json(g: &GpuPlan) -> Value {
+    let (left, left_bytes) = g.spine_left();
+    json!({
+        "budget": g.budget,
+        "classes": g.classes.iter().map(|c| json!({
+            "class": c.name, "placed": c.placed, "matrices": c.total,
+            "placed_bytes": c.placed_bytes, "bytes": c.total_bytes,
+        })).collect::<Vec<_>>(),
+        "spine_bytes": g.spine_bytes(),
+        "spine_left": {"matrices": left, "bytes": left_bytes},
+        "expert_bytes": g.expert_bytes(),
+        "experts_per_layer": g.per_layer.iter().map(|(l, (k, n, b))| json!({
+            "layer": l, "in_vram": k, "experts": n, "expert_bytes": b,
+        })).collect::<Vec<_>>(),
+    })
 }

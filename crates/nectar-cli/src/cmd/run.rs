@@ -34,13 +34,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             Some(_) => super::usage::pin_request(&dir, &a.pin, a.pin_size.as_deref())?,
             None => None,
         },
-        gpu_memory: match &a.gpu_memory {
-            Some(s) => Some(
-                nectar_residency::planner::parse_size(s)
-                    .map_err(|e| anyhow::anyhow!("--gpu-memory: {e}"))?,
-            ),
-            None => None,
-        },
+        gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,
         // `--mtp off` (the default) neither loads nor plans the MTP layer.
         mtp: a.mtp != MtpMode::Off,
         ..Default::default()

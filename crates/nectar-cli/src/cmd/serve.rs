@@ -30,6 +30,7 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         api_key: a.api_key,
         ctx_size: a.ctx_size,
         memory_budget,
+        gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,
         parallel: a.parallel,
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,

@@ -27,6 +27,49 @@ impl GpuWeight {
         self.mat.device_bytes()
     }
 
+    /// yᵢ = Wᵢ·xᵢ for several products (`(weight, x, rows of x)`), each computed as
+    /// [`GpuWeight::matmul`] would: decode-sized products of one format, shape and row count
+    /// share a GEMV launch. Outputs in the order given. All weights must be on one GPU.
+    pub(crate) fn matmul_many(items: &[(&GpuWeight, &[f32], usize)]) -> Result<Vec<Vec<f32>>> {
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, (w, _, m)) in items.iter().enumerate() {
+            let key = |j: usize| {
+                let (v, _, mj) = items[j];
+                (v.mat.format, v.mat.rows, v.mat.cols, mj)
+            };
+            match groups
+                .iter_mut()
+                .find(|(first, _)| key(*first) == (w.mat.format, w.mat.rows, w.mat.cols, *m))
+            {
+                Some((_, g)) => g.push(i),
+                None => groups.push((i, vec![i])),
+            }
+        }
+        for (first, g) in groups {
+            let (w0, _, m) = items[first];
+            if m >= GEMM_MIN_M {
+                // Prompt-sized products: each on the tensor cores, as `matmul` runs them.
+                for i in g {
+                    let (w, x, m) = items[i];
+                    out[i] = vec![0.0; w.mat.rows * m];
+                    w.matmul(x, m, &mut out[i])?;
+                }
+                continue;
+            }
+            let batch: Vec<(&GpuMat, &[f32])> =
+                g.iter().map(|&i| (&items[i].0.mat, items[i].1)).collect();
+            let ys = w0
+                .gpu
+                .matmul_batch(&batch, m, Order::Exact)
+                .map_err(gpu_err)?;
+            for (i, y) in g.into_iter().zip(ys) {
+                out[i] = y;
+            }
+        }
+        Ok(out)
+    }
+
     /// y = W·x: below [`GEMM_MIN_M`] rows (decode, MTP verify) by the GEMV kernels with every
     /// weight dequantised to the CPU's value (the exact order); from there on (prefill, batched
     /// verify) on the tensor cores, activations split into three bf16 parts (`gemm.cu`).

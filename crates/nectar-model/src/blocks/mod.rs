@@ -6,5 +6,7 @@ mod loader;
 
 #[cfg(feature = "cuda")]
 pub use gpu::open_gpu;
+#[cfg(feature = "cuda")]
+pub(crate) use gpu::GpuWeight;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;

@@ -47,11 +47,13 @@ pub enum TierCode {
     Prefetched = 5,
     /// No memory budget: every expert is memory-mapped and the OS page cache decides.
     Mapped = 6,
+    /// In VRAM (`--gpu-memory`): computed on the GPU, never read into RAM.
+    Vram = 7,
 }
 
 impl TierCode {
     /// Every code, in order (the page's legend).
-    pub const ALL: [TierCode; 7] = [
+    pub const ALL: [TierCode; 8] = [
         TierCode::Disk,
         TierCode::Loading,
         TierCode::Lru,
@@ -59,6 +61,7 @@ impl TierCode {
         TierCode::Working,
         TierCode::Prefetched,
         TierCode::Mapped,
+        TierCode::Vram,
     ];
 
     /// The code of a residency tier.
@@ -78,6 +81,7 @@ impl TierCode {
         match self {
             TierCode::Disk | TierCode::Loading | TierCode::Prefetched => 0,
             TierCode::Lru | TierCode::Pinned | TierCode::Working | TierCode::Mapped => 1,
+            TierCode::Vram => 2,
         }
     }
 
@@ -91,6 +95,7 @@ impl TierCode {
             TierCode::Working => "working",
             TierCode::Prefetched => "prefetched",
             TierCode::Mapped => "mapped",
+            TierCode::Vram => "vram",
         }
     }
 }
@@ -260,5 +265,13 @@ mod tests {
         // Cell 11: 121 selections (heat 7), tier ALL[4] = working → RAM.
         assert_eq!(bytes[11], (1 << 6) | 7);
         assert_eq!(lines.next().unwrap(), "HITS 3 4 0102");
+    }
+
+    #[test]
+    fn vram_is_the_last_code_and_colibris_tier_2() {
+        assert_eq!(TierCode::Vram as u8, 7);
+        assert_eq!(TierCode::ALL[7], TierCode::Vram);
+        assert_eq!(TierCode::Vram.colibri(), 2);
+        assert_eq!(cell(TierCode::Vram, 3) >> 5, 7);
     }
 }

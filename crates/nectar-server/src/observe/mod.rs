@@ -73,6 +73,8 @@ struct History {
 /// The expert map's state and the event channel (see the module docs).
 pub struct Observatory {
     model: OnceLock<Model>,
+    /// Experts in VRAM (`--gpu-memory`), as (layer, expert): shown as the `vram` tier.
+    vram: OnceLock<Vec<(u32, u32)>>,
     live: Mutex<Live>,
     history: Mutex<History>,
     tx: broadcast::Sender<Arc<ObsEvent>>,
@@ -90,6 +92,7 @@ impl Default for Observatory {
     fn default() -> Self {
         Observatory {
             model: OnceLock::new(),
+            vram: OnceLock::new(),
             live: Mutex::new(Live::default()),
             history: Mutex::new(History::default()),
             tx: broadcast::channel(EVENT_BACKLOG).0,
@@ -145,6 +148,11 @@ impl Observatory {
             tiers,
             budget,
         });
+    }
+
+    /// The experts the GPU holds (layer, expert): the map shows them in the `vram` tier.
+    pub fn set_vram(&self, experts: Vec<(u32, u32)>) {
+        let _ = self.vram.set(experts);
     }
 
     /// A new turn starts: the HITS plane is cleared and the turn number advances.
@@ -276,6 +284,13 @@ impl Observatory {
                 }
             }
         }
+        for &(layer, e) in self.vram.get().map_or(&[][..], |v| &v[..]) {
+            if let Some(&row) = m.row_of.get(&layer) {
+                if let Some(t) = tiers.get_mut(row * m.cols + e as usize) {
+                    *t = TierCode::Vram;
+                }
+            }
+        }
         let live = self.lock();
         let s = Snapshot {
             layers: &m.layers,
@@ -341,5 +356,18 @@ mod tests {
         assert!(frame[map::HEADER + 12..].iter().all(|&b| b == 0));
         assert_eq!(frame[map::HEADER + 4 + 1] & 31, 2);
         assert_eq!(u64::from_le_bytes(frame[16..24].try_into().unwrap()), 2);
+    }
+
+    #[test]
+    fn experts_in_vram_show_in_the_vram_tier() {
+        let o = Observatory::default();
+        o.init(&[(1usize, vec![0u64; 4]), (3, vec![0; 4])], vec![], None);
+        o.set_vram(vec![(3, 2), (1, 0), (9, 1)]);
+        let frame = o.snapshot(false).unwrap();
+        let cells = &frame[map::HEADER + 4..map::HEADER + 12];
+        let tiers: Vec<u8> = cells.iter().map(|c| c >> 5).collect();
+        let (v, m) = (TierCode::Vram as u8, TierCode::Mapped as u8);
+        assert_eq!(tiers, vec![v, m, m, m, m, m, v, m]);
+        assert!(o.snapshot(true).unwrap().starts_with(b"EMAP 2 4 80"));
     }
 }

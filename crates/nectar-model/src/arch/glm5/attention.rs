@@ -59,7 +59,6 @@ pub struct Attention {
 
 impl Attention {
     /// Every matrix, hottest first (the placement order of `--gpu-memory`).
-    #[cfg(feature = "cuda")]
     pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear> {
         let mut v = vec![
             &mut self.q_a,

@@ -29,7 +29,6 @@ pub struct Indexer {
 
 impl Indexer {
     /// Every matrix (the placement order of `--gpu-memory`).
-    #[cfg(feature = "cuda")]
     pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear> {
         vec![&mut self.wk, &mut self.wq_b, &mut self.weights_proj]
     }

@@ -19,6 +19,7 @@ mod pilot;
 mod placement;
 mod prefill;
 mod streaming;
+mod vram;
 
 pub use attention::MlaMode;
 pub use config::{eos_list, Config, RawConfig};
@@ -28,7 +29,10 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{Experts, Route};
 pub use pilot::{PilotStats, Prefetch};
-pub use placement::GpuPlacement;
+pub use placement::{
+    auto_budget, catalog_candidates, plan as plan_gpu, resolve_budget as resolve_gpu_budget,
+    Candidates, ClassLine, GpuMemory, GpuPlacement, GpuPlan,
+};
 pub use prefill::Prefill;
 pub use streaming::{
     expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, serve_sequences,
@@ -111,8 +115,21 @@ impl Glm5 {
         };
         let r = &cfg.raw;
         let (h, v) = (r.hidden_size, r.vocab_size);
+        // The GPU first: its plan (from the headers) decides which experts live in VRAM, and
+        // those are then neither pinned nor cached in RAM.
+        let ranking = opts.pin.as_ref().map(|p| &p.ledger);
+        let (gpu, gpu_plan, gpu_refusal) = match opts.gpu_memory.map(placement::open) {
+            None => (None, None, None),
+            Some(Err(why)) => (None, None, Some(GpuPlacement::cpu(&why))),
+            Some(Ok(g)) => {
+                let c = placement::catalog_candidates(&cfg, &catalog);
+                let p = placement::plan(&c, &cfg, g.budget(), ranking);
+                (Some(g), Some(p), None)
+            }
+        };
+        let vram = gpu_plan.as_ref().map_or(&[][..], |p| &p.experts[..]);
         let streaming = match opts.memory_budget {
-            Some(b) => Some(streaming::setup(&cfg, &catalog, b, opts)?),
+            Some(b) => Some(streaming::setup(&cfg, &catalog, b, opts, vram)?),
             None => None,
         };
         let streamed = |l: usize| streaming.as_ref().and_then(|s| s.experts(l));
@@ -143,12 +160,23 @@ impl Glm5 {
             catalog: catalog.clone(),
             streaming,
             cfg,
-            gpu: None,
+            gpu: gpu_refusal,
         };
-        if let Some(budget) = opts.gpu_memory {
-            model.gpu = Some(placement::place(&mut model, budget)?);
+        if let (Some(g), Some(p)) = (gpu, gpu_plan) {
+            model.gpu = Some(placement::apply(&mut model, g, &p)?);
         }
         Ok(model)
+    }
+
+    /// Routed experts computed since load, summed over the MoE layers (the MTP layer
+    /// included): (on the GPU, on the CPU). Each chosen expert counts once per forward.
+    pub fn expert_runs(&self) -> (u64, u64) {
+        let main = self.layers.iter().map(|x| &x.mlp);
+        let mtp = self.mtp.iter().map(|m| &m.layer.mlp);
+        main.chain(mtp)
+            .filter_map(|mlp| mlp.moe())
+            .map(|m| m.runs())
+            .fold((0, 0), |(g, c), (a, b)| (g + a, c + b))
     }
 
     /// Where `LoadOptions::gpu_memory` put the matrices (`None` when it was not asked for).
@@ -318,12 +346,14 @@ impl Glm5 {
                 }
             }
             let target = match (self.prefetch, next, &next_pred) {
-                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p)),
+                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p, &n.mlp)),
                 _ => None,
             };
             let mut issue = || -> Result<()> {
-                if let Some(((res, tier), p)) = &target {
-                    let ids = pilot::union(p);
+                if let Some(((res, tier), p, mlp)) = &target {
+                    // Experts in VRAM are never read into RAM.
+                    let mut ids = pilot::union(p);
+                    ids.retain(|&e| !mlp.in_vram(e));
                     stats.candidates += ids.len() as u64;
                     stats.issued += res.prefetch(*tier, &ids)? as u64;
                 }

@@ -21,7 +21,6 @@ pub struct SwiGlu {
 
 impl SwiGlu {
     /// Gate, up, down.
-    #[cfg(feature = "cuda")]
     pub(super) fn linears_mut(&mut self) -> Vec<&mut Linear> {
         vec![&mut self.gate, &mut self.up, &mut self.down]
     }
@@ -46,6 +45,11 @@ impl SwiGlu {
     /// Bytes of weights.
     pub fn bytes(&self) -> usize {
         self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    }
+
+    /// Whether its products run on the GPU (`--gpu-memory` placed it).
+    fn on_gpu(&self) -> bool {
+        self.gate.on_gpu()
     }
 }
 
@@ -102,6 +106,11 @@ pub struct Moe {
     /// Selections per expert since load (one per row and chosen expert, before the union):
     /// what the usage ledger records.
     usage: Vec<AtomicU64>,
+    /// The VRAM expert tier of a streamed layer (`--gpu-memory` with `--memory-budget`).
+    vram: Option<super::vram::VramExperts>,
+    /// Experts computed since load (each chosen expert once per forward, on all its rows):
+    /// on the GPU, on the CPU.
+    runs: [AtomicU64; 2],
 }
 
 impl Moe {
@@ -133,6 +142,8 @@ impl Moe {
             norm_topk: r.norm_topk_prob,
             scaling: r.routed_scaling_factor,
             usage: (0..r.n_routed_experts).map(|_| AtomicU64::new(0)).collect(),
+            vram: None,
+            runs: Default::default(),
         })
     }
 
@@ -173,6 +184,60 @@ impl Moe {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Experts computed since load: (on the GPU, on the CPU).
+    pub fn runs(&self) -> (u64, u64) {
+        (
+            self.runs[0].load(Ordering::Relaxed),
+            self.runs[1].load(Ordering::Relaxed),
+        )
+    }
+
+    fn count_runs(&self, gpu: usize, cpu: usize) {
+        self.runs[0].fetch_add(gpu as u64, Ordering::Relaxed);
+        self.runs[1].fetch_add(cpu as u64, Ordering::Relaxed);
+    }
+
+    /// Routed experts in the layer.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn expert_count(&self) -> usize {
+        self.usage.len()
+    }
+
+    /// Puts experts `ids` of MoE layer `layer` in VRAM: a resident expert gets VRAM copies of
+    /// its matrices; a streamed one is read into the layer's VRAM tier. Returns (matrices,
+    /// device bytes, resident expert matrices left on the CPU).
+    #[cfg(feature = "cuda")]
+    pub(super) fn place_experts(
+        &mut self,
+        gpu: &Arc<nectar_cuda::Gpu>,
+        catalog: &nectar_format::Catalog,
+        cfg: &super::Config,
+        layer: usize,
+        ids: &[u32],
+    ) -> Result<(usize, u64, usize)> {
+        let count = self.usage.len();
+        match &mut self.experts {
+            Experts::Resident(v) => {
+                let mut bytes = 0;
+                for &e in ids {
+                    for l in v[e as usize].linears_mut() {
+                        bytes += l.place_on_gpu(gpu)? as u64;
+                    }
+                }
+                Ok((3 * ids.len(), bytes, 3 * (v.len() - ids.len())))
+            }
+            Experts::Streamed { .. } => {
+                if ids.is_empty() {
+                    return Ok((0, 0, 0));
+                }
+                let (t, bytes) =
+                    super::vram::VramExperts::load(gpu, catalog, cfg, layer, count, ids)?;
+                self.vram = Some(t);
+                Ok((3 * ids.len(), bytes, 0))
+            }
+        }
     }
 
     /// Bytes of one routed expert.
@@ -300,6 +365,11 @@ impl Moe {
         let mut shared = None;
         match &self.experts {
             Experts::Resident(experts) => {
+                let on_gpu = union
+                    .iter()
+                    .filter(|(e, _)| experts[*e as usize].on_gpu())
+                    .count();
+                self.count_runs(on_gpu, union.len() - on_gpu);
                 if let Some(f) = after_reads.take() {
                     f()?;
                 }
@@ -324,16 +394,37 @@ impl Moe {
                 layer: tier,
                 ..
             } => {
+                // Experts in the VRAM tier run on the GPU and never touch the RAM cache.
+                let in_vram = |e: u32| self.vram.as_ref().is_some_and(|v| v.holds(e));
+                let (gpu_union, cpu_union): (Vec<_>, Vec<_>) =
+                    union.iter().partition(|(e, _)| in_vram(*e));
+                self.count_runs(gpu_union.len(), cpu_union.len());
+                let run_gpu = || -> Result<Vec<Vec<f32>>> {
+                    let jobs: Vec<(u32, Vec<f32>, usize)> = gpu_union
+                        .iter()
+                        .map(|(e, rows)| (*e, gather(rows), rows.len()))
+                        .collect();
+                    match &self.vram {
+                        Some(v) => v.forward(&jobs),
+                        None => Ok(Vec::new()),
+                    }
+                };
+                let mut gpu_ys: Option<Result<Vec<Vec<f32>>>> = None;
                 // A step of several rows (a prompt, a verify) tells the cache each row's
                 // routes, so its look-ahead learns them token by token.
                 if m > 1 {
-                    let rows: Vec<Vec<u32>> = routes.iter().map(|r| r.ids.clone()).collect();
+                    let rows: Vec<Vec<u32>> = routes
+                        .iter()
+                        .map(|r| r.ids.iter().copied().filter(|&e| !in_vram(e)).collect())
+                        .collect();
                     residency.observe_rows(*tier, &rows);
                 }
                 // Waves of at most the working bank: resident experts first, then the shared
-                // expert while misses load, then each miss as it arrives.
-                for wave in union.chunks(residency.max_wave()) {
+                // expert (and the VRAM experts, on the GPU) while misses load, then each miss
+                // as it arrives.
+                for wave in cpu_union.chunks(residency.max_wave()) {
                     let ids: Vec<u32> = wave.iter().map(|(e, _)| *e).collect();
+                    let with_gpu = gpu_ys.is_none() && !gpu_union.is_empty();
                     let result = (|| -> Result<()> {
                         let pending = residency.acquire(*tier, &ids)?;
                         if let Some(f) = after_reads.take() {
@@ -344,25 +435,38 @@ impl Moe {
                             .zip(wave)
                             .partition(|(p, _)| p.is_ready());
                         // Resident experts and the shared expert in parallel while misses load.
-                        let (ys_ready, sh) = rayon::join(
+                        let ((ys_ready, sh), g) = rayon::join(
                             || {
-                                ready
-                                    .into_par_iter()
-                                    .map(|(p, (_, rows))| {
-                                        let y = (|| -> Result<Vec<f32>> {
-                                            let lease = p.wait()?;
-                                            swiglu_mats(&lease.mats()?, &gather(rows), rows.len())
-                                        })();
-                                        (rows, y)
-                                    })
-                                    .collect::<Vec<_>>()
+                                rayon::join(
+                                    || {
+                                        ready
+                                            .into_par_iter()
+                                            .map(|(p, (_, rows))| {
+                                                let y = (|| -> Result<Vec<f32>> {
+                                                    let lease = p.wait()?;
+                                                    swiglu_mats(
+                                                        &lease.mats()?,
+                                                        &gather(rows),
+                                                        rows.len(),
+                                                    )
+                                                })(
+                                                );
+                                                (rows, y)
+                                            })
+                                            .collect::<Vec<_>>()
+                                    },
+                                    // The shared expert once per layer, in the first wave.
+                                    || match shared {
+                                        None => self.shared.forward(x, m).map(Some),
+                                        Some(_) => Ok(None),
+                                    },
+                                )
                             },
-                            // The shared expert once per layer, in the first wave.
-                            || match shared {
-                                None => self.shared.forward(x, m).map(Some),
-                                Some(_) => Ok(None),
-                            },
+                            || with_gpu.then(run_gpu),
                         );
+                        if g.is_some() {
+                            gpu_ys = g;
+                        }
                         if let Some(s) = sh? {
                             shared = Some(s);
                         }
@@ -383,6 +487,13 @@ impl Moe {
                     let settled = residency.end_wave_layer(*tier);
                     result?;
                     settled?;
+                }
+                let gpu_ys = match gpu_ys {
+                    Some(r) => r?,
+                    None => run_gpu()?,
+                };
+                for ((_, rows), y) in gpu_union.iter().zip(gpu_ys) {
+                    scatter(rows, &y);
                 }
             }
         }
@@ -423,8 +534,31 @@ pub enum Mlp {
 }
 
 impl Mlp {
+    /// The MoE block, when this is one.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn moe_mut(&mut self) -> Option<&mut Moe> {
+        match self {
+            Mlp::Moe(m) => Some(m),
+            Mlp::Dense(_) => None,
+        }
+    }
+
+    /// Whether routed expert `e` is in the layer's VRAM tier (streamed layers).
+    pub(super) fn in_vram(&self, e: u32) -> bool {
+        self.moe()
+            .and_then(|m| m.vram.as_ref())
+            .is_some_and(|v| v.holds(e))
+    }
+
+    /// The MoE block, when this is one.
+    pub(super) fn moe(&self) -> Option<&Moe> {
+        match self {
+            Mlp::Moe(m) => Some(m),
+            Mlp::Dense(_) => None,
+        }
+    }
+
     /// The matrices every token reads: the dense MLP, or the router and the shared expert.
-    #[cfg(feature = "cuda")]
     pub(super) fn spine_linears_mut(&mut self) -> Vec<&mut Linear> {
         match self {
             Mlp::Dense(d) => d.linears_mut(),
@@ -433,18 +567,6 @@ impl Mlp {
                 v.extend(m.shared.linears_mut());
                 v
             }
-        }
-    }
-
-    /// Routed experts held resident (memory-mapped, no budget); none when streamed.
-    #[cfg(feature = "cuda")]
-    pub(super) fn resident_expert_linears_mut(&mut self) -> Vec<&mut Linear> {
-        match self {
-            Mlp::Moe(Moe {
-                experts: Experts::Resident(e),
-                ..
-            }) => e.iter_mut().flat_map(SwiGlu::linears_mut).collect(),
-            _ => Vec::new(),
         }
     }
 

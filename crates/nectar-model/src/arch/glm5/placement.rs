@@ -1,91 +1,417 @@
 //! `--gpu-memory`: which of the model's matrices live in VRAM and run on the GPU.
 //!
-//! Placement order (hottest classes first, as much as fits): every layer's attention and
-//! indexer matrices, the dense MLPs, routers and shared experts (read by every token), the MTP
-//! layer's, then the LM head, then resident routed experts (only when experts are not streamed).
-//! A matrix that does not fit is skipped and the next tried. Without a usable GPU (or without
-//! the `cuda` feature) nothing moves and the summary says why: the model runs on the CPU.
-use super::Glm5;
-use crate::error::Result;
+//! One plan, from the tensor headers alone ([`plan`] over [`catalog_candidates`]): `nectar fit`
+//! prints it without a GPU, and the load applies the same plan. Order (hottest classes first, as
+//! much as fits; a matrix that does not fit is skipped and the next one tried):
+//!
+//! 1. every layer's attention and indexer matrices, 2. the dense MLPs, routers and shared
+//!    experts (read by every token), 3. the MTP layer's, 4. the LM heads — the spine;
+//! 5. the **VRAM expert tier**: routed experts, the most selected of the usage ledger first,
+//!    then in turn across the MoE layers (expert 0 of every layer, then expert 1, …) so that
+//!    each layer gets its share when there is no history.
+//!
+//! Experts in VRAM run on the GPU whether the others are resident (no budget) or streamed
+//! through the RAM cache (`--memory-budget`): a VRAM expert is never requested from that cache
+//! nor pinned in it. Without a usable GPU (or without the `cuda` feature) nothing moves and the
+//! summary says why: the model runs on the CPU.
+use super::{inventory, Config, Glm5};
+use crate::blocks::Linear;
+use nectar_format::Catalog;
+use nectar_residency::usage::Ledger;
+use nectar_residency::ExpertKey;
+use std::collections::{BTreeMap, HashSet};
 
-/// Where the model's matrices run.
+/// `--gpu-memory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMemory {
+    /// Most of the VRAM free once the device is opened ([`auto_budget`]).
+    Auto,
+    /// This many bytes.
+    Size(u64),
+}
+
+/// The VRAM `--gpu-memory auto` uses: 90 % of what is free once the context and the kernels
+/// are loaded. The tenth left covers what is allocated beside the weights — each product's
+/// activation, output and job-table buffers, the allocator's rounding of a thousand separate
+/// matrices, another process starting on the same GPU — and is the headroom `--memory-budget`'s
+/// default leaves in RAM.
+pub fn auto_budget(free: u64) -> u64 {
+    free / 10 * 9
+}
+
+/// The VRAM bytes `req` stands for: a size as given; `auto` opens the GPU to read its free
+/// memory, or says why it cannot (no GPU, no CUDA tier in this build).
+pub fn resolve_budget(req: GpuMemory) -> std::result::Result<u64, String> {
+    match req {
+        GpuMemory::Size(b) => Ok(b),
+        GpuMemory::Auto => open(req).map(|o| o.budget()),
+    }
+}
+
+/// Names of the spine classes, in placement order.
+pub const CLASSES: [&str; 4] = [
+    "attention + indexers",
+    "dense MLPs, routers, shared experts",
+    "MTP layer",
+    "LM heads",
+];
+
+/// What the GPU may hold, from the headers: spine matrices (checkpoint name, bytes) and the
+/// routed experts of each MoE layer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Candidates {
+    /// Every spine matrix the model multiplies (the embedding tables, only gathered, excluded).
+    pub spine: Vec<(String, u64)>,
+    /// Per MoE layer (the MTP layer is `num_hidden_layers`): experts, bytes of the largest.
+    pub experts: BTreeMap<usize, (usize, u64)>,
+}
+
+/// The spine class and layer of a matrix: the sort key of the placement order.
+fn order_key(name: &str, n: usize) -> (usize, usize) {
+    let layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok());
+    match layer {
+        Some(l) if l >= n && name.ends_with("shared_head.head.weight") => (3, l),
+        Some(l) if l >= n => (2, l),
+        Some(l) if name.contains(".self_attn.") => (0, l),
+        Some(l) => (1, l),
+        None => (3, 0),
+    }
+}
+
+/// The candidates of a checkpoint (headers only). A quantised matrix counts its `.qs` scales.
+pub fn catalog_candidates(cfg: &Config, cat: &Catalog) -> Candidates {
+    let head = if cfg.raw.tie_word_embeddings {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    let mut c = Candidates::default();
+    let mut experts: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for e in cat.tensors() {
+        if e.name.ends_with(".qs") || e.shape.len() != 2 {
+            continue;
+        }
+        let bytes = e.len + cat.get(&format!("{}.qs", e.name)).map_or(0, |q| q.len);
+        if let Some(k) = inventory::expert_of(&e.name) {
+            *experts.entry(k).or_default() += bytes;
+            continue;
+        }
+        let embedding = e.name.ends_with("embed_tokens.weight") && e.name != head;
+        if embedding || inventory::classify(&e.name, cfg) == inventory::TensorClass::Other {
+            continue;
+        }
+        c.spine.push((e.name.clone(), bytes));
+    }
+    for ((l, _), b) in experts {
+        let slot = c.experts.entry(l).or_default();
+        slot.0 += 1;
+        slot.1 = slot.1.max(b);
+    }
+    c
+}
+
+/// One spine class of a plan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClassLine {
+    /// [`CLASSES`] name.
+    pub name: &'static str,
+    /// Matrices placed / in the class.
+    pub placed: usize,
+    /// Of the class.
+    pub total: usize,
+    /// Bytes placed.
+    pub placed_bytes: u64,
+    /// Bytes of the class.
+    pub total_bytes: u64,
+}
+
+/// What goes to VRAM within a budget.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuPlan {
+    /// The VRAM budget, bytes.
+    pub budget: u64,
+    /// Spine matrices placed (checkpoint names).
+    pub spine: HashSet<String>,
+    /// Per class, in placement order.
+    pub classes: Vec<ClassLine>,
+    /// Routed experts in VRAM, in placement order.
+    pub experts: Vec<ExpertKey>,
+    /// Per MoE layer: (experts in VRAM, experts in the layer, bytes of one).
+    pub per_layer: BTreeMap<usize, (usize, usize, u64)>,
+}
+
+impl GpuPlan {
+    /// Bytes of the spine placed.
+    pub fn spine_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.placed_bytes).sum()
+    }
+
+    /// Spine matrices (and bytes) left on the CPU.
+    pub fn spine_left(&self) -> (usize, u64) {
+        self.classes.iter().fold((0, 0), |(n, b), c| {
+            (n + c.total - c.placed, b + c.total_bytes - c.placed_bytes)
+        })
+    }
+
+    /// Bytes of the experts placed.
+    pub fn expert_bytes(&self) -> u64 {
+        self.per_layer.values().map(|(k, _, b)| *k as u64 * b).sum()
+    }
+
+    /// The VRAM experts of `layer`, ascending.
+    pub fn experts_of(&self, layer: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .experts
+            .iter()
+            .filter(|k| k.layer as usize == layer)
+            .map(|k| k.expert)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// The experts in the order the VRAM tier takes them: the most selected of `ledger` first, then
+/// in turn across layers by id.
+fn expert_order(layers: &BTreeMap<usize, (usize, u64)>, ledger: Option<&Ledger>) -> Vec<ExpertKey> {
+    let exists = |k: ExpertKey| {
+        layers
+            .get(&(k.layer as usize))
+            .is_some_and(|(count, _)| (k.expert as usize) < *count)
+    };
+    let mut order = ledger.map_or_else(Vec::new, |l| l.hottest(usize::MAX, exists));
+    let mut seen: HashSet<ExpertKey> = order.iter().copied().collect();
+    let widest = layers.values().map(|(c, _)| *c).max().unwrap_or(0);
+    for e in 0..widest {
+        for (&l, &(count, _)) in layers {
+            let k = ExpertKey {
+                layer: l as u32,
+                expert: e as u32,
+            };
+            if e < count && seen.insert(k) {
+                order.push(k);
+            }
+        }
+    }
+    order
+}
+
+/// Plans `budget` bytes of VRAM over `c` (see the module docs for the order).
+pub fn plan(c: &Candidates, cfg: &Config, budget: u64, ledger: Option<&Ledger>) -> GpuPlan {
+    let n = cfg.raw.num_hidden_layers;
+    let mut spine: Vec<&(String, u64)> = c.spine.iter().collect();
+    spine.sort_by(|a, b| (order_key(&a.0, n), &a.0).cmp(&(order_key(&b.0, n), &b.0)));
+    let mut p = GpuPlan {
+        budget,
+        classes: CLASSES
+            .iter()
+            .map(|&name| ClassLine {
+                name,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut used = 0u64;
+    for (name, bytes) in spine {
+        let class = &mut p.classes[order_key(name, n).0];
+        class.total += 1;
+        class.total_bytes += bytes;
+        if used + bytes <= budget {
+            used += bytes;
+            class.placed += 1;
+            class.placed_bytes += bytes;
+            p.spine.insert(name.clone());
+        }
+    }
+    for (&l, &(count, bytes)) in &c.experts {
+        p.per_layer.insert(l, (0, count, bytes));
+    }
+    for k in expert_order(&c.experts, ledger) {
+        let Some(slot) = p.per_layer.get_mut(&(k.layer as usize)) else {
+            continue;
+        };
+        if slot.2 > 0 && used + slot.2 <= budget {
+            used += slot.2;
+            slot.0 += 1;
+            p.experts.push(k);
+        }
+    }
+    p
+}
+
+/// Where the model's matrices run (what the load did with a [`GpuPlan`]).
 #[derive(Debug, Clone, Default)]
 pub struct GpuPlacement {
     /// One line for the user: the device and what was placed, or why everything stays on the
     /// CPU.
     pub summary: String,
-    /// Matrices placed in VRAM.
+    /// Matrices placed in VRAM (spine and experts).
     pub matrices: usize,
     /// Device bytes they use.
     pub bytes: u64,
-    /// Matrices left on the CPU because the budget ran out.
+    /// Matrices left on the CPU because the budget ran out (spine, and resident experts).
     pub left_on_cpu: usize,
+    /// Per MoE layer: (layer, the experts in VRAM, experts in the layer).
+    pub vram_experts: Vec<(usize, Vec<u32>, usize)>,
 }
 
-/// Places matrices within `budget` bytes of VRAM.
-#[cfg(not(feature = "cuda"))]
-pub(super) fn place(_model: &mut Glm5, _budget: u64) -> Result<GpuPlacement> {
-    Ok(GpuPlacement {
-        summary: "--gpu-memory: this nectar was built without the CUDA tier (rebuild with \
-                  `--features cuda`); running on the CPU"
-            .into(),
-        ..Default::default()
-    })
-}
-
-/// Places matrices within `budget` bytes of VRAM.
-#[cfg(feature = "cuda")]
-pub(super) fn place(model: &mut Glm5, budget: u64) -> Result<GpuPlacement> {
-    let gpu = match crate::blocks::open_gpu() {
-        Ok(g) => g,
-        Err(why) => {
-            return Ok(GpuPlacement {
-                summary: format!("--gpu-memory: {why}; running on the CPU"),
-                ..Default::default()
-            })
+impl GpuPlacement {
+    /// Everything on the CPU, for `why`.
+    pub(super) fn cpu(why: &str) -> GpuPlacement {
+        GpuPlacement {
+            summary: format!("--gpu-memory: {why}; running on the CPU"),
+            ..Default::default()
         }
+    }
+
+    /// Routed experts held in VRAM, in all layers.
+    pub fn experts_in_vram(&self) -> usize {
+        self.vram_experts.iter().map(|x| x.1.len()).sum()
+    }
+}
+
+impl Glm5 {
+    /// Every spine matrix the model multiplies, in no particular order (what
+    /// [`catalog_candidates`] lists from the headers).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn spine_linears_mut(&mut self) -> Vec<&mut Linear> {
+        let mut v: Vec<&mut Linear> = Vec::new();
+        for layer in &mut self.layers {
+            v.extend(layer.attn.linears_mut());
+            v.extend(layer.mlp.spine_linears_mut());
+        }
+        if let Some(mtp) = &mut self.mtp {
+            v.push(&mut mtp.eh_proj);
+            v.extend(mtp.layer.attn.linears_mut());
+            v.extend(mtp.layer.mlp.spine_linears_mut());
+            v.extend(mtp.head.as_mut());
+        }
+        v.push(&mut self.lm_head);
+        v
+    }
+
+    /// The spine matrices of the loaded model as (name, bytes), sorted: must equal the
+    /// headers' [`catalog_candidates`] (tested), so the plan `fit` prints is the one applied.
+    pub fn spine_matrices(&mut self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .spine_linears_mut()
+            .into_iter()
+            .map(|l| (l.name.clone(), l.bytes() as u64))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// An opened GPU and the budget resolved for it.
+#[cfg(feature = "cuda")]
+pub(super) struct Opened {
+    gpu: std::sync::Arc<nectar_cuda::Gpu>,
+    /// VRAM bytes to fill.
+    budget: u64,
+}
+
+/// Never constructed: a build without the CUDA tier opens no GPU.
+#[cfg(not(feature = "cuda"))]
+pub(super) enum Opened {}
+
+#[cfg(not(feature = "cuda"))]
+impl Opened {
+    pub fn budget(&self) -> u64 {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Opened {
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+}
+
+/// Opens the GPU for `req`, or says why the model stays on the CPU.
+#[cfg(not(feature = "cuda"))]
+pub(super) fn open(_req: GpuMemory) -> std::result::Result<Opened, String> {
+    Err("this nectar was built without the CUDA tier (rebuild with `--features cuda`)".into())
+}
+
+/// Opens the GPU for `req`, or says why the model stays on the CPU.
+#[cfg(feature = "cuda")]
+pub(super) fn open(req: GpuMemory) -> std::result::Result<Opened, String> {
+    let gpu = crate::blocks::open_gpu()?;
+    let budget = match req {
+        GpuMemory::Size(b) => b,
+        GpuMemory::Auto => auto_budget(gpu.info().free_bytes as u64),
     };
+    Ok(Opened { gpu, budget })
+}
+
+/// Applies `plan` on the opened GPU: the planned spine matrices get a VRAM copy, and the
+/// planned experts too (resident experts) or are read once into VRAM (streamed experts).
+#[cfg(not(feature = "cuda"))]
+pub(super) fn apply(
+    _model: &mut Glm5,
+    opened: Opened,
+    _plan: &GpuPlan,
+) -> crate::Result<GpuPlacement> {
+    match opened {}
+}
+
+/// Applies `plan` on the opened GPU: the planned spine matrices get a VRAM copy, and the
+/// planned experts too (resident experts) or are read once into VRAM (streamed experts).
+#[cfg(feature = "cuda")]
+pub(super) fn apply(
+    model: &mut Glm5,
+    opened: Opened,
+    plan: &GpuPlan,
+) -> crate::Result<GpuPlacement> {
+    let gpu = opened.gpu;
     let mut p = GpuPlacement::default();
-    let mut place_all = |ls: Vec<&mut crate::blocks::Linear>| -> Result<()> {
-        for l in ls {
-            if p.bytes + l.bytes() as u64 > budget {
-                p.left_on_cpu += 1;
-                continue;
-            }
+    for l in model.spine_linears_mut() {
+        if plan.spine.contains(&l.name) {
             p.bytes += l.place_on_gpu(&gpu)? as u64;
             p.matrices += 1;
+        } else {
+            p.left_on_cpu += 1;
         }
-        Ok(())
-    };
-    for layer in &mut model.layers {
-        place_all(layer.attn.linears_mut())?;
     }
-    for layer in &mut model.layers {
-        place_all(layer.mlp.spine_linears_mut())?;
-    }
+    let catalog = model.catalog.clone();
+    let cfg = model.cfg.clone();
+    let n = model.layers.len();
+    let mut mlps: Vec<(usize, &mut super::moe::Mlp)> = model
+        .layers
+        .iter_mut()
+        .enumerate()
+        .map(|(l, x)| (l, &mut x.mlp))
+        .collect();
     if let Some(mtp) = &mut model.mtp {
-        let mut v = vec![&mut mtp.eh_proj];
-        v.extend(mtp.layer.attn.linears_mut());
-        v.extend(mtp.layer.mlp.spine_linears_mut());
-        place_all(v)?;
+        mlps.push((n, &mut mtp.layer.mlp));
     }
-    let mut heads = vec![&mut model.lm_head];
-    if let Some(h) = model.mtp.as_mut().and_then(|m| m.head.as_mut()) {
-        heads.push(h);
+    for (l, mlp) in mlps {
+        let Some(moe) = mlp.moe_mut() else { continue };
+        let ids = plan.experts_of(l);
+        let (matrices, bytes, left) = moe.place_experts(&gpu, &catalog, &cfg, l, &ids)?;
+        p.matrices += matrices;
+        p.bytes += bytes;
+        p.left_on_cpu += left;
+        p.vram_experts.push((l, ids, moe.expert_count()));
     }
-    place_all(heads)?;
-    for layer in &mut model.layers {
-        place_all(layer.mlp.resident_expert_linears_mut())?;
-    }
-    if let Some(mtp) = &mut model.mtp {
-        place_all(mtp.layer.mlp.resident_expert_linears_mut())?;
-    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let total: usize = p.vram_experts.iter().map(|x| x.2).sum();
     p.summary = format!(
-        "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU",
+        "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU; routed experts in VRAM: \
+         {} of {} (budget {:.1} MiB)",
         gpu.describe(),
         p.matrices,
-        p.bytes as f64 / (1u64 << 20) as f64,
-        p.left_on_cpu
+        mib(p.bytes),
+        p.left_on_cpu,
+        p.experts_in_vram(),
+        total,
+        mib(opened.budget),
     );
     Ok(p)
 }

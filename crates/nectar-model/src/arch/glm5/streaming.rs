@@ -42,10 +42,10 @@ pub struct LoadOptions {
     pub pin: Option<PinRequest>,
     /// How a full layer admits misses (default: [`DEFAULT_ADMISSION`]).
     pub admission: nectar_residency::Admission,
-    /// VRAM bytes for matrices on the GPU (`--gpu-memory`; `placement.rs` says which);
-    /// `None` runs everything on the CPU. Without a usable GPU, or without the `cuda` feature,
-    /// the model stays on the CPU and [`super::Glm5::gpu_placement`] says why.
-    pub gpu_memory: Option<u64>,
+    /// VRAM for matrices on the GPU (`--gpu-memory`; `placement.rs` says which); `None` runs
+    /// everything on the CPU. Without a usable GPU, or without the `cuda` feature, the model
+    /// stays on the CPU and [`super::Glm5::gpu_placement`] says why.
+    pub gpu_memory: Option<super::GpuMemory>,
     /// Load the MTP layer when the model has one (default). Off for `--mtp off`: the layer is
     /// then neither loaded nor planned, so under a budget its spine, working bank and slot row
     /// (about 1 GB at GLM-5.2's size, a 12th LRU slot per layer at 29 GiB) go to the main
@@ -279,6 +279,7 @@ pub(super) fn setup(
     cat: &Catalog,
     budget: u64,
     opts: &LoadOptions,
+    vram: &[ExpertKey],
 ) -> Result<Streaming> {
     let n = cfg.raw.num_hidden_layers;
     let mtp = loads_mtp(cfg, cat, opts);
@@ -287,7 +288,7 @@ pub(super) fn setup(
     let mut plan =
         plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0)).map_err(residency_err)?;
     let pinned = match &opts.pin {
-        Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission),
+        Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission, vram),
         None => Vec::new(),
     };
     if !pinned.is_empty() {
@@ -375,6 +376,7 @@ fn pins(
     n: usize,
     slot: u64,
     admission: nectar_residency::Admission,
+    vram: &[ExpertKey],
 ) -> Vec<ExpertKey> {
     let lru_bytes = plan.lru_bytes;
     let total = req.ledger.total();
@@ -392,9 +394,12 @@ fn pins(
         (lru_bytes as f64 * 0.5 * conf) as u64
     });
     let count = (bytes / slot.max(1)) as usize;
+    // Experts in VRAM never use a RAM slot: the pins are the hottest of the others.
+    let vram: std::collections::HashSet<ExpertKey> = vram.iter().copied().collect();
     req.ledger.hottest(count, |k| {
         let l = k.layer as usize;
-        l < n
+        !vram.contains(&k)
+            && l < n
             && layouts
                 .get(l)
                 .is_some_and(|x| (k.expert as usize) < x.len())
@@ -460,4 +465,49 @@ pub fn expert_layouts(
         .is_some();
     let paths = cat.shards().iter().map(|s| s.path.clone()).collect();
     Ok((layouts(&cfg, &cat, mtp)?, paths))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nectar_residency::usage::Ledger;
+
+    /// The pins are the ledger's hottest experts that are not in VRAM (a VRAM expert in a
+    /// pinned RAM slot would waste it: it is never requested from the RAM cache).
+    #[test]
+    fn experts_in_vram_are_never_pinned() {
+        let dir = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/glm-tiny/glm5/model"
+        ));
+        let cfg = Config::from_dir(&dir).unwrap();
+        let cat = Catalog::open(&dir).unwrap();
+        let n = cfg.raw.num_hidden_layers;
+        let layouts = layouts(&cfg, &cat, true).unwrap();
+        let sizes = slot_sizes(&layouts, n);
+        let opts = LoadOptions {
+            ctx_size: 256,
+            runtime_reserve: Some(1 << 20),
+            ..Default::default()
+        };
+        let p = plan(&plan_inputs(&cfg, &cat, 64 << 20, &opts, sizes, true, 0)).unwrap();
+        let first = (0..n).find(|&l| !cfg.dense[l]).unwrap() as u32;
+        let key = |expert| ExpertKey {
+            layer: first,
+            expert,
+        };
+        let mut ledger = Ledger::new(n as u32 + 1, cfg.raw.n_routed_experts as u32, "glm_moe_dsa");
+        for e in 0..4 {
+            ledger.add(key(e), 100 - u64::from(e));
+        }
+        let req = PinRequest {
+            ledger,
+            bytes: Some(2 * sizes.0),
+        };
+        let pins =
+            |vram: &[ExpertKey]| pins(&req, &p, &layouts, n, sizes.0, DEFAULT_ADMISSION, vram);
+        assert_eq!(pins(&[]), vec![key(0), key(1)]);
+        assert_eq!(pins(&[key(0)]), vec![key(1), key(2)]);
+        assert_eq!(pins(&[key(1), key(2)]), vec![key(0), key(3)]);
+    }
 }

@@ -1,0 +1,118 @@
+//! The VRAM expert tier of a streamed MoE layer: routed experts read once from the model files
+//! into VRAM at load (no host copy is kept, so they cost no RAM) and computed on the GPU, while
+//! the layer's other experts go through the RAM cache and the CPU (`placement.rs` chooses them).
+//!
+//! A VRAM expert computes `down(silu(gate·x) ⊙ up·x)` like [`super::moe::SwiGlu`]: the three
+//! products on the GPU (every weight dequantised to the CPU's value, sums in the kernels'
+//! order), SwiGLU on the host in the CPU's code. Results equal the CPU's within the GPU kernels'
+//! tolerance (`nectar_cuda::within_tolerance`), the bar of every GPU product.
+use crate::error::Result;
+
+/// A layer's experts in VRAM.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub(super) struct VramExperts {
+    /// Per expert id: its index in `experts`.
+    slot: Vec<Option<usize>>,
+    /// gate, up, down of each expert held.
+    experts: Vec<[crate::blocks::GpuWeight; 3]>,
+}
+
+/// Never constructed: a build without the CUDA tier holds no expert in VRAM.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug)]
+pub(super) enum VramExperts {}
+
+#[cfg(not(feature = "cuda"))]
+impl VramExperts {
+    pub fn holds(&self, _e: u32) -> bool {
+        match *self {}
+    }
+
+    pub fn forward(&self, _jobs: &[(u32, Vec<f32>, usize)]) -> Result<Vec<Vec<f32>>> {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl VramExperts {
+    /// Reads experts `ids` of layer `layer` (of `count`) into VRAM; returns the tier and the
+    /// device bytes it uses.
+    pub fn load(
+        gpu: &std::sync::Arc<nectar_cuda::Gpu>,
+        catalog: &nectar_format::Catalog,
+        cfg: &super::Config,
+        layer: usize,
+        count: usize,
+        ids: &[u32],
+    ) -> Result<(VramExperts, u64)> {
+        use crate::blocks::{GpuWeight, Loader};
+        // Owned reads (pread), not the shared maps: the host copy is dropped once uploaded and
+        // leaves nothing resident behind.
+        let ld = Loader::owned(catalog);
+        let r = &cfg.raw;
+        let (h, inter) = (r.hidden_size, r.moe_intermediate_size);
+        let mut t = VramExperts {
+            slot: vec![None; count],
+            experts: Vec::with_capacity(ids.len()),
+        };
+        let mut bytes = 0u64;
+        for &e in ids {
+            let p = |m: &str| format!("model.layers.{layer}.mlp.experts.{e}.{m}_proj.weight");
+            let mut up = |name: String, rows, cols| -> Result<GpuWeight> {
+                let w = GpuWeight::upload(gpu, &ld.linear(&name, rows, cols)?.mat())?;
+                bytes += w.device_bytes() as u64;
+                Ok(w)
+            };
+            let mats = [
+                up(p("gate"), inter, h)?,
+                up(p("up"), inter, h)?,
+                up(p("down"), h, inter)?,
+            ];
+            let Some(s) = t.slot.get_mut(e as usize) else {
+                return Err(crate::Error::Input(format!(
+                    "layer {layer}: VRAM expert {e} of {count}"
+                )));
+            };
+            *s = Some(t.experts.len());
+            t.experts.push(mats);
+        }
+        Ok((t, bytes))
+    }
+
+    /// Whether expert `e` is in VRAM.
+    pub fn holds(&self, e: u32) -> bool {
+        self.slot.get(e as usize).is_some_and(Option::is_some)
+    }
+
+    /// The output of each `(expert, rows × hidden input, rows)`, on the GPU: one launch for
+    /// every gate and up product of the same row count, one for the downs.
+    pub fn forward(&self, jobs: &[(u32, Vec<f32>, usize)]) -> Result<Vec<Vec<f32>>> {
+        use crate::blocks::GpuWeight;
+        let mats = |e: u32| -> Result<&[GpuWeight; 3]> {
+            self.slot
+                .get(e as usize)
+                .copied()
+                .flatten()
+                .map(|i| &self.experts[i])
+                .ok_or_else(|| crate::Error::Input(format!("expert {e} is not in VRAM")))
+        };
+        let mut first = Vec::with_capacity(2 * jobs.len());
+        for (e, x, m) in jobs {
+            let w = mats(*e)?;
+            first.push((&w[0], x.as_slice(), *m));
+            first.push((&w[1], x.as_slice(), *m));
+        }
+        let mut gu = GpuWeight::matmul_many(&first)?.into_iter();
+        let mut acts = Vec::with_capacity(jobs.len());
+        while let (Some(mut g), Some(u)) = (gu.next(), gu.next()) {
+            nectar_kernels::swiglu_in_place(&mut g, &u);
+            acts.push(g);
+        }
+        let mut second = Vec::with_capacity(jobs.len());
+        for ((e, _, m), a) in jobs.iter().zip(&acts) {
+            second.push((&mats(*e)?[2], a.as_slice(), *m));
+        }
+        GpuWeight::matmul_many(&second)
+    }
+}

@@ -1,0 +1,153 @@
+//! The `--gpu-memory` plan, from headers alone (no GPU needed): the matrices it lists are the
+//! ones the loaded model multiplies, its order is the documented one, it never exceeds the
+//! budget, and the VRAM expert tier takes the ledger's hottest experts first.
+mod common;
+use common::*;
+use nectar_format::Catalog;
+use nectar_model::arch::glm5::{catalog_candidates, plan_gpu, Candidates, Config, GpuPlan};
+use nectar_model::Glm5;
+use nectar_residency::usage::Ledger;
+use nectar_residency::ExpertKey;
+use std::path::Path;
+
+fn candidates(dir: &Path) -> (Config, Candidates) {
+    let cfg = Config::from_dir(dir).unwrap();
+    let cat = Catalog::open(dir).unwrap();
+    let c = catalog_candidates(&cfg, &cat);
+    (cfg, c)
+}
+
+fn dirs() -> Vec<std::path::PathBuf> {
+    vec![
+        fixture_dir("glm5").join("model"),
+        fixture_dir("glm52").join("model"),
+        demo_dir(),
+    ]
+}
+
+#[test]
+fn the_headers_list_exactly_the_matrices_the_model_multiplies() {
+    for dir in dirs() {
+        let (_, c) = candidates(&dir);
+        let mut from_headers = c.spine.clone();
+        from_headers.sort();
+        let mut model = Glm5::load(&dir).unwrap();
+        assert_eq!(
+            from_headers,
+            model.spine_matrices(),
+            "{}: the plan and the model disagree on the spine",
+            dir.display()
+        );
+        // Every MoE layer's experts, the MTP layer's included.
+        let moe: Vec<usize> = model.expert_usage().iter().map(|(l, _)| *l).collect();
+        assert_eq!(c.experts.keys().copied().collect::<Vec<_>>(), moe);
+        for (l, counts) in model.expert_usage() {
+            assert_eq!(c.experts[&l].0, counts.len(), "layer {l}");
+        }
+    }
+}
+
+fn used(p: &GpuPlan) -> u64 {
+    p.spine_bytes() + p.expert_bytes()
+}
+
+#[test]
+fn the_plan_fills_classes_in_order_within_the_budget() {
+    let dir = fixture_dir("glm5").join("model");
+    let (cfg, c) = candidates(&dir);
+    let all = plan_gpu(&c, &cfg, u64::MAX, None);
+    assert_eq!(all.spine_left(), (0, 0));
+    assert_eq!(all.spine.len(), c.spine.len());
+    for (l, (k, n, _)) in &all.per_layer {
+        assert_eq!(k, n, "layer {l}: an unlimited budget holds every expert");
+    }
+    let none = plan_gpu(&c, &cfg, 0, None);
+    assert_eq!(used(&none), 0);
+    assert!(none.experts.is_empty() && none.spine.is_empty());
+    // Exactly the first class: attention and indexers, nothing else.
+    let attn = all.classes[0].total_bytes;
+    let p = plan_gpu(&c, &cfg, attn, None);
+    assert_eq!(p.classes[0].placed, p.classes[0].total);
+    assert!(p.classes[1..].iter().all(|x| x.placed == 0) && p.experts.is_empty());
+    // Any budget: never above it; a class is only started once the earlier ones are done or
+    // a matrix of them did not fit.
+    let total = used(&all);
+    for i in 0..=64u64 {
+        let b = total * i / 64;
+        let p = plan_gpu(&c, &cfg, b, None);
+        assert!(used(&p) <= b, "budget {b}: {} used", used(&p));
+        // What is left unplaced would not fit in what is left of the budget.
+        let left = b - used(&p);
+        let smallest_left = p
+            .per_layer
+            .values()
+            .filter(|(k, n, _)| k < n)
+            .map(|x| x.2)
+            .min();
+        assert!(smallest_left.is_none_or(|s| s > left), "budget {b}");
+    }
+}
+
+#[test]
+fn the_vram_tier_takes_the_hottest_experts_then_shares_out_the_rest() {
+    let dir = fixture_dir("glm5").join("model");
+    let (cfg, c) = candidates(&dir);
+    let spine = plan_gpu(&c, &cfg, u64::MAX, None).spine_bytes();
+    let (&first, &(count, e_bytes)) = c.experts.iter().next().unwrap();
+    // No history: in turn across layers, expert 0 of every layer first.
+    let layers = c.experts.len() as u64;
+    let p = plan_gpu(&c, &cfg, spine + layers * e_bytes, None);
+    assert_eq!(p.experts.len(), layers as usize);
+    assert!(p.experts.iter().all(|k| k.expert == 0), "{:?}", p.experts);
+    assert!(p.per_layer.values().all(|x| x.0 == 1));
+    // A ledger: its most selected expert goes first.
+    let mut ledger = Ledger::new(
+        cfg.raw.num_hidden_layers as u32 + 1,
+        count as u32,
+        "glm_moe_dsa",
+    );
+    let hot = ExpertKey {
+        layer: first as u32,
+        expert: count as u32 - 1,
+    };
+    ledger.add(hot, 1000);
+    ledger.add(
+        ExpertKey {
+            layer: first as u32,
+            expert: 1,
+        },
+        10,
+    );
+    let p = plan_gpu(&c, &cfg, spine + 2 * e_bytes, Some(&ledger));
+    assert_eq!(
+        p.experts,
+        vec![
+            hot,
+            ExpertKey {
+                layer: first as u32,
+                expert: 1
+            }
+        ]
+    );
+    assert_eq!(p.experts_of(first), vec![1, count as u32 - 1]);
+}
+
+/// A build without the CUDA tier, or a machine without a GPU, plans nothing and says why.
+#[test]
+fn without_a_gpu_the_model_says_why_and_stays_on_the_cpu() {
+    let dir = fixture_dir("glm5").join("model");
+    let opts = nectar_model::arch::glm5::LoadOptions {
+        gpu_memory: Some(nectar_model::arch::glm5::GpuMemory::Auto),
+        ..Default::default()
+    };
+    let m = Glm5::load_with(&dir, &opts).unwrap();
+    let p = m.gpu_placement().unwrap();
+    if p.matrices > 0 {
+        eprintln!("a GPU is here: {}", p.summary);
+        return;
+    }
+    assert!(p.summary.contains("running on the CPU"), "{}", p.summary);
+    #[cfg(not(feature = "cuda"))]
+    assert!(p.summary.contains("--features cuda"), "{}", p.summary);
+    assert_eq!(m.expert_runs().0, 0);
+}
