@@ -210,7 +210,11 @@ pub(super) fn plan_inputs(
         r.index_head_dim,
     );
     let h = r.hidden_size as u64;
-    let transients = prompt_transients(planned_prefill_tokens(opts), r.hidden_size, r.num_experts_per_tok);
+    let transients = prompt_transients(
+        planned_prefill_tokens(opts),
+        r.hidden_size,
+        r.num_experts_per_tok,
+    );
     let reserve = opts.runtime_reserve.unwrap_or_else(|| {
         nectar_residency::planner::runtime_reserve(&ReserveInputs {
             tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
