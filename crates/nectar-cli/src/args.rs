@@ -546,6 +546,12 @@ pub struct BenchReplayArgs {
     /// loaded model.
     #[arg(long, value_delimiter = ',', default_value = "off")]
     pub prefetch: Vec<String>,
+    /// VRAM arms, comma-separated (`off`, a size such as `16G`, `auto`; `--gpu-memory` of
+    /// `nectar run`, a build with `--features cuda`): each (budget, MTP, prefetch) point runs
+    /// every arm in turn on a freshly loaded model, so the CPU path and the GPU tier are
+    /// measured in the same run.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub gpu_memory: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

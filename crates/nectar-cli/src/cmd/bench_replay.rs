@@ -24,7 +24,9 @@ use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
 use nectar_engine::{Batch, BatchOptions, Request, UnionCounts, UnionMeter};
-use nectar_model::arch::glm5::{expert_layouts, serve_sequences, LoadOptions, Prefetch};
+use nectar_model::arch::glm5::{
+    expert_layouts, serve_sequences, GpuMemory, LoadOptions, Prefetch,
+};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
@@ -162,8 +164,9 @@ fn load(
     budget_s: &str,
     prefetch: Prefetch,
     mtp: bool,
+    gpu: Option<GpuMemory>,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
-    load_planned(a, budget_s, prefetch, None, mtp)
+    load_planned(a, budget_s, prefetch, None, mtp, gpu)
 }
 
 /// [`load`], planned as `nectar serve --parallel N` plans memory when `serve` is `Some(N)`.
@@ -173,6 +176,7 @@ fn load_planned(
     prefetch: Prefetch,
     serve: Option<usize>,
     mtp: bool,
+    gpu: Option<GpuMemory>,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
     let budget = super::fit::resolve_budget(Some(budget_s))?;
     let opts = LoadOptions {
@@ -183,6 +187,7 @@ fn load_planned(
         sequences: serve.map_or(1, serve_sequences),
         server: serve.is_some(),
         mtp,
+        gpu_memory: gpu,
         ..Default::default()
     };
     let model = Glm5::load_with(&a.model, &opts)
@@ -207,10 +212,14 @@ fn run_one(
     budget_s: &str,
     mtp: bool,
     prefetch: Prefetch,
+    gpu: (&str, Option<GpuMemory>),
     raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
-    let (model, res, budget) = load(a, budget_s, prefetch, mtp)?;
+    let (model, res, budget) = load(a, budget_s, prefetch, mtp, gpu.1)?;
+    if let Some(p) = model.gpu_placement() {
+        eprintln!("{}", p.summary);
+    }
     anyhow::ensure!(
         !mtp || model.has_mtp(),
         "{} has no MTP layer (nectar synth --mtp writes one)",
@@ -408,6 +417,9 @@ fn run_one(
         "budget_bytes": budget,
         "mtp": if mtp { "on" } else { "off" },
         "prefetch": prefetch.as_str(),
+        "gpu_memory": gpu.0,
+        "gpu": model.gpu_placement().map(|p| p.summary.clone()),
+        "expert_runs": {"gpu": model.expert_runs().0, "cpu": model.expert_runs().1},
         "prefetch_issued": dec_pf.0,
         "prefetch_used": dec_pf.1,
         "prefetch_wasted": dec_pf.2,
@@ -438,12 +450,13 @@ fn run_one(
         "ratio": tok_s / bound,
     });
     let line = format!(
-        "{budget_s:>6} mtp {:<3} prefetch {:<9} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
+        "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
          ratio {:.2}  prefetch used {}/{} (coverage {:.2})",
         if mtp { "on" } else { "off" },
         prefetch.as_str(),
+        gpu.0,
         pre_tok as f64 / pre_s,
         disk_s / a.io_threads as f64 / dec_s,
         wait_s / dec_s,
@@ -473,7 +486,7 @@ fn prefill_run(
     );
     let serve = (a.prefill_chunk > 0).then_some(a.parallel);
     // `serve` loads the MTP layer by default (`--mtp auto`); `run` does not.
-    let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some())?;
+    let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some(), None)?;
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
@@ -601,11 +614,14 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                 let prefetch = Prefetch::parse(p)
                     .filter(|p| *p != Prefetch::Measure)
                     .with_context(|| format!("unknown --prefetch `{p}` (off, lookahead, pilot)"))?;
-                let r = run_one(&a, &trace, b, mtp, prefetch, &raw, &layouts)?;
-                if !a.json {
-                    println!("{}", r.line);
+                for g in &a.gpu_memory {
+                    let gpu = (g.as_str(), super::gpu_flag::resolve(Some(g))?);
+                    let r = run_one(&a, &trace, b, mtp, prefetch, gpu, &raw, &layouts)?;
+                    if !a.json {
+                        println!("{}", r.line);
+                    }
+                    runs.push(r.json);
                 }
-                runs.push(r.json);
             }
         }
     }
