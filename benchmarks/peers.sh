@@ -6,6 +6,7 @@
 #   benchmarks/peers.sh source DIR            # llama.cpp source out of llama-cpp-python's sdist (PyPI)
 #   benchmarks/peers.sh build SRC DEST [JOBS] # CPU build, runtime-dispatched ISA variants -> DEST/bin
 #   benchmarks/peers.sh convert SRC BIN DEST  # demo model -> DEST/demo-bf16.gguf, DEST/demo-q4_0.gguf
+#   benchmarks/peers.sh check BIN GGUF        # greedy output vs the Hugging Face reference
 #   benchmarks/peers.sh bench BIN GGUF [bench_threads.py arguments...]
 #
 # Nothing here is committed output: DIR/DEST live outside the repository (e.g. /work/peers) or
@@ -56,6 +57,21 @@ for i, line in enumerate(lines):
 open(path, "w").write("\n".join(lines))
 PY
   fi
+  # One fix, or llama.cpp cannot run the demo at all: for DeepSeek-style indexers (glm-dsa
+  # among them) it always rotates the indexer's q and k by a Hadamard matrix, whose size is the
+  # largest power of two dividing the indexer head but never below 64 — the demo's
+  # index_head_dim is 32 (GLM-5's 128), so the graph aborts with
+  # `GGML_ASSERT(ggml_can_mul_mat(a, b)) failed` (ggml.c:3354, from llama_model_glm_dsa's graph).
+  # Letting the size go down to 16 changes nothing for heads of 64 and more; for 32 it is the
+  # same rotation one size smaller (orthogonal on q and k alike, so the indexer's scores are
+  # unchanged). peers.md: greedy output checked against the Hugging Face reference.
+  kv=$src/src/llama-kv-cache.cpp
+  if ! grep -q 'peers.sh: indexer heads below 64' "$kv"; then
+    grep -q 'int64_t n = 64; n <= std::max(n_embd_head_k_all' "$kv"
+    [ "$(grep -c 'int nrot = 64;' "$kv")" = 2 ]
+    sed -i -e 's|int64_t n = 64; n <= std::max(n_embd_head_k_all|int64_t n = 16; n <= std::max(n_embd_head_k_all|' \
+      -e '0,/int nrot = 64;/s||int nrot = 16; // peers.sh: indexer heads below 64|' "$kv"
+  fi
   # Portable x86-64: no -march=native. Every CPU variant (x64 … zen4, sapphirerapids) is built
   # as its own module and ggml loads the best one the running CPU supports, so the same
   # binaries run on the 2-vCPU EPYC VM and the 16-core Xeon. libstdc++/libgcc are linked
@@ -67,10 +83,15 @@ PY
     -DLLAMA_BUILD_SERVER=OFF \
     -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN' \
     '-DCMAKE_EXE_LINKER_FLAGS=-static-libstdc++ -static-libgcc' \
-    '-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc'
+    '-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc' \
+    '-DCMAKE_MODULE_LINKER_FLAGS=-static-libstdc++ -static-libgcc'
   cmake --build "$src/build-peers" -j "$jobs" --target llama-bench llama-quantize llama-completion
   mkdir -p "$dest/bin"
-  cp "$src"/build-peers/bin/llama-{bench,quantize,completion} "$src"/build-peers/bin/*.so "$dest/bin/"
+  # Libraries under the names the binaries ask for (their sonames, *.so.0), the per-binary
+  # *-impl.so and the CPU variant modules ggml loads by name.
+  b=$src/build-peers/bin
+  cp -L "$b"/llama-{bench,quantize,completion} "$b"/lib*.so.0 "$b"/lib*-impl.so \
+    "$b"/libggml-cpu-*.so "$dest/bin/"
   cp "$(g++ -print-file-name=libgomp.so.1)" "$dest/bin/"
   strip "$dest"/bin/*
   du -sh "$dest/bin"
@@ -85,6 +106,10 @@ convert)
   "$bin/llama-quantize" "$dest/demo-bf16.gguf" "$dest/demo-q4_0.gguf" Q4_0
   ls -la "$dest"
   ;;
+check)
+  exec python3 "$root/benchmarks/peers_check.py" "${1:?usage: peers.sh check BIN GGUF}" \
+    "${2:?usage: peers.sh check BIN GGUF}" code_long zh
+  ;;
 bench)
   bin=${1:?usage: peers.sh bench BIN GGUF [bench_threads.py arguments...]}
   gguf=${2:?usage: peers.sh bench BIN GGUF [bench_threads.py arguments...]}
@@ -92,7 +117,7 @@ bench)
   exec python3 "$root/scripts/bench_threads.py" --llama-bench "$bin/llama-bench" --gguf "$gguf" "$@"
   ;;
 *)
-  sed -n '2,12p' "$0"
+  sed -n '2,13p' "$0"
   exit 2
   ;;
 esac
