@@ -49,13 +49,13 @@ def run_with_rusage(binary, model, threads, ids, max_tokens):
 
 
 def llama_bench(binary, gguf, threads, depth, n_gen):
-    """Runs llama-bench once (one repetition, decode only); returns (its tok/s, its rusage)."""
+    """Runs llama-bench once (one repetition, decode only); returns (its test's JSON, rusage)."""
     out, ru = run_child([binary, "-m", gguf, "-t", str(threads), "-p", "0", "-n", str(n_gen),
                          "-d", str(depth), "-r", "1", "-o", "json"])
     tests = [t for t in out if t["n_gen"] == n_gen]
     if len(tests) != 1:
         sys.exit(f"{binary}: expected one decode test in its JSON, got {out!r}")
-    return tests[0]["avg_ts"], ru
+    return tests[0], ru
 
 
 def run_child(cmd):
@@ -109,6 +109,7 @@ def main():
     print(f"load average at start: {load_start}; cores: {os.cpu_count()}", file=sys.stderr)
     rows = {}
     tokens = {}
+    peer = None
     for rnd in range(a.rounds):
         for model in a.model:
             for b in bins:
@@ -132,7 +133,12 @@ def main():
         if a.llama_bench:
             depth = len(ids.split(","))
             for t in threads:
-                tok_s, ru = llama_bench(a.llama_bench, a.gguf, t, depth, a.max_tokens)
+                test, ru = llama_bench(a.llama_bench, a.gguf, t, depth, a.max_tokens)
+                tok_s = test["avg_ts"]
+                # What llama-bench ran with (its defaults), for the record.
+                peer = {k: test.get(k) for k in ("cpu_info", "backends", "model_type", "model_size",
+                                                 "n_batch", "poll", "type_k", "type_v",
+                                                 "flash_attn", "repack", "n_depth", "n_gen")}
                 _, ru1 = llama_bench(a.llama_bench, a.gguf, t, depth, 1)
                 n = a.max_tokens - 1
                 cpu = (ru.ru_utime + ru.ru_stime) - (ru1.ru_utime + ru1.ru_stime)
@@ -164,7 +170,7 @@ def main():
     if a.json:
         print(json.dumps({"load_start": load_start, "load_end": load(), "cores": os.cpu_count(),
                           "prompt_tokens": len(ids.split(",")), "max_tokens": a.max_tokens,
-                          "rounds": a.rounds, "rows": out}, indent=1))
+                          "rounds": a.rounds, "llama_bench": peer, "rows": out}, indent=1))
         return
     print(f"| model | binary | threads | decode tok/s, median (range) | vs {threads[0]} thread(s) "
           "| CPU ms/token | voluntary cs/token | involuntary cs/token |")
