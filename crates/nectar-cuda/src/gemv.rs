@@ -77,12 +77,16 @@ pub struct GpuMat {
     pub cols: usize,
     data: CudaSlice<u8>,
     scales: CudaSlice<f32>,
+    /// Bytes of the stored weights and scales uploaded (the placeholder allocations of a
+    /// format without scales are not counted: a `--gpu-memory` plan made from the headers
+    /// then equals what is placed).
+    payload: usize,
 }
 
 impl GpuMat {
-    /// Device bytes this matrix occupies (weights + scales).
+    /// Device bytes of this matrix's weights and scales: the stored bytes its `MatRef` had.
     pub fn device_bytes(&self) -> usize {
-        self.data.len() + self.scales.len() * 4
+        self.payload
     }
 }
 
@@ -163,6 +167,7 @@ impl Gpu {
             cols: w.cols,
             data,
             scales,
+            payload: w.data.len() + w.scales.len() * 4,
         })
     }
 

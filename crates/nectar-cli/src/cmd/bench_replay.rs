@@ -24,9 +24,7 @@ use super::bench_io::RawReader;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
 use nectar_engine::{Batch, BatchOptions, Request, UnionCounts, UnionMeter};
-use nectar_model::arch::glm5::{
-    expert_layouts, serve_sequences, GpuMemory, LoadOptions, Prefetch,
-};
+use nectar_model::arch::glm5::{expert_layouts, serve_sequences, GpuMemory, LoadOptions, Prefetch};
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
@@ -46,8 +44,11 @@ struct Replayer<'a> {
     map: HashMap<usize, usize>,
     /// Trace row of each row of the current forward.
     rows: Vec<usize>,
-    /// Per model layer: the unique experts each forward requested.
+    /// Per model layer: the unique experts each forward requested of the RAM tier.
     requests: HashMap<usize, Vec<Vec<u32>>>,
+    /// Per model layer: experts held in VRAM (`--gpu-memory`): computed there, never requested
+    /// of the RAM tier, so Belady's reference leaves them out too.
+    vram: HashMap<usize, Vec<u32>>,
     /// The union per layer of each decode forward, the draft row apart.
     union: UnionMeter,
 }
@@ -66,9 +67,10 @@ impl Observer for Replayer<'_> {
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
         let tl = *self.map.get(&layer)?;
         let ids: Vec<u32> = self.trace.experts(*self.rows.get(row)?, tl).collect();
+        let vram = self.vram.get(&layer);
         if let Some(u) = self.requests.get_mut(&layer).and_then(|v| v.last_mut()) {
             for &e in &ids {
-                if !u.contains(&e) {
+                if !u.contains(&e) && !vram.is_some_and(|v| v.contains(&e)) {
                     u.push(e);
                 }
             }
@@ -239,6 +241,15 @@ fn run_one(
         map,
         rows: Vec::new(),
         requests: HashMap::new(),
+        vram: model
+            .gpu_placement()
+            .map(|p| {
+                p.vram_experts
+                    .iter()
+                    .map(|(l, ids, _)| (*l, ids.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         union: UnionMeter::default(),
     };
     let mut union = UnionCounts::default();
@@ -494,6 +505,7 @@ fn prefill_run(
         map: layer_map(&model, &trace)?,
         rows: Vec::new(),
         requests: HashMap::new(),
+        vram: HashMap::new(),
         union: UnionMeter::default(),
     };
     let vocab = model.vocab_size() as u32;

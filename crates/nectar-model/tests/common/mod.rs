@@ -19,11 +19,17 @@ pub fn fixture_dir(variant: &str) -> PathBuf {
         .join(variant)
 }
 
+/// The demo model: `NECTAR_DEMO_MODEL` (the GPU machine gets a copy, scripts/gpu-device-run),
+/// else the repository's.
 pub fn demo_dir() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../models/nectar-demo-glm5"
-    ))
+    std::env::var_os("NECTAR_DEMO_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../models/nectar-demo-glm5"
+            ))
+        })
 }
 
 pub struct Expected {
