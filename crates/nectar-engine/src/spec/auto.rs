@@ -23,16 +23,15 @@
 //! ```
 //!
 //! (for one row alone: E(γ) / (cost(γ) + absorb · E(γ)), a round's own tokens per second).
-//! A window ends with one probe step at each neighbouring γ (γ ± 1; every other γ in the
-//! batch's very first window), so the costs around the choice stay measured (γ = 0 re-probes
-//! drafting this way, which is how drafting turns back on when it starts to pay), warm, just
-//! before the decision. Probes cost steps off the optimum, so while the decision
+//! A window ends with one probe step at every other γ, so every cost stays measured (γ = 0
+//! re-probes drafting this way, which is how drafting turns back on when it starts to pay),
+//! warm, just before the decision. Probes cost steps off the optimum, so while the decision
 //! holds they back off to every 2nd, then every 4th window; a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
 //! costs changed). Acceptance counts decay by half per decision, so the choice
 //! follows the text as it changes. A shape seen for the first time starts from the choice of
-//! the nearest shape already decided (before any decision: γ_max, probing every depth).
+//! the nearest shape already measured.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -140,14 +139,11 @@ struct Arm {
     window_cost: Vec<(f64, usize)>,
     /// Tokens per step of the rows `auto` does not drive.
     others: Option<f64>,
-    /// The first window probes every depth (the batch's first shape only).
-    full_probe: bool,
 }
 
 impl Arm {
-    fn new(max: usize, current: usize, full_probe: bool) -> Arm {
+    fn new(max: usize, current: usize) -> Arm {
         Arm {
-            full_probe,
             current,
             round: 0,
             window: FIRST_WINDOW,
@@ -159,31 +155,16 @@ impl Arm {
         }
     }
 
-    /// The depths this window probes: every other one in the first window of the first shape
-    /// (nothing is known yet), else the current choice's neighbours (the objective is
-    /// unimodal in γ in practice, and each probe step is a step off the optimum — in a batch
-    /// of many shapes, probing every depth in every shape cost more than drafting saved).
-    fn probes(&self, max: usize) -> Vec<usize> {
-        if self.full_probe && self.windows == 0 {
-            return (0..=max).filter(|&g| g != self.current).collect();
-        }
-        [self.current.checked_sub(1), Some(self.current + 1)]
-            .into_iter()
-            .flatten()
-            .filter(|&g| g <= max)
-            .collect()
-    }
-
     /// γ for the next step: the choice, then the window's probes (when this window probes).
     fn next(&self, max: usize) -> usize {
-        let probes = self.probes(max);
-        let first_probe = self.window.saturating_sub(probes.len());
+        let probes = max; // every γ in 0..=max but the current one
+        let first_probe = self.window.saturating_sub(probes);
         if !self.windows.is_multiple_of(self.probe_every) || self.round < first_probe {
             return self.current;
         }
-        probes
-            .get(self.round - first_probe)
-            .copied()
+        (0..=max)
+            .filter(|&g| g != self.current)
+            .nth(self.round - first_probe)
             .unwrap_or(self.current)
     }
 }
@@ -268,13 +249,12 @@ impl AutoGamma {
         self.decisions.iter().skip(skip).cloned().collect()
     }
 
-    /// The shape's arm; a new one starts from the nearest decided shape's choice.
+    /// The shape's arm; a new one starts from the nearest shape's choice.
     fn arm(&mut self, shape: Shape) -> &mut Arm {
         if !self.arms.contains_key(&shape) {
             let start = self
                 .arms
                 .iter()
-                .filter(|(_, a)| a.windows > 0)
                 .min_by_key(|(s, _)| {
                     (
                         s.rows.abs_diff(shape.rows),
@@ -282,9 +262,7 @@ impl AutoGamma {
                     )
                 })
                 .map_or(self.max, |(_, a)| a.current);
-            // Nothing decided yet to start from: this shape's first window probes every depth.
-            let unknown = self.arms.values().all(|a| a.windows == 0);
-            self.arms.insert(shape, Arm::new(self.max, start, unknown));
+            self.arms.insert(shape, Arm::new(self.max, start));
         }
         self.arms.get_mut(&shape).expect("inserted above")
     }
@@ -603,18 +581,17 @@ mod tests {
             step(&mut a, full, &mut accept, &dear);
         }
         assert_eq!(a.current(full), Some(0));
-        // Probes have backed off to every 4th window and test γ = 1 only: within two probe
-        // periods the cheap drafts (and, one probe's acceptance being noisy, enough of them)
-        // are measured and drafting is back on, and stays on.
+        // Probes have backed off to every 4th window: within 4 windows plus one a probe has
+        // measured the cheap drafts and drafting is back on, and stays on.
         let mut turned_on = None;
-        for i in 0..16 * 10 {
+        for i in 0..16 * 8 {
             step(&mut a, full, &mut accept, &cheap);
             if turned_on.is_none() && a.current(full) != Some(0) {
                 turned_on = Some(i);
             }
         }
         assert!(
-            turned_on.is_some_and(|i| i < 16 * 9),
+            turned_on.is_some_and(|i| i < 16 * 5),
             "{turned_on:?} {:?}",
             a.decisions_since(0)
         );
