@@ -175,6 +175,40 @@ fn seeded_sampled_rows_in_a_batch_match_speculating_alone() {
     assert_eq!(run_batch(&rows).0, got);
 }
 
+#[test]
+fn a_seeded_sampled_auto_row_decodes_without_drafts_so_its_seed_replays() {
+    // `auto`'s γ depends on what the batch measured before, and rejection sampling draws
+    // differently at each γ: a seeded sampled row under `auto` decodes plainly, so the same
+    // request gives the same text whatever ran before it (`on` keeps its fixed γ).
+    let ps = prompts();
+    let b = demo();
+    let r = Request {
+        params: SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: Some(11),
+            ..SamplingParams::default()
+        },
+        ..Request::new(ps[1].clone(), 32)
+    };
+    let (got, t) = run_batch(&[(r.clone(), Some(mtp(3, true)), 0)]);
+    assert_eq!(t.drafted, 0, "{t:?}");
+    let plain = generate_speculative(
+        &b.model,
+        b.tokenizer.as_ref(),
+        &b.stop_ids,
+        &r,
+        None,
+        |_| Ok(true),
+    )
+    .unwrap();
+    assert_eq!(got[0], plain.tokens);
+    // A greedy `auto` row beside it still drafts.
+    let greedy = Request::new(ps[3].clone(), 32);
+    let (_, t) = run_batch(&[(greedy, Some(mtp(3, true)), 0)]);
+    assert!(t.drafted > 0, "{t:?}");
+}
+
 /// Admits an `auto` MTP row (γ ≤ 3) that generates `max_tokens` (no stop tokens).
 fn admit_auto(batch: &mut Batch, id: u64, prompt: &[u32], max_tokens: usize) {
     let b = demo();
