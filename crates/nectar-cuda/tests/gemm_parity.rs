@@ -7,109 +7,27 @@
 //!
 //! Without a GPU every test prints why and passes, unless `NECTAR_REQUIRE_GPU=1` is set.
 #![cfg(feature = "cuda")]
-use nectar_cuda::{within_gemm_tolerance, within_tolerance, Error, Gpu, Precision};
-use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
-use std::sync::OnceLock;
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
-    GPU.get_or_init(|| match Gpu::open(0) {
-        Ok(g) => Some(g),
-        Err(Error::Unavailable(why)) if std::env::var_os("NECTAR_REQUIRE_GPU").is_none() => {
-            eprintln!("skipped: {why}");
-            None
-        }
-        Err(e) => panic!("opening the GPU: {e}"),
-    })
-    .as_ref()
-}
-
-fn unit(c: &[u8]) -> f32 {
-    u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0
-}
-
-/// Random weights of `format` (finite values in [-1, 1) for float formats, any codes, positive
-/// scales).
-fn weights(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
-    let raw = nectar_cuda::bench::random_bytes(rows * format.row_bytes(cols) * 2, seed);
-    let n = rows * format.row_bytes(cols);
-    let values = raw.chunks_exact(2).take(rows * cols).map(unit);
-    let data: Vec<u8> = match format {
-        WeightFormat::F32 => values.flat_map(f32::to_le_bytes).collect(),
-        WeightFormat::Bf16 => values
-            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-            .collect(),
-        WeightFormat::F16 => values
-            .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
-            .collect(),
-        _ => raw[..n].to_vec(),
-    };
-    let scales = nectar_cuda::bench::random_bytes(rows * format.row_scales(cols), seed ^ 0x5ca1e)
-        .iter()
-        .map(|&b| 0.01 + b as f32 / 2560.0)
-        .collect();
-    (data, scales)
-}
+mod common;
+use common::{abs_sums, compare, gpu, random_bytes, unit, weights, FORMATS};
+use nectar_cuda::{within_gemm_tolerance, within_tolerance, Gpu, Precision};
+use nectar_kernels::{matmul, MatRef, WeightFormat};
 
 /// Activations with a spread of magnitudes (as hidden states have), in ±[2⁻⁸, 8).
 fn activations(n: usize, seed: u64) -> Vec<f32> {
-    nectar_cuda::bench::random_bytes(n * 3, seed)
+    random_bytes(n * 3, seed)
         .chunks_exact(3)
         .map(|c| unit(c) * (1u32 << (c[2] % 12)) as f32 / 256.0)
         .collect()
 }
 
-/// Σ|w·x| for every output element (the tolerance's scale).
-fn abs_sums(w: &MatRef<'_>, x: &[f32], m: usize) -> Vec<f32> {
-    let mut row = vec![0.0; w.cols];
-    let mut out = vec![0.0; m * w.rows];
-    for r in 0..w.rows {
-        decode_row(w, r, &mut row);
-        for i in 0..m {
-            out[i * w.rows + r] = row
-                .iter()
-                .zip(&x[i * w.cols..(i + 1) * w.cols])
-                .map(|(a, b)| (a * b).abs())
-                .sum();
-        }
-    }
-    out
-}
-
 /// GPU GEMM vs the CPU for one (format, shape, m); returns the largest |Δ| / Σ|w·x|.
 fn check(gpu: &Gpu, format: WeightFormat, rows: usize, cols: usize, m: usize, seed: u64) -> f64 {
-    let (data, scales) = weights(format, rows, cols, seed);
-    let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
     let x = activations(m * cols, seed ^ 0xacc);
-    let mut cpu = vec![f32::NAN; m * rows];
-    matmul(&w, &x, m, &mut cpu).unwrap();
-    let dev = gpu.upload(&w).unwrap();
-    let mut y = vec![f32::NAN; m * rows];
-    gpu.gemm(&dev, &x, m, &mut y, Precision::Split3).unwrap();
-    let abs = abs_sums(&w, &x, m);
-    let mut worst = 0.0f64;
-    for (k, ((&g, &c), &a)) in y.iter().zip(&cpu).zip(&abs).enumerate() {
-        assert!(
-            within_tolerance(g, c, a),
-            "{} {rows}x{cols} m={m}: element {k} (token {}, row {}): gpu {g}, cpu {c}, Σ|w·x| {a}",
-            format.name(),
-            k / rows,
-            k % rows
-        );
-        worst = worst.max(((g - c).abs() / a.max(f32::MIN_POSITIVE)) as f64);
-    }
-    worst
+    compare(gpu, format, rows, cols, m, &x, seed, "gemm", |dev, y| {
+        gpu.gemm(dev, &x, m, y, Precision::Split3).unwrap()
+    })
+    .1
 }
-
-const FORMATS: [WeightFormat; 7] = [
-    WeightFormat::F32,
-    WeightFormat::Bf16,
-    WeightFormat::F16,
-    WeightFormat::Int8Row,
-    WeightFormat::Int4Row,
-    WeightFormat::Int4Group { group: 64 },
-    WeightFormat::Int4Group { group: 48 },
-];
 
 #[test]
 fn every_format_matches_the_cpu_with_partial_tiles() {

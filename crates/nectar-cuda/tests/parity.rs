@@ -1,91 +1,20 @@
 //! GPU kernels against the CPU kernels (nectar-kernels), by tolerance, on random inputs.
 //!
-//! Without a GPU (no driver, no device, no NVRTC) every test prints why and passes, unless
-//! `NECTAR_REQUIRE_GPU=1` is set (scripts/gpu-device-run sets it on the GPU machine, so a GPU
-//! that fails to open fails there instead of skipping).
+//! Without a GPU every test prints why and passes, unless `NECTAR_REQUIRE_GPU=1` is set
+//! (`common`).
 #![cfg(feature = "cuda")]
-use nectar_cuda::{within_tolerance, Error, Gpu, Order, MAX_M};
-use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
+mod common;
+use common::{compare, gpu, random_bytes, weights, FORMATS};
+use nectar_cuda::{Error, Gpu, Order, MAX_M};
+use nectar_kernels::{MatRef, WeightFormat};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use std::sync::OnceLock;
-
-fn gpu() -> Option<&'static Gpu> {
-    static GPU: OnceLock<Option<Gpu>> = OnceLock::new();
-    GPU.get_or_init(|| match Gpu::open(0) {
-        Ok(g) => {
-            eprintln!(
-                "GPU: {}, kernels compiled in {:.0} ms",
-                g.describe(),
-                g.info().compile_ms
-            );
-            Some(g)
-        }
-        Err(Error::Unavailable(why)) if std::env::var_os("NECTAR_REQUIRE_GPU").is_none() => {
-            eprintln!("skipped: {why}");
-            None
-        }
-        Err(e) => panic!("opening the GPU: {e}"),
-    })
-    .as_ref()
-}
-
-/// Random weights of `format` (finite floats for float formats, any codes, positive scales).
-fn weights(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {
-    let raw = nectar_cuda_test_bytes(rows * format.row_bytes(cols) * 2, seed);
-    let unit = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0;
-    let n = rows * format.row_bytes(cols);
-    let data: Vec<u8> = match format {
-        WeightFormat::F32 => raw
-            .chunks_exact(2)
-            .take(rows * cols)
-            .flat_map(|c| unit(c).to_le_bytes())
-            .collect(),
-        WeightFormat::Bf16 => raw
-            .chunks_exact(2)
-            .take(rows * cols)
-            .flat_map(|c| ((unit(c).to_bits() >> 16) as u16).to_le_bytes())
-            .collect(),
-        WeightFormat::F16 => raw
-            .chunks_exact(2)
-            .take(rows * cols)
-            .flat_map(|c| half::f16::from_f32(unit(c)).to_le_bytes())
-            .collect(),
-        _ => raw[..n].to_vec(),
-    };
-    let scales = nectar_cuda_test_bytes(rows * format.row_scales(cols), seed ^ 0x5ca1e)
-        .iter()
-        .map(|&b| 0.01 + b as f32 / 2560.0)
-        .collect();
-    (data, scales)
-}
-
-fn nectar_cuda_test_bytes(len: usize, seed: u64) -> Vec<u8> {
-    nectar_cuda::bench::random_bytes(len, seed)
-}
 
 fn activations(n: usize, seed: u64) -> Vec<f32> {
-    nectar_cuda_test_bytes(n * 2, seed)
+    random_bytes(n * 2, seed)
         .chunks_exact(2)
         .map(|c| u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0)
         .collect()
-}
-
-/// Σ|w·x| for every output element (the tolerance's scale).
-fn abs_sums(w: &MatRef<'_>, x: &[f32], m: usize) -> Vec<f32> {
-    let mut row = vec![0.0; w.cols];
-    let mut out = vec![0.0; m * w.rows];
-    for r in 0..w.rows {
-        decode_row(w, r, &mut row);
-        for i in 0..m {
-            out[i * w.rows + r] = row
-                .iter()
-                .zip(&x[i * w.cols..(i + 1) * w.cols])
-                .map(|(a, b)| (a * b).abs())
-                .sum();
-        }
-    }
-    out
 }
 
 /// GPU vs CPU for one (format, shape, m, order); returns the GPU output.
@@ -98,36 +27,13 @@ fn check(
     order: Order,
     seed: u64,
 ) -> Vec<f32> {
-    let (data, scales) = weights(format, rows, cols, seed);
-    let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
     let x = activations(m * cols, seed ^ 0xacc);
-    let mut cpu = vec![f32::NAN; m * rows];
-    matmul(&w, &x, m, &mut cpu).unwrap();
-    let dev = gpu.upload(&w).unwrap();
-    let mut y = vec![f32::NAN; m * rows];
-    gpu.matmul(&dev, &x, m, &mut y, order).unwrap();
-    let abs = abs_sums(&w, &x, m);
-    for (k, ((&g, &c), &a)) in y.iter().zip(&cpu).zip(&abs).enumerate() {
-        assert!(
-            within_tolerance(g, c, a),
-            "{} {rows}x{cols} m={m} {order:?}: element {k} (act {}, row {}): gpu {g}, cpu {c}, Σ|w·x| {a}",
-            format.name(),
-            k / rows,
-            k % rows
-        );
-    }
-    y
+    let what = format!("{order:?}");
+    compare(gpu, format, rows, cols, m, &x, seed, &what, |dev, y| {
+        gpu.matmul(dev, &x, m, y, order).unwrap()
+    })
+    .0
 }
-
-const FORMATS: [WeightFormat; 7] = [
-    WeightFormat::F32,
-    WeightFormat::Bf16,
-    WeightFormat::F16,
-    WeightFormat::Int8Row,
-    WeightFormat::Int4Row,
-    WeightFormat::Int4Group { group: 64 },
-    WeightFormat::Int4Group { group: 48 },
-];
 
 #[test]
 fn every_format_and_m_matches_the_cpu_on_the_vector_path() {
