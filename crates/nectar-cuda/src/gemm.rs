@@ -6,9 +6,8 @@
 //! Below [`GEMM_MIN_M`] rows the GEMV kernels (`gemv.rs`) are used: they stream the weights at
 //! close to the memory bandwidth, while a GEMM tile of 64 tokens would mostly multiply padding.
 use crate::device::Gpu;
-use crate::divide;
 use crate::error::{Error, Result};
-use crate::gemv::Job;
+use crate::gemv::{shape_i32, Job, RowLayout};
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use nectar_kernels::WeightFormat;
 
@@ -52,10 +51,7 @@ pub struct GemmPlan {
     rows: usize,
     cols: usize,
     m: usize,
-    row_bytes: i32,
-    row_scales: i32,
-    gmagic: u32,
-    gshift: i32,
+    layout: RowLayout,
 }
 
 /// The kernel for a format: integer codes go to the tensor cores exact, with the scale applied
@@ -94,10 +90,6 @@ pub(crate) fn kernel_names() -> Vec<String> {
     v
 }
 
-fn shape_i32(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} exceeds the kernel limit")))
-}
-
 impl Gpu {
     /// Prepares the GEMM for `m` (≥ 1) activation rows of a `rows × cols` matrix.
     pub fn gemm_plan(
@@ -114,26 +106,14 @@ impl Gpu {
                 65535 * TILE_TOKENS as usize
             )));
         }
-        let group = match format {
-            WeightFormat::Int8Row | WeightFormat::Int4Row => cols.max(1),
-            WeightFormat::Int4Group { group } if group > 0 => group,
-            WeightFormat::Int4Group { .. } => return Err(Error::Shape("int4 group size 0".into())),
-            _ => 1,
-        };
-        shape_i32("rows", rows)?;
-        shape_i32("cols", cols)?;
         shape_i32("m", m)?;
-        let (gmagic, gshift) = divide::magic(group.clamp(1, 1 << 31) as u32);
         Ok(GemmPlan {
             func: self.function(&kernel_name(format, cols, precision))?,
             format,
             rows,
             cols,
             m,
-            row_bytes: shape_i32("row bytes", format.row_bytes(cols))?,
-            row_scales: shape_i32("row scales", format.row_scales(cols))?,
-            gmagic,
-            gshift: gshift as i32,
+            layout: RowLayout::new(format, rows, cols)?,
         })
     }
 
@@ -168,10 +148,10 @@ impl Gpu {
             .arg(&rows)
             .arg(&cols)
             .arg(&m)
-            .arg(&plan.row_bytes)
-            .arg(&plan.row_scales)
-            .arg(&plan.gmagic)
-            .arg(&plan.gshift)
+            .arg(&plan.layout.row_bytes)
+            .arg(&plan.layout.row_scales)
+            .arg(&plan.layout.gmagic)
+            .arg(&plan.layout.gshift)
             .arg(&vec);
         // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
         // the grid covers every (row, token) once and the kernel bounds-checks both.
@@ -185,7 +165,7 @@ impl GemmPlan {
     /// 16-byte-aligned addresses; bit 1, activation rows of whole float4s, 16-byte aligned.
     /// Anything else is read element by element (still exact).
     pub fn vector_flags(&self, jobs: &[Job]) -> i32 {
-        let w = self.row_bytes % 16 == 0 && jobs.iter().all(|j| j.w % 16 == 0);
+        let w = self.layout.row_bytes % 16 == 0 && jobs.iter().all(|j| j.w % 16 == 0);
         let x = self.cols.is_multiple_of(4) && jobs.iter().all(|j| j.x % 16 == 0);
         i32::from(w) | (i32::from(x) << 1)
     }

@@ -97,12 +97,41 @@ pub struct GemvPlan {
     rows: usize,
     cols: usize,
     m: usize,
-    row_bytes: i32,
-    row_scales: i32,
-    gmagic: u32,
-    gshift: i32,
-    /// Columns per scale (0 for float formats).
-    group: usize,
+    layout: RowLayout,
+}
+
+/// How a kernel walks the rows of a `rows × cols` matrix of a format: bytes and scales per row,
+/// columns per scale (0 for float formats) and that group's magic divisor (`divide.rs`). Both
+/// the GEMV and the GEMM plans take it from [`RowLayout::new`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowLayout {
+    pub row_bytes: i32,
+    pub row_scales: i32,
+    pub group: usize,
+    pub gmagic: u32,
+    pub gshift: i32,
+}
+
+impl RowLayout {
+    pub(crate) fn new(format: WeightFormat, rows: usize, cols: usize) -> Result<RowLayout> {
+        let group = match format {
+            WeightFormat::Int8Row | WeightFormat::Int4Row => cols.max(1),
+            WeightFormat::Int4Group { group } if group > 0 => group,
+            WeightFormat::Int4Group { .. } => return Err(Error::Shape("int4 group size 0".into())),
+            _ => 0,
+        };
+        // Column indices and the magic division are exact below 2^31.
+        shape_i32("rows", rows)?;
+        shape_i32("cols", cols)?;
+        let (gmagic, gshift) = divide::magic(group.clamp(1, 1 << 31) as u32);
+        Ok(RowLayout {
+            row_bytes: shape_i32("row bytes", format.row_bytes(cols))?,
+            row_scales: shape_i32("row scales", format.row_scales(cols))?,
+            group,
+            gmagic,
+            gshift: gshift as i32,
+        })
+    }
 }
 
 fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
@@ -142,7 +171,7 @@ pub(crate) fn kernel_names() -> Vec<String> {
     v
 }
 
-fn shape_i32(what: &str, v: usize) -> Result<i32> {
+pub(crate) fn shape_i32(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} exceeds the kernel limit")))
 }
 
@@ -183,27 +212,13 @@ impl Gpu {
         if !(1..=MAX_M).contains(&m) {
             return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
         }
-        let group = match format {
-            WeightFormat::Int8Row | WeightFormat::Int4Row => cols.max(1),
-            WeightFormat::Int4Group { group } if group > 0 => group,
-            WeightFormat::Int4Group { .. } => return Err(Error::Shape("int4 group size 0".into())),
-            _ => 0,
-        };
-        // Column indices and the magic division are exact below 2^31.
-        shape_i32("rows", rows)?;
-        shape_i32("cols", cols)?;
-        let (gmagic, gshift) = divide::magic(group.clamp(1, 1 << 31) as u32);
         Ok(GemvPlan {
             func: self.function(&kernel_name(format, m, order))?,
             format,
             rows,
             cols,
             m,
-            row_bytes: shape_i32("row bytes", format.row_bytes(cols))?,
-            row_scales: shape_i32("row scales", format.row_scales(cols))?,
-            gmagic,
-            gshift: gshift as i32,
-            group,
+            layout: RowLayout::new(format, rows, cols)?,
         })
     }
 
@@ -242,7 +257,7 @@ impl Gpu {
         // group is a multiple of the chunk's weights: per-row formats, int4 g32/g64/…).
         let chunk_weights = 16 * 8 / plan.format_bits();
         let path = if vector && plan.vector_layout() {
-            1 | if plan.group > 0 && plan.group.is_multiple_of(chunk_weights) {
+            1 | if plan.layout.group > 0 && plan.layout.group.is_multiple_of(chunk_weights) {
                 2
             } else {
                 0
@@ -254,10 +269,10 @@ impl Gpu {
         b.arg(&jobs)
             .arg(&rows)
             .arg(&cols)
-            .arg(&plan.row_bytes)
-            .arg(&plan.row_scales)
-            .arg(&plan.gmagic)
-            .arg(&plan.gshift)
+            .arg(&plan.layout.row_bytes)
+            .arg(&plan.layout.row_scales)
+            .arg(&plan.layout.gmagic)
+            .arg(&plan.layout.gshift)
             .arg(&path);
         // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
         // the grid covers every row once and the kernel bounds-checks the last block.
@@ -429,7 +444,7 @@ impl GemvPlan {
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
     /// and (int4 grouped) scale groups that never split a 32-bit word of 8 codes.
     fn vector_layout(&self) -> bool {
-        self.row_bytes % 16 == 0
+        self.layout.row_bytes % 16 == 0
             && match self.format {
                 // An odd width leaves a padding nibble the vector path would read as a column.
                 WeightFormat::Int4Row => self.cols.is_multiple_of(2),
@@ -463,6 +478,6 @@ impl GemvPlan {
 
     /// Columns per scale (0 for float formats).
     pub fn group(&self) -> usize {
-        self.group
+        self.layout.group
     }
 }
