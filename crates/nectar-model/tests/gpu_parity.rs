@@ -8,18 +8,14 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::*;
-use nectar_model::arch::glm5::{GpuMemory, LoadOptions};
+use nectar_model::arch::glm5::{GpuMemory, GpuPlacement, LoadOptions};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 
-/// Loads a fixture with every matrix on the GPU, or `None` (skip) without one.
-fn load_on_gpu(variant: &str) -> Option<Glm5> {
-    let opts = LoadOptions {
-        gpu_memory: Some(GpuMemory::Size(u64::MAX)),
-        ..Default::default()
-    };
-    let model = Glm5::load_with(&fixture_dir(variant).join("model"), &opts).unwrap();
+/// The placement of `model` when it placed anything; `None` (the test skips) when nothing went
+/// to a GPU — a failure under `NECTAR_REQUIRE_GPU=1`.
+fn placed(model: &Glm5, what: &str) -> Option<GpuPlacement> {
     let p = model.gpu_placement().expect("gpu_memory was given").clone();
-    eprintln!("{variant}: {}", p.summary);
+    eprintln!("{what}: {}", p.summary);
     if p.matrices == 0 {
         assert!(
             std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
@@ -29,6 +25,17 @@ fn load_on_gpu(variant: &str) -> Option<Glm5> {
         eprintln!("skipped: {}", p.summary);
         return None;
     }
+    Some(p)
+}
+
+/// Loads a fixture with every matrix on the GPU, or `None` (skip) without one.
+fn load_on_gpu(variant: &str) -> Option<Glm5> {
+    let opts = LoadOptions {
+        gpu_memory: Some(GpuMemory::Size(u64::MAX)),
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&fixture_dir(variant).join("model"), &opts).unwrap();
+    let p = placed(&model, variant)?;
     assert_eq!(p.left_on_cpu, 0, "an unlimited budget places everything");
     Some(model)
 }
@@ -153,16 +160,9 @@ fn a_partial_placement_splits_the_model_and_agrees() {
         ..Default::default()
     };
     let model = Glm5::load_with(&dir, &opts).unwrap();
-    let p = model.gpu_placement().unwrap().clone();
-    if p.matrices == 0 {
-        eprintln!("skipped: {}", p.summary);
-        assert!(
-            std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
-            "{}",
-            p.summary
-        );
+    let Some(p) = placed(&model, "partial") else {
         return;
-    }
+    };
     assert!(p.left_on_cpu > 0 && p.bytes <= 64 << 10, "{}", p.summary);
     let exp = Expected::load(&fixture_dir("glm5"));
     let prompt = exp.ids("prompt_ids");
@@ -243,17 +243,9 @@ fn a_vram_expert_tier_under_a_memory_budget_agrees_with_the_cpu() {
         },
     )
     .unwrap();
-    let p = gpu.gpu_placement().unwrap().clone();
-    eprintln!("VRAM tier: {}", p.summary);
-    if p.matrices == 0 {
-        assert!(
-            std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
-            "NECTAR_REQUIRE_GPU is set but nothing was placed: {}",
-            p.summary
-        );
-        eprintln!("skipped: {}", p.summary);
+    let Some(p) = placed(&gpu, "VRAM tier") else {
         return;
-    }
+    };
     assert_eq!(p.experts_in_vram(), plan.experts.len(), "{}", p.summary);
     assert!(
         p.vram_experts
