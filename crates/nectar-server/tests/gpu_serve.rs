@@ -8,10 +8,9 @@
 //! failure (the GPU machine: scripts/gpu-device-run). `NECTAR_DEMO_MODEL` points at the demo
 //! model for a test executable run away from its source tree.
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+mod common;
 use axum::Router;
-use http_body_util::BodyExt;
+use common::{post_json, send, send_bytes};
 use nectar_model::arch::glm5::{catalog_candidates, plan_gpu, Config, GpuMemory};
 use nectar_server::backend::LoadState;
 use nectar_server::{router, AppState, EngineBackend, EngineOptions, ServerConfig};
@@ -19,7 +18,6 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tower::ServiceExt;
 
 /// The demo's reference greedy answer to "Define the word "harbor"." starts with this.
 const HARBOR_REF: &str = "harbor \\harbor\\ n.";
@@ -35,36 +33,8 @@ fn demo() -> PathBuf {
         })
 }
 
-async fn send(
-    app: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Vec<u8>) {
-    let b = Request::builder().method(method).uri(path);
-    let req = match body {
-        Some(v) => b
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(v.to_string()))
-            .unwrap(),
-        None => b.body(Body::empty()).unwrap(),
-    };
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, bytes.to_vec())
-}
-
-async fn post(app: &Router, path: &str, body: Value) -> Value {
-    let (st, raw) = send(app, "POST", path, Some(body)).await;
-    let text = String::from_utf8(raw).unwrap();
-    assert_eq!(st, StatusCode::OK, "{text}");
-    serde_json::from_str(&text).unwrap()
-}
-
 async fn get_json(app: &Router, path: &str) -> Value {
-    let (_, raw) = send(app, "GET", path, None).await;
-    serde_json::from_slice(&raw).unwrap()
+    serde_json::from_str(&send(app, "GET", path, None).await.1).unwrap()
 }
 
 fn chat(messages: Value, max_tokens: u64) -> Value {
@@ -113,8 +83,8 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
     // Two rows in one batch, speculating: both give the greedy reference.
     let harbor = json!([{"role": "user", "content": "Define the word \"harbor\"."}]);
     let (a, b2) = tokio::join!(
-        post(&app, "/v1/chat/completions", chat(harbor.clone(), 12)),
-        post(&app, "/v1/chat/completions", chat(harbor.clone(), 12)),
+        post_json(&app, "/v1/chat/completions", chat(harbor.clone(), 12)),
+        post_json(&app, "/v1/chat/completions", chat(harbor.clone(), 12)),
     );
     for v in [&a, &b2] {
         assert!(content(v).starts_with(HARBOR_REF), "{v}");
@@ -129,7 +99,7 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
     let mut body = chat(harbor.clone(), 60);
     body["response_format"] =
         json!({"type": "json_schema", "json_schema": {"name": "w", "schema": schema}});
-    let v = post(&app, "/v1/chat/completions", body).await;
+    let v = post_json(&app, "/v1/chat/completions", body).await;
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     let text = content(&v);
     let obj: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
@@ -138,7 +108,7 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
     let mut turn2 = harbor.as_array().unwrap().clone();
     turn2.push(json!({"role": "assistant", "content": content(&a)}));
     turn2.push(json!({"role": "user", "content": "And \"valley\"?"}));
-    let v = post(&app, "/v1/chat/completions", chat(Value::Array(turn2), 6)).await;
+    let v = post_json(&app, "/v1/chat/completions", chat(Value::Array(turn2), 6)).await;
     assert!(v["choices"][0]["message"]["content"].is_string());
 
     let s = get_json(&app, "/stats").await;
@@ -153,7 +123,7 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
         .expect("a GPU was asked for: a line says what happened");
     eprintln!("{summary}\n/stats gpu: {g}");
     let runs = |d: &str| g["expert_runs"][d].as_u64().unwrap();
-    let metrics = String::from_utf8(send(&app, "GET", "/metrics", None).await.1).unwrap();
+    let metrics = send(&app, "GET", "/metrics", None).await.1;
     assert!(
         metrics.contains(&format!(
             "nectar_expert_runs_total{{device=\"cpu\"}} {}",
@@ -161,7 +131,7 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
         )),
         "{metrics}"
     );
-    let (_, frame) = send(&app, "GET", "/experts/map", None).await;
+    let (_, frame) = send_bytes(&app, "GET", "/experts/map", None).await;
     let rows = u16::from_le_bytes([frame[4], frame[5]]) as usize;
     let cols = u16::from_le_bytes([frame[6], frame[7]]) as usize;
     let cells = &frame[24 + 2 * rows..24 + 2 * rows + rows * cols];

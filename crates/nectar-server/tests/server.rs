@@ -5,17 +5,16 @@
 //! its own router and state.
 //! Token budgets are small: the demo decodes a few hundred tokens per second on two cores.
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+mod common;
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
+use common::{post_json, send};
 use nectar_server::backend::{Backend, LoadState};
 use nectar_server::{router, AppState, EngineBackend, EngineOptions, ServerConfig};
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower::ServiceExt;
 
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/nectar-demo-glm5");
 const HARBOR: &str = "Define the word \"harbor\".";
@@ -63,27 +62,6 @@ fn reference(name: &str) -> Value {
         .find(|p| p["name"] == name)
         .unwrap()
         .clone()
-}
-
-async fn send(app: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, String) {
-    let b = Request::builder().method(method).uri(path);
-    let req = match body {
-        Some(v) => b
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(v.to_string()))
-            .unwrap(),
-        None => b.body(Body::empty()).unwrap(),
-    };
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).unwrap())
-}
-
-async fn post_json(app: &Router, path: &str, body: Value) -> Value {
-    let (st, text) = send(app, "POST", path, Some(body)).await;
-    assert_eq!(st, StatusCode::OK, "{text}");
-    serde_json::from_str(&text).unwrap()
 }
 
 /// `(event name, parsed data)` of an SSE body; `[DONE]` comes back as the string "[DONE]".
