@@ -127,14 +127,19 @@ impl Inventory {
                     .filter(|((l, _), _)| *l >= n)
                     .map(|(_, b)| *b),
             ),
-            mtp: cat
-                .get(&format!("model.layers.{n}.eh_proj.weight"))
-                .is_some(),
+            mtp: has_mtp_layer(cfg, cat),
             indexers: (have, full_layers.len()),
             classes,
             problems,
         }
     }
+}
+
+/// Whether the checkpoint has an MTP layer (its `eh_proj` at layer `num_hidden_layers`).
+pub(super) fn has_mtp_layer(cfg: &Config, cat: &Catalog) -> bool {
+    let n = cfg.raw.num_hidden_layers;
+    cat.get(&format!("model.layers.{n}.eh_proj.weight"))
+        .is_some()
 }
 
 /// The storage format of a weight matrix: its dtype for float tensors, the detected quantised

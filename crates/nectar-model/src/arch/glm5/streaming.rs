@@ -168,11 +168,7 @@ pub fn prompt_transients(tokens: u64, hidden: usize, top_k: usize) -> u64 {
 
 /// Whether the model has an MTP layer and `opts` loads it.
 pub(super) fn loads_mtp(cfg: &Config, cat: &Catalog, opts: &LoadOptions) -> bool {
-    let n = cfg.raw.num_hidden_layers;
-    opts.mtp
-        && cat
-            .get(&format!("model.layers.{n}.eh_proj.weight"))
-            .is_some()
+    opts.mtp && inventory::has_mtp_layer(cfg, cat)
 }
 
 /// The inputs of the memory equation for this model (no weight bytes are read).
@@ -463,10 +459,7 @@ pub fn expert_layouts(
 ) -> Result<(Vec<Vec<SlotLayout>>, Vec<std::path::PathBuf>)> {
     let cfg = Config::from_dir(dir)?;
     let cat = Catalog::open(dir)?;
-    let n = cfg.raw.num_hidden_layers;
-    let mtp = cat
-        .get(&format!("model.layers.{n}.eh_proj.weight"))
-        .is_some();
+    let mtp = inventory::has_mtp_layer(&cfg, &cat);
     let paths = cat.shards().iter().map(|s| s.path.clone()).collect();
     Ok((layouts(&cfg, &cat, mtp)?, paths))
 }
