@@ -804,6 +804,14 @@ pub struct FitArgs {
     /// calibrate the per-layer compute on.
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
+    /// With --project and --gpu-memory: weight GB/s of the GPU's kernels at M = 1 on the card
+    /// projected (the int4 GEMV reads about 0.35–0.4 of HBM bandwidth today, docs/gpu.md).
+    #[arg(long)]
+    pub gpu_gbps: Option<f64>,
+    /// With --project and --gpu-memory: one GPU product's round trip beyond its weight reads
+    /// (launch, activation copies over PCIe, synchronisation), microseconds.
+    #[arg(long)]
+    pub gpu_product_us: Option<f64>,
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
     pub prefetch: String,

@@ -288,3 +288,74 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     assert!(tok(&ahead) <= ahead["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
     assert_eq!(slow["prefetch"]["coverage"], 0.0);
 }
+
+#[test]
+fn fit_projects_a_gpu_tier_from_the_card_described() {
+    // GLM-5.2 with 64 GB of RAM, a PCIe4 disk and a 24 GB card, every speed given.
+    let project = |extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            "--geometry",
+            "glm52",
+            "--memory-budget",
+            "61G",
+            "--project",
+            "--disk-gbps",
+            "7",
+            "--mem-gbps",
+            "65",
+            "--kernel-share",
+            "0.6",
+            "--gflops",
+            "1000",
+            "--layer-overhead-ms",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = nectar(&args);
+        assert!(ok, "{err}");
+        json(&out)["projection"].clone()
+    };
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let cpu = project(&[]);
+    let card = ["--gpu-memory", "21G", "--gpu-gbps", "380"];
+    let fast = project(&[&card[..], &["--gpu-product-us", "15"]].concat());
+    let slow = project(&[&card[..], &["--gpu-product-us", "60"]].concat());
+    assert!(cpu["gpu"].is_null(), "{cpu}");
+    let g = &fast["gpu"];
+    // The spine (9.5 GB) first, then whole experts evenly: (21 GiB − 9.5 GB) / 21.2 MB / 75 = 8.
+    assert_eq!(f(&g["spine_bytes"]), 9.5e9, "{g}");
+    assert_eq!(g["experts_per_layer"], 8, "{g}");
+    assert!(
+        g["vram_ranking"].as_str().unwrap().contains("prefill"),
+        "{g}"
+    );
+    // The VRAM experts take part of every forward's requests off the RAM tier and the disk.
+    let per = &g["experts_per_forward"];
+    assert!(f(&per["gpu"]) > 0.0 && (f(&per["gpu"]) + f(&per["ram_tier"]) - 8.0).abs() < 1e-9);
+    let gb = |p: &serde_json::Value| f(&p["ssd_gb_per_token"]["mtp_off"]);
+    assert!(gb(&fast) < gb(&cpu), "{fast} {cpu}");
+    // The spine off the CPU's memory bus raises the RAM wall; slower round trips lower it.
+    let wall = |p: &serde_json::Value| f(&p["ram_wall_tok_s"]);
+    assert!(
+        wall(&fast) > wall(&cpu) && wall(&slow) < wall(&fast),
+        "{fast} {slow} {cpu}"
+    );
+    let tok = |p: &serde_json::Value| f(&p["decode_tok_s"]["mtp_off"]);
+    assert!(tok(&fast) > tok(&cpu), "{fast} {cpu}");
+    // The card's speeds are the user's to give.
+    let (ok, _, err) = nectar(&[
+        "fit",
+        "--geometry",
+        "glm52",
+        "--memory-budget",
+        "61G",
+        "--project",
+        "--disk-gbps",
+        "7",
+        "--gpu-memory",
+        "21G",
+    ]);
+    assert!(!ok && err.contains("--gpu-gbps"), "{err}");
+}

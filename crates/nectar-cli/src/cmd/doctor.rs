@@ -324,6 +324,8 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         cores: None,
         layer_overhead_ms: None,
         calibrate: None,
+        gpu_gbps: None,
+        gpu_product_us: None,
         prefetch: "lookahead".into(),
         acceptance: DEFAULT_ACCEPTANCE,
         trace: None,

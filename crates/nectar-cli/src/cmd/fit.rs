@@ -95,7 +95,7 @@ pub fn run(a: FitArgs) -> Result<()> {
 
 /// The `--gpu-memory` plan for the model in `dir`: the one `run` and `serve` apply, ranking
 /// experts by the directory's usage ledger when it has one.
-fn gpu_plan(dir: &Path, flag: &str) -> Result<GpuPlan> {
+pub(super) fn gpu_plan(dir: &Path, flag: &str) -> Result<GpuPlan> {
     let req = super::gpu_flag::resolve(Some(flag))?
         .ok_or_else(|| anyhow::anyhow!("--gpu-memory off: nothing goes to VRAM"))?;
     let budget =

@@ -30,6 +30,7 @@
 //! measured here in seconds, or from `--mem-gbps` (times the kernel's measured share of read
 //! bandwidth) and `--disk-gbps`. Prefill: compute-bound at the int4 kernel's GFLOP/s at M = 64,
 //! plus one read of every touched expert per layer (expert-major prefill).
+use super::project_gpu::{hot_sets, without, GpuTier};
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
@@ -398,20 +399,33 @@ pub fn project(
     trace: &Trace,
     acceptance: f64,
     prefetch: bool,
+    gpu: Option<&GpuTier>,
 ) -> serde_json::Value {
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
     let c = slots.mtp_off.min(trace.experts_per_layer);
     let c_on = slots.mtp_on.min(trace.experts_per_layer);
+    // With experts in VRAM the RAM cache and the disk are asked only for the others.
+    let vram = gpu.filter(|t| t.experts_per_layer > 0).map(|t| {
+        let dir = trace.path.parent().unwrap_or(Path::new("."));
+        hot_sets(dir, trace, &main, t.experts_per_layer)
+    });
+    let ram_trace = vram.as_ref().map(|(sets, _)| without(trace, sets));
+    let rt = ram_trace.as_ref().unwrap_or(trace);
+    // Experts per layer and forward the GPU computes (n rows per forward).
+    let u_vram = |n: usize, u_ram: f64| match vram {
+        Some(_) => hit_curve(trace, &main, c, n).1 - u_ram,
+        None => 0.0,
+    };
     // Four independent replays (deterministic each): run side by side.
     let ((((h1, u1), (h2, u2)), (hm, _)), (phi, waste)) = rayon::join(
         || {
             rayon::join(
                 || {
                     rayon::join(
-                        || hit_curve(trace, &main, c, 1),
-                        || hit_curve(trace, &main, c_on, 2),
+                        || hit_curve(rt, &main, c, 1),
+                        || hit_curve(rt, &main, c_on, 2),
                     )
                 },
                 || {
@@ -425,27 +439,47 @@ pub fn project(
         },
         || {
             if prefetch {
-                prefetch_curve(trace, &main, c)
+                prefetch_curve(rt, &main, c)
             } else {
                 (0.0, 0.0)
             }
         },
     );
+    let (uv1, uv2) = (u_vram(1, u1), u_vram(2, u2));
     let l = g.moe_layers as f64;
-    let shared = l * g.expert;
-    let t_attn = (g.spine_read - shared).max(0.0) / (m.dec_gbps * 1e9) + l * m.layer_overhead_s;
-    // (seconds, disk bytes, seconds without the disk) of a forward whose misses a share `phi`
-    // of were read ahead, with `w` wasted reads per miss.
-    let forward = |u: f64, h: f64, phi: f64, w: f64| -> (f64, f64, f64) {
-        let t_moe = (l * u * g.expert + shared) / (m.dec_gbps * 1e9);
+    let dec = m.dec_gbps * 1e9;
+    // The spine on the GPU (its bytes at the card's rate, a round trip per product) and the
+    // rest on the CPU; the shared experts are the last of it to leave the CPU.
+    let (spine_gpu, products, gpu_bps, trip) = gpu.map_or((0.0, 0.0, 1.0, 0.0), |t| {
+        (
+            t.spine_bytes.min(g.spine_read),
+            t.spine_products,
+            t.gbps * 1e9,
+            t.product_s,
+        )
+    });
+    let spine_cpu = g.spine_read - spine_gpu;
+    let shared = (l * g.expert).min(spine_cpu);
+    let t_attn =
+        (spine_cpu - shared) / dec + spine_gpu / gpu_bps + products * trip + l * m.layer_overhead_s;
+    // (seconds, disk bytes, seconds without the disk) of a forward that asks the RAM tier for
+    // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, whose misses a share
+    // `phi` of were read ahead, with `w` wasted reads per miss. The GPU's experts (two launches
+    // per layer) run beside the CPU's.
+    let forward = |u: f64, uv: f64, h: f64, phi: f64, w: f64| -> (f64, f64, f64) {
+        let gpu_moe = match uv > 0.0 {
+            true => l * uv * g.expert / gpu_bps + 2.0 * l * trip,
+            false => 0.0,
+        };
+        let t_moe = ((l * u * g.expert + shared) / dec).max(gpu_moe);
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
         let t = (t_attn + t_moe.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
-    let (t1, ssd1, ram1) = forward(u1, h1, phi, waste);
+    let (t1, ssd1, ram1) = forward(u1, uv1, h1, phi, waste);
     // A verify of two rows fills the working bank: no spare slots, no look-ahead.
-    let (t2, ssd2, _) = forward(u2, h2, 0.0, 0.0);
+    let (t2, ssd2, _) = forward(u2, uv2, h2, 0.0, 0.0);
     // The MTP layer drafts over the accepted rows: τ rows of top-k experts, its own tier.
     let tau = 1.0 + acceptance;
     let k = g.top_k as f64;
@@ -456,8 +490,8 @@ pub fn project(
     let on = tau / (t2 + t_mtp);
     // With the misses' reads also overlapping attention (perfect next-layer prefetch), the
     // forward takes only its slower resource: the overlap ceiling of docs/performance.md §2.2.
-    let ceiling = |u: f64, h: f64| {
-        let (_, ssd, ram) = forward(u, h, 0.0, 0.0);
+    let ceiling = |u: f64, uv: f64, h: f64| {
+        let (_, ssd, ram) = forward(u, uv, h, 0.0, 0.0);
         1.0 / ram.max(ssd / (m.disk_gbps * 1e9))
     };
     // Prefill of a P-token prompt: compute at the kernel's GFLOP/s; each touched expert read
@@ -479,10 +513,18 @@ pub fn project(
         "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste},
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
-        "overlap_ceiling_tok_s": ceiling(u1, h1),
+        "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
         "prefill_tok_s": {"512": prefill(512.0), "2048": prefill(2048.0), "8192": prefill(8192.0)},
         "acceptance": acceptance,
+        "gpu": gpu.map(|t| json!({
+            "budget": t.budget, "spine_bytes": spine_gpu, "spine_products": products,
+            "experts_per_layer": t.experts_per_layer, "kernel_gbps": t.gbps,
+            "product_us": t.product_s * 1e6,
+            "vram_ranking": vram.as_ref().map(|v| v.1.clone()),
+            "experts_per_forward": {"gpu": uv1, "ram_tier": u1},
+            "prefill": "on the CPU (not projected with the GPU)",
+        })),
     })
 }
 
@@ -644,6 +686,25 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             }
         },
     };
+    // `--gpu-memory`: the VRAM plan `run` applies (a container's, from its headers) or
+    // GLM-5.2's from its constants, at the card speeds given.
+    let gpu = match &a.gpu_memory {
+        None => None,
+        Some(flag) => {
+            let (gbps, trip) = GpuTier::speeds(a.gpu_gbps, a.gpu_product_us)?;
+            Some(match &model_dir {
+                Some(dir) => GpuTier::from_plan(&super::fit::gpu_plan(dir, flag)?, gbps, trip),
+                None => {
+                    let req = super::gpu_flag::resolve(Some(flag))?.ok_or_else(|| {
+                        anyhow::anyhow!("--gpu-memory off: nothing to project on a GPU")
+                    })?;
+                    let vram = nectar_model::arch::glm5::resolve_gpu_budget(req)
+                        .map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
+                    GpuTier::glm52(&geom, vram, gbps, trip)
+                }
+            })
+        }
+    };
     let out = project(
         &geom,
         &machine,
@@ -654,6 +715,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         &trace,
         a.acceptance,
         a.prefetch == "lookahead",
+        gpu.as_ref(),
     );
     let full = json!({
         "geometry": geom.source,
@@ -717,6 +779,22 @@ pub fn render(full: &serde_json::Value) -> String {
         "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",
         f(&o["overlap_ceiling_tok_s"])
     );
+    if let Some(g) = o["gpu"].as_object() {
+        s += &format!(
+            "  GPU ({} of VRAM): spine {} in {:.0} products per forward, {} experts per layer \
+             (ranked by {}); kernels {:.0} GB/s, {:.0} µs per product; {:.2} of a layer's \
+             {:.2} experts per forward on the GPU\n",
+            nectar_residency::planner::human(f(&g["budget"]) as u64),
+            nectar_residency::planner::human(f(&g["spine_bytes"]) as u64),
+            f(&g["spine_products"]),
+            g["experts_per_layer"],
+            g["vram_ranking"].as_str().unwrap_or("-"),
+            f(&g["kernel_gbps"]),
+            f(&g["product_us"]),
+            f(&g["experts_per_forward"]["gpu"]),
+            f(&g["experts_per_forward"]["gpu"]) + f(&g["experts_per_forward"]["ram_tier"]),
+        );
+    }
     s += &format!(
         "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts\n",
         f(&o["prefill_tok_s"]["512"]),
