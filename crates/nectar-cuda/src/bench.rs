@@ -414,6 +414,8 @@ pub struct GemmResult {
     pub gemm: Timing,
     /// Per-product timing as ⌈m/8⌉ GEMV launches (exact order), same weights, same run.
     pub gemv: Timing,
+    /// Whether the model's per-shape rule ([`crate::use_gemm`]) picks the GEMM for this case.
+    pub uses_gemm: bool,
     /// Largest |gpu − cpu| / Σ|w·x| over the checked elements (GEMM).
     pub max_rel_err: f64,
     /// Elements checked against the CPU kernels.
@@ -555,6 +557,7 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
         case: case.clone(),
         gemm: gemm_t,
         gemv: gemv_t,
+        uses_gemm: crate::use_gemm(f, rows, cols, m),
         max_rel_err,
         checked,
     })

@@ -3,17 +3,65 @@
 //! f32 accumulation; activations (and f32/f16 weights) are split into bf16 parts so that the
 //! product keeps about 24 bits of each (`gemm.cu` states the order and the error bound).
 //!
-//! Below [`GEMM_MIN_M`] rows the GEMV kernels (`gemv.rs`) are used: they stream the weights at
-//! close to the memory bandwidth, while a GEMM tile of 64 tokens would mostly multiply padding.
+//! Which of the two runs a product is decided in one place, [`use_gemm`], per shape: up to
+//! [`MAX_M`] rows always the GEMV kernels (`gemv.rs`), beyond that whichever a cost model
+//! measured on the H200 says is faster.
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemv::{shape_i32, Job, RowLayout};
+use crate::gemv::{shape_i32, Job, RowLayout, MAX_M};
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use nectar_kernels::WeightFormat;
 
-/// Products with at least this many activation rows take the tensor-core GEMM (one launch, each
-/// weight read once per 64 rows) instead of ⌈M/8⌉ GEMV launches (each reading every weight).
-pub const GEMM_MIN_M: usize = 9;
+/// Whether an `m`-row product of a `rows × cols` matrix of `format` runs on the tensor-core
+/// GEMM (one launch, each weight read once per 64 rows) rather than as ⌈m/8⌉ GEMV launches
+/// (each streaming every weight). The one place this is decided (the model's `GpuWeight` asks).
+///
+/// The GEMM is latency-bound: each block walks the row in 32-column steps of about 1.1 µs,
+/// whatever M up to 64 — so a short, wide matrix (an expert gate, 2048 × 6144: 212 µs) stays
+/// on the GEMV launches to M ≈ 64, while a tall, narrow one (attention q_b, 16384 × 2048:
+/// 74 µs) switches at M ≈ 12. Both times are modelled below with constants measured on the
+/// H200 (benchmarks/RESULTS.md, "GEMV or GEMM"); across the 36 measured (shape, format, M)
+/// points from M = 9 to 512 the rule picks the faster kernel in 35 and loses 3 % in the other.
+/// Both kernels are held to the same tolerance, so the choice changes speed, not correctness.
+pub fn use_gemm(format: WeightFormat, rows: usize, cols: usize, m: usize) -> bool {
+    m > MAX_M && gemm_cost_us(rows, cols, m) < gemv_cost_us(format, rows, cols, m)
+}
+
+/// Fixed cost of a launch, µs (both kernels; it decides only for tiny matrices).
+const LAUNCH_US: f64 = 3.0;
+/// The GEMM's 32-column step, µs (212 µs for 192 steps, 73 for 64, 500 for 512).
+const GEMM_STEP_US: f64 = 1.1;
+/// The GEMM's useful rate once the tensor cores are the limit, flop/µs (58–72 TFLOP/s at M = 512).
+const GEMM_FLOP_PER_US: f64 = 65e6;
+
+fn gemm_cost_us(rows: usize, cols: usize, m: usize) -> f64 {
+    let latency = GEMM_STEP_US * cols.div_ceil(32) as f64;
+    let compute = 2.0 * (rows * cols) as f64 * m as f64 / GEMM_FLOP_PER_US;
+    LAUNCH_US + latency.max(compute)
+}
+
+/// Weight + scale GB/s of one GEMV launch over a lone matrix at 1 and at 8 activation rows
+/// (GLM-5.2 shapes on the H200; times between them are interpolated linearly in M).
+fn gemv_gbps(format: WeightFormat) -> (f64, f64) {
+    match format {
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => (1300.0, 400.0),
+        WeightFormat::Int8Row => (1400.0, 400.0),
+        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => (2400.0, 800.0),
+    }
+}
+
+fn gemv_cost_us(format: WeightFormat, rows: usize, cols: usize, m: usize) -> f64 {
+    let bytes = (rows * (format.row_bytes(cols) + 4 * format.row_scales(cols))) as f64;
+    let (g1, g8) = gemv_gbps(format);
+    let (t1, t8) = (bytes / (g1 * 1e3), bytes / (g8 * 1e3));
+    (0..m)
+        .step_by(MAX_M)
+        .map(|i0| {
+            let mc = MAX_M.min(m - i0);
+            LAUNCH_US + t1 + (t8 - t1) * (mc - 1) as f64 / (MAX_M - 1) as f64
+        })
+        .sum()
+}
 /// Weight rows and tokens one block covers (`GEMM_BW`, `GEMM_BX` in `gemm.cu`).
 const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
@@ -184,6 +232,49 @@ impl GemmPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The switch follows the H200 measurements (RESULTS, "GEMV or GEMM"): GEMV at every shape
+    /// up to 8 rows; on a short, wide expert gate GEMV to beyond M = 32 (the GEMM was 0.22–0.54×
+    /// as fast there), on tall matrices the GEMM from M = 16 or 32; and at M = 512 the GEMM
+    /// everywhere (7–14× faster). A single threshold (the former `GEMM_MIN_M = 9`) fails the
+    /// gate cases.
+    #[test]
+    fn the_switch_is_per_shape_as_measured() {
+        let g64 = WeightFormat::Int4Group { group: 64 };
+        let (i8r, bf16) = (WeightFormat::Int8Row, WeightFormat::Bf16);
+        // (format, rows, cols, M, GEMM measured faster)
+        let measured = [
+            (g64, 2048, 6144, 9, false),
+            (g64, 2048, 6144, 16, false),
+            (g64, 2048, 6144, 32, false),
+            (g64, 2048, 6144, 128, true),
+            (i8r, 2048, 6144, 32, false),
+            (i8r, 2048, 6144, 64, true),
+            (bf16, 2048, 6144, 32, false),
+            (bf16, 2048, 6144, 64, true),
+            (g64, 6144, 2048, 16, false),
+            (g64, 6144, 2048, 32, true),
+            (g64, 16384, 2048, 9, false),
+            (g64, 16384, 2048, 16, true),
+            (bf16, 6144, 16384, 16, false),
+            (bf16, 6144, 16384, 32, true),
+        ];
+        for (f, rows, cols, m, gemm) in measured {
+            assert_eq!(
+                use_gemm(f, rows, cols, m),
+                gemm,
+                "{f:?} {rows}x{cols} M={m}"
+            );
+        }
+        for (f, rows, cols) in [(g64, 2048, 6144), (bf16, 6144, 16384), (g64, 16384, 2048)] {
+            for m in 1..=MAX_M {
+                assert!(!use_gemm(f, rows, cols, m));
+            }
+            assert!(use_gemm(f, rows, cols, 512));
+        }
+        // A fixture-sized matrix: one GEMM launch beats ⌈24/8⌉ GEMV launches.
+        assert!(use_gemm(WeightFormat::F32, 64, 64, 24));
+    }
 
     /// Which kernel a format takes decides exactness: codes only when no scale group splits a
     /// 16-column step, and coarse activations only where they were built.

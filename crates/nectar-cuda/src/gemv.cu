@@ -8,17 +8,20 @@
 //      (per-row formats: group = cols, so the index is 0).
 //   x: M × cols f32, y: M × rows f32, row-major.
 //
-// Work split: one warp owns R consecutive output rows. Vector path (`path` bit 0; row_bytes %
-// 16 == 0, aligned pointers): lane L reads the 16-byte chunks L, L+32, L+64, … of each of its
-// rows, so a warp streams 512 contiguous bytes per row per step; `path` bit 1: one scale per row
-// covers each chunk. Scalar
-// path (any layout): lane L takes the columns L, L+32, … one byte-addressed weight at a time.
+// Work split: one warp owns R consecutive output rows; `path` bit 0 selects the vector path
+// (row_bytes % 16 == 0, aligned pointers), else the scalar path (any layout): lane L takes the
+// columns L, L+32, … one byte-addressed weight at a time.
+//   Float formats, vector path (the chunk path): lane L reads the 16-byte chunks L, L+32, … of
+//   each of its rows, so a warp streams 512 contiguous bytes per row per step.
+//   int8 / int4, vector path (the word path, `gemv_words`): lane L reads the 32-bit words L,
+//   L+32, … of each row (U words per row in flight), so its activations sit next to lane L+1's;
+//   `path` bit 1: one scale per row.
 //
 // Accumulation order (what makes results reproducible, not equal to the CPU's): each lane keeps
-// one f32 accumulator per (row, activation row) and adds its weights in increasing column order
-// with fused multiply-adds; the 32 lane sums are then combined by a butterfly (xor 16, 8, 4, 2,
-// 1). A row's result therefore depends only on its own bytes and x — not on M, R, the grid, or
-// which other matrices share the launch.
+// one f32 accumulator per (row, activation row) and adds the weights it owns (its chunks or its
+// words, as above) in increasing column order with fused multiply-adds; the 32 lane sums are
+// then combined by a butterfly (xor 16, 8, 4, 2, 1). A row's result therefore depends only on its
+// own bytes and x — not on M, R, U, the grid, or which other matrices share the launch.
 //   exact: each weight is dequantised exactly as the CPU does (w = code * scale, rounded to f32),
 //          then fma(w, x, acc).
 //   word:  the codes of one 32-bit word (8 int4 / 4 int8 codes, which always share a scale) are
@@ -58,9 +61,7 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return f;
 }
 
-// The stored values of one word, before scaling: floats for float formats, the signed code for
-// int8 / int4. Integer codes go through the exponent trick (2^23 + n is exact in f32), which
-// costs one logic op and one subtraction instead of a quarter-rate int-to-float conversion.
+// The stored values of one 32-bit word of a float format.
 template <int F> __device__ __forceinline__ void word_values(u32 v, float (&out)[Wpw<F>::N]);
 
 template <> __device__ __forceinline__ void word_values<FMT_F32>(u32 v, float (&out)[1]) {
@@ -74,19 +75,6 @@ template <> __device__ __forceinline__ void word_values<FMT_F16>(u32 v, float (&
     out[0] = f16_to_f32((u16)(v & 0xffffu));
     out[1] = f16_to_f32((u16)(v >> 16));
 }
-template <> __device__ __forceinline__ void word_values<FMT_I8>(u32 v, float (&out)[4]) {
-    // (b ^ 0x80) is b + 128 for a two's-complement byte b.
-    const u32 u = v ^ 0x80808080u;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        out[j] = __uint_as_float(0x4b000000u | ((u >> (8 * j)) & 0xffu)) - 8388736.0f;
-}
-template <> __device__ __forceinline__ void word_values<FMT_I4>(u32 v, float (&out)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        out[j] = __uint_as_float(0x4b000000u | ((v >> (4 * j)) & 0xfu)) - 8388616.0f;
-}
-
 template <int F> struct IsQuant { enum { V = (F == FMT_I8 || F == FMT_I4) }; };
 
 // Column -> scale index, c / group, by the multiply-shift gemv.rs computes (exact for c < 2^31).
@@ -124,34 +112,19 @@ template <> __device__ __forceinline__ void load_x<8>(const float* p, float (&ou
     out[7] = b.w;
 }
 
-// Adds one word of R rows (codes v[r], scales s[r]) against the activations xs into acc.
-template <int F, int M, int R, bool WORD>
-__device__ __forceinline__ void accumulate_word(const u32 (&v)[R], const float (&s)[R],
-                                                const float (&xs)[M][Wpw<F>::N],
+// Adds one word of R rows (values v[r]) of a float format against the activations xs into acc.
+template <int F, int M, int R>
+__device__ __forceinline__ void accumulate_word(const u32 (&v)[R], const float (&xs)[M][Wpw<F>::N],
                                                 float (&acc)[R][M]) {
     constexpr int N = Wpw<F>::N;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float w[N];
         word_values<F>(v[r], w);
-        if (WORD && IsQuant<F>::V) {
 #pragma unroll
-            for (int m = 0; m < M; m++) {
-                float p = 0.0f;
+        for (int m = 0; m < M; m++) {
 #pragma unroll
-                for (int j = 0; j < N; j++) p = fmaf(w[j], xs[m][j], p);
-                acc[r][m] = fmaf(s[r], p, acc[r][m]);
-            }
-        } else {
-            if (IsQuant<F>::V) {
-#pragma unroll
-                for (int j = 0; j < N; j++) w[j] = __fmul_rn(w[j], s[r]);
-            }
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-#pragma unroll
-                for (int j = 0; j < N; j++) acc[r][m] = fmaf(w[j], xs[m][j], acc[r][m]);
-            }
+            for (int j = 0; j < N; j++) acc[r][m] = fmaf(w[j], xs[m][j], acc[r][m]);
         }
     }
 }
@@ -185,10 +158,90 @@ __device__ __forceinline__ void reduce_store(float (&acc)[R][M], const Job& job,
     }
 }
 
-template <int F, int M, int R, bool WORD>
-__device__ __forceinline__ void gemv_vec(const Job& job, int rows, int cols, int row_bytes,
-                                         int row_scales, u32 gmagic, int gshift,
-                                         bool chunk_scale) {
+// Chunk path (float formats on the vector layout).
+template <int F, int M, int R>
+__device__ __forceinline__ void gemv_vec(const Job& job, int rows, int cols, int row_bytes) {
+    constexpr int N = Wpw<F>::N;
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
+    if (row0 >= rows) return;
+    const u8* W = (const u8*)job.w;
+    const float* X = (const float*)job.x;
+    float acc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    // Rows past the end re-read the last row (its bytes exist) and are never stored.
+    const uint4* wrow[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int rr = min(row0 + r, rows - 1);
+        wrow[r] = (const uint4*)(W + (u64)rr * row_bytes);
+    }
+    const int nchunks = row_bytes >> 4;
+    for (int k = lane; k < nchunks; k += 32) {
+        uint4 q[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) q[r] = __ldg(wrow[r] + k);
+#pragma unroll
+        for (int word = 0; word < 4; word++) {
+            const int c = k * 4 * N + word * N;
+            u32 v[R];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                v[r] = word == 0 ? q[r].x : word == 1 ? q[r].y : word == 2 ? q[r].z : q[r].w;
+            float xs[M][N];
+#pragma unroll
+            for (int m = 0; m < M; m++) load_x<N>(X + (u64)m * cols + c, xs[m]);
+            accumulate_word<F, M, R>(v, xs, acc);
+        }
+    }
+    reduce_store<M, R>(acc, job, row0, rows);
+}
+
+// Word path (int8 / int4 on the vector layout): lane L owns the 32-bit words L, L+32, L+64, …
+// of each of its R rows, U words per row in flight per step. A warp's weight load is then 128
+// contiguous bytes per row, and its activation loads are contiguous too (lane L needs the 8
+// (int4) or 4 (int8) activations of its word, next to lane L+1's): the 16-byte-chunk mapping
+// above made each lane need 128 bytes of x 128 bytes from its neighbour's, so every activation
+// load touched 32 cache lines and the L1, not HBM, was the limit.
+//
+// Codes are decoded with one logic op each: int4 code j of a word is masked in place and given
+// the exponent 2^(23-4j), so the float is 2^(23-4j) + (code + 8) exactly and one subtraction
+// leaves the signed code (codes 5..7 after one shift of the word by 12); int8 bytes are moved
+// into a 2^23 float by one byte permute. Exact order: w = code * scale (the CPU's value), then
+// one FMA per activation row; word order as above.
+__device__ __forceinline__ void word_codes_i4(u32 v, float (&c)[8]) {
+    const u32 u = v >> 12;
+    c[0] = __uint_as_float((v & 0xfu) | 0x4b000000u) - 8388616.0f;  // 2^23 + 8
+    c[1] = __uint_as_float((v & 0xf0u) | 0x49000000u) - 524296.0f;  // 2^19 + 8
+    c[2] = __uint_as_float((v & 0xf00u) | 0x47000000u) - 32776.0f;  // 2^15 + 8
+    c[3] = __uint_as_float((v & 0xf000u) | 0x45000000u) - 2056.0f;  // 2^11 + 8
+    c[4] = __uint_as_float((v & 0xf0000u) | 0x43000000u) - 136.0f;  // 2^7 + 8
+    c[5] = __uint_as_float((u & 0xf00u) | 0x47000000u) - 32776.0f;
+    c[6] = __uint_as_float((u & 0xf000u) | 0x45000000u) - 2056.0f;
+    c[7] = __uint_as_float((u & 0xf0000u) | 0x43000000u) - 136.0f;
+}
+__device__ __forceinline__ void word_codes_i8(u32 v, float (&c)[4]) {
+    // (b ^ 0x80) is b + 128 for a two's-complement byte b; byte j goes under 0x4b (2^23).
+    const u32 u = v ^ 0x80808080u;
+    c[0] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7440)) - 8388736.0f;
+    c[1] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7441)) - 8388736.0f;
+    c[2] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7442)) - 8388736.0f;
+    c[3] = __uint_as_float(__byte_perm(u, 0x4b000000u, 0x7443)) - 8388736.0f;
+}
+template <int F> __device__ __forceinline__ void word_codes(u32 v, float (&c)[Wpw<F>::N]);
+template <> __device__ __forceinline__ void word_codes<FMT_I4>(u32 v, float (&c)[8]) {
+    word_codes_i4(v, c);
+}
+template <> __device__ __forceinline__ void word_codes<FMT_I8>(u32 v, float (&c)[4]) {
+    word_codes_i8(v, c);
+}
+
+template <int F, int M, int R, int U, bool WORD, bool ROW_SCALE>
+__device__ __forceinline__ void gemv_words(const Job& job, int rows, int cols, int row_bytes,
+                                           int row_scales, u32 gmagic, int gshift) {
     constexpr int N = Wpw<F>::N;
     const int lane = threadIdx.x & 31;
     const int row0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
@@ -201,47 +254,62 @@ __device__ __forceinline__ void gemv_vec(const Job& job, int rows, int cols, int
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
-    // Rows past the end re-read the last row (its bytes exist) and are never stored.
-    const uint4* wrow[R];
+    const u32* wrow[R];
     const float* srow[R];
+    float rs[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int rr = min(row0 + r, rows - 1);
-        wrow[r] = (const uint4*)(W + (u64)rr * row_bytes);
+        wrow[r] = (const u32*)(W + (u64)rr * row_bytes);
         srow[r] = S + (u64)rr * row_scales;
+        rs[r] = ROW_SCALE ? __ldg(srow[r]) : 0.0f;
     }
-    const int nchunks = row_bytes >> 4;
-    for (int k = lane; k < nchunks; k += 32) {
-        uint4 q[R];
+    const int nwords = row_bytes >> 2;
+    for (int k0 = lane; k0 < nwords; k0 += 32 * U) {
+        u32 q[U][R];
+        float s[U][R];
 #pragma unroll
-        for (int r = 0; r < R; r++) q[r] = __ldg(wrow[r] + k);
-        // One scale per row for the whole chunk when a scale group covers it (per-row
-        // formats, int4 groups that are multiples of 32 columns); else one per word.
-        float sc[R];
-        if (IsQuant<F>::V && chunk_scale) {
-            const int si = scale_index(k * 4 * N, gmagic, gshift);
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + 32 * u;
+            if (k < nwords) {
+                // A scale group never splits a word (gemv.rs admits only such layouts here).
+                const int si = ROW_SCALE ? 0 : scale_index(k * N, gmagic, gshift);
 #pragma unroll
-            for (int r = 0; r < R; r++) sc[r] = __ldg(srow[r] + si);
+                for (int r = 0; r < R; r++) {
+                    q[u][r] = __ldg(wrow[r] + k);
+                    s[u][r] = ROW_SCALE ? rs[r] : __ldg(srow[r] + si);
+                }
+            }
         }
 #pragma unroll
-        for (int word = 0; word < 4; word++) {
-            const int c = k * 4 * N + word * N;
-            u32 v[R];
-            float s[R];
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + 32 * u;
+            if (k < nwords) {
+                float xs[M][N];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                v[r] = word == 0 ? q[r].x : word == 1 ? q[r].y : word == 2 ? q[r].z : q[r].w;
-                if (!IsQuant<F>::V)
-                    s[r] = 1.0f;
-                else if (chunk_scale)
-                    s[r] = sc[r];
-                else
-                    s[r] = __ldg(srow[r] + scale_index(c, gmagic, gshift));
+                for (int m = 0; m < M; m++) load_x<N>(X + (u64)m * cols + k * N, xs[m]);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float c[N];
+                    word_codes<F>(q[u][r], c);
+                    if (WORD) {
+#pragma unroll
+                        for (int m = 0; m < M; m++) {
+                            float p = 0.0f;
+#pragma unroll
+                            for (int j = 0; j < N; j++) p = fmaf(c[j], xs[m][j], p);
+                            acc[r][m] = fmaf(s[u][r], p, acc[r][m]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < N; j++) {
+                            const float w = __fmul_rn(c[j], s[u][r]);
+#pragma unroll
+                            for (int m = 0; m < M; m++) acc[r][m] = fmaf(w, xs[m][j], acc[r][m]);
+                        }
+                    }
+                }
             }
-            float xs[M][N];
-#pragma unroll
-            for (int m = 0; m < M; m++) load_x<N>(X + (u64)m * cols + c, xs[m]);
-            accumulate_word<F, M, R, WORD>(v, s, xs, acc);
         }
     }
     reduce_store<M, R>(acc, job, row0, rows);
@@ -301,51 +369,70 @@ __device__ __forceinline__ void gemv_scalar(const Job& job, int rows, int cols, 
     reduce_store<M, R>(acc, job, row0, rows);
 }
 
-// Rows per warp: each activation load serves R rows. The activation reads are the L1-bound part
-// (lane L's 16-byte chunk needs 128 bytes of x at int4, 128 bytes away from its neighbour's:
-// Nsight Compute showed L1 at 89 % and DRAM at 34 % with R = 4 at M = 1), so R is as large as
-// the registers allow: 8 rows at M <= 2, 4 up to M = 4, 2 beyond.
+// Rows per warp: each activation load serves R rows, so R is as large as the registers allow:
+// 8 rows at M <= 2, 4 up to M = 4, 2 beyond (the integer kernels' R below is the same).
 #define ROWS_PER_WARP(M) ((M) <= 2 ? 8 : (M) <= 4 ? 4 : 2)
 
-#define GEMV_ENTRY(NAME, F, M, WORD)                                                              \
+// Float formats: the 16-byte chunk path (bf16 reaches 0.9+ of the read bandwidth with it).
+#define GEMV_ENTRY(NAME, F, M)                                                                    \
     extern "C" __global__ void __launch_bounds__(128)                                             \
         NAME(const Job* jobs, int rows, int cols, int row_bytes, int row_scales, u32 gmagic,      \
              int gshift, int path) {                                                              \
         const Job job = jobs[blockIdx.y];                                                         \
         if (path & 1)                                                                             \
-            gemv_vec<F, M, ROWS_PER_WARP(M), WORD>(job, rows, cols, row_bytes, row_scales,        \
-                                                   gmagic, gshift, (path & 2) != 0);              \
+            gemv_vec<F, M, ROWS_PER_WARP(M)>(job, rows, cols, row_bytes);                         \
         else                                                                                      \
             gemv_scalar<F, M, ROWS_PER_WARP(M)>(job, rows, cols, row_bytes, row_scales, gmagic,   \
                                                 gshift);                                          \
     }
 
-#define GEMV_FLOAT(FN, F)                                                                         \
-    GEMV_ENTRY(gemv_##FN##_m1, F, 1, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m2, F, 2, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m3, F, 3, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m4, F, 4, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m5, F, 5, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m6, F, 6, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m7, F, 7, false)                                                       \
-    GEMV_ENTRY(gemv_##FN##_m8, F, 8, false)
+// Integer formats: the word path (`path` bit 0; bit 1: one scale per row), R rows per warp, U
+// words per row in flight.
+#define GEMV_WORDS_ENTRY(NAME, F, M, WORD, R, U)                                                  \
+    extern "C" __global__ void __launch_bounds__(128)                                             \
+        NAME(const Job* jobs, int rows, int cols, int row_bytes, int row_scales, u32 gmagic,      \
+             int gshift, int path) {                                                              \
+        const Job job = jobs[blockIdx.y];                                                         \
+        if ((path & 3) == 3)                                                                      \
+            gemv_words<F, M, R, U, WORD, true>(job, rows, cols, row_bytes, row_scales, gmagic,    \
+                                               gshift);                                           \
+        else if (path & 1)                                                                        \
+            gemv_words<F, M, R, U, WORD, false>(job, rows, cols, row_bytes, row_scales, gmagic,   \
+                                                gshift);                                          \
+        else                                                                                      \
+            gemv_scalar<F, M, R>(job, rows, cols, row_bytes, row_scales, gmagic, gshift);         \
+    }
 
-#define GEMV_QUANT(FN, F)                                                                         \
-    GEMV_FLOAT(FN##_exact, F)                                                                     \
-    GEMV_ENTRY(gemv_##FN##_word_m1, F, 1, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m2, F, 2, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m3, F, 3, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m4, F, 4, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m5, F, 5, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m6, F, 6, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m7, F, 7, true)                                                   \
-    GEMV_ENTRY(gemv_##FN##_word_m8, F, 8, true)
+#define GEMV_FLOAT(FN, F)                                                                         \
+    GEMV_ENTRY(gemv_##FN##_m1, F, 1)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m2, F, 2)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m3, F, 3)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m4, F, 4)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m5, F, 5)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m6, F, 6)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m7, F, 7)                                                       \
+    GEMV_ENTRY(gemv_##FN##_m8, F, 8)
+
+// The integer kernels: R = RA rows per warp at M <= 2, RB up to 4, RC beyond; U words per row in
+// flight. `_u4` (U = 4) serves launches of few rows (gemv.rs, `FEW_ROWS`); R and U change which
+// warp and step handle a word, never a row's summation order, so both give identical results.
+#define WQ(FN, F, ORD, WORD, M, SUF, R, U) GEMV_WORDS_ENTRY(gemv_##FN##_##ORD##_m##M##SUF, F, M, WORD, R, U)
+#define GEMV_WORDS_ORDER(FN, F, ORD, WORD, SUF, RA, RB, RC, U)                                     \
+    WQ(FN, F, ORD, WORD, 1, SUF, RA, U) WQ(FN, F, ORD, WORD, 2, SUF, RA, U)                        \
+    WQ(FN, F, ORD, WORD, 3, SUF, RB, U) WQ(FN, F, ORD, WORD, 4, SUF, RB, U)                        \
+    WQ(FN, F, ORD, WORD, 5, SUF, RC, U) WQ(FN, F, ORD, WORD, 6, SUF, RC, U)                        \
+    WQ(FN, F, ORD, WORD, 7, SUF, RC, U) WQ(FN, F, ORD, WORD, 8, SUF, RC, U)
+#define GEMV_WORDS(FN, F, SUF, RA, RB, RC, U)                                                     \
+    GEMV_WORDS_ORDER(FN, F, exact, false, SUF, RA, RB, RC, U)                                     \
+    GEMV_WORDS_ORDER(FN, F, word, true, SUF, RA, RB, RC, U)
 
 GEMV_FLOAT(f32, FMT_F32)
 GEMV_FLOAT(bf16, FMT_BF16)
 GEMV_FLOAT(f16, FMT_F16)
-GEMV_QUANT(i8, FMT_I8)
-GEMV_QUANT(i4, FMT_I4)
+GEMV_WORDS(i8, FMT_I8, , 8, 4, 2, 2)
+GEMV_WORDS(i4, FMT_I4, , 8, 4, 2, 2)
+GEMV_WORDS(i8, FMT_I8, _u4, 8, 4, 2, 4)
+GEMV_WORDS(i4, FMT_I4, _u4, 8, 4, 2, 4)
 
 // Read-bandwidth reference for `nectar bench gpu`: every 16-byte word of p[0..n16) read once
 // (grid-stride, four loads in flight per thread), folded by xor so the loads stay; a block

@@ -40,13 +40,31 @@ impl Order {
     }
 }
 
-/// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`).
+/// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`; the integer
+/// kernels' `GEMV_WORDS` lines use the same).
 fn rows_per_warp(m: usize) -> u32 {
     match m {
         0..=2 => 8,
         3..=4 => 4,
         _ => 2,
     }
+}
+
+/// Launches of fewer weight rows than this (rows × matrices) take the integer kernels with four
+/// words per row in flight (`_u4`) instead of two: they have too few warps to cover the memory
+/// latency otherwise. Measured on the H200 (benchmarks/RESULTS.md): a lone expert gate 2048 ×
+/// 6144 int4-g64 at M = 1 took 16.1 µs with four against 19.5 with two, attention o_proj 6144 ×
+/// 16384 51.5 against 55.4 (int8: 67.9 against 74.1), q_b 16384 × 2048 13.3 against 14.3; from
+/// kv_b's 28,672 rows up (and a token's 16 expert gate/up matrices, 32,768 rows) two were as
+/// fast or faster (int8 expert down 33.3 µs against 41.0).
+const FEW_ROWS: usize = 24_576;
+
+/// Integer formats take the word-path kernels (`gemv.cu`).
+fn is_int(format: WeightFormat) -> bool {
+    matches!(
+        format,
+        WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. }
+    )
 }
 
 /// One matrix of a launch: device addresses of its weights, scales, activations and output.
@@ -93,6 +111,8 @@ impl GpuMat {
 /// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
 pub struct GemvPlan {
     func: CudaFunction,
+    /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
+    func_few: Option<CudaFunction>,
     format: WeightFormat,
     rows: usize,
     cols: usize,
@@ -163,6 +183,9 @@ pub(crate) fn kernel_names() -> Vec<String> {
         for m in 1..=MAX_M {
             for order in [Order::Exact, Order::Word] {
                 v.push(kernel_name(f, m, order));
+                if is_int(f) {
+                    v.push(format!("{}_u4", kernel_name(f, m, order)));
+                }
             }
         }
     }
@@ -212,8 +235,14 @@ impl Gpu {
         if !(1..=MAX_M).contains(&m) {
             return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
         }
+        let name = kernel_name(format, m, order);
         Ok(GemvPlan {
-            func: self.function(&kernel_name(format, m, order))?,
+            func: self.function(&name)?,
+            func_few: if is_int(format) {
+                Some(self.function(&format!("{name}_u4"))?)
+            } else {
+                None
+            },
             format,
             rows,
             cols,
@@ -253,19 +282,17 @@ impl Gpu {
         };
         let rows = plan.rows as i32;
         let cols = plan.cols as i32;
-        // Bit 0: the vector path; bit 1: one scale covers each 16-byte chunk of a row (the
-        // group is a multiple of the chunk's weights: per-row formats, int4 g32/g64/…).
-        let chunk_weights = 16 * 8 / plan.format_bits();
+        // Bit 0: the vector path; bit 1: one scale per row (the integer formats' word path).
         let path = if vector && plan.vector_layout() {
-            1 | if plan.layout.group > 0 && plan.layout.group.is_multiple_of(chunk_weights) {
-                2
-            } else {
-                0
-            }
+            1 | if plan.layout.row_scales == 1 { 2 } else { 0 }
         } else {
             0
         };
-        let mut b = self.stream.launch_builder(&plan.func);
+        let func = match &plan.func_few {
+            Some(f) if plan.rows.saturating_mul(n) < FEW_ROWS => f,
+            _ => &plan.func,
+        };
+        let mut b = self.stream.launch_builder(func);
         b.arg(&jobs)
             .arg(&rows)
             .arg(&cols)
@@ -459,16 +486,6 @@ impl GemvPlan {
     /// activation address is 16-byte aligned.
     pub fn vector_ok(&self, jobs: &[Job]) -> bool {
         self.vector_layout() && jobs.iter().all(|j| j.w % 16 == 0 && j.x % 16 == 0)
-    }
-
-    /// Bits per stored weight.
-    fn format_bits(&self) -> usize {
-        match self.format {
-            WeightFormat::F32 => 32,
-            WeightFormat::Bf16 | WeightFormat::F16 => 16,
-            WeightFormat::Int8Row => 8,
-            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 4,
-        }
     }
 
     /// Weight and scale bytes one job streams.

@@ -40,7 +40,7 @@ pub use device::{Gpu, GpuInfo};
 #[cfg(feature = "cuda")]
 pub use error::{Error, Result};
 #[cfg(feature = "cuda")]
-pub use gemm::{GemmPlan, Precision, GEMM_MIN_M};
+pub use gemm::{use_gemm, GemmPlan, Precision};
 #[cfg(feature = "cuda")]
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 

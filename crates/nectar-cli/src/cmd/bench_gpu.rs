@@ -202,8 +202,17 @@ mod with_cuda {
         }
         if !a.json {
             println!(
-                "{:<12} {:<9} {:>5} {:<6} {:>9} {:>8} {:>12} {:>8} {:>9}",
-                "gemm case", "format", "m", "x", "µs", "TFLOP/s", "GEMV µs", "speedup", "max err"
+                "{:<12} {:<9} {:>5} {:<6} {:>9} {:>8} {:>12} {:>8} {:>5} {:>9}",
+                "gemm case",
+                "format",
+                "m",
+                "x",
+                "µs",
+                "TFLOP/s",
+                "GEMV µs",
+                "speedup",
+                "rule",
+                "max err"
             );
         }
         let mut gemms: Vec<GemmResult> = Vec::new();
@@ -212,7 +221,7 @@ mod with_cuda {
                 .with_context(|| format!("gemm {} {} m={}", c.name, c.format.name(), c.m))?;
             if !a.json {
                 println!(
-                    "{:<12} {:<9} {:>5} {:<6} {:>9.1} {:>8.1} {:>12.1} {:>8.2} {:>9.1e}",
+                    "{:<12} {:<9} {:>5} {:<6} {:>9.1} {:>8.1} {:>12.1} {:>8.2} {:>5} {:>9.1e}",
                     c.name,
                     c.format.name(),
                     c.m,
@@ -221,6 +230,7 @@ mod with_cuda {
                     r.tflops(),
                     r.gemv.median_s * 1e6,
                     r.speedup(),
+                    if r.uses_gemm { "gemm" } else { "gemv" },
                     r.max_rel_err
                 );
             }
@@ -235,7 +245,8 @@ mod with_cuda {
                         "cols": r.case.cols, "m": r.case.m, "precision": r.case.precision.name(),
                         "median_us": r.gemm.median_s * 1e6, "best_us": r.gemm.best_s * 1e6,
                         "tflops": r.tflops(), "gemv_median_us": r.gemv.median_s * 1e6,
-                        "speedup": r.speedup(), "checked": r.checked, "max_rel_err": r.max_rel_err,
+                        "speedup": r.speedup(), "rule": if r.uses_gemm { "gemm" } else { "gemv" },
+                        "checked": r.checked, "max_rel_err": r.max_rel_err,
                     })
                 })
                 .collect();

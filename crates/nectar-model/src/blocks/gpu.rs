@@ -1,6 +1,6 @@
 //! A [`super::Linear`]'s copy in VRAM and the product that uses it (`--features cuda`).
 use crate::error::{Error, Result};
-use nectar_cuda::{Gpu, GpuMat, Order, Precision, GEMM_MIN_M};
+use nectar_cuda::{use_gemm, Gpu, GpuMat, Order, Precision};
 use nectar_kernels::MatRef;
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ impl GpuWeight {
         }
         for (first, g) in groups {
             let (w0, _, m) = items[first];
-            if m >= GEMM_MIN_M {
+            if w0.takes_gemm(m) {
                 // Prompt-sized products: each on the tensor cores, as `matmul` runs them.
                 for i in g {
                     let (w, x, m) = items[i];
@@ -70,11 +70,18 @@ impl GpuWeight {
         Ok(out)
     }
 
-    /// y = W·x: below [`GEMM_MIN_M`] rows (decode, MTP verify) by the GEMV kernels with every
-    /// weight dequantised to the CPU's value (the exact order); from there on (prefill, batched
-    /// verify) on the tensor cores, activations split into three bf16 parts (`gemm.cu`).
+    /// Whether an `m`-row product with this matrix runs on the tensor cores (nectar-cuda's
+    /// per-shape rule, [`use_gemm`]).
+    fn takes_gemm(&self, m: usize) -> bool {
+        use_gemm(self.mat.format, self.mat.rows, self.mat.cols, m)
+    }
+
+    /// y = W·x: by the GEMV kernels with every weight dequantised to the CPU's value (the exact
+    /// order) — always up to 8 rows (decode, MTP verify) — or, where [`use_gemm`] says that is
+    /// faster for this shape (prefill, batched verify), on the tensor cores, activations split
+    /// into three bf16 parts (`gemm.cu`).
     pub(crate) fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
-        if m >= GEMM_MIN_M {
+        if self.takes_gemm(m) {
             self.gpu.gemm(&self.mat, x, m, y, Precision::Split3)
         } else {
             self.gpu.matmul(&self.mat, x, m, y, Order::Exact)
