@@ -52,9 +52,11 @@
 //!   sampled decode (0.62–0.68).
 use foldhash::{HashMap, HashMapExt};
 
+pub mod control;
 mod lookahead;
 mod predict;
 
+pub use control::{ControlStats, Controller};
 pub use lookahead::{LookaheadStats, MIN_CONTEXT};
 
 /// A routed expert: (layer, expert).
