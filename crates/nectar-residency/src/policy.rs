@@ -57,7 +57,7 @@ mod lookahead;
 mod predict;
 
 pub use control::{ControlStats, Controller};
-pub use lookahead::{LookaheadStats, MIN_CONTEXT};
+pub use lookahead::{LookaheadStats, LONGEST_CONTEXT, MIN_CONTEXT};
 
 /// A routed expert: (layer, expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

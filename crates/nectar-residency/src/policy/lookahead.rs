@@ -21,8 +21,12 @@
 //! reads (`benchmarks/RESULTS.md`, "Look-ahead prefetch").
 use super::{Admission, Event, ExpertKey, Policy};
 
-/// Shortest token context whose earlier routes are prefetched.
+/// Shortest token context whose earlier routes are prefetched, where a run starts (the
+/// controller of `control.rs` moves it as decode runs).
 pub const MIN_CONTEXT: usize = 8;
+
+/// The longest token context the predictor matches: a threshold above it reads nothing ahead.
+pub const LONGEST_CONTEXT: usize = super::predict::NGRAMS[0];
 
 /// What look-ahead prefetch did (counted by [`crate::replay::replay_prefetch`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
