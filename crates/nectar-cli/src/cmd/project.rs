@@ -38,10 +38,10 @@ use nectar_model::arch::glm5::{
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
-use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
-use nectar_residency::trace::Trace;
 use nectar_residency::policy::control::{self, Controller, Measurement};
 use nectar_residency::policy::LONGEST_CONTEXT;
+use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
+use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
 use std::path::Path;
@@ -442,12 +442,14 @@ pub fn project(
     // when every window measures this model at its current threshold (φ and w replayed there).
     let mut curves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
     let mut curve = |n: usize| -> (f64, f64) {
-        if n > LONGEST_CONTEXT {
-            return (0.0, 0.0);
-        }
-        *curves
-            .entry(n)
-            .or_insert_with(|| prefetch_curve(trace, &main, c, n))
+        // Above the longest context the predictor matches nothing is read ahead.
+        *curves.entry(n).or_insert_with(|| {
+            if n > LONGEST_CONTEXT {
+                (0.0, 0.0)
+            } else {
+                prefetch_curve(trace, &main, c, n)
+            }
+        })
     };
     let (min_context, spent) = if prefetch {
         Controller::default().settle(CONTROL_WINDOWS, |n| {
