@@ -178,3 +178,80 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def context_match_all(tok, reset, ns=Q.NS, keep=8):
+    """Like research.context_match, but every kept earlier occurrence (the `keep` latest) of the
+    longest matched context: -> list per step of positions p (latest first)."""
+    T = len(tok)
+    out = [[] for _ in range(T)]
+    maps = {n: {} for n in ns}
+    seg0 = 0
+    for t in range(T):
+        if reset[t]:
+            maps = {n: {} for n in ns}
+            seg0 = t
+        q = t - 2
+        if q >= seg0:
+            for n in ns:
+                if q - n + 1 >= seg0:
+                    lst = maps[n].setdefault(tuple(tok[q - n + 1:q + 1]), [])
+                    lst.insert(0, q)
+                    del lst[keep:]
+        for n in reversed(ns):
+            if t - n + 1 < seg0:
+                continue
+            ps = maps[n].get(tuple(tok[t - n + 1:t + 1]))
+            if ps:
+                out[t] = list(ps)
+                break
+    return out
+
+
+def scorer_all(oh, reset, matches, H=32, w_m=1.0, w_x=2.0, gamma=0.8, D=16):
+    """predictive with the match term averaged over every kept occurrence of the context."""
+    g = 0.5 ** (1.0 / H)
+    F = np.zeros(E)
+    N = np.zeros((E, E))
+    n = np.zeros(E)
+    wts = gamma ** np.arange(D)
+
+    def sc(t):
+        if reset[t]:
+            F[:] = 0
+            N[:] = 0
+            n[:] = 0
+        elif t > 0:
+            prev = oh[t - 1]
+            N[prev] += oh[t]
+            n[prev] += 1
+        F[:] = F * g + oh[t]
+        f = F / max(F.sum(), 1e-12) * 8
+        s = f.copy()
+        ps = matches[t]
+        if ps and w_m:
+            acc = np.zeros(E)
+            for p in ps:
+                k = min(D, t - 1 - p)
+                acc += (wts[:k, None] * oh[p + 1:p + 1 + k]).sum(0)
+            s += w_m * acc / len(ps)
+        cur = oh[t]
+        s += w_x * (N[cur].sum(0) + f) / (n[cur].sum() + 1)
+        return s
+    return sc
+
+
+def evaluate_all(kind, keep, caps=Q.CAPS, **kw):
+    ohs, counted, reset, match, part, opt = data(kind)
+    arr, tok, rows, counted, reset = Q.load(kind)
+    matches = context_match_all(tok, reset, keep=keep)
+    tot = {C: np.zeros((2, 2), int) for C in caps}
+    for oh in ohs:
+        for C, hq in simulate(oh, counted, reset, part, caps, scorer_all(oh, reset, matches, **kw)).items():
+            tot[C] += hq
+    out = {}
+    for C in caps:
+        ci = Q.CAPS.index(C)
+        out[C] = [tot[C][p, 0] / tot[C][p, 1] / (opt[ci, p, 0] / opt[ci, p, 1]) for p in (0, 1)]
+        out[C].append(tot[C][1, 0] / tot[C][1, 1])
+    return out
