@@ -81,7 +81,14 @@ struct State {
     /// The decode step being measured for the controller: its start and, once a layer's safe
     /// point has run, the latest one (the step ends at its last safe point, so the time between
     /// turns is never counted).
-    step: Option<(Instant, Snapshot, Option<(Instant, Snapshot)>)>,
+    step: Option<StepClock>,
+}
+
+/// A decode step being measured: its start, and its latest safe point so far.
+#[derive(Debug, Clone, Copy)]
+struct StepClock {
+    start: (Instant, Snapshot),
+    last: Option<(Instant, Snapshot)>,
 }
 
 /// Counters a controller measurement is the difference of.
@@ -393,7 +400,11 @@ impl Residency {
         let mut st = self.lock();
         let now = Instant::now();
         let decode = rows <= MAX_LOOKAHEAD_ROWS;
-        if let Some((t0, a, Some((t1, b)))) = st.step.take() {
+        if let Some(StepClock {
+            start: (t0, a),
+            last: Some((t1, b)),
+        }) = st.step.take()
+        {
             if decode {
                 let m = Measurement {
                     steps: 1,
@@ -409,7 +420,10 @@ impl Residency {
             }
         }
         // A prompt is not a decode step: it is neither measured nor planned.
-        st.step = decode.then(|| (now, st.snapshot(now), None));
+        st.step = decode.then(|| StepClock {
+            start: (now, st.snapshot(now)),
+            last: None,
+        });
         let min_context = st
             .control
             .as_ref()
@@ -547,7 +561,7 @@ impl Residency {
             let now = Instant::now();
             let snap = st.snapshot(now);
             if let Some(step) = st.step.as_mut() {
-                step.2 = Some((now, snap));
+                step.last = Some((now, snap));
             }
         }
         Ok(())
