@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, "/work/shared/traces")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures/traces"))
 import replay as R  # noqa: E402
 
 E = 256

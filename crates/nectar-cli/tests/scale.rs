@@ -58,6 +58,8 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         "0.05",
         "--mtp",
         "off,on",
+        "--prefetch",
+        "lookahead",
         "--json",
     ];
     let run = || {
@@ -88,6 +90,11 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         assert!(x["decode_tok_s"].as_f64().unwrap() > 0.0);
     }
     assert_eq!(runs[0]["decode_tokens"], 24);
+    // The look-ahead controller reports its threshold and the windows it measured (23 decode
+    // steps measured: 2 windows of 8).
+    let c = &runs[0]["lookahead_control"];
+    assert!(c["min_context"].as_u64().is_some(), "{c}");
+    assert_eq!(c["windows"], 2, "{c}");
     assert_eq!(runs[1]["mtp"], "on");
     assert!(runs[1]["drafted"].as_u64().unwrap() > 0);
     // The union growth per verify. route256 routes each token to 8 distinct experts per layer:
@@ -287,6 +294,61 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     assert!(tok(&ahead) > tok(&slow), "{ahead} {slow}");
     assert!(tok(&ahead) <= ahead["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
     assert_eq!(slow["prefetch"]["coverage"], 0.0);
+}
+
+#[test]
+fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
+    // The same controller as the runtime's, on modelled windows: a saturated PCIe4 disk makes
+    // it stricter than the start (8) and that pays; a 400 GB/s unified machine, whose serial
+    // path needs the early reads, does not go stricter. Either way it settles on the fastest
+    // threshold it visited.
+    let project = |budget: &str, disk: &str, mem: &str| {
+        let (ok, out, err) = nectar(&[
+            "fit",
+            "--geometry",
+            "glm52",
+            "--memory-budget",
+            budget,
+            "--project",
+            "--disk-gbps",
+            disk,
+            "--mem-gbps",
+            mem,
+            "--cores",
+            "8",
+            "--kernel-share",
+            "0.6",
+            "--layer-overhead-ms",
+            "1.0",
+            "--gflops",
+            "1000",
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        json(&out)["projection"].clone()
+    };
+    let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
+    let at = |p: &serde_json::Value, n: &str| {
+        p["prefetch"]["per_threshold"][n]["decode_tok_s"]
+            .as_f64()
+            .unwrap()
+    };
+    let small = project("29G", "7", "65");
+    let n = small["prefetch"]["min_context"].as_u64().unwrap();
+    assert!(n > 8, "{small}");
+    assert!(tok(&small) > at(&small, "8"), "{small}");
+    let big = project("122G", "7", "400");
+    assert!(
+        big["prefetch"]["min_context"].as_u64().unwrap() <= 8,
+        "{big}"
+    );
+    for p in [&small, &big] {
+        let visited = p["prefetch"]["per_threshold"].as_object().unwrap();
+        assert!(visited.len() >= 2, "{p}");
+        for v in visited.values() {
+            assert!(v["decode_tok_s"].as_f64().unwrap() <= tok(p) + 1e-12, "{p}");
+        }
+    }
 }
 
 #[test]

@@ -33,13 +33,13 @@
 //!
 //!   ```text
 //!   f(e) = 8 · F(e) / Σ F          F = requests of the layer, halving every `half_life` waves
-//!   m(e) = Σ_{k=1..min(16, t-1-p)} 0.8^(k-1) · [e ∈ routes(p+k, l)]
+//!   m(e) = mean over p of Σ_{k=1..min(16, t-1-p)} 0.8^(k-1) · [e ∈ routes(p+k, l)]
 //!   x(e) = (Σ_{a ∈ routes(t,l)} N(a→e) + f(e)) / (Σ_{a ∈ routes(t,l)} n(a) + 1)
 //!   score = f + match_weight · m + transition_weight · x
 //!   ```
 //!
-//!   `p` is the latest earlier row (at most `t - 2`) whose last n ∈ {32, 16, 8, 4, 2, 1} token
-//!   ids equal those ending at `t` (longest n wins; none: m = 0): what followed that context
+//!   `p` runs over the latest 4 earlier rows (at most `t - 2`) whose last n ∈ {32, 16, 8, 4, 2, 1}
+//!   token ids equal those ending at `t` (longest n with a match wins; none: m = 0): what followed that context
 //!   is the best guess of what follows now, and its recorded routes are a look-ahead of this
 //!   layer's next requests — decoding, greedy above all, repeats itself, and the same context
 //!   routes to the same experts. `N(a→b)` counts rows whose layer-`l` wave requested `a` followed
@@ -52,10 +52,12 @@
 //!   sampled decode (0.62–0.68).
 use foldhash::{HashMap, HashMapExt};
 
+pub mod control;
 mod lookahead;
 mod predict;
 
-pub use lookahead::{LookaheadStats, MIN_CONTEXT};
+pub use control::{ControlStats, Controller};
+pub use lookahead::{LookaheadStats, LONGEST_CONTEXT, MIN_CONTEXT};
 
 /// A routed expert: (layer, expert).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 use crate::io::ExpertIo;
 use crate::jobs::{Job, Jobs};
 use crate::layout::SlotLayout;
-use crate::policy::{Access, Admission, Event, ExpertKey, Policy, Role};
+use crate::policy::control::Measurement;
+use crate::policy::{Access, Admission, Controller, Event, ExpertKey, Policy, Role};
 use crate::slab::Slab;
 use crate::telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Tier};
 use nectar_kernels::MatRef;
@@ -73,6 +74,45 @@ struct State {
     evictions: VecDeque<Eviction>,
     /// Evictions ever (the `seq` of the newest).
     evicted: u64,
+    /// Since when some read has been in flight (`None`: the disk is idle).
+    busy_since: Option<Instant>,
+    /// The look-ahead's threshold controller (with look-ahead prefetch).
+    control: Option<Controller>,
+    /// The decode step being measured for the controller: its start and, once a layer's safe
+    /// point has run, the latest one (the step ends at its last safe point, so the time between
+    /// turns is never counted).
+    step: Option<StepClock>,
+}
+
+/// A decode step being measured: its start, and its latest safe point so far.
+#[derive(Debug, Clone, Copy)]
+struct StepClock {
+    start: (Instant, Snapshot),
+    last: Option<(Instant, Snapshot)>,
+}
+
+/// Counters a controller measurement is the difference of.
+#[derive(Debug, Clone, Copy)]
+struct Snapshot {
+    busy: f64,
+    wait: f64,
+    reads: u64,
+    wasted: u64,
+}
+
+impl State {
+    fn snapshot(&self, now: Instant) -> Snapshot {
+        let busy = self.stats.disk_busy_seconds
+            + self
+                .busy_since
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        Snapshot {
+            busy,
+            wait: self.stats.wait_seconds,
+            reads: self.stats.reads,
+            wasted: self.stats.layers.iter().map(|l| l.prefetch_dropped).sum(),
+        }
+    }
 }
 
 /// Rows of a forward up to which [`Residency::begin_step`] plans (a decode step or a verify).
@@ -178,6 +218,10 @@ impl Residency {
             paths,
             evictions: VecDeque::new(),
             evicted: 0,
+            busy_since: None,
+            control: (cfg.lookahead && matches!(cfg.admission, Admission::Predictive { .. }))
+                .then(Controller::default),
+            step: None,
         };
         let inner = Arc::new(Inner {
             slab,
@@ -242,6 +286,9 @@ impl Residency {
     /// Queues the read of `key` into `slot` (`ahead`: a prefetch, read after every demand read).
     fn submit(&self, st: &mut State, slot: usize, key: ExpertKey, ahead: bool) {
         let gen = self.inner.gens[slot].fetch_add(1, Ordering::AcqRel) + 1;
+        if st.stats.in_flight == 0 {
+            st.busy_since = Some(Instant::now());
+        }
         st.stats.in_flight += 1;
         st.stats.max_in_flight = st.stats.max_in_flight.max(st.stats.in_flight);
         self.jobs.push(Job { slot, gen, key }, ahead);
@@ -344,21 +391,54 @@ impl Residency {
     /// experts the policy predicts for every layer of this step and starts reading those the
     /// free working slots allow beyond `need`; each safe point starts more. A forward of more
     /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway.
-    /// Returns the reads started now.
+    /// The shortest matched context planned is the controller's (`policy/control.rs`), fed
+    /// here with the previous decode step's measurements. Returns the reads started now.
     pub fn begin_step(&self, rows: usize, need: usize) -> usize {
         if !self.lookahead {
             return 0;
         }
         let mut st = self.lock();
+        let now = Instant::now();
+        let decode = rows <= MAX_LOOKAHEAD_ROWS;
+        if let Some(StepClock {
+            start: (t0, a),
+            last: Some((t1, b)),
+        }) = st.step.take()
+        {
+            if decode {
+                let m = Measurement {
+                    steps: 1,
+                    seconds: t1.saturating_duration_since(t0).as_secs_f64(),
+                    busy_seconds: b.busy - a.busy,
+                    wait_seconds: b.wait - a.wait,
+                    reads: b.reads - a.reads,
+                    wasted: b.wasted - a.wasted,
+                };
+                if let Some(c) = st.control.as_mut() {
+                    c.record(m);
+                }
+            }
+        }
+        // A prompt is not a decode step: it is neither measured nor planned.
+        st.step = decode.then(|| StepClock {
+            start: (now, st.snapshot(now)),
+            last: None,
+        });
+        let min_context = st
+            .control
+            .as_ref()
+            .map_or(crate::policy::MIN_CONTEXT, |c| c.min_context());
         let need = need.min(self.working);
-        let (rows, need) = if rows <= MAX_LOOKAHEAD_ROWS {
-            (rows, need)
-        } else {
-            (0, need)
-        };
-        st.policy
-            .plan_prefetch(rows, need, crate::policy::MIN_CONTEXT);
+        let rows = if decode { rows } else { 0 };
+        st.policy.plan_prefetch(rows, need, min_context);
         self.issue_planned(&mut st)
+    }
+
+    /// Feeds the look-ahead controller one measured decode step directly (what
+    /// [`Residency::begin_step`] does from the clock and counters), for replaying recorded or
+    /// modelled measurements. Returns true when the threshold moved.
+    pub fn record_step(&self, m: Measurement) -> bool {
+        self.lock().control.as_mut().is_some_and(|c| c.record(m))
     }
 
     /// Starts the planned prefetches the free working slots allow.
@@ -477,6 +557,13 @@ impl Residency {
             }
         }
         st.events = events;
+        if st.step.is_some() {
+            let now = Instant::now();
+            let snap = st.snapshot(now);
+            if let Some(step) = st.step.as_mut() {
+                step.last = Some((now, snap));
+            }
+        }
         Ok(())
     }
 
@@ -555,6 +642,10 @@ impl Residency {
     pub fn telemetry(&self) -> Telemetry {
         let st = self.lock();
         let mut t = st.stats.clone();
+        if let Some(since) = st.busy_since {
+            t.disk_busy_seconds += since.elapsed().as_secs_f64();
+        }
+        t.lookahead = st.control.as_ref().map(|c| c.stats());
         let (pinned, lru, working, free, disabled) = st.policy.occupancy();
         t.occupancy = Occupancy {
             pinned,
@@ -641,6 +732,11 @@ fn worker(inner: &Inner, jobs: &Jobs) {
         let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
         st.stats.in_flight -= 1;
         st.stats.disk_seconds += dt;
+        if st.stats.in_flight == 0 {
+            if let Some(t) = st.busy_since.take() {
+                st.stats.disk_busy_seconds += t.elapsed().as_secs_f64();
+            }
+        }
         if inner.gens[job.slot].load(Ordering::Acquire) == job.gen {
             match failure {
                 None => {

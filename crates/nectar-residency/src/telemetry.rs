@@ -38,6 +38,11 @@ pub struct Telemetry {
     pub disk_seconds: f64,
     /// Seconds compute waited for misses.
     pub wait_seconds: f64,
+    /// Seconds some read was in flight (the device's busy time; `disk_seconds` sums workers).
+    pub disk_busy_seconds: f64,
+    /// The look-ahead controller's threshold and history (look-ahead prefetch only; see
+    /// `policy/control.rs`).
+    pub lookahead: Option<crate::policy::ControlStats>,
     /// Largest number of loads in flight at once.
     pub max_in_flight: usize,
     /// Loads in flight now.

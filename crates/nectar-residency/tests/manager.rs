@@ -741,3 +741,78 @@ fn lookahead_leaves_a_wave_its_working_slots() {
         }
     }
 }
+
+#[test]
+fn the_lookahead_controller_measures_decode_steps_and_its_threshold_decides_the_reads() {
+    use nectar_residency::policy::control::{Measurement, WINDOW};
+    let (io, layouts) = setup(4, 16);
+    let file = io.files[0].clone();
+    let io = Arc::new(io);
+    let mk = |lookahead: bool| ResidencyConfig {
+        lookahead,
+        admission: nectar_residency::Admission::PREDICTIVE,
+        ..cfg(1, 4)
+    };
+    let routes = |t: u32| -> Vec<Vec<u32>> {
+        (0..4)
+            .map(|l| vec![(t + l) % 16, (t * 3 + l + 1) % 16])
+            .collect()
+    };
+    // Without look-ahead there is no controller.
+    let off = Residency::new(mk(false), layouts.clone(), io.clone()).unwrap();
+    assert!(off.telemetry().lookahead.is_none());
+    // 17 decode steps: each begin_step measures the step before it, 16 steps = 2 windows.
+    let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
+    for t in 0..17 {
+        lookahead_step(&on, t, &routes(t), &layouts, &file);
+    }
+    let c = on
+        .telemetry()
+        .lookahead
+        .expect("a controller with look-ahead");
+    assert_eq!((c.windows, c.last.steps), (2, WINDOW));
+    assert!(c.last.seconds > 0.0 && c.last.reads > 0, "{c:?}");
+    // (What it did with these real, machine-dependent measurements is not asserted.)
+    let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
+    assert_eq!(on.telemetry().lookahead.unwrap().min_context, 8);
+    // A saturated disk whose steps get faster with every stricter threshold: 8 → 64 (no
+    // look-ahead) in three kept trials.
+    let mut secs = 1.0;
+    for _ in 0..6 {
+        on.record_step(Measurement {
+            steps: WINDOW,
+            seconds: secs,
+            busy_seconds: secs,
+            wait_seconds: 0.0,
+            reads: 100,
+            wasted: 10,
+        });
+        secs *= 0.9;
+    }
+    let c = on.telemetry().lookahead.unwrap();
+    assert_eq!(
+        (c.min_context, c.tried_stricter, c.rejected),
+        (64, 3, 0),
+        "{c:?}"
+    );
+    // At 64 tokens nothing is confident enough: a repeated context is no longer read ahead,
+    // where the same residency read it at 8.
+    let before = on
+        .telemetry()
+        .layers
+        .iter()
+        .map(|l| l.prefetched)
+        .sum::<u64>();
+    let tokens: Vec<u32> = (100..112).chain(100..112).collect();
+    let mut started = 0;
+    for &t in &tokens {
+        started += lookahead_step(&on, t, &routes(t), &layouts, &file);
+    }
+    let after = on
+        .telemetry()
+        .layers
+        .iter()
+        .map(|l| l.prefetched)
+        .sum::<u64>();
+    assert_eq!((started, after - before), (0, 0));
+}

@@ -431,6 +431,7 @@ fn run_one(
         "gpu_memory": gpu.0,
         "gpu": model.gpu_placement().map(|p| p.summary.clone()),
         "expert_runs": {"gpu": model.expert_runs().0, "cpu": model.expert_runs().1},
+        "lookahead_control": res.telemetry().lookahead,
         "prefetch_issued": dec_pf.0,
         "prefetch_used": dec_pf.1,
         "prefetch_wasted": dec_pf.2,

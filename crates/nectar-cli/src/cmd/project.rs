@@ -39,6 +39,8 @@ use nectar_model::arch::glm5::{
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
+use nectar_residency::policy::control::{self, Controller, Measurement};
+use nectar_residency::policy::LONGEST_CONTEXT;
 use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
@@ -309,20 +311,24 @@ fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, 
     (rate, requests as f64 / fwd.max(1) as f64)
 }
 
-/// Look-ahead prefetch at `c` slots, one row per forward, from the trace replayed through the
-/// default policy as the residency drives it (`top-k` spare working slots): (φ = misses read
-/// ahead ÷ misses, w = wasted reads ÷ misses).
-fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize) -> (f64, f64) {
+/// Look-ahead prefetch at `c` slots with contexts of at least `min_context` tokens, one row
+/// per forward, from the trace replayed through the default policy as the residency drives it
+/// (`top-k` spare working slots): (φ = misses read ahead ÷ misses, w = wasted reads ÷ misses).
+fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize, min_context: usize) -> (f64, f64) {
     let st = steps(trace, 1);
     let setup = CacheSetup::lru_only(c, Admission::PREDICTIVE);
     let p = PrefetchSetup {
         slack: trace.top_k,
-        min_context: nectar_residency::policy::MIN_CONTEXT,
+        min_context,
     };
     let (_, s) = replay_prefetch(trace, &st, layers, &setup, p);
     let needed = (s.misses + s.used).max(1) as f64;
     (s.coverage(), s.wasted as f64 / needed)
 }
+
+/// Windows the projection runs the look-ahead controller for (it settles within ~10; the
+/// rest show its re-probing, whose backoff caps at 64 windows).
+const CONTROL_WINDOWS: usize = 400;
 
 /// Compute seconds per MoE layer and token beyond streaming the weights: a short greedy decode
 /// of the container in `dir` under `budget` (`tokens` steps after an 8-token prompt; forward
@@ -418,30 +424,19 @@ pub fn project(
         Some(_) => hit_curve(trace, &main, c, n).1 - u_ram,
         None => 0.0,
     };
-    // Four independent replays (deterministic each): run side by side.
-    let ((((h1, u1), (h2, u2)), (hm, _)), (phi, waste)) = rayon::join(
+    // Three independent replays (deterministic each): run side by side.
+    let (((h1, u1), (h2, u2)), (hm, _)) = rayon::join(
         || {
             rayon::join(
-                || {
-                    rayon::join(
-                        || hit_curve(rt, &main, c, 1),
-                        || hit_curve(rt, &main, c_on, 2),
-                    )
-                },
-                || {
-                    if mtp_l.is_empty() || g.mtp_expert == 0.0 {
-                        (0.0, 0.0)
-                    } else {
-                        hit_curve(trace, &mtp_l, c_on, 1)
-                    }
-                },
+                || hit_curve(rt, &main, c, 1),
+                || hit_curve(rt, &main, c_on, 2),
             )
         },
         || {
-            if prefetch {
-                prefetch_curve(rt, &main, c)
-            } else {
+            if mtp_l.is_empty() || g.mtp_expert == 0.0 {
                 (0.0, 0.0)
+            } else {
+                hit_curve(trace, &mtp_l, c_on, 1)
             }
         },
     );
@@ -477,6 +472,61 @@ pub fn project(
         let t = (t_attn + t_moe.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
+    // The look-ahead's threshold: what the runtime controller (policy/control.rs) settles on
+    // when every window measures this model at its current threshold (φ and w replayed there).
+    let mut curves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
+    let mut curve = |n: usize| -> (f64, f64) {
+        // Above the longest context the predictor matches nothing is read ahead.
+        *curves.entry(n).or_insert_with(|| {
+            if n > LONGEST_CONTEXT {
+                (0.0, 0.0)
+            } else {
+                prefetch_curve(rt, &main, c, n)
+            }
+        })
+    };
+    let (min_context, spent) = if prefetch {
+        Controller::default().settle(CONTROL_WINDOWS, |n| {
+            let (phi, w) = curve(n);
+            let (t, ssd, ram) = forward(u1, uv1, h1, phi, w);
+            let n_reads = 1_000_000u64;
+            Measurement {
+                steps: control::WINDOW,
+                seconds: t * control::WINDOW as f64,
+                busy_seconds: (ssd / (m.disk_gbps * 1e9)).min(t) * control::WINDOW as f64,
+                wait_seconds: (t - ram).max(0.0) * control::WINDOW as f64,
+                reads: n_reads,
+                wasted: (n_reads as f64 * w / (1.0 + w)).round() as u64,
+            }
+        })
+    } else {
+        (usize::MAX, Vec::new())
+    };
+    let (phi, waste) = if prefetch {
+        curve(min_context)
+    } else {
+        (0.0, 0.0)
+    };
+    // Decode tok/s averaged over the controller's windows, probes included.
+    let probed = if prefetch {
+        let (n, secs) = spent.iter().fold((0.0, 0.0), |a, &(k, w)| {
+            let (phi, wst) = curve(k);
+            (a.0 + w as f64, a.1 + w as f64 * forward(u1, uv1, h1, phi, wst).0)
+        });
+        n / secs
+    } else {
+        f64::NAN
+    };
+    let per_threshold: serde_json::Map<String, serde_json::Value> = curves
+        .iter()
+        .map(|(&n, &(phi, w))| {
+            (
+                n.to_string(),
+                json!({"coverage": phi, "wasted_per_miss": w,
+                       "decode_tok_s": 1.0 / forward(u1, uv1, h1, phi, w).0}),
+            )
+        })
+        .collect();
     let (t1, ssd1, ram1) = forward(u1, uv1, h1, phi, waste);
     // A verify of two rows fills the working bank: no spare slots, no look-ahead.
     let (t2, ssd2, _) = forward(u2, uv2, h2, 0.0, 0.0);
@@ -510,7 +560,11 @@ pub fn project(
         "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
         "ram_wall_tok_s": 1.0 / ram1,
-        "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste},
+        "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste,
+                     "min_context": prefetch.then_some(min_context),
+                     "controller_windows": spent.iter().map(|&(n, w)| json!({"min_context": n, "windows": w})).collect::<Vec<_>>(),
+                     "decode_tok_s_with_probes": prefetch.then_some(probed),
+                     "per_threshold": per_threshold},
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),

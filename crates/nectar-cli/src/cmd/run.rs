@@ -318,6 +318,9 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
         "read_errors": t.read_errors,
         "disk_seconds": t.disk_seconds,
         "wait_seconds": t.wait_seconds,
+        "disk_busy_seconds": t.disk_busy_seconds,
+        // The look-ahead controller's threshold and history (policy/control.rs).
+        "lookahead": t.lookahead,
         "occupancy": t.occupancy,
         "rss_shrinks": t.rss_shrinks,
         "rss_regrows": t.rss_regrows,

@@ -16,13 +16,19 @@
 //! (never evicting anything), a requested one is an ordinary miss of its wave (admitted or
 //! bypassed by the same rule as without prefetch, so the cache's contents do not change), and
 //! an unrequested one is dropped at its layer's safe point — a wrong prediction costs a read
-//! and a slot for a few layers. Only matches of at least [`MIN_CONTEXT`] tokens are used:
-//! replayed on route256, shorter contexts predict too few of their experts to pay for the
-//! reads (`benchmarks/RESULTS.md`, "Look-ahead prefetch").
+//! and a slot for a few layers. Only matches of at least `min_context` tokens are used: shorter
+//! contexts predict fewer of their experts (`benchmarks/RESULTS.md`, "Look-ahead prefetch"), and
+//! whether a wasted read costs more than an early read saves depends on the machine, so the
+//! residency's controller (`control.rs`) moves `min_context` as decode runs, from
+//! [`MIN_CONTEXT`].
 use super::{Admission, Event, ExpertKey, Policy};
 
-/// Shortest token context whose earlier routes are prefetched.
+/// Shortest token context whose earlier routes are prefetched, where a run starts (the
+/// controller of `control.rs` moves it as decode runs).
 pub const MIN_CONTEXT: usize = 8;
+
+/// The longest token context the predictor matches: a threshold above it reads nothing ahead.
+pub const LONGEST_CONTEXT: usize = super::predict::NGRAMS[0];
 
 /// What look-ahead prefetch did (counted by [`crate::replay::replay_prefetch`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

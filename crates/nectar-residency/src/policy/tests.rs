@@ -38,20 +38,29 @@ impl Reference {
         }
     }
 
-    fn matched(&self) -> Option<usize> {
-        let t = self.tokens.len().checked_sub(1)?;
+    /// The latest (up to `OCCURRENCES`) rows p <= t-2 ending the same n tokens as the current
+    /// row t, for the longest n that has one; latest first.
+    fn matched(&self) -> Vec<usize> {
+        let Some(t) = self.tokens.len().checked_sub(1) else {
+            return vec![];
+        };
+        let Some(last) = t.checked_sub(2) else {
+            return vec![];
+        };
         for n in predict::NGRAMS {
             if n > t + 1 {
                 continue;
             }
-            // latest p <= t-2 with the same n tokens ending at p
-            for p in (0..=t.checked_sub(2)?).rev() {
-                if p + 1 >= n && (0..n).all(|i| self.tokens[p - i] == self.tokens[t - i]) {
-                    return Some(p);
-                }
+            let ps: Vec<usize> = (0..=last)
+                .rev()
+                .filter(|&p| p + 1 >= n && (0..n).all(|i| self.tokens[p - i] == self.tokens[t - i]))
+                .take(predict::OCCURRENCES)
+                .collect();
+            if !ps.is_empty() {
+                return ps;
             }
         }
-        None
+        vec![]
     }
 
     /// One wave of `layer` requesting `req`; returns the hits.
@@ -84,7 +93,7 @@ impl Reference {
             }
             v
         };
-        let p = self.matched();
+        let ps = self.matched();
         let t = self.tokens.len().wrapping_sub(1);
         let mut cands: Vec<(u32, bool, u64, f64)> = Vec::new();
         for &e in &self.cache[layer] {
@@ -102,8 +111,9 @@ impl Reference {
             } else {
                 0.0
             };
+            // The mean over the matched occurrences of their discounted continuations.
             let mut m = 0.0;
-            if let Some(p) = p {
+            for &p in &ps {
                 let mut g = 1.0;
                 for r in p + 1..=(t - 1).min(p + predict::HORIZON as usize) {
                     if self.routes[r][layer].contains(&e) {
@@ -111,6 +121,9 @@ impl Reference {
                     }
                     g *= predict::GAMMA;
                 }
+            }
+            if !ps.is_empty() {
+                m /= ps.len() as f64;
             }
             let (mut num, mut den) = (0u64, 0u64);
             // N(a→e), n(a) over consecutive waves of this layer, summed over a in req.
