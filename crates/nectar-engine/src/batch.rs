@@ -393,17 +393,7 @@ impl Batch {
                 reason: "must be at least 1".into(),
             });
         }
-        // A seeded sampled request must give the same text each time it is sent, and
-        // rejection sampling draws differently at each γ: `auto`'s choices depend on what the
-        // batch measured before, so such a row decodes without drafts (`on` keeps its fixed γ).
-        let p = state.sampler().params();
-        let seeded = p.seed.is_some() && !p.is_greedy();
-        let plain = seeded && opts.speculation.is_some_and(|s| s.auto);
-        let (speculation, drafter) = match plain {
-            true => (None, None),
-            false => (opts.speculation, opts.drafter),
-        };
-        let spec = match (speculation, drafter) {
+        let spec = match (opts.speculation, opts.drafter) {
             (None, None) => None,
             (None, Some(_)) => {
                 return Err(Error::InvalidParam {
