@@ -388,6 +388,42 @@ fn auto_turns_drafting_off_in_a_shared_step_when_the_union_costs_more_than_it_sa
 }
 
 #[test]
+fn steps_where_a_request_joins_follow_the_decode_steps_choice() {
+    // Drafts never pay (every forward row costs the same). Rows join one by one, and each
+    // finished row is replaced at once, as a busy server's are: the steps where a row joins
+    // also run its prompt and are never recorded, so they must take the choice the decode
+    // steps made, not the γ in force when their shape was first seen (3, at the start).
+    let b = demo();
+    let ps = prompts();
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 4,
+        ..BatchOptions::default()
+    });
+    batch.cost_steps_with(Box::new(|r| 1e-3 * r.tokens as f64));
+    let mut next_id = 0u64;
+    let mut admit = |batch: &mut Batch, tokens| {
+        admit_auto(batch, next_id, &ps[next_id as usize % 3], tokens);
+        next_id += 1;
+    };
+    let (mut late_joins, mut late_join_drafts) = (0, 0);
+    for step in 0..400 {
+        if step < 4 {
+            admit(&mut batch, 60 + 17 * step);
+        }
+        let report = batch.step(&b.model, None).unwrap();
+        for _ in report.rows.iter().filter(|r| r.summary.is_some()) {
+            admit(&mut batch, 60);
+        }
+        if step > 150 && report.prefill_rows > 0 && report.spec_rows > 0 {
+            late_joins += 1;
+            late_join_drafts += report.gamma_sum;
+        }
+    }
+    assert!(late_joins >= 4, "{late_joins}");
+    assert_eq!(late_join_drafts, 0, "over {late_joins} joining steps");
+}
+
+#[test]
 fn the_union_of_a_verification_step_counts_the_drafts_apart() {
     let b = demo();
     let ps = prompts();

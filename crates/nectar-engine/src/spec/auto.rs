@@ -30,8 +30,8 @@
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
 //! costs changed). Acceptance counts decay by half per decision, so the choice
-//! follows the text as it changes. A shape seen for the first time starts from the choice of
-//! the nearest shape already measured.
+//! follows the text as it changes. A shape that has not decided yet follows the choice of
+//! the nearest shape that has.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -221,10 +221,33 @@ impl AutoGamma {
         }
     }
 
-    /// γ for the next step of `shape`.
+    /// γ for the next step of `shape`. A shape that has not decided yet follows the nearest
+    /// shape that has, step by step: a shape whose steps are rarely or never recorded (they
+    /// also ran prefill work) would otherwise keep the choice in force when its arm was created
+    /// — in a fresh server, `max` — for the server's life.
     pub fn next(&mut self, shape: Shape) -> usize {
         let max = self.max;
+        if self.arms.get(&shape).is_none_or(|a| a.windows == 0) {
+            if let Some(g) = self.nearest(shape, |a| a.windows > 0) {
+                self.arm(shape).current = g;
+            }
+        }
         self.arm(shape).next(max)
+    }
+
+    /// The choice of the shape nearest `shape` (fewest rows apart, then fewest `auto` rows
+    /// apart) among the other arms `keep` selects.
+    fn nearest(&self, shape: Shape, keep: impl Fn(&Arm) -> bool) -> Option<usize> {
+        self.arms
+            .iter()
+            .filter(|(s, a)| **s != shape && keep(a))
+            .min_by_key(|(s, _)| {
+                (
+                    s.rows.abs_diff(shape.rows),
+                    s.auto_rows.abs_diff(shape.auto_rows),
+                )
+            })
+            .map(|(_, a)| a.current)
     }
 
     /// The depth chosen for steps of `shape` (`None`: never seen).
@@ -252,16 +275,7 @@ impl AutoGamma {
     /// The shape's arm; a new one starts from the nearest shape's choice.
     fn arm(&mut self, shape: Shape) -> &mut Arm {
         if !self.arms.contains_key(&shape) {
-            let start = self
-                .arms
-                .iter()
-                .min_by_key(|(s, _)| {
-                    (
-                        s.rows.abs_diff(shape.rows),
-                        s.auto_rows.abs_diff(shape.auto_rows),
-                    )
-                })
-                .map_or(self.max, |(_, a)| a.current);
+            let start = self.nearest(shape, |_| true).unwrap_or(self.max);
             self.arms.insert(shape, Arm::new(self.max, start));
         }
         self.arms.get_mut(&shape).expect("inserted above")
@@ -456,6 +470,31 @@ mod tests {
             absorb_secs: 0.0,
         });
         g
+    }
+
+    #[test]
+    fn a_shape_never_recorded_follows_the_nearest_decided_shape() {
+        let mut a = AutoGamma::new(3);
+        // Steps of (4, 3) are never recorded (in a batch: they also ran prefill work); its
+        // arm is created now, before anything decided.
+        let joining = Shape {
+            rows: 4,
+            auto_rows: 3,
+        };
+        assert_eq!(a.next(joining), 3);
+        // Four rows decoding: every draft is rejected and each verified row costs a full
+        // step, so (4, 4) decides γ = 0.
+        let full = Shape {
+            rows: 4,
+            auto_rows: 4,
+        };
+        let cost = |_: Shape, g: usize| 1e-3 * (1 + g) as f64;
+        for _ in 0..FIRST_WINDOW + WINDOW {
+            step(&mut a, full, &mut |_| 0, &cost);
+        }
+        assert_eq!(a.current(full), Some(0));
+        assert_eq!(a.next(joining), 0, "stuck at the γ of its creation");
+        assert_eq!(a.current(joining), Some(0));
     }
 
     /// The γ of each of the first `n` steps of a row alone.
