@@ -56,7 +56,7 @@ fn drafts_from_another_distribution_give_the_target() {
     let chi = chi_square(&counts, &p);
     assert!(chi < CHI2_4_999, "chi-square {chi:.2}: {counts:?}");
     // The test has power: the raw drafts (always accepting) fail it.
-    let mut s = Sampler::new(params(1.0, 0), 5).unwrap();
+    let s = Sampler::new(params(1.0, 0), 5).unwrap();
     let mut raw = [0usize; 5];
     for i in 0..TRIALS {
         raw[s.draw(&q, i) as usize] += 1;
