@@ -447,7 +447,7 @@ impl AutoGamma {
 fn median(x: &mut [f64]) -> f64 {
     x.sort_unstable_by(f64::total_cmp);
     let n = x.len();
-    if n % 2 == 1 {
+    if !n.is_multiple_of(2) {
         x[n / 2]
     } else {
         (x[n / 2 - 1] + x[n / 2]) / 2.0
@@ -528,7 +528,7 @@ mod tests {
         let n = std::cell::Cell::new(0usize);
         let cost = |_: Shape, g: usize| {
             n.set(n.get() + 1);
-            let slow = if n.get() % 5 == 0 { 10.0 } else { 1.0 };
+            let slow = if n.get().is_multiple_of(5) { 10.0 } else { 1.0 };
             1e-3 * slow * (1.0 + 0.9 * g as f64)
         };
         let mut x = 7u64;
