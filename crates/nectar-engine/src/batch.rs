@@ -393,17 +393,7 @@ impl Batch {
                 reason: "must be at least 1".into(),
             });
         }
-        // A seeded sampled request must give the same text each time it is sent, and
-        // rejection sampling draws differently at each γ: `auto`'s choices depend on what the
-        // batch measured before, so such a row decodes without drafts (`on` keeps its fixed γ).
-        let p = state.sampler().params();
-        let seeded = p.seed.is_some() && !p.is_greedy();
-        let plain = seeded && opts.speculation.is_some_and(|s| s.auto);
-        let (speculation, drafter) = match plain {
-            true => (None, None),
-            false => (opts.speculation, opts.drafter),
-        };
-        let spec = match (speculation, drafter) {
+        let spec = match (opts.speculation, opts.drafter) {
             (None, None) => None,
             (None, Some(_)) => {
                 return Err(Error::InvalidParam {
@@ -606,8 +596,15 @@ impl Batch {
                 && !row.state.generated().is_empty()
                 && !forced_ids.contains(&row.id)
         };
+        // Rows inside a prompt (or a forced run) advance it layer-major, outside the main
+        // forward: the step's decode cost is that of the rows in the forward. Counting them
+        // made every step where a request joined a shape of its own that is never recorded
+        // (the step ran prefill work), so it kept the γ in force when it was first seen.
+        let prefilling = |row: &Row| {
+            row.fed_in_input > 0 || row.state.pending_input().is_some_and(|p| p.len() > 1)
+        };
         let shape = Shape {
-            rows: self.rows.len(),
+            rows: self.rows.iter().filter(|r| !prefilling(r)).count(),
             auto_rows: self
                 .rows
                 .iter()

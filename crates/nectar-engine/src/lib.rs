@@ -70,9 +70,10 @@ pub use session::{
     ModelIdentity, Reuse, Session, SessionError, SessionFormat,
 };
 pub use spec::{
-    lookup, verify_draft, AutoDecision, AutoGamma, Drafter, MtpDrafter, PromptLookup, Proposals,
-    RowRound, Shape, SpecStats, Speculation, Speculator, StepSample, StepUnion, UnionCounts,
-    UnionMeter, UnionStats, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS, MAX_DRAFT,
+    lookup, verify_coupled, verify_draft, AutoDecision, AutoGamma, Drafter, MtpDrafter,
+    PromptLookup, Proposals, RowRound, Shape, SpecStats, Speculation, Speculator, StepSample,
+    StepUnion, UnionCounts, UnionMeter, UnionStats, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS,
+    MAX_DRAFT,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::grammar::GrammarMatcher;
 use crate::request::{FinishReason, Request, StopCause};
 use crate::sampler::{Distribution, Logprobs, Sampler, TokenHistory};
-use crate::spec::{verify_draft, Verdict};
+use crate::spec::{verify_coupled, verify_draft, Verdict};
 use crate::stop::StopMatcher;
 use crate::stream_decoder::StreamDecoder;
 use crate::tokenizer::Tokenizer;
@@ -272,8 +272,11 @@ impl RequestState {
     /// from at that position (same processing, the history up to it, the
     /// grammar's mask in the state it has there: it advances over each
     /// accepted draft, never over a rejected one), and
-    /// each draft is checked by standard rejection sampling
-    /// ([`crate::verify_draft`]; greedy: exact match with the argmax). The
+    /// each draft is checked by coupling with the target's own position-keyed
+    /// draw for a seeded sampled request ([`crate::verify_coupled`], so its
+    /// output is plain decoding's token for token), by standard rejection
+    /// sampling otherwise ([`crate::verify_draft`]; greedy: exact match with
+    /// the argmax). The
     /// accepted drafts, then the correction (first rejection) or the bonus
     /// token (all accepted), go through the same stop, text and `max_tokens`
     /// checks as [`Self::on_logits`], so a stop inside the accepted run ends
@@ -313,15 +316,18 @@ impl RequestState {
             let (processed, p) = self
                 .sampler
                 .distribution(row, &self.history, mask.as_deref())?;
-            let (token, last) = match drafts.get(j) {
-                Some(&d) => match verify_draft(&mut self.sampler, &p, q[j].as_ref(), d) {
-                    Verdict::Accepted => {
-                        out.accepted += 1;
-                        (d, false)
-                    }
-                    Verdict::Rejected(t) => (t, true),
-                },
-                None => (self.sampler.draw(&p), true),
+            let position = self.history.generated().len();
+            let verdict = drafts.get(j).map(|&d| match self.sampler.coupled() {
+                true => verify_coupled(&self.sampler, &p, position, d),
+                false => verify_draft(&mut self.sampler, &p, q[j].as_ref(), d),
+            });
+            let (token, last) = match verdict {
+                Some(Verdict::Accepted) => {
+                    out.accepted += 1;
+                    (drafts[j], false)
+                }
+                Some(Verdict::Rejected(t)) => (t, true),
+                None => (self.sampler.draw(&p, position), true),
             };
             let logprobs = self.sampler.logprobs_of(&processed, token);
             self.fed = self.history.tokens().len();

@@ -1,7 +1,7 @@
 //! Speculation inside the batch: rows with their own provider and depth (MTP, prompt lookup,
 //! none, `auto`) verified in the same forward as the other rows' decode tokens and prompt
-//! chunks give every row the tokens it gets alone without speculation (greedy), and a seeded
-//! sampled row the tokens it gets speculating alone.
+//! chunks give every row the tokens it gets alone without speculation (greedy, and seeded
+//! sampled rows whatever their speculation).
 
 use nectar_engine::{
     generate, generate_speculative, Batch, BatchOptions, GrammarSpec, Request, RequestState,
@@ -175,38 +175,100 @@ fn seeded_sampled_rows_in_a_batch_match_speculating_alone() {
     assert_eq!(run_batch(&rows).0, got);
 }
 
-#[test]
-fn a_seeded_sampled_auto_row_decodes_without_drafts_so_its_seed_replays() {
-    // `auto`'s γ depends on what the batch measured before, and rejection sampling draws
-    // differently at each γ: a seeded sampled row under `auto` decodes plainly, so the same
-    // request gives the same text whatever ran before it (`on` keeps its fixed γ).
-    let ps = prompts();
-    let b = demo();
-    let r = Request {
+fn seeded(p: &[u32], seed: u64) -> Request {
+    Request {
         params: SamplingParams {
             temperature: 0.8,
             top_p: 0.95,
-            seed: Some(11),
+            repetition_penalty: 1.1,
+            seed: Some(seed),
+            logprobs: Some(2),
             ..SamplingParams::default()
         },
-        ..Request::new(ps[1].clone(), 32)
+        ..Request::new(p.to_vec(), 40)
+    }
+}
+
+#[test]
+fn a_seeded_sampled_request_gives_plain_decodings_tokens_whatever_the_speculation() {
+    // The choice at each output position is keyed by (seed, position) and a draft is accepted
+    // exactly when it is that choice: no draft depth, provider, `auto` history or neighbour
+    // changes the text (rejection sampling drew differently at each γ).
+    let ps = prompts();
+    let lookup = |auto| Speculation {
+        speculator: Speculator::PromptLookup {
+            ngram: 1,
+            max_draft: 3,
+        },
+        auto,
     };
-    let (got, t) = run_batch(&[(r.clone(), Some(mtp(3, true)), 0)]);
-    assert_eq!(t.drafted, 0, "{t:?}");
-    let plain = generate_speculative(
-        &b.model,
-        b.tokenizer.as_ref(),
-        &b.stop_ids,
-        &r,
+    let r = seeded(&ps[1], 11);
+    let want = alone(&r);
+    let other = seeded(&ps[2], 5);
+    let other_want = alone(&other);
+    let unseeded = Request {
+        params: SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        },
+        ..Request::new(ps[0].clone(), 40)
+    };
+    let (mut drafted, mut accepted) = (0, 0);
+    for spec in [
         None,
-        |_| Ok(true),
-    )
-    .unwrap();
-    assert_eq!(got[0], plain.tokens);
-    // A greedy `auto` row beside it still drafts.
-    let greedy = Request::new(ps[3].clone(), 32);
-    let (_, t) = run_batch(&[(greedy, Some(mtp(3, true)), 0)]);
-    assert!(t.drafted > 0, "{t:?}");
+        Some(mtp(1, false)),
+        Some(mtp(2, false)),
+        Some(mtp(3, false)),
+        Some(mtp(3, true)),
+        Some(lookup(false)),
+        Some(lookup(true)),
+    ] {
+        let (got, t) = run_batch(&[(r.clone(), spec, 0)]);
+        assert_eq!(got[0], want, "{spec:?}, alone");
+        (drafted, accepted) = (drafted + t.drafted, accepted + t.accepted);
+        // Beside a greedy speculating row, an unseeded sampled one and another seeded `auto`
+        // row that joins while it decodes.
+        let rows = vec![
+            (Request::new(ps[3].clone(), 48), Some(mtp(3, false)), 0),
+            (r.clone(), spec, 1),
+            (unseeded.clone(), Some(mtp(2, false)), 0),
+            (other.clone(), Some(mtp(3, true)), 4),
+        ];
+        let (got, t) = run_batch(&rows);
+        assert_eq!(got[1], want, "{spec:?}, batched");
+        assert_eq!(got[3], other_want, "{spec:?}, batched");
+        assert!(t.verify_together > 0, "{t:?}");
+    }
+    // The seeded rows really speculate (no stop-gap turns their drafts off), and the coupled
+    // MTP drafts are accepted often.
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "{accepted} of {drafted}"
+    );
+}
+
+#[test]
+fn a_seeded_sampled_grammar_row_gives_plain_decodings_tokens_speculating() {
+    let ps = prompts();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"word": {"type": "string", "maxLength": 12},
+                       "count": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["word", "count"],
+        "additionalProperties": false
+    });
+    let r = Request {
+        grammar: Some(GrammarSpec::JsonSchema(schema)),
+        ..seeded(&ps[0], 3)
+    };
+    let want = alone(&r);
+    for spec in [mtp(1, false), mtp(3, false), mtp(3, true)] {
+        let rows = vec![
+            (r.clone(), Some(spec), 0),
+            (Request::new(ps[3].clone(), 40), Some(mtp(2, false)), 0),
+        ];
+        assert_eq!(run_batch(&rows).0[0], want, "{spec:?}");
+    }
 }
 
 /// Admits an `auto` MTP row (γ ≤ 3) that generates `max_tokens` (no stop tokens).
@@ -323,6 +385,42 @@ fn auto_turns_drafting_off_in_a_shared_step_when_the_union_costs_more_than_it_sa
     let on = d.iter().rposition(|d| d.rows == 4 && d.gamma > 0);
     assert!(matches!((off, on), (Some(a), Some(b)) if a < b), "{d:?}");
     assert!(summaries.iter().all(|s| s.spec.accepted > 0));
+}
+
+#[test]
+fn steps_where_a_request_joins_follow_the_decode_steps_choice() {
+    // Drafts never pay (every forward row costs the same). Rows join one by one, and each
+    // finished row is replaced at once, as a busy server's are: the steps where a row joins
+    // also run its prompt and are never recorded, so they must take the choice the decode
+    // steps made, not the γ in force when their shape was first seen (3, at the start).
+    let b = demo();
+    let ps = prompts();
+    let mut batch = Batch::new(BatchOptions {
+        max_rows: 4,
+        ..BatchOptions::default()
+    });
+    batch.cost_steps_with(Box::new(|r| 1e-3 * r.tokens as f64));
+    let mut next_id = 0u64;
+    let mut admit = |batch: &mut Batch, tokens| {
+        admit_auto(batch, next_id, &ps[next_id as usize % 3], tokens);
+        next_id += 1;
+    };
+    let (mut late_joins, mut late_join_drafts) = (0, 0);
+    for step in 0..400 {
+        if step < 4 {
+            admit(&mut batch, 60 + 17 * step);
+        }
+        let report = batch.step(&b.model, None).unwrap();
+        for _ in report.rows.iter().filter(|r| r.summary.is_some()) {
+            admit(&mut batch, 60);
+        }
+        if step > 150 && report.prefill_rows > 0 && report.spec_rows > 0 {
+            late_joins += 1;
+            late_join_drafts += report.gamma_sum;
+        }
+    }
+    assert!(late_joins >= 4, "{late_joins}");
+    assert_eq!(late_join_drafts, 0, "over {late_joins} joining steps");
 }
 
 #[test]

@@ -23,8 +23,9 @@ fn histogram(p: &Distribution, q: Option<&Distribution>, fixed: u32) -> ([usize;
     let mut s = Sampler::new(params(1.0, 0), 5).unwrap();
     let mut counts = [0usize; 5];
     let mut accepted = 0;
-    for _ in 0..TRIALS {
-        let d = q.map_or(fixed, |q| s.draw(q));
+    for i in 0..TRIALS {
+        // Each trial its own output position: independent draws from q.
+        let d = q.map_or(fixed, |q| s.draw(q, i));
         let t = match verify_draft(&mut s, p, q, d) {
             Verdict::Accepted => {
                 accepted += 1;
@@ -55,10 +56,10 @@ fn drafts_from_another_distribution_give_the_target() {
     let chi = chi_square(&counts, &p);
     assert!(chi < CHI2_4_999, "chi-square {chi:.2}: {counts:?}");
     // The test has power: the raw drafts (always accepting) fail it.
-    let mut s = Sampler::new(params(1.0, 0), 5).unwrap();
+    let s = Sampler::new(params(1.0, 0), 5).unwrap();
     let mut raw = [0usize; 5];
-    for _ in 0..TRIALS {
-        raw[s.draw(&q) as usize] += 1;
+    for i in 0..TRIALS {
+        raw[s.draw(&q, i) as usize] += 1;
     }
     assert!(chi_square(&raw, &p) > 100.0 * CHI2_4_999);
     // The acceptance rate is Σ min(p, q).

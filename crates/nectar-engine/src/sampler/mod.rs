@@ -9,22 +9,26 @@
 //! 4. **temperature** — `0` means greedy: the argmax, lowest id on ties;
 //! 5. **top-k → top-p → min-p** truncation, each over the survivors of the
 //!    one before;
-//! 6. **draw** one token by inverse CDF with the request's RNG.
+//! 6. **draw** one token with noise keyed by the request's seed and the token's output
+//!    position (`noise.rs`: the Gumbel-max trick, exact for the distribution of step 5).
 //!
 //! Steps 1–3 are [`process_logits`], 4–5 [`distribution`]; both are pure
 //! functions so a speculative verifier can recompute the target distribution
 //! of any position. Logprobs (see [`Logprobs`]) come from the log-softmax
 //! after step 4 and before step 5.
 //!
-//! Reproducibility: each request owns a ChaCha12 RNG keyed by its seed (the
-//! seed's 8 little-endian bytes, zero-padded to the 32-byte key). ChaCha's
-//! keystream is fixed by its specification, and a sampled step consumes
-//! exactly one 64-bit word (greedy steps consume none), so a seed replays
-//! the same tokens for the same logits on any machine.
+//! Reproducibility: the token at output position `t` (tokens generated before it, forced
+//! ones included) depends only on the distribution at `t`, the seed and `t` — not on how
+//! many draws came before — so a seed replays the same tokens for the same logits on any
+//! machine, and speculative decoding, which draws in a different order at each draft depth,
+//! gives a seeded request exactly the text plain decoding gives (see [`Sampler::coupled`]).
+//! Speculative rejection sampling of unseeded requests draws its acceptance uniforms from
+//! the request's ChaCha12 stream (keyed by the seed's 8 little-endian bytes, zero-padded).
 
 mod distribution;
 mod history;
 mod logprobs;
+mod noise;
 mod params;
 mod process;
 
@@ -105,6 +109,17 @@ impl Sampler {
         (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// Whether speculative verification of this request is *coupled*: a draft at position
+    /// `t` is accepted exactly when the target's own keyed draw at `t` equals it, and
+    /// otherwise that draw replaces it — so the output is plain decoding's for any draft
+    /// depth, provider or batch. True for a sampled request that gave a seed (its text must
+    /// replay); an unseeded one verifies by rejection sampling ([`crate::verify_draft`]),
+    /// which accepts more MTP drafts (`benchmarks/RESULTS.md`, "Seeded speculative
+    /// sampling"). Greedy requests need neither (exact match with the argmax).
+    pub fn coupled(&self) -> bool {
+        self.params.seed.is_some() && !self.params.is_greedy()
+    }
+
     /// Steps 1–5 for one row: the processed logits and the distribution.
     pub fn distribution(
         &self,
@@ -134,20 +149,20 @@ impl Sampler {
         allowed: Option<&[bool]>,
     ) -> Result<Sampled> {
         let (processed, dist) = self.distribution(logits, history, allowed)?;
-        let token = self.draw(&dist);
+        let token = self.draw(&dist, history.generated().len());
         let logprobs = self.logprobs_of(&processed, token);
         Ok(Sampled { token, logprobs })
     }
 
-    /// Step 6 alone: one token from `dist` by inverse CDF. Greedy requests
-    /// take the point mass without drawing (they consume no randomness); a
-    /// sampled draw consumes exactly one word of the request's stream.
-    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+    /// Step 6 alone: the token at output `position` (tokens generated before it) from
+    /// `dist`, with the noise of that position (`noise.rs`). Greedy requests take the point
+    /// mass. Consumes nothing from the request's stream: drawing the same position twice
+    /// gives the same token.
+    pub fn draw(&self, dist: &Distribution, position: usize) -> u32 {
         if self.params.is_greedy() {
             dist.sample_at(0.0)
         } else {
-            let u = self.next_uniform();
-            dist.sample_at(u)
+            noise::PositionNoise::new(self.seed, position).choose(dist)
         }
     }
 
@@ -171,9 +186,13 @@ mod tests {
             ..SamplingParams::default()
         };
         let mut s = Sampler::new(p, 4).unwrap();
-        let h = TokenHistory::new(&[]);
+        let mut h = TokenHistory::new(&[]);
         (0..n)
-            .map(|_| s.sample(&[0.0, 0.1, 0.2, 0.3], &h, None).unwrap().token)
+            .map(|_| {
+                let t = s.sample(&[0.0, 0.1, 0.2, 0.3], &h, None).unwrap().token;
+                h.push(t);
+                t
+            })
             .collect()
     }
 

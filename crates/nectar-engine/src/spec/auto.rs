@@ -29,9 +29,10 @@
 //! holds they back off to every 2nd, then every 4th window; a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
-//! costs changed). Acceptance counts decay by half per decision, so the choice
-//! follows the text as it changes. A shape seen for the first time starts from the choice of
-//! the nearest shape already measured.
+//! costs changed); a window counts by its median step (descheduled steps only look slower).
+//! Acceptance counts decay by half per decision down to [`MIN_EVIDENCE`] drafts per depth, so
+//! the choice follows the text as it changes without resting on a few probes' luck. A shape that has not decided yet follows the choice of
+//! the nearest shape that has.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -48,6 +49,10 @@ const EMA: f64 = 0.3;
 const REGIME: f64 = 2.0;
 /// Per-decision decay of the acceptance counts.
 const DECAY: f64 = 0.5;
+/// Drafts at a depth that its acceptance keeps through decay: while drafting is off only
+/// probes measure it (a few drafts per window), and halving per decision left an estimate of
+/// one or two drafts, whose luck flipped the choice to drafting for a whole window.
+const MIN_EVIDENCE: f64 = 32.0;
 /// Decisions kept in the log (older ones drop off; a server runs for ever).
 const LOG: usize = 256;
 
@@ -135,8 +140,8 @@ struct Arm {
     probe_every: usize,
     /// Seconds per step at each γ, absorption excluded, as of the last decision.
     cost: Vec<Option<f64>>,
-    /// This window's samples per γ: sum of seconds, count.
-    window_cost: Vec<(f64, usize)>,
+    /// This window's samples per γ (seconds per step).
+    window_cost: Vec<Vec<f64>>,
     /// Tokens per step of the rows `auto` does not drive.
     others: Option<f64>,
 }
@@ -150,7 +155,7 @@ impl Arm {
             windows: 0,
             probe_every: 1,
             cost: vec![None; max + 1],
-            window_cost: vec![(0.0, 0); max + 1],
+            window_cost: vec![Vec::new(); max + 1],
             others: None,
         }
     }
@@ -217,14 +222,37 @@ impl AutoGamma {
         self.accepted.resize(max, 0.0);
         for a in self.arms.values_mut() {
             a.cost.resize(max + 1, None);
-            a.window_cost.resize(max + 1, (0.0, 0));
+            a.window_cost.resize(max + 1, Vec::new());
         }
     }
 
-    /// γ for the next step of `shape`.
+    /// γ for the next step of `shape`. A shape that has not decided yet follows the nearest
+    /// shape that has, step by step: a shape whose steps are rarely or never recorded (they
+    /// also ran prefill work) would otherwise keep the choice in force when its arm was created
+    /// — in a fresh server, `max` — for the server's life.
     pub fn next(&mut self, shape: Shape) -> usize {
         let max = self.max;
+        if self.arms.get(&shape).is_none_or(|a| a.windows == 0) {
+            if let Some(g) = self.nearest(shape, |a| a.windows > 0) {
+                self.arm(shape).current = g;
+            }
+        }
         self.arm(shape).next(max)
+    }
+
+    /// The choice of the shape nearest `shape` (fewest rows apart, then fewest `auto` rows
+    /// apart) among the other arms `keep` selects.
+    fn nearest(&self, shape: Shape, keep: impl Fn(&Arm) -> bool) -> Option<usize> {
+        self.arms
+            .iter()
+            .filter(|(s, a)| **s != shape && keep(a))
+            .min_by_key(|(s, _)| {
+                (
+                    s.rows.abs_diff(shape.rows),
+                    s.auto_rows.abs_diff(shape.auto_rows),
+                )
+            })
+            .map(|(_, a)| a.current)
     }
 
     /// The depth chosen for steps of `shape` (`None`: never seen).
@@ -252,16 +280,7 @@ impl AutoGamma {
     /// The shape's arm; a new one starts from the nearest shape's choice.
     fn arm(&mut self, shape: Shape) -> &mut Arm {
         if !self.arms.contains_key(&shape) {
-            let start = self
-                .arms
-                .iter()
-                .min_by_key(|(s, _)| {
-                    (
-                        s.rows.abs_diff(shape.rows),
-                        s.auto_rows.abs_diff(shape.auto_rows),
-                    )
-                })
-                .map_or(self.max, |(_, a)| a.current);
+            let start = self.nearest(shape, |_| true).unwrap_or(self.max);
             self.arms.insert(shape, Arm::new(self.max, start));
         }
         self.arms.get_mut(&shape).expect("inserted above")
@@ -288,8 +307,7 @@ impl AutoGamma {
         self.tokens += s.others + s.rows.iter().map(|r| r.accepted + 1).sum::<usize>();
         let gamma = s.gamma.min(self.max);
         let arm = self.arm(s.shape);
-        let w = &mut arm.window_cost[gamma];
-        *w = (w.0 + s.secs, w.1 + 1);
+        arm.window_cost[gamma].push(s.secs);
         let others = s.others as f64;
         arm.others = Some(arm.others.map_or(others, |o| o + EMA * (others - o)));
         arm.round += 1;
@@ -318,20 +336,23 @@ impl AutoGamma {
         };
         // A window's samples of a γ weigh n / (n + 1) against what was known, so the γ in force
         // is re-measured almost afresh every window and one noisy probe moves its γ's estimate
-        // only half way; a window mean off by more than [`REGIME`]× replaces it (the costs
+        // only half way; a window off by more than [`REGIME`]× replaces it (the costs
         // changed, e.g. the drafts' experts became resident), so that shows within one probe.
+        // A window counts by its median: a step the OS descheduled (a shared machine) only
+        // ever looks slower, and its mean let a few such steps of the γ in force make every
+        // other γ look better, so the choice flipped back and forth.
         for (c, w) in arm.cost.iter_mut().zip(&mut arm.window_cost) {
-            if w.1 > 0 {
-                let mean = w.0 / w.1 as f64;
-                let weight = w.1 as f64 / (w.1 + 1) as f64;
+            if !w.is_empty() {
+                let typical = median(w);
+                let weight = w.len() as f64 / (w.len() + 1) as f64;
                 *c = Some(match *c {
-                    Some(old) if mean < old * REGIME && old < mean * REGIME => {
-                        old + weight * (mean - old)
+                    Some(old) if typical < old * REGIME && old < typical * REGIME => {
+                        old + weight * (typical - old)
                     }
-                    _ => mean,
+                    _ => typical,
                 });
             }
-            *w = (0.0, 0);
+            w.clear();
         }
         let a = shape.auto_rows as f64;
         let others = arm.others.unwrap_or(0.0);
@@ -390,8 +411,11 @@ impl AutoGamma {
             };
             self.log(decision);
         }
-        for x in self.tried.iter_mut().chain(self.accepted.iter_mut()) {
-            *x *= DECAY;
+        for (t, a) in self.tried.iter_mut().zip(self.accepted.iter_mut()) {
+            if *t * DECAY >= MIN_EVIDENCE {
+                *t *= DECAY;
+                *a *= DECAY;
+            }
         }
         if let Some(arm) = self.arms.get_mut(&shape) {
             arm.round = 0;
@@ -416,6 +440,17 @@ impl AutoGamma {
         }
         self.decisions.push_back(d);
         self.logged += 1;
+    }
+}
+
+/// The median of `x` (the mean of the middle two of an even count); `x` is reordered.
+fn median(x: &mut [f64]) -> f64 {
+    x.sort_unstable_by(f64::total_cmp);
+    let n = x.len();
+    if !n.is_multiple_of(2) {
+        x[n / 2]
+    } else {
+        (x[n / 2 - 1] + x[n / 2]) / 2.0
     }
 }
 
@@ -456,6 +491,55 @@ mod tests {
             absorb_secs: 0.0,
         });
         g
+    }
+
+    #[test]
+    fn a_shape_never_recorded_follows_the_nearest_decided_shape() {
+        let mut a = AutoGamma::new(3);
+        // Steps of (4, 3) are never recorded (in a batch: they also ran prefill work); its
+        // arm is created now, before anything decided.
+        let joining = Shape {
+            rows: 4,
+            auto_rows: 3,
+        };
+        assert_eq!(a.next(joining), 3);
+        // Four rows decoding: every draft is rejected and each verified row costs a full
+        // step, so (4, 4) decides γ = 0.
+        let full = Shape {
+            rows: 4,
+            auto_rows: 4,
+        };
+        let cost = |_: Shape, g: usize| 1e-3 * (1 + g) as f64;
+        for _ in 0..FIRST_WINDOW + WINDOW {
+            step(&mut a, full, &mut |_| 0, &cost);
+        }
+        assert_eq!(a.current(full), Some(0));
+        assert_eq!(a.next(joining), 0, "stuck at the γ of its creation");
+        assert_eq!(a.current(joining), Some(0));
+    }
+
+    #[test]
+    fn descheduled_steps_do_not_flip_the_choice() {
+        // Drafting does not pay (γ = 1: 1.7 tokens for 1.9× the time), but every 5th step the
+        // OS takes the core away and it costs 10×: by a window's mean, γ = 0 (11 × 1 ms and 3 ×
+        // 10 ms) looked slower than a probe of γ = 1 that was not descheduled. And while
+        // drafting is off only probes measure acceptance: one or two lucky ones made γ = 1
+        // look paying.
+        let n = std::cell::Cell::new(0usize);
+        let cost = |_: Shape, g: usize| {
+            n.set(n.get() + 1);
+            let slow = if n.get().is_multiple_of(5) { 10.0 } else { 1.0 };
+            1e-3 * slow * (1.0 + 0.9 * g as f64)
+        };
+        let mut x = 7u64;
+        let mut accept = |g: usize| (0..g).take_while(|_| uniform(&mut x) < 0.7).count();
+        let mut a = AutoGamma::new(1);
+        let mut chosen = Vec::new();
+        for _ in 0..FIRST_WINDOW + WINDOW * 20 {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+            chosen.push(a.current(Shape::ALONE).unwrap());
+        }
+        assert!(chosen[FIRST_WINDOW..].iter().all(|&g| g == 0), "{chosen:?}");
     }
 
     /// The γ of each of the first `n` steps of a row alone.

@@ -107,14 +107,17 @@ impl<'a> Proposals<'a> {
 
     /// Proposes a draft drawn from `logits` (one row over the vocabulary)
     /// with the request's own sampling (bias, penalties, temperature,
-    /// truncation, the grammar's mask; the argmax when greedy) and its RNG;
-    /// the distribution is kept for the rejection test.
+    /// truncation, the grammar's mask; the argmax when greedy) and the noise
+    /// of the draft's output position — the noise the target's draw there
+    /// uses, so a draft distribution close to the target's proposes the
+    /// target's token (Gumbel coupling); the distribution is kept for the
+    /// rejection test of unseeded requests.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
         self.room()?;
         let mask = self.state.mask(None)?;
         let (history, sampler) = self.state.draft_parts();
         let (_, dist) = sampler.distribution(logits, history, mask.as_deref())?;
-        let token = sampler.draw(&dist);
+        let token = sampler.draw(&dist, history.generated().len());
         history.push(token);
         self.advanced += usize::from(self.state.grammar_advance(token)?);
         self.tokens.push(token);

@@ -7,15 +7,18 @@
 //! ([`crate::Batch`]): each row has its own provider, depth and rollback, and
 //! one main forward verifies every row's drafts beside the other rows'
 //! tokens; this module holds the pieces it uses — verification
-//! ([`crate::RequestState::verify`], standard rejection sampling, exact match
-//! when greedy), the MTP drafting of many rows at once, `auto`, telemetry.
+//! ([`crate::RequestState::verify`]: exact match when greedy, coupled with the
+//! position-keyed draw for a seeded sampled request, standard rejection sampling otherwise), the MTP drafting of many rows at once, `auto`, telemetry.
 //!
 //! Guarantees: greedy output is token-identical to plain decoding (the
 //! verify rows' logits are bit-identical to single-token decoding because
 //! γ + 1 ≤ 4 rows stay on the absorbed attention path and every kernel's
-//! per-row result is independent of the batch); sampled output has exactly
-//! the plain decoding distribution, and a seed replays it (every uniform
-//! comes from the request's RNG); stops inside an accepted run end the
+//! per-row result is independent of the batch); a seeded sampled request's
+//! output is token-identical to its plain decoding too (the choice at each
+//! position is keyed by the seed and the position, and verification accepts a
+//! draft exactly when it is that choice), under `on`, `auto`, any provider and
+//! any batch; an unseeded sampled request has exactly the plain decoding
+//! distribution (rejection sampling); stops inside an accepted run end the
 //! output where plain decoding would. `auto` ([`AutoGamma`], one per batch) chooses the
 //! step's γ from measured acceptance and the measured cost of steps of its shape, for the
 //! step's tokens per second over all rows, γ = 0 being plain decoding; [`UnionMeter`] counts
@@ -37,7 +40,7 @@ pub(crate) use mtp::{draft_together, MtpRow};
 pub use stats::SpecStats;
 pub(crate) use stats::{row_stats, AutoRow, SpecCounters};
 pub use union::{StepUnion, UnionCounts, UnionMeter, UnionStats};
-pub use verify::{verify_draft, Verdict};
+pub use verify::{verify_coupled, verify_draft, Verdict};
 
 use crate::error::{Error, Result};
 

@@ -1,5 +1,6 @@
-//! Speculative rejection sampling: accept a drafted token, or replace it, so
-//! that the output is distributed exactly as the target's.
+//! Verifying a drafted token: accept it, or replace it, so that the output is
+//! distributed exactly as the target's — by rejection sampling ([`verify_draft`])
+//! or, for a seeded request, by coupling ([`verify_coupled`]).
 
 use crate::sampler::{Distribution, Sampler};
 use std::collections::HashMap;
@@ -68,7 +69,7 @@ pub fn verify_draft(
     if residual.is_empty() || total.is_nan() || total <= 0.0 {
         // Only reachable through rounding (p ≤ q everywhere yet p(d) < q(d)):
         // fall back to the target itself.
-        return Verdict::Rejected(sampler.draw(p));
+        return Verdict::Rejected(p.sample_at(sampler.next_uniform()));
     }
     if residual.len() == 1 {
         return Verdict::Rejected(residual[0].0);
@@ -78,6 +79,21 @@ pub fn verify_draft(
     }
     let u = sampler.next_uniform();
     Verdict::Rejected(Distribution::from_candidates(residual).sample_at(u))
+}
+
+/// Checks `draft`, proposed for output `position`, against the target distribution `p` by
+/// coupling: the target's own keyed draw at `position` ([`Sampler::draw`]) is the token, and
+/// the draft is accepted exactly when it equals it. The output is therefore token for token
+/// what plain decoding with the request's seed gives, whatever the draft depth, the provider
+/// or the batch — and so distributed exactly as `p`. A draft the request sampled with the
+/// same position's noise from `q ≈ p` (what [`crate::Proposals::sample`] does) is accepted
+/// with probability at least `(1 − TV(p, q)) / (1 + TV(p, q))` (Gumbel coupling); a
+/// deterministic draft with probability `p(draft)`, as under rejection sampling.
+pub fn verify_coupled(sampler: &Sampler, p: &Distribution, position: usize, draft: u32) -> Verdict {
+    match sampler.draw(p, position) {
+        t if t == draft => Verdict::Accepted,
+        t => Verdict::Rejected(t),
+    }
 }
 
 #[cfg(test)]
