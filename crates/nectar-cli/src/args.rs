@@ -889,9 +889,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE|auto|off")]
     pub gpu_memory: Option<String>,
     /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
-    /// forward verifies all rows' drafts; `auto` chooses each row's depth (0 included) from its
-    /// measured acceptance and the measured step cost, and drafts only while the row has the
-    /// step to itself.
+    /// forward verifies all rows' drafts; `auto` chooses the step's depth (0 included) for the
+    /// batch from measured acceptance and the measured cost of steps of its shape (tokens per
+    /// second over all rows; docs/speculation.md).
     #[arg(long, default_value = "auto", value_parser = ["on", "off", "auto"])]
     pub mtp: String,
     /// The Atlas the page shows (`/experts.json`, written by `nectar atlas analyze`). Default:
