@@ -149,5 +149,5 @@ fn without_a_gpu_the_model_says_why_and_stays_on_the_cpu() {
     assert!(p.summary.contains("running on the CPU"), "{}", p.summary);
     #[cfg(not(feature = "cuda"))]
     assert!(p.summary.contains("--features cuda"), "{}", p.summary);
-    assert_eq!(m.expert_runs().0, 0);
+    assert_eq!(m.expert_runs().gpu(), 0);
 }
