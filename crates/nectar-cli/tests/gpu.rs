@@ -79,13 +79,28 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
-    for budget in ["1K", "300K", "1M", "2M"] {
+    // Room beside the spine: the staging area for experts copied from RAM comes before the
+    // expert tier (two slots per routed expert of a token: 4 here).
+    let text = fit("1300K", false);
+    assert!(
+        text.contains("staging for experts copied from RAM: 4 slots of 25.5 KiB"),
+        "{text}"
+    );
+    assert!(text.contains("each copied to the staging area or computed on the CPU"));
+    for budget in ["1K", "300K", "1M", "1300K", "2M"] {
         let v = json(&fit(budget, true));
         let g = &v["gpu"];
         let b = g["budget"].as_u64().unwrap();
         let spine = g["spine_bytes"].as_u64().unwrap();
         let experts = g["expert_bytes"].as_u64().unwrap();
-        assert!(spine + experts <= b, "{g}");
+        let staging = g["staging"]["bytes"].as_u64().unwrap();
+        assert_eq!(
+            g["used_bytes"].as_u64().unwrap(),
+            spine + staging + experts,
+            "{g}"
+        );
+        assert!(spine + staging + experts <= b, "{g}");
+        assert_eq!(staging > 0, budget == "1300K", "{g}");
         let placed: u64 = g["classes"]
             .as_array()
             .unwrap()

@@ -584,7 +584,8 @@ mod tests {
                 expert_runs_cpu: 4,
                 copy: Some(nectar_model::arch::glm5::CopyStats {
                     bytes: 3000,
-                    dma_s: 1e-6,
+                    link_bytes: 3000,
+                    link_s: 1e-6,
                     ..Default::default()
                 }),
                 ..Default::default()

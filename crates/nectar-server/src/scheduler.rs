@@ -491,7 +491,7 @@ fn serve_batched(
             }
         };
         shared.observatory.step(&model.expert_usage());
-        count_expert_runs(n, &model);
+        count_expert_runs(n, model);
         n.batch_steps.fetch_add(1, Ordering::Relaxed);
         n.batch_rows
             .fetch_add(report.batch_rows as u64, Ordering::Relaxed);

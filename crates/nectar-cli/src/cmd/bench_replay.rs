@@ -596,8 +596,9 @@ fn prefill_run(
     if !a.json {
         let copy_text = copy.map_or(String::new(), |c| {
             format!(
-                ", copied {:.2} GB at {:.1} GB/s ({:.2} of pinned {:.1}), {:.0}% hidden",
+                ", copied {:.2} GB at {:.1} GB/s end to end, DMA {:.1} GB/s ({:.2} of pinned {:.1}), {:.0}% hidden",
                 c.bytes as f64 / 1e9,
+                c.copy_gbps(),
                 c.h2d_gbps(),
                 c.ratio(),
                 c.pinned_bps / 1e9,

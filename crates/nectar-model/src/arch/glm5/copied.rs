@@ -12,11 +12,12 @@
 //! completes and frees the slot. With two slots per routed expert of a token, the copy of the
 //! next experts overlaps the products of the current ones.
 use super::offload::Offload;
-use crate::error::{Error, Result};
+#[cfg(feature = "cuda")]
+use crate::error::Error;
+use crate::error::Result;
 use nectar_residency::Pending;
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::time::Instant;
+#[cfg(feature = "cuda")]
+use std::{sync::mpsc, sync::Arc, time::Instant};
 
 /// The copy route of every streamed MoE layer: one staging area, one set of measured costs.
 #[cfg(feature = "cuda")]
@@ -34,6 +35,10 @@ pub(crate) enum CopyTier {}
 #[cfg(not(feature = "cuda"))]
 impl CopyTier {
     pub fn offload(&self) -> &Offload {
+        match *self {}
+    }
+
+    pub fn stats(&self) -> super::offload::CopyStats {
         match *self {}
     }
 
@@ -85,6 +90,13 @@ impl CopyTier {
     /// The costs and totals.
     pub fn offload(&self) -> &Offload {
         &self.offload
+    }
+
+    /// Totals of the copies since load, with the link's own time.
+    pub fn stats(&self) -> super::offload::CopyStats {
+        let mut s = self.offload.stats();
+        (s.link_bytes, s.link_s) = self.staging.link();
+        s
     }
 
     /// Copies and computes each `(lease to come, rows × hidden input, rows)` on the GPU;

@@ -195,7 +195,7 @@ impl Glm5 {
 
     /// Totals of the experts copied from RAM to the GPU (`None` without a copy route).
     pub fn copy_stats(&self) -> Option<CopyStats> {
-        self.copy_tier.as_ref().map(|c| c.offload().stats())
+        self.copy_tier.as_ref().map(|c| c.stats())
     }
 
     /// Where `LoadOptions::gpu_memory` put the matrices (`None` when it was not asked for).
