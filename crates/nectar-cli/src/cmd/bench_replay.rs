@@ -707,3 +707,25 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `SIZE:nocopy` is the VRAM tier without a staging area; anything else keeps the copies.
+    #[test]
+    fn gpu_arms_parse_the_nocopy_suffix() {
+        let a = gpu_arm("2G:nocopy").unwrap();
+        assert_eq!(
+            (a.memory, a.copies),
+            (Some(GpuMemory::Size(2 << 30)), false)
+        );
+        let a = gpu_arm("16G").unwrap();
+        assert_eq!(
+            (a.memory, a.copies),
+            (Some(GpuMemory::Size(16 << 30)), true)
+        );
+        assert_eq!(gpu_arm("off").unwrap().memory, None);
+        assert!(gpu_arm("lots:nocopy").is_err());
+    }
+}
