@@ -32,6 +32,19 @@ fn gpu_memory_keeps_the_tokens_and_says_where_the_model_runs() {
         .any(|l| l.starts_with("GPU: ") && l.contains("in VRAM"));
     let fell_back = err.contains("--gpu-memory:") && err.contains("running on the CPU");
     assert!(placed || fell_back, "no placement line: {err}");
+    // `--json` says where the routed experts ran: every one counted once per forward, on one
+    // of the three routes (all on the CPU without a GPU; no copies without a memory budget).
+    let g = &json(&gpu)["stats"]["gpu"];
+    let runs = |k: &str| g["expert_runs"][k].as_u64().unwrap();
+    assert!(runs("vram") + runs("cpu") > 0, "{g}");
+    assert_eq!(runs("copied"), 0, "{g}");
+    assert!(g["copy"].is_null(), "{g}");
+    if fell_back {
+        assert_eq!(runs("vram"), 0, "{g}");
+    }
+    // Without the flag a default build asks for no GPU (a CUDA build defaults to `auto`).
+    #[cfg(not(feature = "cuda"))]
+    assert!(json(&cpu)["stats"]["gpu"].is_null());
     #[cfg(not(feature = "cuda"))]
     assert!(err.contains("--features cuda"), "{err}");
 }
