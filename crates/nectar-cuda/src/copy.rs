@@ -3,7 +3,8 @@
 //! computed on the GPU from its RAM slot.
 //!
 //! The bytes go through a **pinned bounce ring**: [`RING_CHUNKS`] page-locked chunks of
-//! [`CHUNK_BYTES`]; the host copies a chunk of the expert into a free chunk of the ring, then
+//! [`CHUNK_BYTES`]; the host copies a chunk of the expert into a free chunk of the ring
+//! ([`STAGE_THREADS`] threads), then
 //! queues its DMA to the staging slot, so the host copy of chunk i + 1 overlaps the DMA of chunk
 //! i. The source is never registered with the driver (`cuMemHostRegister`): the RAM cache's
 //! slots are returned to the kernel with `madvise(MADV_DONTNEED)` by the RSS guard, and pages
