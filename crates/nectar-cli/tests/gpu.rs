@@ -32,6 +32,19 @@ fn gpu_memory_keeps_the_tokens_and_says_where_the_model_runs() {
         .any(|l| l.starts_with("GPU: ") && l.contains("in VRAM"));
     let fell_back = err.contains("--gpu-memory:") && err.contains("running on the CPU");
     assert!(placed || fell_back, "no placement line: {err}");
+    // `--json` says where the routed experts ran: every one counted once per forward, on one
+    // of the three routes (all on the CPU without a GPU; no copies without a memory budget).
+    let g = &json(&gpu)["stats"]["gpu"];
+    let runs = |k: &str| g["expert_runs"][k].as_u64().unwrap();
+    assert!(runs("vram") + runs("cpu") > 0, "{g}");
+    assert_eq!(runs("copied"), 0, "{g}");
+    assert!(g["copy"].is_null(), "{g}");
+    if fell_back {
+        assert_eq!(runs("vram"), 0, "{g}");
+    }
+    // Without the flag a default build asks for no GPU (a CUDA build defaults to `auto`).
+    #[cfg(not(feature = "cuda"))]
+    assert!(json(&cpu)["stats"]["gpu"].is_null());
     #[cfg(not(feature = "cuda"))]
     assert!(err.contains("--features cuda"), "{err}");
 }
@@ -79,13 +92,28 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
     ] {
         assert!(text.contains(line), "{line:?} missing from:\n{text}");
     }
-    for budget in ["1K", "300K", "1M", "2M"] {
+    // Room beside the spine: the staging area for experts copied from RAM comes before the
+    // expert tier (two slots per routed expert of a token: 4 here).
+    let text = fit("1300K", false);
+    assert!(
+        text.contains("staging for experts copied from RAM: 4 slots of 25.5 KiB"),
+        "{text}"
+    );
+    assert!(text.contains("each copied to the staging area or computed on the CPU"));
+    for budget in ["1K", "300K", "1M", "1300K", "2M"] {
         let v = json(&fit(budget, true));
         let g = &v["gpu"];
         let b = g["budget"].as_u64().unwrap();
         let spine = g["spine_bytes"].as_u64().unwrap();
         let experts = g["expert_bytes"].as_u64().unwrap();
-        assert!(spine + experts <= b, "{g}");
+        let staging = g["staging"]["bytes"].as_u64().unwrap();
+        assert_eq!(
+            g["used_bytes"].as_u64().unwrap(),
+            spine + staging + experts,
+            "{g}"
+        );
+        assert!(spine + staging + experts <= b, "{g}");
+        assert_eq!(staging > 0, budget == "1300K", "{g}");
         let placed: u64 = g["classes"]
             .as_array()
             .unwrap()

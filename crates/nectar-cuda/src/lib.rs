@@ -6,7 +6,8 @@
 //! NVRTC for the device found, keep weight matrices resident in their stored bytes
 //! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
 //! same-shaped ones (a layer's routed experts) — or for many rows at once on the tensor cores
-//! ([`Gpu::gemm`], prefill), and measure kernels and copies against the device's own copy
+//! ([`Gpu::gemm`], prefill), stage weights from pageable host memory into VRAM on a copy stream
+//! ([`copy::Staging`]) and multiply them there ([`Gpu::matmul_views`]), and measure kernels and copies against the device's own copy
 //! bandwidth ([`bench`]).
 //! What it does not do: decide what lives on the GPU (the model's placement does), or know
 //! model files.
@@ -27,6 +28,8 @@ pub mod divide;
 #[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]
+pub mod copy;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 mod error;
@@ -34,6 +37,8 @@ mod error;
 mod gemm;
 #[cfg(feature = "cuda")]
 mod gemv;
+#[cfg(feature = "cuda")]
+mod view;
 
 #[cfg(feature = "cuda")]
 pub use device::{Gpu, GpuInfo};
@@ -43,6 +48,8 @@ pub use error::{Error, Result};
 pub use gemm::{use_gemm, GemmPlan, Precision};
 #[cfg(feature = "cuda")]
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
+#[cfg(feature = "cuda")]
+pub use view::MatView;
 
 /// Reordering tolerance, in units of f32 epsilon relative to Σ|wⱼ·xⱼ|. Two f32 sums of the same
 /// n products in different orders differ by at most about (n/lanes + log₂ lanes) · ε · Σ|wⱼxⱼ|

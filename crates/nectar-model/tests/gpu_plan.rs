@@ -149,5 +149,48 @@ fn without_a_gpu_the_model_says_why_and_stays_on_the_cpu() {
     assert!(p.summary.contains("running on the CPU"), "{}", p.summary);
     #[cfg(not(feature = "cuda"))]
     assert!(p.summary.contains("--features cuda"), "{}", p.summary);
-    assert_eq!(m.expert_runs().0, 0);
+    assert_eq!(m.expert_runs().gpu(), 0);
+}
+
+/// Under a memory budget the plan carves the staging area for copied experts out of the
+/// budget, after the spine and before the expert tier: two slots per routed expert of a token
+/// when they fit, fewer when not (at least two), none when every expert fits in VRAM anyway —
+/// and spine + staging + experts never exceed the budget.
+#[test]
+fn the_staging_area_is_counted_shrinks_to_fit_and_is_left_out_when_all_fits() {
+    use nectar_model::arch::glm5::{plan_gpu_with, staging_slot_bytes, staging_slots};
+    let dir = fixture_dir("glm5").join("model");
+    let (cfg, c) = candidates(&dir);
+    let slots = staging_slots(&cfg);
+    assert_eq!(slots, 2 * cfg.raw.num_experts_per_tok);
+    let largest = c.experts.values().map(|x| x.1).max().unwrap();
+    let slot = staging_slot_bytes(largest);
+    let spine = plan_gpu(&c, &cfg, u64::MAX, None).spine_bytes();
+    // Everything fits: no staging.
+    assert_eq!(
+        plan_gpu_with(&c, &cfg, u64::MAX, None, slots).staging_slots,
+        0
+    );
+    // Room for the spine, the whole staging area and two experts.
+    let b = spine + slots as u64 * slot + 2 * largest;
+    let p = plan_gpu_with(&c, &cfg, b, None, slots);
+    assert_eq!(
+        (p.staging_slots, p.staging_bytes),
+        (slots, slots as u64 * slot)
+    );
+    assert_eq!(p.experts.len(), 2, "{:?}", p.experts);
+    assert!(p.used_bytes() <= b);
+    // Without staging the same budget holds more experts.
+    assert!(plan_gpu(&c, &cfg, b, None).experts.len() > 2);
+    // Room for three slots only: three, no expert.
+    let p = plan_gpu_with(&c, &cfg, spine + 3 * slot, None, slots);
+    assert_eq!((p.staging_slots, p.experts.len()), (3, 0));
+    // Room for one slot: none (a single slot cannot overlap a copy with a product).
+    let p = plan_gpu_with(&c, &cfg, spine + slot, None, slots);
+    assert_eq!(p.staging_slots, 0);
+    assert_eq!(p.staging_bytes, 0);
+    for budget in [0, spine / 2, spine + slot, b, 2 * b] {
+        let p = plan_gpu_with(&c, &cfg, budget, None, slots);
+        assert!(p.used_bytes() <= budget, "budget {budget}");
+    }
 }

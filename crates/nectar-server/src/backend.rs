@@ -484,14 +484,17 @@ pub struct GpuStats {
     pub vram_experts: usize,
     /// Per MoE layer: `[layer, experts in VRAM, experts in the layer]`.
     pub vram_experts_per_layer: Vec<(usize, usize, usize)>,
-    /// Routed experts computed on the GPU since load (each chosen expert once per forward).
-    pub expert_runs_gpu: u64,
+    /// Routed experts computed from the VRAM tier since load (each chosen expert once per
+    /// forward).
+    pub expert_runs_vram: u64,
+    /// Routed experts copied from RAM to the GPU and computed there since load.
+    pub expert_runs_copied: u64,
     /// Routed experts computed on the CPU since load.
     pub expert_runs_cpu: u64,
-    /// Of those, in the last batch step: on the GPU.
-    pub last_step_gpu: u64,
-    /// In the last batch step: on the CPU.
-    pub last_step_cpu: u64,
+    /// In the last batch step: from VRAM, copied, on the CPU.
+    pub last_step: [u64; 3],
+    /// Totals of the copies (`None`: no copy route).
+    pub copy: Option<nectar_model::arch::glm5::CopyStats>,
 }
 
 /// Why a request was not accepted.
@@ -658,9 +661,11 @@ pub(crate) struct Counters {
     pub(crate) session_tokens: AtomicUsize,
     pub(crate) session_hits: AtomicU64,
     pub(crate) session_reused: AtomicU64,
-    /// Routed experts computed (since load; in the last step): on the GPU, on the CPU.
-    pub(crate) expert_runs: [AtomicU64; 2],
-    pub(crate) last_step_runs: [AtomicU64; 2],
+    /// Routed experts computed (since load; in the last step): from VRAM, copied, on the CPU.
+    pub(crate) expert_runs: [AtomicU64; 3],
+    pub(crate) last_step_runs: [AtomicU64; 3],
+    /// Totals of the copies to the GPU, as of the last step.
+    pub(crate) copy: std::sync::Mutex<Option<nectar_model::arch::glm5::CopyStats>>,
 }
 
 /// One queued generation.
@@ -960,10 +965,11 @@ impl Backend for EngineBackend {
                 .and_then(|t| t.residency.as_ref())
                 .and_then(|f| f()),
             gpu: GpuStats {
-                expert_runs_gpu: get(&n.expert_runs[0]),
-                expert_runs_cpu: get(&n.expert_runs[1]),
-                last_step_gpu: get(&n.last_step_runs[0]),
-                last_step_cpu: get(&n.last_step_runs[1]),
+                expert_runs_vram: get(&n.expert_runs[0]),
+                expert_runs_copied: get(&n.expert_runs[1]),
+                expert_runs_cpu: get(&n.expert_runs[2]),
+                last_step: [0, 1, 2].map(|i| get(&n.last_step_runs[i])),
+                copy: *n.copy.lock().unwrap_or_else(|p| p.into_inner()),
                 ..s.text.get().map(|t| t.gpu.clone()).unwrap_or_default()
             },
         }

@@ -208,9 +208,24 @@ fn gpu_json(b: &crate::backend::BackendStats) -> Value {
         "vram_experts_per_layer": g.vram_experts_per_layer.iter()
             .map(|(l, k, n)| json!({"layer": l, "in_vram": k, "experts": n}))
             .collect::<Vec<_>>(),
-        "expert_runs": {"gpu": g.expert_runs_gpu, "cpu": g.expert_runs_cpu},
-        "last_step": {"gpu": g.last_step_gpu, "cpu": g.last_step_cpu},
-        "per_step": {"gpu": per_step(g.expert_runs_gpu), "cpu": per_step(g.expert_runs_cpu)},
+        "expert_runs": {
+            "vram": g.expert_runs_vram,
+            "copied": g.expert_runs_copied,
+            "cpu": g.expert_runs_cpu,
+            "gpu": g.expert_runs_vram + g.expert_runs_copied,
+        },
+        "last_step": {
+            "vram": g.last_step[0],
+            "copied": g.last_step[1],
+            "cpu": g.last_step[2],
+            "gpu": g.last_step[0] + g.last_step[1],
+        },
+        "per_step": {
+            "vram": per_step(g.expert_runs_vram),
+            "copied": per_step(g.expert_runs_copied),
+            "cpu": per_step(g.expert_runs_cpu),
+        },
+        "copy": g.copy.map(|c| c.json()),
     })
 }
 

@@ -71,7 +71,7 @@ impl Drop for InFlight {
 }
 
 /// The gauges set at each scrape, by name (`nectar_<name>`) and help.
-const GAUGES: [(&str, &str); 15] = [
+const GAUGES: [(&str, &str); 16] = [
     (
         "model_ready",
         "1 when the model is loaded and serving, 0 while loading or after a failed load.",
@@ -114,10 +114,14 @@ const GAUGES: [(&str, &str); 15] = [
     ),
     ("gpu_matrices", "Matrices in VRAM (spine and experts)."),
     ("gpu_vram_experts", "Routed experts in VRAM, all layers."),
+    (
+        "gpu_copy_gbps",
+        "H2D GB/s of the routed experts copied from RAM to the GPU (their DMA; 0: none yet).",
+    ),
 ];
 
 /// The backend's cumulative counters, by name (`nectar_<name>_total`) and help.
-const COUNTERS: [(&str, &str); 22] = [
+const COUNTERS: [(&str, &str); 23] = [
     (
         "generations",
         "Generations that ran to a finish (cancelled ones included).",
@@ -189,6 +193,10 @@ const COUNTERS: [(&str, &str); 22] = [
     (
         "expert_union_plain_experts",
         "Distinct routed experts per MoE layer in those steps, summed.",
+    ),
+    (
+        "expert_copy_bytes",
+        "Bytes of routed experts copied from RAM to the GPU (--gpu-memory with --memory-budget).",
     ),
 ];
 
@@ -299,7 +307,8 @@ impl Metrics {
             Opts::new(
                 "nectar_expert_runs_total",
                 "Routed experts computed, by device (each chosen expert once per forward): \
-                 device=\"gpu\" the VRAM tier, device=\"cpu\" the rest.",
+                 device=\"vram\" the VRAM tier, device=\"copied\" copied from RAM to the GPU, \
+                 device=\"cpu\" the CPU.",
             ),
             &["device"],
         );
@@ -430,6 +439,7 @@ impl Metrics {
             backend.gpu.vram_bytes as f64,
             backend.gpu.matrices as f64,
             backend.gpu.vram_experts as f64,
+            backend.gpu.copy.map_or(0.0, |c| c.h2d_gbps()),
         ];
         for (g, v) in self.gauges.iter().zip(gauges) {
             g.set(v);
@@ -457,13 +467,15 @@ impl Metrics {
             backend.mtp_auto_decisions,
             backend.expert_union.plain_layers,
             backend.expert_union.plain_experts,
+            backend.gpu.copy.map_or(0, |c| c.bytes),
         ];
         for (c, v) in self.counters.iter().zip(counters) {
             mirror(c, v);
         }
         mirror_f(&self.busy_seconds, backend.busy_seconds);
         for (device, v) in [
-            ("gpu", backend.gpu.expert_runs_gpu),
+            ("vram", backend.gpu.expert_runs_vram),
+            ("copied", backend.gpu.expert_runs_copied),
             ("cpu", backend.gpu.expert_runs_cpu),
         ] {
             mirror(&self.expert_runs.with_label_values(&[device]), v);
@@ -567,8 +579,15 @@ mod tests {
                 vram_bytes: 5 << 20,
                 matrices: 7,
                 vram_experts: 3,
-                expert_runs_gpu: 9,
+                expert_runs_vram: 9,
+                expert_runs_copied: 5,
                 expert_runs_cpu: 4,
+                copy: Some(nectar_model::arch::glm5::CopyStats {
+                    bytes: 3000,
+                    link_bytes: 3000,
+                    link_s: 1e-6,
+                    ..Default::default()
+                }),
                 ..Default::default()
             },
             ..BackendStats::default()
@@ -633,9 +652,15 @@ mod tests {
         assert_eq!(value(&s, "nectar_gpu_matrices", &[]), 7.0);
         assert_eq!(value(&s, "nectar_gpu_vram_experts", &[]), 3.0);
         assert_eq!(
-            value(&s, "nectar_expert_runs_total", &[("device", "gpu")]),
+            value(&s, "nectar_expert_runs_total", &[("device", "vram")]),
             9.0
         );
+        assert_eq!(
+            value(&s, "nectar_expert_runs_total", &[("device", "copied")]),
+            5.0
+        );
+        assert_eq!(value(&s, "nectar_expert_copy_bytes_total", &[]), 3000.0);
+        assert!((value(&s, "nectar_gpu_copy_gbps", &[]) - 3.0).abs() < 1e-9);
         assert_eq!(
             value(&s, "nectar_expert_runs_total", &[("device", "cpu")]),
             4.0

@@ -245,9 +245,13 @@ fn gpu_stats(model: &nectar_model::Glm5) -> crate::backend::GpuStats {
     }
 }
 
-/// Records the model's expert runs `(gpu, cpu)` since load, and the last step's share.
-fn count_expert_runs(n: &crate::backend::Counters, (gpu, cpu): (u64, u64)) {
-    for (i, now) in [gpu, cpu].into_iter().enumerate() {
+/// Records the model's expert runs since load, the last step's share, and the copy totals.
+fn count_expert_runs(n: &crate::backend::Counters, model: &nectar_model::Glm5) {
+    let r = model.expert_runs();
+    if let Some(c) = model.copy_stats() {
+        *n.copy.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
+    }
+    for (i, now) in [r.vram, r.copied, r.cpu].into_iter().enumerate() {
         let before = n.expert_runs[i].swap(now, Ordering::Relaxed);
         n.last_step_runs[i].store(now.saturating_sub(before), Ordering::Relaxed);
     }
@@ -487,7 +491,7 @@ fn serve_batched(
             }
         };
         shared.observatory.step(&model.expert_usage());
-        count_expert_runs(n, model.expert_runs());
+        count_expert_runs(n, model);
         n.batch_steps.fetch_add(1, Ordering::Relaxed);
         n.batch_rows
             .fetch_add(report.batch_rows as u64, Ordering::Relaxed);

@@ -160,8 +160,18 @@ async fn serving_on_the_gpu_path_keeps_the_answers_and_reports_the_vram_tier() {
     );
     assert!(runs("gpu") > 0 && runs("cpu") > 0, "{g}");
     assert_eq!(in_vram as u64, g["vram_experts"].as_u64().unwrap());
-    assert!(metrics.contains(&format!(
-        "nectar_expert_runs_total{{device=\"gpu\"}} {}",
-        runs("gpu")
-    )));
+    assert_eq!(runs("gpu"), runs("vram") + runs("copied"), "{g}");
+    for device in ["vram", "copied"] {
+        assert!(metrics.contains(&format!(
+            "nectar_expert_runs_total{{device=\"{device}\"}} {}",
+            runs(device)
+        )));
+    }
+    // Under the budget a staging area lets experts in RAM be copied; `copy` reports them.
+    assert!(summary.contains("staging for copied experts"), "{summary}");
+    assert_eq!(
+        g["copy"]["experts"].as_u64().unwrap(),
+        runs("copied"),
+        "{g}"
+    );
 }

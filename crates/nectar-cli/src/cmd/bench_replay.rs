@@ -166,7 +166,7 @@ fn load(
     budget_s: &str,
     prefetch: Prefetch,
     mtp: bool,
-    gpu: Option<GpuMemory>,
+    gpu: GpuArm,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
     load_planned(a, budget_s, prefetch, None, mtp, gpu)
 }
@@ -178,7 +178,7 @@ fn load_planned(
     prefetch: Prefetch,
     serve: Option<usize>,
     mtp: bool,
-    gpu: Option<GpuMemory>,
+    gpu: GpuArm,
 ) -> Result<(Glm5, Arc<Residency>, u64)> {
     let budget = super::fit::resolve_budget(Some(budget_s))?;
     let opts = LoadOptions {
@@ -189,7 +189,8 @@ fn load_planned(
         sequences: serve.map_or(1, serve_sequences),
         server: serve.is_some(),
         mtp,
-        gpu_memory: gpu,
+        gpu_memory: gpu.memory,
+        gpu_copies: gpu.copies,
         ..Default::default()
     };
     let model = Glm5::load_with(&a.model, &opts)
@@ -214,7 +215,7 @@ fn run_one(
     budget_s: &str,
     mtp: bool,
     prefetch: Prefetch,
-    gpu: (&str, Option<GpuMemory>),
+    gpu: (&str, GpuArm),
     raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
@@ -241,15 +242,7 @@ fn run_one(
         map,
         rows: Vec::new(),
         requests: HashMap::new(),
-        vram: model
-            .gpu_placement()
-            .map(|p| {
-                p.vram_experts
-                    .iter()
-                    .map(|(l, ids, _)| (*l, ids.clone()))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        vram: vram_map(&model),
         union: UnionMeter::default(),
     };
     let mut union = UnionCounts::default();
@@ -430,7 +423,8 @@ fn run_one(
         "prefetch": prefetch.as_str(),
         "gpu_memory": gpu.0,
         "gpu": model.gpu_placement().map(|p| p.summary.clone()),
-        "expert_runs": {"gpu": model.expert_runs().0, "cpu": model.expert_runs().1},
+        "expert_runs": model.expert_runs(),
+        "copy": model.copy_stats().map(|c| c.json()),
         "lookahead_control": res.telemetry().lookahead,
         "prefetch_issued": dec_pf.0,
         "prefetch_used": dec_pf.1,
@@ -480,6 +474,39 @@ fn run_one(
     Ok(RunOut { json, line })
 }
 
+/// One `--gpu-memory` arm: the VRAM (`off`, a size, `auto`) and, with a `:nocopy` suffix, no
+/// staging area — every expert outside the VRAM tier then runs on the CPU (the reference the
+/// copies to the GPU are measured against).
+#[derive(Debug, Clone, Copy)]
+struct GpuArm {
+    memory: Option<GpuMemory>,
+    copies: bool,
+}
+
+fn gpu_arm(s: &str) -> Result<GpuArm> {
+    let (size, copies) = match s.strip_suffix(":nocopy") {
+        Some(size) => (size, false),
+        None => (s, true),
+    };
+    Ok(GpuArm {
+        memory: super::gpu_flag::resolve(Some(size))?,
+        copies,
+    })
+}
+
+/// Per model layer, the experts the load put in VRAM (the replayer never requests them).
+fn vram_map(model: &Glm5) -> HashMap<usize, Vec<u32>> {
+    model
+        .gpu_placement()
+        .map(|p| {
+            p.vram_experts
+                .iter()
+                .map(|(l, ids, _)| (*l, ids.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Prefills the first `rows` rows of the `prefill` trace under `budget_s` — in one forward, or
 /// through `nectar serve`'s batch (the same `Batch` code, options and memory plan) with
 /// `--prefill-chunk` work per step: expert bytes read against one read of every (layer, expert)
@@ -489,6 +516,7 @@ fn prefill_run(
     dir: &std::path::Path,
     budget_s: &str,
     rows: usize,
+    gpu: (&str, GpuArm),
 ) -> Result<serde_json::Value> {
     let trace = Trace::load(dir, "prefill")?;
     anyhow::ensure!(
@@ -498,7 +526,10 @@ fn prefill_run(
     );
     let serve = (a.prefill_chunk > 0).then_some(a.parallel);
     // `serve` loads the MTP layer by default (`--mtp auto`); `run` does not.
-    let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some(), None)?;
+    let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some(), gpu.1)?;
+    if let Some(p) = model.gpu_placement() {
+        eprintln!("{}", p.summary);
+    }
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
@@ -506,7 +537,7 @@ fn prefill_run(
         map: layer_map(&model, &trace)?,
         rows: Vec::new(),
         requests: HashMap::new(),
-        vram: HashMap::new(),
+        vram: vram_map(&model),
         union: UnionMeter::default(),
     };
     let vocab = model.vocab_size() as u32;
@@ -561,17 +592,38 @@ fn prefill_run(
     }
     let touched_gb = touched_bytes as f64 / 1e9;
     let read_gb = bytes as f64 / 1e9;
+    let runs = model.expert_runs();
+    let copy = model.copy_stats();
     if !a.json {
+        let copy_text = copy.map_or(String::new(), |c| {
+            format!(
+                ", copied {:.2} GB at {:.1} GB/s end to end, DMA {:.1} GB/s ({:.2} of pinned {:.1}), {:.0}% hidden",
+                c.bytes as f64 / 1e9,
+                c.copy_gbps(),
+                c.h2d_gbps(),
+                c.ratio(),
+                c.pinned_bps / 1e9,
+                100.0 * c.hidden()
+            )
+        });
         println!(
-            "{budget_s:>6} prefill {rows} tokens, prefill chunk {} (span {span}, {steps} steps): {:.2} tok/s, {read_gb:.2} GB read, touched experts {touched_gb:.2} GB, ratio {:.2}, wait {:.2}",
+            "{budget_s:>6} gpu {:<12} prefill {rows} tokens, prefill chunk {} (span {span}, {steps} steps): {:.2} tok/s, {read_gb:.2} GB read, touched experts {touched_gb:.2} GB, ratio {:.2}, wait {:.2}; experts vram {} copied {} cpu {}{copy_text}",
+            gpu.0,
             a.prefill_chunk,
             rows as f64 / secs,
             read_gb / touched_gb.max(1e-12),
-            wait / secs
+            wait / secs,
+            runs.vram,
+            runs.copied,
+            runs.cpu,
         );
     }
     Ok(json!({
         "budget": budget_s,
+        "gpu_memory": gpu.0,
+        "gpu": model.gpu_placement().map(|p| p.summary.clone()),
+        "expert_runs": runs,
+        "copy": copy.map(|c| c.json()),
         "lru_slots_per_layer": res.capacity(moe[0]),
         "prompt_tokens": rows,
         "chunk": a.prefill_chunk,
@@ -605,7 +657,10 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     if !a.prompt_rows.is_empty() {
         for b in &a.memory_budget {
             for &rows in &a.prompt_rows {
-                runs.push(prefill_run(&a, &dir, b, rows)?);
+                for g in &a.gpu_memory {
+                    let gpu = (g.as_str(), gpu_arm(g)?);
+                    runs.push(prefill_run(&a, &dir, b, rows, gpu)?);
+                }
             }
         }
         if a.json {
@@ -628,7 +683,7 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                     .filter(|p| *p != Prefetch::Measure)
                     .with_context(|| format!("unknown --prefetch `{p}` (off, lookahead, pilot)"))?;
                 for g in &a.gpu_memory {
-                    let gpu = (g.as_str(), super::gpu_flag::resolve(Some(g))?);
+                    let gpu = (g.as_str(), gpu_arm(g)?);
                     let r = run_one(&a, &trace, b, mtp, prefetch, gpu, &raw, &layouts)?;
                     if !a.json {
                         println!("{}", r.line);
@@ -652,4 +707,26 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `SIZE:nocopy` is the VRAM tier without a staging area; anything else keeps the copies.
+    #[test]
+    fn gpu_arms_parse_the_nocopy_suffix() {
+        let a = gpu_arm("2G:nocopy").unwrap();
+        assert_eq!(
+            (a.memory, a.copies),
+            (Some(GpuMemory::Size(2 << 30)), false)
+        );
+        let a = gpu_arm("16G").unwrap();
+        assert_eq!(
+            (a.memory, a.copies),
+            (Some(GpuMemory::Size(16 << 30)), true)
+        );
+        assert_eq!(gpu_arm("off").unwrap().memory, None);
+        assert!(gpu_arm("lots:nocopy").is_err());
+    }
 }

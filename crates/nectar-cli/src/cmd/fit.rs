@@ -3,7 +3,8 @@ use crate::args::FitArgs;
 use crate::demo::model_dir;
 use anyhow::Result;
 use nectar_model::arch::glm5::{
-    catalog_candidates, plan_gpu, plan_memory, resolve_gpu_budget, Config, GpuPlan, LoadOptions,
+    catalog_candidates, plan_gpu_with, plan_memory, resolve_gpu_budget, staging_slots, Config,
+    GpuPlan, LoadOptions,
 };
 use nectar_residency::planner::{human, parse_size, render};
 use serde_json::{json, Value};
@@ -106,11 +107,14 @@ pub(super) fn gpu_plan(dir: &Path, flag: &str) -> Result<GpuPlan> {
         .ok()
         .and_then(|(r, _)| r)
         .map(|r| r.ledger);
-    Ok(plan_gpu(
+    // `fit` always plans a memory budget: experts stream through RAM, so the plan carves the
+    // staging area for copied experts out of the VRAM budget, as the load does.
+    Ok(plan_gpu_with(
         &catalog_candidates(&cfg, &cat),
         &cfg,
         budget,
         ledger.as_ref(),
+        staging_slots(&cfg),
     ))
 }
 
@@ -125,6 +129,14 @@ fn render_gpu(g: &GpuPlan) -> String {
             c.name,
             c.placed,
             c.total
+        );
+    }
+    if g.staging_slots > 0 {
+        out += &format!(
+            "  {:>12}  staging for experts copied from RAM: {} slots of {}\n",
+            human(g.staging_bytes),
+            g.staging_slots,
+            human(g.staging_bytes / g.staging_slots as u64)
         );
     }
     let (held, total): (usize, usize) = g
@@ -144,7 +156,7 @@ fn render_gpu(g: &GpuPlan) -> String {
         "                experts in VRAM per layer: {}\n",
         layers.join(", ")
     );
-    let used = g.spine_bytes() + g.expert_bytes();
+    let used = g.used_bytes();
     out += &format!(
         "  {:>12}  in VRAM, {} unused\n",
         human(used),
@@ -153,9 +165,14 @@ fn render_gpu(g: &GpuPlan) -> String {
     let (left, left_bytes) = g.spine_left();
     out += &format!(
         "  => stays in RAM: {left} spine matrices ({}), computed on the CPU; {} routed experts \
-         through the RAM cache above (VRAM experts take no slot and are never pinned)\n",
+         through the RAM cache above (VRAM experts take no slot and are never pinned){}\n",
         human(left_bytes),
         total - held,
+        if g.staging_slots > 0 {
+            ", each copied to the staging area or computed on the CPU, as measured costs favour"
+        } else {
+            ""
+        },
     );
     out
 }
@@ -171,6 +188,8 @@ fn gpu_json(g: &GpuPlan) -> Value {
         "spine_bytes": g.spine_bytes(),
         "spine_left": {"matrices": left, "bytes": left_bytes},
         "expert_bytes": g.expert_bytes(),
+        "staging": {"slots": g.staging_slots, "bytes": g.staging_bytes},
+        "used_bytes": g.used_bytes(),
         "experts_per_layer": g.per_layer.iter().map(|(l, (k, n, b))| json!({
             "layer": l, "in_vram": k, "experts": n, "expert_bytes": b,
         })).collect::<Vec<_>>(),

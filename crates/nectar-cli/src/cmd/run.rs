@@ -127,6 +127,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         if bundle.model.prefetch != Prefetch::Off {
             out["stats"]["prefetch"] = prefetch_json(&bundle, residency.as_ref());
         }
+        if let Some(p) = bundle.model.gpu_placement() {
+            // Where the routed experts ran (docs/gpu.md): VRAM tier, copied from RAM, CPU.
+            out["stats"]["gpu"] = json!({
+                "summary": p.summary,
+                "expert_runs": bundle.model.expert_runs(),
+                "copy": bundle.model.copy_stats().map(|c| c.json()),
+            });
+        }
         if let (Some(s), Some(r)) = (&session, &reuse) {
             out["session"] = s.json(r, prompt_ids.len());
         }

@@ -9,12 +9,14 @@
 mod attention;
 mod config;
 mod contract;
+mod copied;
 mod indexer;
 mod inventory;
 mod layer;
 mod layout;
 mod moe;
 mod mtp;
+mod offload;
 mod pilot;
 mod placement;
 mod prefill;
@@ -27,11 +29,13 @@ pub use contract::logical_shape;
 pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
-pub use moe::{Experts, Route};
+pub use moe::{ExpertRuns, Experts, Route};
+pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
-    auto_budget, catalog_candidates, plan as plan_gpu, resolve_budget as resolve_gpu_budget,
-    Candidates, ClassLine, GpuMemory, GpuPlacement, GpuPlan,
+    auto_budget, catalog_candidates, plan as plan_gpu, plan_with as plan_gpu_with,
+    resolve_budget as resolve_gpu_budget, staging_slot_bytes, staging_slots, Candidates, ClassLine,
+    GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use prefill::Prefill;
 pub use streaming::{
@@ -91,6 +95,9 @@ pub struct Glm5 {
     catalog: Arc<Catalog>,
     streaming: Option<streaming::Streaming>,
     gpu: Option<GpuPlacement>,
+    /// The copy route of streamed experts to the GPU (`copied.rs`), when a staging area was
+    /// placed.
+    copy_tier: Option<Arc<copied::CopyTier>>,
 }
 
 impl Glm5 {
@@ -123,7 +130,13 @@ impl Glm5 {
             Some(Err(why)) => (None, None, Some(GpuPlacement::cpu(&why))),
             Some(Ok(g)) => {
                 let c = placement::catalog_candidates(&cfg, &catalog);
-                let p = placement::plan(&c, &cfg, g.budget(), ranking);
+                // Under a budget experts stream through RAM, and a staging area lets the
+                // GPU compute those the measured costs send there.
+                let staging = match opts.memory_budget {
+                    Some(_) if opts.gpu_copies => placement::staging_slots(&cfg),
+                    _ => 0,
+                };
+                let p = placement::plan_with(&c, &cfg, g.budget(), ranking, staging);
                 (Some(g), Some(p), None)
             }
         };
@@ -161,6 +174,7 @@ impl Glm5 {
             streaming,
             cfg,
             gpu: gpu_refusal,
+            copy_tier: None,
         };
         if let (Some(g), Some(p)) = (gpu, gpu_plan) {
             model.gpu = Some(placement::apply(&mut model, g, &p)?);
@@ -169,14 +183,19 @@ impl Glm5 {
     }
 
     /// Routed experts computed since load, summed over the MoE layers (the MTP layer
-    /// included): (on the GPU, on the CPU). Each chosen expert counts once per forward.
-    pub fn expert_runs(&self) -> (u64, u64) {
+    /// included), by where they ran. Each chosen expert counts once per forward.
+    pub fn expert_runs(&self) -> ExpertRuns {
         let main = self.layers.iter().map(|x| &x.mlp);
         let mtp = self.mtp.iter().map(|m| &m.layer.mlp);
         main.chain(mtp)
             .filter_map(|mlp| mlp.moe())
             .map(|m| m.runs())
-            .fold((0, 0), |(g, c), (a, b)| (g + a, c + b))
+            .fold(ExpertRuns::default(), |a, b| a + b)
+    }
+
+    /// Totals of the experts copied from RAM to the GPU (`None` without a copy route).
+    pub fn copy_stats(&self) -> Option<CopyStats> {
+        self.copy_tier.as_ref().map(|c| c.stats())
     }
 
     /// Where `LoadOptions::gpu_memory` put the matrices (`None` when it was not asked for).

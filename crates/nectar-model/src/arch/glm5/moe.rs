@@ -1,4 +1,5 @@
 //! Dense MLP and sigmoid-routed MoE (`specs/glm5-architecture.md` §5.10–5.12).
+use super::offload::Step;
 use crate::blocks::{Linear, Loader};
 use crate::error::{Error, Result};
 use crate::observer::Observer;
@@ -7,6 +8,7 @@ use nectar_residency::Residency;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// ε of the router's weight renormalisation.
 const RENORM_EPS: f32 = 1e-20;
@@ -50,6 +52,35 @@ impl SwiGlu {
     /// Whether its products run on the GPU (`--gpu-memory` placed it).
     fn on_gpu(&self) -> bool {
         self.gate.on_gpu()
+    }
+}
+
+/// Routed experts computed since load, by where (each chosen expert once per forward).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExpertRuns {
+    /// On the GPU from the VRAM tier (or a resident expert placed there).
+    pub vram: u64,
+    /// Copied from its RAM slot to the GPU and computed there.
+    pub copied: u64,
+    /// On the CPU.
+    pub cpu: u64,
+}
+
+impl ExpertRuns {
+    /// On the GPU, either way.
+    pub fn gpu(&self) -> u64 {
+        self.vram + self.copied
+    }
+}
+
+impl std::ops::Add for ExpertRuns {
+    type Output = ExpertRuns;
+    fn add(self, o: ExpertRuns) -> ExpertRuns {
+        ExpertRuns {
+            vram: self.vram + o.vram,
+            copied: self.copied + o.copied,
+            cpu: self.cpu + o.cpu,
+        }
     }
 }
 
@@ -109,8 +140,11 @@ pub struct Moe {
     /// The VRAM expert tier of a streamed layer (`--gpu-memory` with `--memory-budget`).
     vram: Option<super::vram::VramExperts>,
     /// Experts computed since load (each chosen expert once per forward, on all its rows):
-    /// on the GPU, on the CPU.
-    runs: [AtomicU64; 2],
+    /// from VRAM, copied to the GPU, on the CPU.
+    runs: [AtomicU64; 3],
+    /// The copy route to the GPU for experts in RAM (`--gpu-memory` with `--memory-budget`),
+    /// shared by the streamed layers.
+    copy: Option<Arc<super::copied::CopyTier>>,
 }
 
 impl Moe {
@@ -144,6 +178,7 @@ impl Moe {
             usage: (0..r.n_routed_experts).map(|_| AtomicU64::new(0)).collect(),
             vram: None,
             runs: Default::default(),
+            copy: None,
         })
     }
 
@@ -186,17 +221,28 @@ impl Moe {
             .collect()
     }
 
-    /// Experts computed since load: (on the GPU, on the CPU).
-    pub fn runs(&self) -> (u64, u64) {
-        (
-            self.runs[0].load(Ordering::Relaxed),
-            self.runs[1].load(Ordering::Relaxed),
-        )
+    /// Experts computed since load, by where.
+    pub fn runs(&self) -> ExpertRuns {
+        let get = |i: usize| self.runs[i].load(Ordering::Relaxed);
+        ExpertRuns {
+            vram: get(0),
+            copied: get(1),
+            cpu: get(2),
+        }
     }
 
-    fn count_runs(&self, gpu: usize, cpu: usize) {
-        self.runs[0].fetch_add(gpu as u64, Ordering::Relaxed);
-        self.runs[1].fetch_add(cpu as u64, Ordering::Relaxed);
+    fn count_runs(&self, vram: usize, copied: usize, cpu: usize) {
+        for (i, n) in [vram, copied, cpu].into_iter().enumerate() {
+            self.runs[i].fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives a streamed layer the copy route to the GPU (no-op for resident experts).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn set_copy_tier(&mut self, tier: &Arc<super::copied::CopyTier>) {
+        if matches!(self.experts, Experts::Streamed { .. }) {
+            self.copy = Some(tier.clone());
+        }
     }
 
     /// Routed experts in the layer.
@@ -369,7 +415,7 @@ impl Moe {
                     .iter()
                     .filter(|(e, _)| experts[*e as usize].on_gpu())
                     .count();
-                self.count_runs(on_gpu, union.len() - on_gpu);
+                self.count_runs(on_gpu, 0, union.len() - on_gpu);
                 if let Some(f) = after_reads.take() {
                     f()?;
                 }
@@ -392,13 +438,36 @@ impl Moe {
             Experts::Streamed {
                 residency,
                 layer: tier,
+                expert_bytes,
                 ..
             } => {
                 // Experts in the VRAM tier run on the GPU and never touch the RAM cache.
                 let in_vram = |e: u32| self.vram.as_ref().is_some_and(|v| v.holds(e));
-                let (gpu_union, cpu_union): (Vec<_>, Vec<_>) =
+                let (gpu_union, ram_union): (Vec<_>, Vec<_>) =
                     union.iter().partition(|(e, _)| in_vram(*e));
-                self.count_runs(gpu_union.len(), cpu_union.len());
+                // Which of the others are copied to the GPU this step (`offload.rs`).
+                let copy_mask: Vec<bool> = match &self.copy {
+                    Some(c) if !ram_union.is_empty() => {
+                        let rows: Vec<usize> = ram_union.iter().map(|(_, r)| r.len()).collect();
+                        let mut gpu_rows: Vec<usize> =
+                            gpu_union.iter().map(|(_, r)| r.len()).collect();
+                        let mut cpu_rows = Vec::new();
+                        match self.shared.on_gpu() {
+                            true => gpu_rows.push(m),
+                            false => cpu_rows.push(m),
+                        }
+                        c.offload().decide(&Step {
+                            m,
+                            rows: &rows,
+                            expert_bytes: *expert_bytes as u64,
+                            gpu_rows: &gpu_rows,
+                            cpu_rows: &cpu_rows,
+                        })
+                    }
+                    _ => vec![false; ram_union.len()],
+                };
+                let copied = copy_mask.iter().filter(|&&c| c).count();
+                self.count_runs(gpu_union.len(), copied, ram_union.len() - copied);
                 let run_gpu = || -> Result<Vec<Vec<f32>>> {
                     let jobs: Vec<(u32, Vec<f32>, usize)> = gpu_union
                         .iter()
@@ -419,10 +488,12 @@ impl Moe {
                         .collect();
                     residency.observe_rows(*tier, &rows);
                 }
-                // Waves of at most the working bank: resident experts first, then the shared
-                // expert (and the VRAM experts, on the GPU) while misses load, then each miss
-                // as it arrives.
-                for wave in cpu_union.chunks(residency.max_wave()) {
+                // Waves of at most the working bank. CPU side: resident experts and the shared
+                // expert while misses load, then each miss as it arrives. GPU side, at the same
+                // time: the VRAM experts (first wave), then the wave's copied experts, each as
+                // its lease is granted.
+                let wave_len = residency.max_wave();
+                for (wave, mask) in ram_union.chunks(wave_len).zip(copy_mask.chunks(wave_len)) {
                     let ids: Vec<u32> = wave.iter().map(|(e, _)| *e).collect();
                     let with_gpu = gpu_ys.is_none() && !gpu_union.is_empty();
                     let result = (|| -> Result<()> {
@@ -430,14 +501,39 @@ impl Moe {
                         if let Some(f) = after_reads.take() {
                             f()?;
                         }
-                        let (ready, waiting): (Vec<_>, Vec<_>) = pending
+                        let mut to_copy = Vec::new();
+                        let mut on_cpu = Vec::new();
+                        for ((p, item), &c) in pending.into_iter().zip(wave).zip(mask) {
+                            match c {
+                                true => to_copy.push((p, item)),
+                                false => on_cpu.push((p, item)),
+                            }
+                        }
+                        let copy_rows: Vec<&Vec<(usize, usize)>> =
+                            to_copy.iter().map(|(_, (_, rows))| rows).collect();
+                        let copy_jobs: Vec<(nectar_residency::Pending, Vec<f32>, usize)> = to_copy
                             .into_iter()
-                            .zip(wave)
-                            .partition(|(p, _)| p.is_ready());
-                        // Resident experts and the shared expert in parallel while misses load.
-                        let ((ys_ready, sh), g) = rayon::join(
+                            .map(|(p, (_, rows))| (p, gather(rows), rows.len()))
+                            .collect();
+                        let (ready, waiting): (Vec<_>, Vec<_>) =
+                            on_cpu.into_iter().partition(|(p, _)| p.is_ready());
+                        // The CPU side's work: its experts, and the shared expert (m rows) in
+                        // the first wave when it is not on the GPU.
+                        let shared_on_cpu = shared.is_none() && !self.shared.on_gpu();
+                        let cpu_experts = ready.len() + waiting.len() + usize::from(shared_on_cpu);
+                        let cpu_rows = (ready
+                            .iter()
+                            .chain(&waiting)
+                            .map(|(_, (_, r))| r.len())
+                            .sum::<usize>()
+                            + if shared_on_cpu { m } else { 0 })
+                        .div_ceil(cpu_experts.max(1));
+                        let (cpu, (g, copied)) = rayon::join(
                             || {
-                                rayon::join(
+                                let started = Instant::now();
+                                // Resident experts and the shared expert in parallel while
+                                // misses load.
+                                let (ys_ready, sh) = rayon::join(
                                     || {
                                         ready
                                             .into_par_iter()
@@ -460,25 +556,46 @@ impl Moe {
                                         None => self.shared.forward(x, m).map(Some),
                                         Some(_) => Ok(None),
                                     },
-                                )
+                                );
+                                let mut waited = 0.0;
+                                let mut ys_waiting = Vec::with_capacity(waiting.len());
+                                for (p, (_, rows)) in waiting {
+                                    let t = Instant::now();
+                                    let lease = p.wait();
+                                    waited += t.elapsed().as_secs_f64();
+                                    let y = (|| -> Result<Vec<f32>> {
+                                        let l = lease?;
+                                        swiglu_mats(&l.mats()?, &gather(rows), rows.len())
+                                    })();
+                                    ys_waiting.push((rows, y));
+                                }
+                                if let Some(c) = &self.copy {
+                                    let busy = started.elapsed().as_secs_f64() - waited;
+                                    c.offload().cpu_sample(cpu_rows, cpu_experts, busy);
+                                }
+                                (ys_ready, sh, ys_waiting)
                             },
-                            || with_gpu.then(run_gpu),
+                            || {
+                                let g = with_gpu.then(run_gpu);
+                                let copied = match &self.copy {
+                                    Some(c) if !copy_jobs.is_empty() => c.run(copy_jobs),
+                                    _ => Ok(Vec::new()),
+                                };
+                                (g, copied)
+                            },
                         );
                         if g.is_some() {
                             gpu_ys = g;
                         }
+                        let (ys_ready, sh, ys_waiting) = cpu;
                         if let Some(s) = sh? {
                             shared = Some(s);
                         }
-                        for (rows, y) in ys_ready {
+                        for (rows, y) in ys_ready.into_iter().chain(ys_waiting) {
                             scatter(rows, &y?);
                         }
-                        for (p, (_, rows)) in waiting {
-                            let lease = p.wait()?;
-                            scatter(
-                                rows,
-                                &swiglu_mats(&lease.mats()?, &gather(rows), rows.len())?,
-                            );
+                        for (rows, y) in copy_rows.into_iter().zip(copied?) {
+                            scatter(rows, &y);
                         }
                         Ok(())
                     })();

@@ -10,6 +10,13 @@
 //!    then in turn across the MoE layers (expert 0 of every layer, then expert 1, …) so that
 //!    each layer gets its share when there is no history.
 //!
+//! Under `--memory-budget` the plan also carves a **staging area** out of the budget, after the
+//! spine and before the expert tier: [`staging_slots`] slots (two per routed expert of a token,
+//! so copies into one half overlap the products on the other) of [`staging_slot_bytes`], into
+//! which an expert in RAM is copied when the measured costs say the GPU computes it sooner than
+//! the CPU (`copied.rs`, `offload.rs`). It shrinks to what fits, down to two slots, or is left
+//! out — and is not placed when every expert fits in VRAM anyway.
+//!
 //! Experts in VRAM run on the GPU whether the others are resident (no budget) or streamed
 //! through the RAM cache (`--memory-budget`): a VRAM expert is never requested from that cache
 //! nor pinned in it. Without a usable GPU (or without the `cuda` feature) nothing moves and the
@@ -141,6 +148,10 @@ pub struct GpuPlan {
     pub experts: Vec<ExpertKey>,
     /// Per MoE layer: (experts in VRAM, experts in the layer, bytes of one).
     pub per_layer: BTreeMap<usize, (usize, usize, u64)>,
+    /// Staging slots for experts copied from RAM (0: none).
+    pub staging_slots: usize,
+    /// Bytes of the staging area.
+    pub staging_bytes: u64,
 }
 
 impl GpuPlan {
@@ -154,6 +165,11 @@ impl GpuPlan {
         self.classes.iter().fold((0, 0), |(n, b), c| {
             (n + c.total - c.placed, b + c.total_bytes - c.placed_bytes)
         })
+    }
+
+    /// Bytes of VRAM the plan uses: spine, staging area and experts.
+    pub fn used_bytes(&self) -> u64 {
+        self.spine_bytes() + self.staging_bytes + self.expert_bytes()
     }
 
     /// Bytes of the experts placed.
@@ -199,8 +215,36 @@ fn expert_order(layers: &BTreeMap<usize, (usize, u64)>, ledger: Option<&Ledger>)
     order
 }
 
-/// Plans `budget` bytes of VRAM over `c` (see the module docs for the order).
+/// Alignment of each matrix part inside a staging slot (`nectar_cuda::copy::PART_ALIGN`).
+pub const STAGING_ALIGN: u64 = 256;
+
+/// Bytes of one staging slot for experts of `expert_bytes` (weights and scales of three
+/// matrices, each of the six parts aligned to [`STAGING_ALIGN`]).
+pub fn staging_slot_bytes(expert_bytes: u64) -> u64 {
+    expert_bytes + 6 * STAGING_ALIGN
+}
+
+/// Staging slots a streamed model asks for: two per routed expert of a token.
+pub fn staging_slots(cfg: &Config) -> usize {
+    2 * cfg.raw.num_experts_per_tok
+}
+
+/// Plans `budget` bytes of VRAM over `c` (see the module docs for the order), without a
+/// staging area (experts not streamed).
 pub fn plan(c: &Candidates, cfg: &Config, budget: u64, ledger: Option<&Ledger>) -> GpuPlan {
+    plan_with(c, cfg, budget, ledger, 0)
+}
+
+/// [`plan`] with a staging area of up to `staging` slots (experts streamed under a memory
+/// budget): placed after the spine, before the expert tier, as many slots as fit (at least
+/// two, or none).
+pub fn plan_with(
+    c: &Candidates,
+    cfg: &Config,
+    budget: u64,
+    ledger: Option<&Ledger>,
+    staging: usize,
+) -> GpuPlan {
     let n = cfg.raw.num_hidden_layers;
     let mut spine: Vec<&(String, u64)> = c.spine.iter().collect();
     spine.sort_by(|a, b| (order_key(&a.0, n), &a.0).cmp(&(order_key(&b.0, n), &b.0)));
@@ -225,6 +269,18 @@ pub fn plan(c: &Candidates, cfg: &Config, budget: u64, ledger: Option<&Ledger>) 
             class.placed += 1;
             class.placed_bytes += bytes;
             p.spine.insert(name.clone());
+        }
+    }
+    let largest = c.experts.values().map(|&(_, b)| b).max().unwrap_or(0);
+    let all_experts: u64 = c.experts.values().map(|&(n, b)| n as u64 * b).sum();
+    // Nothing to copy when every expert fits in VRAM anyway.
+    if staging > 0 && largest > 0 && used + all_experts > budget {
+        let slot = staging_slot_bytes(largest);
+        let fit = (budget.saturating_sub(used) / slot).min(staging as u64) as usize;
+        if fit >= 2 {
+            p.staging_slots = fit;
+            p.staging_bytes = fit as u64 * slot;
+            used += p.staging_bytes;
         }
     }
     for (&l, &(count, bytes)) in &c.experts {
@@ -257,6 +313,9 @@ pub struct GpuPlacement {
     pub left_on_cpu: usize,
     /// Per MoE layer: (layer, the experts in VRAM, experts in the layer).
     pub vram_experts: Vec<(usize, Vec<u32>, usize)>,
+    /// Staging slots for experts copied from RAM, and their device bytes (included in
+    /// `bytes`).
+    pub staging: (usize, u64),
 }
 
 impl GpuPlacement {
@@ -400,11 +459,39 @@ pub(super) fn apply(
         p.left_on_cpu += left;
         p.vram_experts.push((l, ids, moe.expert_count()));
     }
+    if plan.staging_slots > 0 {
+        let largest = plan.per_layer.values().map(|x| x.2).max().unwrap_or(0);
+        let tier = std::sync::Arc::new(super::copied::CopyTier::new(
+            &gpu,
+            plan.staging_slots,
+            staging_slot_bytes(largest) as usize,
+        )?);
+        let mut mlps: Vec<&mut super::moe::Mlp> =
+            model.layers.iter_mut().map(|x| &mut x.mlp).collect();
+        if let Some(mtp) = &mut model.mtp {
+            mlps.push(&mut mtp.layer.mlp);
+        }
+        for mlp in mlps {
+            if let Some(moe) = mlp.moe_mut() {
+                moe.set_copy_tier(&tier);
+            }
+        }
+        p.staging = (tier.slots(), tier.device_bytes() as u64);
+        p.bytes += p.staging.1;
+        model.copy_tier = Some(tier);
+    }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let total: usize = p.vram_experts.iter().map(|x| x.2).sum();
+    let staging = match p.staging {
+        (0, _) => String::new(),
+        (n, b) => format!(
+            "; staging for copied experts: {n} slots ({:.1} MiB)",
+            mib(b)
+        ),
+    };
     p.summary = format!(
         "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU; routed experts in VRAM: \
-         {} of {} (budget {:.1} MiB)",
+         {} of {}{staging} (budget {:.1} MiB)",
         gpu.describe(),
         p.matrices,
         mib(p.bytes),

@@ -46,6 +46,11 @@ pub struct LoadOptions {
     /// everything on the CPU. Without a usable GPU, or without the `cuda` feature, the model
     /// stays on the CPU and [`super::Glm5::gpu_placement`] says why.
     pub gpu_memory: Option<super::GpuMemory>,
+    /// With `gpu_memory` and a memory budget: plan a staging area so that routed experts outside
+    /// the VRAM tier may be copied to the GPU (default). Off: every one of them runs on the CPU
+    /// (`nectar bench replay`'s `SIZE:nocopy` arm, the reference the copies are measured
+    /// against).
+    pub gpu_copies: bool,
     /// Load the MTP layer when the model has one (default). Off for `--mtp off`: the layer is
     /// then neither loaded nor planned, so under a budget its spine, working bank and slot row
     /// (about 1 GB at GLM-5.2's size, a 12th LRU slot per layer at 29 GiB) go to the main
@@ -97,6 +102,7 @@ impl Default for LoadOptions {
             pin: None,
             admission: DEFAULT_ADMISSION,
             gpu_memory: None,
+            gpu_copies: true,
             mtp: true,
         }
     }

@@ -1,0 +1,389 @@
+//! Copying weights from ordinary (pageable) host memory into a small VRAM staging area,
+//! asynchronously, on a copy stream of its own: what lets a routed expert that is not in VRAM be
+//! computed on the GPU from its RAM slot.
+//!
+//! The bytes go through a **pinned bounce ring**: [`RING_CHUNKS`] page-locked chunks of
+//! [`CHUNK_BYTES`]; the host copies a chunk of the expert into a free chunk of the ring
+//! ([`STAGE_THREADS`] threads), then
+//! queues its DMA to the staging slot, so the host copy of chunk i + 1 overlaps the DMA of chunk
+//! i. The source is never registered with the driver (`cuMemHostRegister`): the RAM cache's
+//! slots are returned to the kernel with `madvise(MADV_DONTNEED)` by the RSS guard, and pages
+//! pinned by the driver would neither be released (the guard's purpose) nor stay the pages the
+//! process sees after the advice (a DMA would read the old ones). The ring costs
+//! `RING_CHUNKS × CHUNK_BYTES` of host memory, whatever the expert size.
+//!
+//! Ordering across the two streams is explicit (the context runs with cudarc's event tracking
+//! off): a slot's DMA waits for the event recorded after the last kernel that read the slot
+//! ([`Staging::release`]), and the kernels wait for the event recorded after its DMA
+//! ([`Staging::wait_ready`]).
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::view::MatView;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
+use nectar_kernels::MatRef;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Bytes of one chunk of the pinned bounce ring.
+pub const CHUNK_BYTES: usize = 4 << 20;
+/// Chunks in the ring: enough that the host never waits on a DMA in flight while the link is
+/// the slower side.
+pub const RING_CHUNKS: usize = 4;
+/// Threads that copy one chunk into the ring together: one thread's stores into pinned memory
+/// reach about 6 GB/s (measured on the H200 host, RESULTS), a tenth of the link.
+pub const STAGE_THREADS: usize = 4;
+/// Alignment of each part inside a slot (the kernels' vector paths need 16 bytes).
+pub const PART_ALIGN: usize = 256;
+
+/// Slot bytes that hold `parts` of these lengths, each aligned to [`PART_ALIGN`].
+pub fn slot_bytes_for(parts: &[usize]) -> usize {
+    parts
+        .iter()
+        .map(|p| p.div_ceil(PART_ALIGN) * PART_ALIGN)
+        .sum()
+}
+
+/// The pinned ring, the events around each chunk's last DMA, and the link time of the DMAs
+/// completed so far.
+struct Ring {
+    buf: PinnedHostSlice<u8>,
+    /// Recorded before each chunk's DMA (timing).
+    start: Vec<CudaEvent>,
+    /// Recorded after it (timing; the host waits on it before rewriting the chunk).
+    done: Vec<CudaEvent>,
+    /// Bytes of the chunk's DMA not yet added to the totals.
+    pending: Vec<usize>,
+    next: usize,
+    /// Bytes and seconds of the DMAs accounted (each timed by its own events).
+    link_bytes: u64,
+    link_s: f64,
+}
+
+impl Ring {
+    /// Waits for chunk `c`'s last DMA and adds its time to the totals.
+    fn reclaim(&mut self, c: usize) -> Result<()> {
+        self.done[c].synchronize()?;
+        if self.pending[c] > 0 {
+            self.link_s += f64::from(self.start[c].elapsed_ms(&self.done[c])?) / 1e3;
+            self.link_bytes += self.pending[c] as u64;
+            self.pending[c] = 0;
+        }
+        Ok(())
+    }
+}
+
+/// Copies `src` into `dst` (same length) with up to [`STAGE_THREADS`] threads.
+fn parallel_copy(src: &[u8], dst: &mut [u8]) {
+    let piece = src.len().div_ceil(STAGE_THREADS).max(1 << 18);
+    if src.len() <= piece {
+        dst.copy_from_slice(src);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
+/// One slot's events: DMA done, kernels done, and the DMA's start and end for its timing.
+struct SlotEvents {
+    ready: CudaEvent,
+    free: CudaEvent,
+    t0: CudaEvent,
+    t1: CudaEvent,
+}
+
+/// What one staged copy took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CopyTiming {
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Host seconds spent copying into the pinned ring (including waits for a free chunk).
+    pub stage_s: f64,
+}
+
+/// A VRAM staging area of `slots` equal slots and the machinery that fills them.
+pub struct Staging {
+    gpu: Arc<Gpu>,
+    copy: Arc<CudaStream>,
+    area: CudaSlice<u8>,
+    slot_bytes: usize,
+    slots: usize,
+    ring: Mutex<Ring>,
+    events: Vec<SlotEvents>,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("slots", &self.slots)
+            .field("slot_bytes", &self.slot_bytes)
+            .finish()
+    }
+}
+
+impl Staging {
+    /// Allocates `slots` slots of `slot_bytes` in VRAM, the pinned ring and a copy stream.
+    pub fn new(gpu: &Arc<Gpu>, slots: usize, slot_bytes: usize) -> Result<Staging> {
+        if slots == 0 || slot_bytes == 0 {
+            return Err(Error::Shape(format!(
+                "staging: {slots} slots of {slot_bytes} bytes"
+            )));
+        }
+        let ctx = &gpu.ctx;
+        let copy = ctx.new_stream()?;
+        let total = slots
+            .checked_mul(slot_bytes)
+            .ok_or_else(|| Error::Shape("staging area overflows".into()))?;
+        // SAFETY: a slot is only read by kernels after its DMA wrote it (`wait_ready`).
+        let area = unsafe { gpu.stream.alloc::<u8>(total)? };
+        // SAFETY: the ring is written by the host before each DMA reads it.
+        let buf = unsafe { ctx.alloc_pinned::<u8>(CHUNK_BYTES * RING_CHUNKS)? };
+        let event = |timing: bool| {
+            ctx.new_event(Some(if timing {
+                CUevent_flags::CU_EVENT_DEFAULT
+            } else {
+                CUevent_flags::CU_EVENT_DISABLE_TIMING
+            }))
+        };
+        let ring_events = || {
+            (0..RING_CHUNKS)
+                .map(|_| event(true))
+                .collect::<std::result::Result<Vec<_>, _>>()
+        };
+        let (start, done) = (ring_events()?, ring_events()?);
+        let mut events = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            events.push(SlotEvents {
+                ready: event(false)?,
+                free: event(false)?,
+                t0: event(true)?,
+                t1: event(true)?,
+            });
+        }
+        // Unrecorded events count as complete, so the first use of each chunk and slot waits
+        // for nothing.
+        Ok(Staging {
+            gpu: gpu.clone(),
+            copy,
+            area,
+            slot_bytes,
+            slots,
+            ring: Mutex::new(Ring {
+                buf,
+                start,
+                done,
+                pending: vec![0; RING_CHUNKS],
+                next: 0,
+                link_bytes: 0,
+                link_s: 0.0,
+            }),
+            events,
+        })
+    }
+
+    /// Slots in the area.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Device bytes of the area.
+    pub fn device_bytes(&self) -> usize {
+        self.slots * self.slot_bytes
+    }
+
+    /// Host bytes of the pinned ring.
+    pub fn pinned_bytes(&self) -> usize {
+        CHUNK_BYTES * RING_CHUNKS
+    }
+
+    /// The GPU the area lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn slot_base(&self, slot: usize) -> Result<u64> {
+        if slot >= self.slots {
+            return Err(Error::Shape(format!(
+                "staging slot {slot} of {}",
+                self.slots
+            )));
+        }
+        let (base, _sync) = self.area.device_ptr(&self.gpu.stream);
+        Ok(base + (slot * self.slot_bytes) as u64)
+    }
+
+    /// Queues the copy of `parts` (back to back, each at a [`PART_ALIGN`] boundary) into
+    /// `slot`, once the kernels released by the slot's last [`Staging::release`] are done.
+    /// Returns each part's device address and the host time spent; when this returns the host
+    /// bytes have been taken (the caller may drop them) and the DMA may still be in flight.
+    pub fn copy(&self, slot: usize, parts: &[&[u8]]) -> Result<(Vec<u64>, CopyTiming)> {
+        let base = self.slot_base(slot)?;
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        if slot_bytes_for(&lens) > self.slot_bytes {
+            return Err(Error::Shape(format!(
+                "staging: {} bytes do not fit a slot of {}",
+                slot_bytes_for(&lens),
+                self.slot_bytes
+            )));
+        }
+        let started = Instant::now();
+        // The raw copies below need the context current on this thread (the caller's may be a
+        // fresh one).
+        self.gpu.ctx.bind_to_thread()?;
+        let ev = &self.events[slot];
+        self.copy.wait(&ev.free)?;
+        ev.t0.record(&self.copy)?;
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut addrs = Vec::with_capacity(parts.len());
+        let (mut off, mut bytes) = (0usize, 0u64);
+        for part in parts {
+            addrs.push(base + off as u64);
+            for (i, chunk) in part.chunks(CHUNK_BYTES).enumerate() {
+                let c = ring.next;
+                ring.next = (c + 1) % RING_CHUNKS;
+                // The chunk's previous DMA must have read it before the host overwrites it.
+                ring.reclaim(c)?;
+                let dst = base + (off + i * CHUNK_BYTES) as u64;
+                // SAFETY: the ring holds RING_CHUNKS × CHUNK_BYTES bytes, chunk c is not read
+                // by any DMA (its event completed), and `chunk` is at most CHUNK_BYTES.
+                let pinned = unsafe {
+                    let p = ring.buf.as_mut_ptr()?.add(c * CHUNK_BYTES);
+                    parallel_copy(chunk, std::slice::from_raw_parts_mut(p, chunk.len()));
+                    std::slice::from_raw_parts(p as *const u8, chunk.len())
+                };
+                ring.start[c].record(&self.copy)?;
+                // SAFETY: `dst .. dst + chunk.len()` lies inside this slot (the fit was checked
+                // above), and the pinned source stays untouched until `done[c]` completes.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(dst, pinned, self.copy.cu_stream())?
+                };
+                ring.done[c].record(&self.copy)?;
+                ring.pending[c] = chunk.len();
+            }
+            off += part.len().div_ceil(PART_ALIGN) * PART_ALIGN;
+            bytes += part.len() as u64;
+        }
+        drop(ring);
+        ev.t1.record(&self.copy)?;
+        ev.ready.record(&self.copy)?;
+        Ok((
+            addrs,
+            CopyTiming {
+                bytes,
+                stage_s: started.elapsed().as_secs_f64(),
+            },
+        ))
+    }
+
+    /// [`Staging::copy`] of whole weight matrices (weights, then f32 scales, of each): returns
+    /// their views in the slot, ready for [`Gpu::matmul_views`] once [`Staging::wait_ready`].
+    pub fn copy_mats(
+        &self,
+        slot: usize,
+        mats: &[MatRef<'_>],
+    ) -> Result<(Vec<MatView>, CopyTiming)> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * mats.len());
+        for m in mats {
+            m.validate()?;
+            parts.push(m.data);
+            // SAFETY: f32 has no padding and every byte pattern is a valid u8; the view covers
+            // exactly the scales' bytes and lives as long as `m.scales`.
+            parts.push(unsafe {
+                std::slice::from_raw_parts(m.scales.as_ptr().cast::<u8>(), 4 * m.scales.len())
+            });
+        }
+        let (addrs, t) = self.copy(slot, &parts)?;
+        let views = mats
+            .iter()
+            .enumerate()
+            .map(|(k, m)| MatView {
+                format: m.format,
+                rows: m.rows,
+                cols: m.cols,
+                w: addrs[2 * k],
+                s: addrs[2 * k + 1],
+            })
+            .collect();
+        Ok((views, t))
+    }
+
+    /// Blocks the host until `slot`'s DMA is done, then returns the DMA's own duration in
+    /// seconds (CUDA events on the copy stream: the copy's link time, not the host's).
+    pub fn wait_ready(&self, slot: usize) -> Result<f64> {
+        self.slot_base(slot)?;
+        let ev = &self.events[slot];
+        ev.ready.synchronize()?;
+        Ok(f64::from(ev.t0.elapsed_ms(&ev.t1)?) / 1e3)
+    }
+
+    /// Marks `slot` free once every kernel queued so far on the compute stream is done: the
+    /// next copy into it waits for that, not for the host.
+    pub fn release(&self, slot: usize) -> Result<()> {
+        self.slot_base(slot)?;
+        self.events[slot].free.record(&self.gpu.stream)?;
+        Ok(())
+    }
+
+    /// Bytes and seconds of the DMAs of copies completed so far, each chunk timed by its own
+    /// events on the copy stream: the link's rate for these copies, without the host's
+    /// staging between them.
+    pub fn link(&self) -> (u64, f64) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        for c in 0..RING_CHUNKS {
+            // A failed wait leaves that chunk out of the totals; the next copy reports it.
+            let _ = ring.reclaim(c);
+        }
+        (ring.link_bytes, ring.link_s)
+    }
+
+    /// Pinned host→device bandwidth of this machine in bytes per second: `reps` copies of the
+    /// whole ring, pinned source, one DMA each, timed by events on the copy stream — the
+    /// reference the staged copies are divided by (measured in the same process).
+    pub fn pinned_reference(&self, reps: usize) -> Result<f64> {
+        let len = self.pinned_bytes().min(self.device_bytes());
+        let base = self.slot_base(0)?;
+        self.gpu.ctx.bind_to_thread()?;
+        let t0 = self
+            .gpu
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let t1 = self
+            .gpu
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        for c in 0..RING_CHUNKS {
+            ring.reclaim(c)?;
+        }
+        self.copy.wait(&self.events[0].free)?;
+        // SAFETY: the ring holds at least `len` bytes and no DMA reads it (all chunk events
+        // completed); the bytes' values do not matter.
+        let src = unsafe { std::slice::from_raw_parts(ring.buf.as_mut_ptr()? as *const u8, len) };
+        // One warm-up copy, then the timed ones.
+        for r in 0..=reps.max(1) {
+            if r == 1 {
+                t0.record(&self.copy)?;
+            }
+            // SAFETY: `base .. base + len` lies inside the area (len ≤ device bytes); the
+            // source is pinned and not written while the copies run (the ring lock is held and
+            // the stream is synchronised below).
+            unsafe { cudarc::driver::result::memcpy_htod_async(base, src, self.copy.cu_stream())? };
+        }
+        t1.record(&self.copy)?;
+        self.copy.synchronize()?;
+        for d in &ring.done {
+            d.record(&self.copy)?;
+        }
+        ring.next = 0;
+        let s = f64::from(t0.elapsed_ms(&t1)?) / 1e3;
+        Ok((reps.max(1) * len) as f64 / s.max(1e-12))
+    }
+}

@@ -1,0 +1,101 @@
+//! Weights staged from pageable host memory into VRAM (`copy::Staging`, the route of a routed
+//! expert copied from its RAM slot) compute exactly what the same weights uploaded as a
+//! [`GpuMat`] compute: the same kernels on the same bytes, so the outputs are bit-identical —
+//! and within the kernels' tolerance of the CPU's.
+//!
+//! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
+#![cfg(feature = "cuda")]
+mod common;
+use common::*;
+use nectar_cuda::copy::{slot_bytes_for, Staging, CHUNK_BYTES};
+use nectar_cuda::{within_tolerance, Gpu, Order, Precision, GEMM_MIN_M};
+use nectar_kernels::{matmul, MatRef, WeightFormat};
+use std::sync::Arc;
+
+#[test]
+fn staged_weights_compute_what_uploaded_weights_compute() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = Arc::new(Gpu::open(0).unwrap());
+    // (format, rows, cols): a GLM-like int4 expert piece, odd float shapes, and an int8 matrix
+    // of 6 MiB, larger than one chunk of the pinned ring.
+    let shapes = [
+        (WeightFormat::Int4Group { group: 64 }, 96, 128),
+        (WeightFormat::F32, 33, 70),
+        (WeightFormat::Bf16, 40, 24),
+        (WeightFormat::Int8Row, 2048, 3072),
+    ];
+    let slot = shapes
+        .iter()
+        .map(|&(f, r, c)| {
+            let n = r * f.row_bytes(c);
+            slot_bytes_for(&[n, 4 * r * f.row_scales(c), n, 4 * r * f.row_scales(c)])
+        })
+        .max()
+        .unwrap();
+    assert!(slot > CHUNK_BYTES);
+    let staging = Staging::new(&g, 2, slot).unwrap();
+    assert!(staging.pinned_reference(2).unwrap() > 0.0);
+    let mut k = 0;
+    for (s, &(format, rows, cols)) in shapes.iter().enumerate() {
+        let a = weights(format, rows, cols, 10 + s as u64);
+        let b = weights(format, rows, cols, 20 + s as u64);
+        let mats = [
+            MatRef::new(format, rows, cols, &a.0, &a.1).unwrap(),
+            MatRef::new(format, rows, cols, &b.0, &b.1).unwrap(),
+        ];
+        let ms: &[usize] = if rows > 1000 {
+            &[1, 16]
+        } else {
+            &[1, 3, 8, 9, 40]
+        };
+        for &m in ms {
+            let x: Vec<f32> = random_bytes(m * cols * 2, 7 + m as u64)
+                .chunks_exact(2)
+                .map(unit)
+                .collect();
+            let slot = k % 2;
+            k += 1;
+            let (views, t) = staging.copy_mats(slot, &mats).unwrap();
+            assert_eq!(
+                t.bytes as usize,
+                2 * (mats[0].data.len() + 4 * mats[0].scales.len())
+            );
+            assert!(staging.wait_ready(slot).unwrap() > 0.0);
+            // SAFETY: the views address the slot just written, untouched until `release`.
+            let staged = unsafe { g.matmul_views(&[(views[0], &x), (views[1], &x)], m) }.unwrap();
+            staging.release(slot).unwrap();
+            let up: Vec<_> = mats.iter().map(|w| g.upload(w).unwrap()).collect();
+            let items = [(&up[0], x.as_slice()), (&up[1], x.as_slice())];
+            let want = if m >= GEMM_MIN_M {
+                g.gemm_batch(&items, m, Precision::Split3).unwrap()
+            } else {
+                g.matmul_batch(&items, m, Order::Exact).unwrap()
+            };
+            for (i, (got, want)) in staged.iter().zip(&want).enumerate() {
+                let same = got
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{format:?} {rows}x{cols} m={m} matrix {i}: staged ≠ uploaded"
+                );
+                let mut cpu = vec![0.0; m * rows];
+                matmul(&mats[i], &x, m, &mut cpu).unwrap();
+                let abs = abs_sums(&mats[i], &x, m);
+                for (e, ((&gv, &cv), &av)) in got.iter().zip(&cpu).zip(&abs).enumerate() {
+                    assert!(
+                        within_tolerance(gv, cv, av),
+                        "{format:?} m={m} element {e}: gpu {gv}, cpu {cv}"
+                    );
+                }
+            }
+        }
+    }
+    // Bytes that do not fit a slot are refused, not written past it.
+    let big = vec![0u8; slot + 1];
+    assert!(staging.copy(0, &[&big]).is_err());
+    assert!(staging.copy(2, &[&big[..16]]).is_err());
+}
