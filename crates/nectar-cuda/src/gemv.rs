@@ -11,6 +11,7 @@ use crate::device::Gpu;
 use crate::divide;
 use crate::error::{Error, Result};
 use crate::gemm::Precision;
+use crate::view::MatView;
 use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use nectar_kernels::{MatRef, WeightFormat};
 
@@ -363,6 +364,39 @@ impl Gpu {
         m: usize,
         kernel: Kernel,
     ) -> Result<Vec<Vec<f32>>> {
+        let views: Vec<(MatView, &[f32])> = items
+            .iter()
+            .map(|&(w, x)| {
+                let (wp, _) = w.data.device_ptr(&self.stream);
+                let (sp, _) = w.scales.device_ptr(&self.stream);
+                let v = MatView {
+                    format: w.format,
+                    rows: w.rows,
+                    cols: w.cols,
+                    w: wp,
+                    s: sp,
+                };
+                (v, x)
+            })
+            .collect();
+        // SAFETY: each view addresses an uploaded matrix of its own shape, borrowed (so alive
+        // and unchanged) for this call.
+        unsafe { self.run_views(&views, m, kernel) }
+    }
+
+    /// [`Gpu::run_batch`] over weights at device addresses: the one batch runner of the GEMV
+    /// and GEMM products, whoever owns the weights ([`GpuMat`]s, or an expert staged by
+    /// [`crate::copy::Staging`]), so the same matrix gives the same bits either way.
+    ///
+    /// # Safety
+    /// Each view must describe memory of this context that holds its matrix (weights and scales
+    /// of the view's format and shape) and that stays unchanged until this call returns.
+    pub(crate) unsafe fn run_views(
+        &self,
+        items: &[(MatView, &[f32])],
+        m: usize,
+        kernel: Kernel,
+    ) -> Result<Vec<Vec<f32>>> {
         let Some(&(first, _)) = items.first() else {
             return Ok(Vec::new());
         };
@@ -370,7 +404,7 @@ impl Gpu {
         for (w, x) in items {
             if (w.format, w.rows, w.cols) != (format, rows, cols) {
                 return Err(Error::Shape(format!(
-                    "matmul_batch: a {}x{} {} matrix among {rows}x{cols} {}",
+                    "matmul: a {}x{} {} matrix among {rows}x{cols} {}",
                     w.rows,
                     w.cols,
                     w.format.name(),
@@ -379,7 +413,7 @@ impl Gpu {
             }
             if Some(x.len()) != m.checked_mul(cols) {
                 return Err(Error::Shape(format!(
-                    "matmul_batch: x has {} values, want m × cols = {m} × {cols}",
+                    "matmul: x has {} values, want m × cols = {m} × {cols}",
                     x.len()
                 )));
             }
@@ -409,14 +443,7 @@ impl Gpu {
                 self.stream.cu_stream(),
             )?
         };
-        let ptrs: Vec<(u64, u64)> = items
-            .iter()
-            .map(|(w, _)| {
-                let (wp, _) = w.data.device_ptr(&self.stream);
-                let (sp, _) = w.scales.device_ptr(&self.stream);
-                (wp, sp)
-            })
-            .collect();
+        let ptrs: Vec<(u64, u64)> = items.iter().map(|(v, _)| (v.w, v.s)).collect();
         // Jobs for activation rows i0 .. of every item.
         let jobs_from = |i0: usize| -> Vec<Job> {
             ptrs.iter()
@@ -462,7 +489,7 @@ impl Gpu {
 
 /// Which kernel family runs a batch.
 #[derive(Debug, Clone, Copy)]
-enum Kernel {
+pub(crate) enum Kernel {
     Gemv(Order),
     Gemm(Precision),
 }

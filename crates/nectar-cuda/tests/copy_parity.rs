@@ -8,7 +8,7 @@
 mod common;
 use common::*;
 use nectar_cuda::copy::{slot_bytes_for, Staging, CHUNK_BYTES};
-use nectar_cuda::{within_tolerance, Gpu, Order, Precision, GEMM_MIN_M};
+use nectar_cuda::{use_gemm, within_tolerance, Gpu, Order, Precision};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use std::sync::Arc;
 
@@ -68,7 +68,7 @@ fn staged_weights_compute_what_uploaded_weights_compute() {
             staging.release(slot).unwrap();
             let up: Vec<_> = mats.iter().map(|w| g.upload(w).unwrap()).collect();
             let items = [(&up[0], x.as_slice()), (&up[1], x.as_slice())];
-            let want = if m >= GEMM_MIN_M {
+            let want = if use_gemm(mats[0].format, mats[0].rows, mats[0].cols, m) {
                 g.gemm_batch(&items, m, Precision::Split3).unwrap()
             } else {
                 g.matmul_batch(&items, m, Order::Exact).unwrap()

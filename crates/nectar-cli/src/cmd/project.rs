@@ -511,7 +511,10 @@ pub fn project(
     let probed = if prefetch {
         let (n, secs) = spent.iter().fold((0.0, 0.0), |a, &(k, w)| {
             let (phi, wst) = curve(k);
-            (a.0 + w as f64, a.1 + w as f64 * forward(u1, uv1, h1, phi, wst).0)
+            (
+                a.0 + w as f64,
+                a.1 + w as f64 * forward(u1, uv1, h1, phi, wst).0,
+            )
         });
         n / secs
     } else {
