@@ -657,6 +657,19 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
+    // The disk first, in a quiet process: read right after the calibration's model was dropped,
+    // it measured 1.0–1.8 GB/s where it reads 3.1–3.3 (a quiet machine, the same experts,
+    // minutes apart; benchmarks/RESULTS.md, "The projection validated on a quiet machine").
+    let mut disk_direct = None;
+    let disk_gbps = match (a.disk_gbps, &model_dir) {
+        (Some(d), _) => d,
+        (None, Some(dir)) => {
+            let (g, d, n) = measure_disk(dir, a.io_threads, effort.disk_secs)?;
+            disk_direct = Some((d, n));
+            g
+        }
+        (None, None) => anyhow::bail!("no disk speed to project with"),
+    };
     // Measure only what the flags leave open: the kernel (its decode GB/s, its share of the
     // read rate, its prefill GFLOP/s) and the read reference (the share's denominator).
     let kernel = if a.mem_gbps.is_none() || a.kernel_share.is_none() || a.gflops.is_none() {
@@ -677,7 +690,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let measured = |what: Option<f64>, name: &str| {
         what.ok_or_else(|| anyhow::anyhow!("{name} was neither given nor measured"))
     };
-    let mut disk_direct = None;
     let dec_here = kernel.map(|k| k.0);
     // The per-layer compute: given, or calibrated on a container of this geometry by a short
     // decode on this machine (scaled to --cores).
@@ -726,15 +738,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             Some(g) => g * share,
             None => measured(kernel.map(|k| k.0), "the kernel rate")?,
         },
-        disk_gbps: match (a.disk_gbps, &model_dir) {
-            (Some(d), _) => d,
-            (None, Some(dir)) => {
-                let (g, d, n) = measure_disk(dir, a.io_threads, effort.disk_secs)?;
-                disk_direct = Some((d, n));
-                g
-            }
-            (None, None) => anyhow::bail!("no disk speed to project with"),
-        },
+        disk_gbps,
         gflops: match a.gflops {
             Some(g) => g,
             None => {
