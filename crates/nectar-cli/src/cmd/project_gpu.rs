@@ -159,6 +159,7 @@ mod tests {
         let rest = without(&t, &sets);
         let count =
             |t: &Trace, l: usize| (0..t.rows).map(|r| t.experts(r, l).count()).sum::<usize>();
+        let p = Trace::load(&dir, "prefill").unwrap();
         for &l in &layers {
             assert_eq!(sets[l].len(), 16);
             // Removed: exactly the requests for the held experts; the others untouched.
@@ -173,7 +174,6 @@ mod tests {
             assert!(rest.experts(0, l).all(|e| !sets[l].contains(&e)));
             // The most selected in the ranking stream: 16 experts of 256 take more than 16/256
             // of its selections (routing is skewed).
-            let p = Trace::load(&dir, "prefill").unwrap();
             let sel = |pred: &dyn Fn(u32) -> bool| -> usize {
                 (0..p.rows)
                     .map(|r| p.experts(r, l).filter(|&e| pred(e)).count())
