@@ -10,6 +10,16 @@ fn e256() -> String {
         .to_string()
 }
 
+/// `nectar fit --geometry glm52 --project --json` with `args` (the budget and the machine's
+/// speeds): the projection object.
+fn glm52_projection(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["fit", "--geometry", "glm52", "--project", "--json"];
+    all.extend_from_slice(args);
+    let (ok, out, err) = nectar(&all);
+    assert!(ok, "{err}");
+    json(&out)["projection"].clone()
+}
+
 #[test]
 fn bench_policy_reports_every_kind_and_slot_count_against_belady() {
     let (ok, out, err) = nectar(&["bench", "policy", "--slots", "12,16", "--json"]);
@@ -198,23 +208,16 @@ fn fit_projects_decode_and_prefill_speed() {
     // GLM-5.2's constants on a described machine (every speed given, so nothing measured here
     // enters the decode figure): 32 GB is disk-bound, so a faster disk projects faster.
     let glm = |disk: &str| {
-        let (ok, out, err) = nectar(&[
-            "fit",
-            "--geometry",
-            "glm52",
+        glm52_projection(&[
             "--memory-budget",
             "29G",
-            "--project",
             "--disk-gbps",
             disk,
             "--mem-gbps",
             "65",
             "--kernel-share",
             "0.6",
-            "--json",
-        ]);
-        assert!(ok, "{err}");
-        json(&out)["projection"].clone()
+        ])
     };
     let (slow, fast) = (glm("7"), glm("14"));
     let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
@@ -257,13 +260,9 @@ fn run_reports_how_much_of_the_slab_huge_pages_back() {
 fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     // GLM-5.2 on a described machine, every speed given: nothing measured here enters.
     let project = |extra: &[&str]| {
-        let mut args = vec![
-            "fit",
-            "--geometry",
-            "glm52",
+        let machine = [
             "--memory-budget",
             "29G",
-            "--project",
             "--disk-gbps",
             "7",
             "--mem-gbps",
@@ -272,12 +271,8 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
             "0.6",
             "--gflops",
             "500",
-            "--json",
         ];
-        args.extend_from_slice(extra);
-        let (ok, out, err) = nectar(&args);
-        assert!(ok, "{err}");
-        json(&out)["projection"].clone()
+        glm52_projection(&[&machine[..], extra].concat())
     };
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
@@ -303,13 +298,9 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
     // path needs the early reads, does not go stricter. Either way it settles on the fastest
     // threshold it visited.
     let project = |budget: &str, disk: &str, mem: &str| {
-        let (ok, out, err) = nectar(&[
-            "fit",
-            "--geometry",
-            "glm52",
+        glm52_projection(&[
             "--memory-budget",
             budget,
-            "--project",
             "--disk-gbps",
             disk,
             "--mem-gbps",
@@ -322,10 +313,7 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
             "1.0",
             "--gflops",
             "1000",
-            "--json",
-        ]);
-        assert!(ok, "{err}");
-        json(&out)["projection"].clone()
+        ])
     };
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let at = |p: &serde_json::Value, n: &str| {
@@ -355,13 +343,9 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
 fn fit_projects_a_gpu_tier_from_the_card_described() {
     // GLM-5.2 with 64 GB of RAM, a PCIe4 disk and a 24 GB card, every speed given.
     let project = |extra: &[&str]| {
-        let mut args = vec![
-            "fit",
-            "--geometry",
-            "glm52",
+        let machine = [
             "--memory-budget",
             "61G",
-            "--project",
             "--disk-gbps",
             "7",
             "--mem-gbps",
@@ -372,12 +356,8 @@ fn fit_projects_a_gpu_tier_from_the_card_described() {
             "1000",
             "--layer-overhead-ms",
             "1",
-            "--json",
         ];
-        args.extend_from_slice(extra);
-        let (ok, out, err) = nectar(&args);
-        assert!(ok, "{err}");
-        json(&out)["projection"].clone()
+        glm52_projection(&[&machine[..], extra].concat())
     };
     let f = |v: &serde_json::Value| v.as_f64().unwrap();
     let cpu = project(&[]);
