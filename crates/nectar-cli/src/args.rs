@@ -800,8 +800,13 @@ pub struct FitArgs {
     /// --geometry), scaled by --cores; 0 when there is nothing to calibrate on.
     #[arg(long)]
     pub layer_overhead_ms: Option<f64>,
+    /// Share of the MoE block's compute behind which expert reads hide (0–1; 1 = all of it,
+    /// the block's design; 0 = each layer's misses read after its router with nothing beside).
+    /// Default: measured by the calibration decode (trace routes under the budget), else 0.
+    #[arg(long)]
+    pub moe_overlap: Option<f64>,
     /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
-    /// calibrate the per-layer compute on.
+    /// calibrate the per-layer compute and the overlap on.
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
     /// With --project and --gpu-memory: weight GB/s of the GPU's kernels at M = 1 on the card

@@ -205,6 +205,16 @@ fn fit_projects_decode_and_prefill_speed() {
         "{p}"
     );
     assert!(v["machine"]["disk_gbps"].as_f64().unwrap() > 0.0);
+    // The calibration decodes with the trace's routes in place of the model's routers, under
+    // the budget: it reads experts, and the overlap it measured (when it read enough to tell)
+    // is a share, the one the projection used.
+    let c = &v["machine"]["calibration"];
+    assert!(c["routes"].as_str().unwrap().contains("route256"), "{c}");
+    assert!(c["read_gb_per_token"].as_f64().unwrap() > 0.0, "{c}");
+    let eta = v["machine"]["moe_overlap"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&eta), "{v}");
+    assert_eq!(c["moe_overlap"].as_f64().unwrap_or(0.0), eta, "{v}");
+    assert_eq!(v["projection"]["moe_overlap"].as_f64(), Some(eta), "{v}");
     // GLM-5.2's constants on a described machine (every speed given, so nothing measured here
     // enters the decode figure): 32 GB is disk-bound, so a faster disk projects faster.
     let glm = |disk: &str| {
@@ -289,6 +299,41 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     assert!(tok(&ahead) > tok(&slow), "{ahead} {slow}");
     assert!(tok(&ahead) <= ahead["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
     assert_eq!(slow["prefetch"]["coverage"], 0.0);
+    // Nothing to calibrate on and no flag: the MoE block hides no reads (the serial end). Reads
+    // hidden behind the whole block save its compute time on this disk-bound machine.
+    assert_eq!(slow["moe_overlap"], 0.0);
+    let hidden = project(&[
+        "--layer-overhead-ms",
+        "2",
+        "--prefetch",
+        "off",
+        "--moe-overlap",
+        "1",
+    ]);
+    let half = project(&[
+        "--layer-overhead-ms",
+        "2",
+        "--prefetch",
+        "off",
+        "--moe-overlap",
+        "0.5",
+    ]);
+    assert!(
+        tok(&half) > tok(&slow) && tok(&hidden) > tok(&half),
+        "{slow} {half} {hidden}"
+    );
+    assert!(tok(&hidden) <= hidden["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
+    let (ok, _, err) = nectar(&[
+        "fit",
+        "--geometry",
+        "glm52",
+        "--project",
+        "--disk-gbps",
+        "7",
+        "--moe-overlap",
+        "1.5",
+    ]);
+    assert!(!ok && err.contains("--moe-overlap 1.5"), "{err}");
 }
 
 #[test]
@@ -296,7 +341,8 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
     // The same controller as the runtime's, on modelled windows: a saturated PCIe4 disk makes
     // it stricter than the start (8) and that pays; a 400 GB/s unified machine, whose serial
     // path needs the early reads, does not go stricter. Either way it settles on the fastest
-    // threshold it visited.
+    // threshold it visited. (The MoE block hides reads as designed, so the small machine's
+    // disk is what binds.)
     let project = |budget: &str, disk: &str, mem: &str| {
         glm52_projection(&[
             "--memory-budget",
@@ -311,6 +357,8 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
             "0.6",
             "--layer-overhead-ms",
             "1.0",
+            "--moe-overlap",
+            "1",
             "--gflops",
             "1000",
         ])

@@ -21,6 +21,7 @@
 //! misses); and the expert union per decode step (`expert_union`): distinct experts per MoE
 //! layer with the draft row against the plain row alone, the union growth per verify.
 use super::bench_io::RawReader;
+use super::trace_routes::TraceRoutes;
 use crate::args::BenchReplayArgs;
 use anyhow::{Context, Result};
 use nectar_engine::{Batch, BatchOptions, Request, UnionCounts, UnionMeter};
@@ -39,11 +40,7 @@ use std::time::Instant;
 
 /// Feeds trace routes to the model and records each forward's per-layer requests.
 struct Replayer<'a> {
-    trace: &'a Trace,
-    /// Model layer → trace layer.
-    map: HashMap<usize, usize>,
-    /// Trace row of each row of the current forward.
-    rows: Vec<usize>,
+    routes: TraceRoutes<'a>,
     /// Per model layer: the unique experts each forward requested of the RAM tier.
     requests: HashMap<usize, Vec<Vec<u32>>>,
     /// Per model layer: experts held in VRAM (`--gpu-memory`): computed there, never requested
@@ -56,7 +53,7 @@ struct Replayer<'a> {
 impl Replayer<'_> {
     /// Starts a forward over `rows` that requests experts of `layers`.
     fn begin(&mut self, rows: Vec<usize>, layers: &[usize]) {
-        self.rows = rows;
+        self.routes.rows = rows;
         for l in layers {
             self.requests.entry(*l).or_default().push(Vec::new());
         }
@@ -65,8 +62,7 @@ impl Replayer<'_> {
 
 impl Observer for Replayer<'_> {
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
-        let tl = *self.map.get(&layer)?;
-        let ids: Vec<u32> = self.trace.experts(*self.rows.get(row)?, tl).collect();
+        let ids = self.routes.replay_route(layer, row)?;
         let vram = self.vram.get(&layer);
         if let Some(u) = self.requests.get_mut(&layer).and_then(|v| v.last_mut()) {
             for &e in &ids {
@@ -81,49 +77,6 @@ impl Observer for Replayer<'_> {
     fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
         self.union.router(layer, row, ids, weights);
     }
-}
-
-/// Model MoE layer → trace layer: the trace layer of the same id when the trace was recorded
-/// on this model's layout, else the trace's main layers in turn; the MTP layer takes the
-/// trace's MTP layer.
-fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
-    let n = model.cfg.raw.num_hidden_layers;
-    let hidden = trace.hidden_layers();
-    let main = trace.main_layers(hidden);
-    anyhow::ensure!(!main.is_empty(), "{}: no main layers", trace.path.display());
-    let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
-    let same = moe
-        .iter()
-        .all(|&l| main.iter().any(|&i| trace.layers[i] as usize == l));
-    let mut map: HashMap<usize, usize> = moe
-        .iter()
-        .enumerate()
-        .map(|(j, &l)| {
-            let i = if same {
-                main.iter()
-                    .copied()
-                    .find(|&i| trace.layers[i] as usize == l)
-                    .unwrap_or(main[0])
-            } else {
-                main[j % main.len()]
-            };
-            (l, i)
-        })
-        .collect();
-    if let (true, Some(&m)) = (model.has_mtp(), trace.mtp_layers(hidden).first()) {
-        map.insert(n, m);
-    }
-    let experts = model.cfg.raw.n_routed_experts;
-    anyhow::ensure!(
-        trace.experts_per_layer <= experts && trace.top_k <= model.cfg.raw.num_experts_per_tok,
-        "{}: the trace routes top-{} of {} experts; the model has top-{} of {}",
-        trace.path.display(),
-        trace.top_k,
-        trace.experts_per_layer,
-        model.cfg.raw.num_experts_per_tok,
-        experts
-    );
-    Ok(map)
 }
 
 /// Hits and misses of the main layers (or the MTP tier) between two snapshots: a request a
@@ -229,7 +182,6 @@ fn run_one(
         a.model.display()
     );
     let n = model.cfg.raw.num_hidden_layers;
-    let map = layer_map(&model, trace)?;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut layers = moe.clone();
     if mtp {
@@ -238,9 +190,7 @@ fn run_one(
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| -> u32 { trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab };
     let mut obs = Replayer {
-        trace,
-        map,
-        rows: Vec::new(),
+        routes: TraceRoutes::new(&model, trace)?,
         requests: HashMap::new(),
         vram: vram_map(&model),
         union: UnionMeter::default(),
@@ -533,9 +483,7 @@ fn prefill_run(
     let n = model.cfg.raw.num_hidden_layers;
     let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
     let mut obs = Replayer {
-        trace: &trace,
-        map: layer_map(&model, &trace)?,
-        rows: Vec::new(),
+        routes: TraceRoutes::new(&model, &trace)?,
         requests: HashMap::new(),
         vram: vram_map(&model),
         union: UnionMeter::default(),

@@ -20,6 +20,7 @@ pub mod run;
 pub mod serve;
 pub mod session;
 pub mod synth;
+pub mod trace_routes;
 pub mod usage;
 pub mod verify;
 

@@ -9,19 +9,22 @@
 //!   T_attn = (spine read − shared experts) / BW_dec + L·o       attention, norms, head, + compute
 //!   T_moe  = (L·U(n)·S_e + shared experts) / BW_dec            routed (hits and misses) + shared
 //!   T_ssd  = L·U(n)·(1 − h(C, n))·S_e / BW_ssd                 the misses
-//!   T      = max(T_attn + max(T_moe, (1 − φ)·T_ssd), (1 + w)·T_ssd)
+//!   T      = max(T_attn + (1 − η)·T_moe + max(η·T_moe, (1 − φ)·T_ssd), (1 + w)·T_ssd)
 //!            [+ the MTP layer's own forward, same shape]
 //!   tok/s  = τ / T,  τ = 1 (MTP off) or 1 + a (one draft accepted with probability a)
 //! ```
 //! `o` is the compute a layer spends beyond streaming its weights (attention math, the DSA
-//! indexer, routing, synchronisation), calibrated by a short real decode of the container
-//! (its time less the time waiting for reads, less its weight bytes at BW_dec, per layer) or
-//! given (`--layer-overhead-ms`). `φ` is the share of the misses whose read look-ahead prefetch
-//! starts before the layer runs (they overlap attention and earlier layers, so only the rest is
-//! serial after the router) and `w` its wasted reads per needed read, both from the same
-//! route256 replay (`replay_prefetch`); without prefetch φ = w = 0 and
-//! `T = T_attn + max(T_moe, T_ssd)`. The disk term `(1 + w)·T_ssd` bounds T from below: every
-//! read, wasted or not, takes disk time.
+//! indexer, routing, synchronisation, and what the reads beside it cost the compute) and `η`
+//! the share of the MoE block's compute behind which the reads actually hide (1 is the
+//! block's design: hits and the shared expert compute while the misses load). Both come from
+//! a short calibration decode of the container under the budget with the trace's routes in
+//! place of its routers ([`calibrate`]), or are given (`--layer-overhead-ms`,
+//! `--moe-overlap`; without either η is 0, the serial end). `φ` is the share of the misses
+//! whose read look-ahead prefetch starts before the layer runs (they overlap attention and
+//! earlier layers, so only the rest is serial after the router) and `w` its wasted reads per
+//! needed read, both from the same route256 replay (`replay_prefetch`); without prefetch
+//! φ = w = 0. The disk term `(1 + w)·T_ssd` bounds T from below: every read, wasted or not,
+//! takes disk time.
 //! `C` is the LRU slots per layer of the memory plan for the budget (the same plan `fit`
 //! prints); `U(n)` and `h(C, n)` are measured by replaying the route256 trace (GLM-5.2's expert
 //! shape) through the real default policy at exactly that `C` (`nectar_residency::replay`);
@@ -35,7 +38,7 @@ use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
-    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions,
+    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions, Prefetch,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -170,6 +173,9 @@ pub struct Machine {
     pub gflops: f64,
     /// Compute per MoE layer and token beyond streaming the weights, seconds.
     pub layer_overhead_s: f64,
+    /// `η`: the share of the MoE block's compute behind which reads hide (1: all of it, the
+    /// block's design; 0: a layer's misses are read after its router with nothing beside).
+    pub moe_overlap: f64,
 }
 
 /// How long the measurements run: `fit --project` takes its time (about 10 s), `doctor` takes
@@ -196,7 +202,7 @@ impl Effort {
         kernel_passes: 3,
         disk_secs: 2.0,
         min_arena: 1 << 30,
-        calibrate_tokens: 12,
+        calibrate_tokens: 32,
     };
     /// `nectar doctor`.
     pub const QUICK: Effort = Effort {
@@ -330,71 +336,124 @@ fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize, min_context: usize)
 /// rest show its re-probing, whose backoff caps at 64 windows).
 const CONTROL_WINDOWS: usize = 400;
 
-/// Compute seconds per MoE layer and token beyond streaming the weights: a short greedy decode
-/// of the container in `dir` under `budget` (`tokens` steps after an 8-token prompt; forward
-/// and logits, as `run` decodes), its time less the time its compute waited for expert reads,
-/// less its weight bytes at `dec_gbps`, per MoE layer. Returns (seconds, the JSON record).
+/// What the calibration decode measured on this machine.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    /// Compute seconds per MoE layer and token beyond streaming the weights.
+    pub layer_overhead_s: f64,
+    /// The share of the MoE block's compute behind which the run hid its reads (`η`), when it
+    /// read enough to tell.
+    pub moe_overlap: Option<f64>,
+    /// The JSON record (`machine.calibration`).
+    pub record: serde_json::Value,
+}
+
+/// A short decode of the container in `dir` under `budget` with the trace's routes in place of
+/// its routers (as `bench replay` runs it, so the cache misses at the trace's rate and the
+/// compute is measured beside real reads), prefetch off: an 8-row prompt of the trace's first
+/// conversation, then `tokens` decode steps (forward and logits, as `run` decodes).
+///
+/// - Compute per MoE layer beyond the weights: (time − time waiting for reads − weight bytes
+///   at `dec_gbps`) per token and MoE layer.
+/// - `η`, the share of the MoE block's compute that hid reads: the misses' disk time at
+///   `disk_gbps` less the time compute waited for them, over the MoE block's compute
+///   (routed and shared experts at `dec_gbps`), clamped to [0, 1]. 1 is the block's design
+///   (hits and the shared expert compute while the misses load); a layer whose misses arrive
+///   together, after the hits are done, hides less. Measured only when reads took at least a
+///   tenth of the decode.
 pub fn calibrate(
     dir: &Path,
     budget: u64,
     g: &Geometry,
-    dec_gbps: f64,
+    speeds: (f64, f64),
+    trace: &Trace,
     tokens: usize,
-) -> Result<(f64, serde_json::Value)> {
-    use nectar_model::{Glm5, NoObserver, SeqStep};
+) -> Result<Calibration> {
+    use nectar_model::{Glm5, SeqStep};
+    let (dec_gbps, disk_gbps) = speeds;
     let opts = LoadOptions {
         memory_budget: Some(budget),
+        prefetch: Prefetch::Off,
         ..Default::default()
     };
     let model =
         Glm5::load_with(dir, &opts).with_context(|| format!("calibrating on {}", dir.display()))?;
+    let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
+        .with_context(|| format!("calibrating on {}", dir.display()))?;
     let res = model.residency().cloned();
-    let wait = || res.as_ref().map_or(0.0, |r| r.telemetry().wait_seconds);
+    let read = || {
+        res.as_ref().map_or((0.0, 0), |r| {
+            let t = r.telemetry();
+            (t.wait_seconds, t.bytes_read)
+        })
+    };
     let mut cache = model.new_cache();
     let vocab = model.vocab_size() as u32;
-    let mut next: Vec<u32> = (1..=8).map(|t| t % vocab).collect();
-    let argmax = |l: &[f32]| {
-        l.iter()
-            .enumerate()
-            .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-                if v > b.1 {
-                    (i, v)
-                } else {
-                    b
-                }
-            })
-            .0 as u32
-    };
-    let (mut secs, mut waited) = (0.0, 0.0);
+    let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
+    let start = trace.segments.first().map_or(0, |s| s.start);
+    let prompt = 8.min(trace.rows.saturating_sub(start + tokens));
+    anyhow::ensure!(
+        prompt > 0,
+        "{}: too few rows to calibrate on",
+        trace.path.display()
+    );
+    let (mut secs, mut waited, mut bytes) = (0.0, 0.0, 0u64);
+    let mut row = start;
     for step in 0..=tokens {
-        let (t0, w0) = (Instant::now(), wait());
+        let n = if step == 0 { prompt } else { 1 };
+        routes.rows = (row..row + n).collect();
+        let ids: Vec<u32> = routes.rows.iter().map(|&r| tok(r)).collect();
+        let (t0, (w0, b0)) = (Instant::now(), read());
         let h = model.forward(
             &mut [SeqStep {
                 cache: &mut cache,
-                tokens: &next,
+                tokens: &ids,
             }],
-            &mut NoObserver,
+            &mut routes,
         )?;
         let hd = model.hidden_size();
-        let logits = model.logits(&h[h.len() - hd..])?;
+        model.logits(&h[h.len() - hd..])?;
         // The prompt (step 0) is not a decode step.
         if step > 0 {
+            let (w1, b1) = read();
             secs += t0.elapsed().as_secs_f64();
-            waited += wait() - w0;
+            waited += w1 - w0;
+            bytes += b1 - b0;
         }
-        next = vec![argmax(&logits)];
+        row += n;
     }
-    let compute = (secs - waited) / tokens.max(1) as f64;
+    let per = |x: f64| x / tokens.max(1) as f64;
+    let compute = per(secs - waited);
     let l = g.moe_layers as f64;
-    let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / (dec_gbps * 1e9);
+    let dec = dec_gbps * 1e9;
+    let shared = (l * g.expert).min(g.spine_read);
+    let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / dec;
     let o = ((compute - weights) / l).max(0.0);
-    Ok((
-        o,
-        json!({"container": dir.display().to_string(), "decode_tokens": tokens,
+    let t_moe = (l * g.top_k as f64 * g.expert + shared) / dec;
+    let t_ssd = per(bytes as f64) / (disk_gbps * 1e9);
+    let moe_overlap = overlap(t_ssd, per(waited), t_moe, per(secs));
+    Ok(Calibration {
+        layer_overhead_s: o,
+        moe_overlap,
+        record: json!({"container": dir.display().to_string(), "decode_tokens": tokens,
+               "routes": trace.path.display().to_string(),
+               "decode_s_per_token": per(secs),
                "compute_s_per_token": compute, "weights_s_per_token": weights,
-               "wait_s_per_token": waited / tokens.max(1) as f64,
+               "wait_s_per_token": per(waited),
+               "read_gb_per_token": per(bytes as f64) / 1e9,
+               "reads_s_per_token_at_disk_gbps": t_ssd,
+               "moe_compute_s_per_token": t_moe,
+               "moe_overlap": moe_overlap,
                "layer_overhead_ms": o * 1e3}),
-    ))
+    })
+}
+
+/// `η` from one decode's seconds per token: the misses' reads at the disk's rate (`t_ssd`), the
+/// time compute waited for them, the MoE block's compute and the whole step. The reads that
+/// did not show as waiting hid behind the block's compute. `None` when reads took less than a
+/// tenth of the step (too little to tell).
+fn overlap(t_ssd: f64, waited: f64, t_moe: f64, step: f64) -> Option<f64> {
+    (t_ssd >= 0.1 * step && t_moe > 0.0).then(|| ((t_ssd - waited) / t_moe).clamp(0.0, 1.0))
 }
 
 /// One projection (`prefetch`: look-ahead prefetch on).
@@ -469,7 +528,8 @@ pub fn project(
         let t_moe = ((l * u * g.expert + shared) / dec).max(gpu_moe);
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
-        let t = (t_attn + t_moe.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
+        let hide = m.moe_overlap * t_moe;
+        let t = (t_attn + (t_moe - hide) + hide.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
     // The look-ahead's threshold: what the runtime controller (policy/control.rs) settles on
@@ -569,6 +629,7 @@ pub fn project(
                      "decode_tok_s_with_probes": prefetch.then_some(probed),
                      "per_threshold": per_threshold},
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
+        "moe_overlap": m.moe_overlap,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
@@ -655,6 +716,12 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "--kernel-share {s}: expected a share in (0, 1]"
         );
     }
+    if let Some(e) = a.moe_overlap {
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&e),
+            "--moe-overlap {e}: expected a share in [0, 1]"
+        );
+    }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
     // The disk first, in a quiet process: read right after the calibration's model was dropped,
@@ -699,37 +766,60 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (Some(_), None) => None,
     };
     let mut calibration = None;
-    let layer_overhead_s = match (a.layer_overhead_ms, calib_dir) {
+    let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none();
+    if let (true, Some(dir), true) = (wanted, calib_dir, effort.calibrate_tokens > 0) {
+        // The container's own geometry and a budget it runs under (a --geometry budget is
+        // the projected machine's, not this one's).
+        let cb = if a.geometry.is_some() {
+            CALIBRATE_BUDGET
+        } else {
+            budget
+        };
+        let opts = LoadOptions {
+            memory_budget: Some(cb),
+            ..Default::default()
+        };
+        let (ci, _) = plan_memory(&dir, &opts)?;
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
+        let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
+        let cg = Geometry::from_plan(&dir, &ci, k);
+        let dec = match dec_here {
+            Some(d) => d,
+            None => measure_kernel(effort)?.0,
+        };
+        // The container's reads come from this machine's disk, measured above only with
+        // --model; a --calibrate container is sampled here.
+        let here_disk = match (&model_dir, a.disk_gbps) {
+            (Some(_), _) => disk_gbps,
+            _ => measure_disk(&dir, a.io_threads, effort.disk_secs)?.0,
+        };
+        calibration = Some(calibrate(
+            &dir,
+            cb,
+            &cg,
+            (dec, here_disk),
+            &trace,
+            effort.calibrate_tokens,
+        )?);
+    }
+    let layer_overhead_s = match (a.layer_overhead_ms, &calibration) {
         (Some(ms), _) => ms / 1e3,
-        (None, Some(dir)) if effort.calibrate_tokens > 0 => {
-            // The container's own geometry and a budget it runs under (a --geometry budget is
-            // the projected machine's, not this one's).
-            let cb = if a.geometry.is_some() {
-                CALIBRATE_BUDGET
-            } else {
-                budget
-            };
-            let opts = LoadOptions {
-                memory_budget: Some(cb),
-                ..Default::default()
-            };
-            let (ci, _) = plan_memory(&dir, &opts)?;
-            let cfg: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
-            let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
-            let cg = Geometry::from_plan(&dir, &ci, k);
-            let dec = match dec_here {
-                Some(d) => d,
-                None => measure_kernel(effort)?.0,
-            };
-            let (o, rec) = calibrate(&dir, cb, &cg, dec, effort.calibrate_tokens)?;
-            calibration = Some(rec);
-            o * a.cores.map_or(1.0, |c| threads as f64 / c.max(1) as f64)
+        (None, Some(c)) => {
+            c.layer_overhead_s * a.cores.map_or(1.0, |c| threads as f64 / c.max(1) as f64)
         }
+        _ => 0.0,
+    };
+    // Without a flag or a measurement, no overlap: the conservative end (docs/performance.md
+    // §2.2.1 has the measurements).
+    let moe_overlap = match (a.moe_overlap, &calibration) {
+        (Some(e), _) => e,
+        (None, Some(c)) => c.moe_overlap.unwrap_or(0.0),
         _ => 0.0,
     };
     let machine = Machine {
         layer_overhead_s,
+        moe_overlap,
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
             None => measured(read, "the read rate")?,
@@ -789,7 +879,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "disk_direct_shards": disk_direct.map(|(d, n)| json!({"direct": d, "of": n})),
             "prefill_gflops": machine.gflops,
             "layer_overhead_ms": machine.layer_overhead_s * 1e3,
-            "calibration": calibration,
+            "moe_overlap": machine.moe_overlap,
+            "calibration": calibration.map(|c| c.record),
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "gflops": kernel.map(|k| k.1),
                               "threads": threads, "seconds": t0.elapsed().as_secs_f64()},
@@ -863,4 +954,27 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&o["prefill_tok_s"]["8192"])
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlap;
+
+    #[test]
+    fn the_overlap_is_the_share_of_the_moe_compute_that_hid_reads() {
+        // 40 ms of reads, 10 ms of MoE compute, a 100 ms step.
+        // Compute waited the reads less the whole block: all of it hid reads.
+        assert_eq!(overlap(0.040, 0.030, 0.010, 0.1), Some(1.0));
+        // It waited for every read: nothing hid.
+        assert_eq!(overlap(0.040, 0.040, 0.010, 0.1), Some(0.0));
+        // Half the block hid reads.
+        let e = overlap(0.040, 0.035, 0.010, 0.1).unwrap();
+        assert!((e - 0.5).abs() < 1e-9, "{e}");
+        // Waiting longer than the reads at the disk's rate (a slower disk than sampled) and
+        // hiding more than the block are clamped.
+        assert_eq!(overlap(0.040, 0.050, 0.010, 0.1), Some(0.0));
+        assert_eq!(overlap(0.040, 0.0, 0.010, 0.1), Some(1.0));
+        // Reads under a tenth of the step say nothing.
+        assert_eq!(overlap(0.009, 0.0, 0.010, 0.1), None);
+    }
 }

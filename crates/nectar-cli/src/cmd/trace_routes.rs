@@ -1,0 +1,78 @@
+//! A recorded routing trace in place of the model's router (benchmark-only): each MoE layer
+//! takes its experts for each row of a forward from the trace (`Observer::replay_route`), so a
+//! synth container with random-weight routers sees GLM-5.2-shaped routing. Used by
+//! `bench replay` and by `fit --project`'s calibration decode.
+use anyhow::Result;
+use nectar_model::{Glm5, Observer};
+use nectar_residency::trace::Trace;
+use std::collections::HashMap;
+
+/// The trace's routes for the rows of the current forward.
+pub struct TraceRoutes<'a> {
+    trace: &'a Trace,
+    /// Model layer → trace layer.
+    map: HashMap<usize, usize>,
+    /// Trace row of each row of the current forward.
+    pub rows: Vec<usize>,
+}
+
+impl<'a> TraceRoutes<'a> {
+    /// Routes of `trace` mapped onto `model`'s MoE layers (and its MTP layer).
+    pub fn new(model: &Glm5, trace: &'a Trace) -> Result<Self> {
+        Ok(Self {
+            trace,
+            map: layer_map(model, trace)?,
+            rows: Vec::new(),
+        })
+    }
+}
+
+impl Observer for TraceRoutes<'_> {
+    fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        let tl = *self.map.get(&layer)?;
+        Some(self.trace.experts(*self.rows.get(row)?, tl).collect())
+    }
+}
+
+/// Model MoE layer → trace layer: the trace layer of the same id when the trace was recorded
+/// on this model's layout, else the trace's main layers in turn; the MTP layer takes the
+/// trace's MTP layer.
+fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
+    let n = model.cfg.raw.num_hidden_layers;
+    let hidden = trace.hidden_layers();
+    let main = trace.main_layers(hidden);
+    anyhow::ensure!(!main.is_empty(), "{}: no main layers", trace.path.display());
+    let moe: Vec<usize> = (0..n).filter(|&l| !model.cfg.dense[l]).collect();
+    let same = moe
+        .iter()
+        .all(|&l| main.iter().any(|&i| trace.layers[i] as usize == l));
+    let mut map: HashMap<usize, usize> = moe
+        .iter()
+        .enumerate()
+        .map(|(j, &l)| {
+            let i = if same {
+                main.iter()
+                    .copied()
+                    .find(|&i| trace.layers[i] as usize == l)
+                    .unwrap_or(main[0])
+            } else {
+                main[j % main.len()]
+            };
+            (l, i)
+        })
+        .collect();
+    if let (true, Some(&m)) = (model.has_mtp(), trace.mtp_layers(hidden).first()) {
+        map.insert(n, m);
+    }
+    let experts = model.cfg.raw.n_routed_experts;
+    anyhow::ensure!(
+        trace.experts_per_layer <= experts && trace.top_k <= model.cfg.raw.num_experts_per_tok,
+        "{}: the trace routes top-{} of {} experts; the model has top-{} of {}",
+        trace.path.display(),
+        trace.top_k,
+        trace.experts_per_layer,
+        model.cfg.raw.num_experts_per_tok,
+        experts
+    );
+    Ok(map)
+}
