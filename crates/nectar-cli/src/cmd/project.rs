@@ -9,7 +9,7 @@
 //!   T_attn = (spine read − shared experts) / BW_dec + L·o       attention, norms, head, + compute
 //!   T_moe  = (L·U(n)·S_e + shared experts) / BW_dec            routed (hits and misses) + shared
 //!   T_ssd  = L·U(n)·(1 − h(C, n))·S_e / BW_ssd                 the misses
-//!   T      = max(T_attn + (1 − η)·T_moe + max(η·T_moe, (1 − φ)·T_ssd), (1 + w)·T_ssd)
+//!   T      = T_attn + (1 − η)·T_moe + max(η·T_moe, (1 + w)·T_ssd − min((φ + w)·T_ssd, T_attn))
 //!            [+ the MTP layer's own forward, same shape]
 //!   tok/s  = τ / T,  τ = 1 (MTP off) or 1 + a (one draft accepted with probability a)
 //! ```
@@ -20,11 +20,11 @@
 //! a short calibration decode of the container under the budget with the trace's routes in
 //! place of its routers ([`calibrate`]), or are given (`--layer-overhead-ms`,
 //! `--moe-overlap`; without either η is 0, the serial end). `φ` is the share of the misses
-//! whose read look-ahead prefetch starts before the layer runs (they overlap attention and
-//! earlier layers, so only the rest is serial after the router) and `w` its wasted reads per
+//! whose read look-ahead prefetch starts before the layer runs and `w` its wasted reads per
 //! needed read, both from the same route256 replay (`replay_prefetch`); without prefetch
-//! φ = w = 0. The disk term `(1 + w)·T_ssd` bounds T from below: every read, wasted or not,
-//! takes disk time.
+//! φ = w = 0. Reads started ahead (wasted ones too) hide only behind attention — during a MoE
+//! block the disk is busy with that layer's own misses — and no more than attention lasts, so
+//! T never drops below `(1 + w)·T_ssd`: every read, wasted or not, takes disk time.
 //! `C` is the LRU slots per layer of the memory plan for the budget (the same plan `fit`
 //! prints); `U(n)` and `h(C, n)` are measured by replaying the route256 trace (GLM-5.2's expert
 //! shape) through the real default policy at exactly that `C` (`nectar_residency::replay`);
@@ -355,9 +355,9 @@ pub struct Calibration {
 ///
 /// - Compute per MoE layer beyond the weights: (time − time waiting for reads − weight bytes
 ///   at `dec_gbps`) per token and MoE layer.
-/// - `η`, the share of the MoE block's compute that hid reads: the misses' disk time at
-///   `disk_gbps` less the time compute waited for them, over the MoE block's compute
-///   (routed and shared experts at `dec_gbps`), clamped to [0, 1]. 1 is the block's design
+/// - `η`, the share of the MoE block's compute that hid reads: the time some read was in
+///   flight less the time compute waited for one, over the MoE block's compute (routed and
+///   shared experts at `dec_gbps`), clamped to [0, 1]. 1 is the block's design
 ///   (hits and the shared expert compute while the misses load); a layer whose misses arrive
 ///   together, after the hits are done, hides less. Measured only when reads took at least a
 ///   tenth of the decode.
@@ -365,12 +365,11 @@ pub fn calibrate(
     dir: &Path,
     budget: u64,
     g: &Geometry,
-    speeds: (f64, f64),
+    dec_gbps: f64,
     trace: &Trace,
     tokens: usize,
 ) -> Result<Calibration> {
     use nectar_model::{Glm5, SeqStep};
-    let (dec_gbps, disk_gbps) = speeds;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         prefetch: Prefetch::Off,
@@ -382,9 +381,9 @@ pub fn calibrate(
         .with_context(|| format!("calibrating on {}", dir.display()))?;
     let res = model.residency().cloned();
     let read = || {
-        res.as_ref().map_or((0.0, 0), |r| {
+        res.as_ref().map_or((0.0, 0.0, 0), |r| {
             let t = r.telemetry();
-            (t.wait_seconds, t.bytes_read)
+            (t.wait_seconds, t.disk_busy_seconds, t.bytes_read)
         })
     };
     let mut cache = model.new_cache();
@@ -397,13 +396,13 @@ pub fn calibrate(
         "{}: too few rows to calibrate on",
         trace.path.display()
     );
-    let (mut secs, mut waited, mut bytes) = (0.0, 0.0, 0u64);
+    let (mut secs, mut waited, mut busy, mut bytes) = (0.0, 0.0, 0.0, 0u64);
     let mut row = start;
     for step in 0..=tokens {
         let n = if step == 0 { prompt } else { 1 };
         routes.rows = (row..row + n).collect();
         let ids: Vec<u32> = routes.rows.iter().map(|&r| tok(r)).collect();
-        let (t0, (w0, b0)) = (Instant::now(), read());
+        let (t0, (w0, d0, b0)) = (Instant::now(), read());
         let h = model.forward(
             &mut [SeqStep {
                 cache: &mut cache,
@@ -415,9 +414,10 @@ pub fn calibrate(
         model.logits(&h[h.len() - hd..])?;
         // The prompt (step 0) is not a decode step.
         if step > 0 {
-            let (w1, b1) = read();
+            let (w1, d1, b1) = read();
             secs += t0.elapsed().as_secs_f64();
             waited += w1 - w0;
+            busy += d1 - d0;
             bytes += b1 - b0;
         }
         row += n;
@@ -430,8 +430,7 @@ pub fn calibrate(
     let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / dec;
     let o = ((compute - weights) / l).max(0.0);
     let t_moe = (l * g.top_k as f64 * g.expert + shared) / dec;
-    let t_ssd = per(bytes as f64) / (disk_gbps * 1e9);
-    let moe_overlap = overlap(t_ssd, per(waited), t_moe, per(secs));
+    let moe_overlap = overlap(per(busy), per(waited), t_moe, per(secs));
     Ok(Calibration {
         layer_overhead_s: o,
         moe_overlap,
@@ -441,19 +440,21 @@ pub fn calibrate(
                "compute_s_per_token": compute, "weights_s_per_token": weights,
                "wait_s_per_token": per(waited),
                "read_gb_per_token": per(bytes as f64) / 1e9,
-               "reads_s_per_token_at_disk_gbps": t_ssd,
+               "disk_busy_s_per_token": per(busy),
+               "read_gbps": bytes as f64 / busy.max(1e-9) / 1e9,
                "moe_compute_s_per_token": t_moe,
                "moe_overlap": moe_overlap,
                "layer_overhead_ms": o * 1e3}),
     })
 }
 
-/// `η` from one decode's seconds per token: the misses' reads at the disk's rate (`t_ssd`), the
-/// time compute waited for them, the MoE block's compute and the whole step. The reads that
-/// did not show as waiting hid behind the block's compute. `None` when reads took less than a
-/// tenth of the step (too little to tell).
-fn overlap(t_ssd: f64, waited: f64, t_moe: f64, step: f64) -> Option<f64> {
-    (t_ssd >= 0.1 * step && t_moe > 0.0).then(|| ((t_ssd - waited) / t_moe).clamp(0.0, 1.0))
+/// `η` from one decode's seconds per token: the time some read was in flight (`busy`; without
+/// prefetch every read is a demand read, inside a MoE block), the time compute waited for
+/// reads, the MoE block's compute and the whole step. The busy time compute did not wait
+/// through, it computed: that much of the block hid reads. `None` when reads were in flight
+/// less than a tenth of the step (too little to tell).
+fn overlap(busy: f64, waited: f64, t_moe: f64, step: f64) -> Option<f64> {
+    (busy >= 0.1 * step && t_moe > 0.0).then(|| ((busy - waited) / t_moe).clamp(0.0, 1.0))
 }
 
 /// One projection (`prefetch`: look-ahead prefetch on).
@@ -528,8 +529,12 @@ pub fn project(
         let t_moe = ((l * u * g.expert + shared) / dec).max(gpu_moe);
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
+        // Reads started ahead of their layer (the wasted ones too) run while the disk would
+        // idle, i.e. during attention, and no more than it lasts: in the MoE phases the disk
+        // is busy with the demand reads anyway.
         let hide = m.moe_overlap * t_moe;
-        let t = (t_attn + (t_moe - hide) + hide.max((1.0 - phi) * t_ssd)).max((1.0 + w) * t_ssd);
+        let in_attn = ((phi + w) * t_ssd).min(t_attn);
+        let t = t_attn + (t_moe - hide) + hide.max((1.0 + w) * t_ssd - in_attn);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
     // The look-ahead's threshold: what the runtime controller (policy/control.rs) settles on
@@ -788,17 +793,11 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             Some(d) => d,
             None => measure_kernel(effort)?.0,
         };
-        // The container's reads come from this machine's disk, measured above only with
-        // --model; a --calibrate container is sampled here.
-        let here_disk = match (&model_dir, a.disk_gbps) {
-            (Some(_), _) => disk_gbps,
-            _ => measure_disk(&dir, a.io_threads, effort.disk_secs)?.0,
-        };
         calibration = Some(calibrate(
             &dir,
             cb,
             &cg,
-            (dec, here_disk),
+            dec,
             &trace,
             effort.calibrate_tokens,
         )?);
@@ -962,16 +961,16 @@ mod tests {
 
     #[test]
     fn the_overlap_is_the_share_of_the_moe_compute_that_hid_reads() {
-        // 40 ms of reads, 10 ms of MoE compute, a 100 ms step.
-        // Compute waited the reads less the whole block: all of it hid reads.
+        // Reads in flight 40 ms of a 100 ms step, 10 ms of MoE compute.
+        // Compute waited the busy time less the whole block: all of it hid reads.
         assert_eq!(overlap(0.040, 0.030, 0.010, 0.1), Some(1.0));
         // It waited for every read: nothing hid.
         assert_eq!(overlap(0.040, 0.040, 0.010, 0.1), Some(0.0));
         // Half the block hid reads.
         let e = overlap(0.040, 0.035, 0.010, 0.1).unwrap();
         assert!((e - 0.5).abs() < 1e-9, "{e}");
-        // Waiting longer than the reads at the disk's rate (a slower disk than sampled) and
-        // hiding more than the block are clamped.
+        // Waiting longer than reads were in flight (the wait's own overhead) and hiding more
+        // than the block (other compute beside the reads) are clamped.
         assert_eq!(overlap(0.040, 0.050, 0.010, 0.1), Some(0.0));
         assert_eq!(overlap(0.040, 0.0, 0.010, 0.1), Some(1.0));
         // Reads under a tenth of the step say nothing.
