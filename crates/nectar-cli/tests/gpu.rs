@@ -72,7 +72,16 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
     let model = root().join("tests/fixtures/glm-tiny/glm5/model");
     let model = model.to_str().unwrap();
     let fit = |gpu: &str, json_out: bool| {
-        let mut args = vec!["fit", "--model", model, "--memory-budget", "27M"];
+        // The MTP layer loaded (`run`'s default `--mtp off` loads and plans none of it: below).
+        let mut args = vec![
+            "fit",
+            "--model",
+            model,
+            "--memory-budget",
+            "27M",
+            "--mtp",
+            "on",
+        ];
         args.extend(["--gpu-memory", gpu]);
         if json_out {
             args.push("--json");
@@ -129,6 +138,25 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
             .sum();
         assert_eq!(held, experts, "{g}");
     }
+    // `--mtp off` loads no MTP layer, so the plan gives none of its matrices VRAM: the 1M
+    // that held the MTP layer's now holds the LM head and an expert per layer.
+    let (ok, text, err) = nectar(&[
+        "fit",
+        "--model",
+        model,
+        "--memory-budget",
+        "27M",
+        "--gpu-memory",
+        "1M",
+    ]);
+    assert!(ok, "{err}");
+    for line in [
+        "MTP layer (0 of 0 matrices)",
+        "LM heads (1 of 1 matrices)",
+        "routed experts: 3 of 24 in VRAM",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
     // The whole model at 2M: nothing stays in RAM.
     let v = json(&fit("2M", true));
     assert_eq!(v["gpu"]["spine_left"]["matrices"], 0);
@@ -146,7 +174,15 @@ fn fit_with_a_gpu_gives_the_released_spine_to_the_expert_slots() {
     let model = model.to_str().unwrap();
     let run = |budget: &str, extra: &[&str]| {
         // The MTP layer loaded, so every matrix the VRAM plan holds is in the RAM plan too.
-        let mut args = vec!["fit", "--model", model, "--memory-budget", budget, "--mtp", "on"];
+        let mut args = vec![
+            "fit",
+            "--model",
+            model,
+            "--memory-budget",
+            budget,
+            "--mtp",
+            "on",
+        ];
         args.extend_from_slice(extra);
         nectar(&args)
     };

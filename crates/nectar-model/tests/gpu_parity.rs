@@ -520,7 +520,15 @@ fn a_released_host_copy_is_a_typed_error() {
         .map(|i| if i % 4 == 3 { 0x3c } else { (i % 7) as u8 })
         .collect();
     let data = nectar_format::Bytes::Owned(std::sync::Arc::new(w));
-    let mut l = Linear::new("m.weight".into(), WeightFormat::F32, rows, cols, data, vec![]).unwrap();
+    let mut l = Linear::new(
+        "m.weight".into(),
+        WeightFormat::F32,
+        rows,
+        cols,
+        data,
+        vec![],
+    )
+    .unwrap();
     let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.1).sin()).collect();
     let want = l.forward(&x, 1).unwrap();
     let bytes = l.bytes();

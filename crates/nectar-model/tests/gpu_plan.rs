@@ -230,6 +230,24 @@ fn the_memory_plan_counts_only_the_spine_left_in_ram() {
         assert_eq!(g.spine_bytes(), total);
         assert_eq!(g.released_bytes, total - kv_b);
         assert_eq!(cpu - all, total - kv_b, "{}", dir.display());
+        // `--mtp off` loads no MTP layer: the VRAM plan holds none of it either, and what it
+        // releases is again exactly what the RAM plan no longer counts.
+        let no_mtp = |gpu: Option<u64>| {
+            let m = plan_memory(
+                &dir,
+                &LoadOptions {
+                    mtp: false,
+                    ..opts(1 << 40, gpu)
+                },
+            )
+            .unwrap();
+            (m.inputs.spine.iter().map(|x| x.1).sum::<u64>(), m.gpu)
+        };
+        let ((cpu_off, _), (all_off, g_off)) = (no_mtp(None), no_mtp(Some(1 << 40)));
+        let g_off = g_off.unwrap();
+        assert_eq!(g_off.classes[2].total, 0, "{}", dir.display());
+        assert!(g_off.spine_bytes() < total);
+        assert_eq!(cpu_off - all_off, g_off.released_bytes, "{}", dir.display());
         // VRAM for the attention class only: its matrices but kv_b are released.
         let attn = g.classes[0].total_bytes;
         let (part, p) = ram_spine(Some(attn));

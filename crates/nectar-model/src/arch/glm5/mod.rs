@@ -34,9 +34,8 @@ pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
     auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_for as plan_gpu_for,
-    plan_with as plan_gpu_with,
-    resolve_budget as resolve_gpu_budget, staging_slot_bytes, staging_slots, Candidates, ClassLine,
-    GpuMemory, GpuPlacement, GpuPlan,
+    plan_with as plan_gpu_with, resolve_budget as resolve_gpu_budget, staging_slot_bytes,
+    staging_slots, Candidates, ClassLine, GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use prefill::Prefill;
 pub use streaming::{
@@ -127,7 +126,13 @@ impl Glm5 {
             }
         };
         let streaming = match opts.memory_budget {
-            Some(b) => Some(streaming::setup(&cfg, &catalog, b, opts, gpu_plan.as_ref())?),
+            Some(b) => Some(streaming::setup(
+                &cfg,
+                &catalog,
+                b,
+                opts,
+                gpu_plan.as_ref(),
+            )?),
             None => None,
         };
         // Under a budget the spine is resident by plan: copy it into process memory, so that

@@ -83,13 +83,16 @@ pub struct Candidates {
     pub experts: BTreeMap<usize, (usize, u64)>,
 }
 
+/// The decoder layer of a checkpoint name (`model.layers.{l}.…`).
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok())
+}
+
 /// The spine class and layer of a matrix: the sort key of the placement order.
 fn order_key(name: &str, n: usize) -> (usize, usize) {
-    let layer = name
-        .strip_prefix("model.layers.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|i| i.parse::<usize>().ok());
-    match layer {
+    match layer_of(name) {
         Some(l) if l >= n && name.ends_with("shared_head.head.weight") => (3, l),
         Some(l) if l >= n => (2, l),
         Some(l) if name.contains(".self_attn.") => (0, l),
@@ -328,20 +331,24 @@ pub fn plan_with(
 }
 
 /// The plan a load applies once the GPU opened with `vram` bytes to fill (`fit` plans the
-/// same from the headers): experts ranked by the pin request's usage ledger, and a staging area
-/// when experts stream under a memory budget and may be copied.
-pub fn plan_for(
-    cfg: &Config,
-    cat: &Catalog,
-    vram: u64,
-    opts: &super::LoadOptions,
-) -> GpuPlan {
+/// same from the headers): the matrices of the layers it loads (not the MTP layer's with
+/// `--mtp off`), experts ranked by the pin request's usage ledger, and a staging area when
+/// experts stream under a memory budget and may be copied.
+pub fn plan_for(cfg: &Config, cat: &Catalog, vram: u64, opts: &super::LoadOptions) -> GpuPlan {
     let staging = match opts.memory_budget {
         Some(_) if opts.gpu_copies => staging_slots(cfg),
         _ => 0,
     };
     let ranking = opts.pin.as_ref().map(|p| &p.ledger);
-    plan_with(&catalog_candidates(cfg, cat), cfg, vram, ranking, staging)
+    let mut c = catalog_candidates(cfg, cat);
+    if !super::streaming::loads_mtp(cfg, cat, opts) {
+        // `--mtp off` does not load the MTP layer: none of its matrices takes VRAM.
+        let n = cfg.raw.num_hidden_layers;
+        c.spine
+            .retain(|(name, _)| !matches!(layer_of(name), Some(l) if l >= n));
+        c.experts.retain(|&l, _| l < n);
+    }
+    plan_with(&c, cfg, vram, ranking, staging)
 }
 
 /// Where the model's matrices run (what the load did with a [`GpuPlan`]).

@@ -525,7 +525,17 @@ mod tests {
             runtime_reserve: Some(1 << 20),
             ..Default::default()
         };
-        let p = plan(&plan_inputs(&cfg, &cat, 64 << 20, &opts, sizes, true, 0, None)).unwrap();
+        let p = plan(&plan_inputs(
+            &cfg,
+            &cat,
+            64 << 20,
+            &opts,
+            sizes,
+            true,
+            0,
+            None,
+        ))
+        .unwrap();
         let first = (0..n).find(|&l| !cfg.dense[l]).unwrap() as u32;
         let key = |expert| ExpertKey {
             layer: first,
