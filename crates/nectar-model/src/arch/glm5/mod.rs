@@ -33,9 +33,9 @@ pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
-    auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_for as plan_gpu_for,
-    plan_with as plan_gpu_with, resolve_budget as resolve_gpu_budget, staging_slot_bytes,
-    staging_slots, Candidates, ClassLine, GpuMemory, GpuPlacement, GpuPlan,
+    auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
+    resolve_budget as resolve_gpu_budget, staging_slot_bytes, staging_slots, Candidates, ClassLine,
+    GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use prefill::Prefill;
 pub use streaming::{

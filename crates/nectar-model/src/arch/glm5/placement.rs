@@ -334,7 +334,12 @@ pub fn plan_with(
 /// same from the headers): the matrices of the layers it loads (not the MTP layer's with
 /// `--mtp off`), experts ranked by the pin request's usage ledger, and a staging area when
 /// experts stream under a memory budget and may be copied.
-pub fn plan_for(cfg: &Config, cat: &Catalog, vram: u64, opts: &super::LoadOptions) -> GpuPlan {
+pub(super) fn plan_for(
+    cfg: &Config,
+    cat: &Catalog,
+    vram: u64,
+    opts: &super::LoadOptions,
+) -> GpuPlan {
     let staging = match opts.memory_budget {
         Some(_) if opts.gpu_copies => staging_slots(cfg),
         _ => 0,
