@@ -72,7 +72,16 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
     let model = root().join("tests/fixtures/glm-tiny/glm5/model");
     let model = model.to_str().unwrap();
     let fit = |gpu: &str, json_out: bool| {
-        let mut args = vec!["fit", "--model", model, "--memory-budget", "27M"];
+        // The MTP layer loaded (`run`'s default `--mtp off` loads and plans none of it: below).
+        let mut args = vec![
+            "fit",
+            "--model",
+            model,
+            "--memory-budget",
+            "27M",
+            "--mtp",
+            "on",
+        ];
         args.extend(["--gpu-memory", gpu]);
         if json_out {
             args.push("--json");
@@ -129,12 +138,91 @@ fn fit_prints_the_vram_plan_without_a_gpu() {
             .sum();
         assert_eq!(held, experts, "{g}");
     }
+    // `--mtp off` loads no MTP layer, so the plan gives none of its matrices VRAM: the 1M
+    // that held the MTP layer's now holds the LM head and an expert per layer.
+    let (ok, text, err) = nectar(&[
+        "fit",
+        "--model",
+        model,
+        "--memory-budget",
+        "27M",
+        "--gpu-memory",
+        "1M",
+    ]);
+    assert!(ok, "{err}");
+    for line in [
+        "MTP layer (0 of 0 matrices)",
+        "LM heads (1 of 1 matrices)",
+        "routed experts: 3 of 24 in VRAM",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from:\n{text}");
+    }
     // The whole model at 2M: nothing stays in RAM.
     let v = json(&fit("2M", true));
     assert_eq!(v["gpu"]["spine_left"]["matrices"], 0);
     for l in v["gpu"]["experts_per_layer"].as_array().unwrap() {
         assert_eq!(l["in_vram"], l["experts"], "{l}");
     }
+}
+
+/// `fit --gpu-memory` plans RAM and VRAM as one (issue 14 item 3): a spine matrix in VRAM
+/// releases its host copy (all but `kv_b_proj`), so the memory plan's spine terms count only
+/// what stays in RAM and the budget gets the rest as LRU slots; the text and `--json` say so.
+#[test]
+fn fit_with_a_gpu_gives_the_released_spine_to_the_expert_slots() {
+    let model = root().join("tests/fixtures/glm-tiny/glm5/model");
+    let model = model.to_str().unwrap();
+    let run = |budget: &str, extra: &[&str]| {
+        // The MTP layer loaded, so every matrix the VRAM plan holds is in the RAM plan too.
+        let mut args = vec![
+            "fit",
+            "--model",
+            model,
+            "--memory-budget",
+            budget,
+            "--mtp",
+            "on",
+        ];
+        args.extend_from_slice(extra);
+        nectar(&args)
+    };
+    let fit = |extra: &[&str]| {
+        let (ok, out, err) = run("27M", extra);
+        assert!(ok, "{err}");
+        out
+    };
+    // 26M is short of the CPU plan's minimum (26.6 MiB) and enough with the spine in VRAM.
+    let (ok, _, err) = run("26M", &[]);
+    assert!(!ok && err.contains("needs at least"), "{err}");
+    let (ok, _, err) = run("26M", &["--gpu-memory", "2M"]);
+    assert!(ok, "{err}");
+    let spine = |v: &serde_json::Value| -> u64 {
+        v["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["term"].as_str().unwrap().starts_with("spine: "))
+            .map(|t| t["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let cpu = json(&fit(&["--json"]));
+    let gpu = json(&fit(&["--gpu-memory", "2M", "--json"]));
+    let g = &gpu["gpu"];
+    assert_eq!(g["spine_left"]["matrices"], 0, "{g}");
+    let released = g["released_bytes"].as_u64().unwrap();
+    let kept = g["kept_host_bytes"].as_u64().unwrap();
+    // kv_b of 4 layers (3 main + MTP) keeps its host copy; the rest is released.
+    assert!(kept > 0 && released > 4 * kept, "{g}");
+    assert_eq!(released + kept, g["spine_bytes"].as_u64().unwrap());
+    assert_eq!(spine(&cpu) - spine(&gpu), released, "{cpu}\n{gpu}");
+    assert_eq!(g["ram_spine_bytes"].as_u64().unwrap(), spine(&gpu));
+    let lru = |v: &serde_json::Value| v["lru_per_layer"].as_u64().unwrap();
+    assert!(lru(&gpu) > lru(&cpu), "{} vs {}", lru(&gpu), lru(&cpu));
+    let text = fit(&["--gpu-memory", "2M"]);
+    assert!(
+        text.contains("RAM spine after VRAM placement:") && text.contains("kept: kv_b"),
+        "{text}"
+    );
 }
 
 #[test]

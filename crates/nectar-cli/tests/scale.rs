@@ -417,6 +417,16 @@ fn fit_projects_a_gpu_tier_from_the_card_described() {
     // The spine (9.5 GB) first, then whole experts evenly: (21 GiB − 9.5 GB) / 21.2 MB / 75 = 8.
     assert_eq!(f(&g["spine_bytes"]), 9.5e9, "{g}");
     assert_eq!(g["experts_per_layer"], 8, "{g}");
+    // Its host copies are released (all but kv_b's 0.64 GB): the 61G budget holds more slots.
+    let released = f(&g["ram_released_bytes"]);
+    assert!((released - (9.5e9 - 644_087_808.0)).abs() < 1.0, "{g}");
+    let slots = |p: &serde_json::Value| p["lru_slots_per_layer"].as_u64().unwrap();
+    assert!(slots(&fast) > slots(&cpu), "{fast} {cpu}");
+    assert_eq!(
+        slots(&fast) - slots(&cpu),
+        (released / 21.2e6 / 75.0) as u64,
+        "{fast} {cpu}"
+    );
     assert!(
         g["vram_ranking"].as_str().unwrap().contains("prefill"),
         "{g}"

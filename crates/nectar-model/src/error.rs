@@ -25,6 +25,13 @@ pub enum Error {
     /// A GPU operation failed after the GPU was opened (a driver or kernel fault).
     #[error("GPU: {0}")]
     Gpu(String),
+    /// A product asked for the host copy of a matrix that was released when the matrix was
+    /// placed in VRAM (`--gpu-memory`): a bug in the placement rules, reported instead of
+    /// reading freed memory.
+    #[error(
+        "`{0}` is held only in VRAM (its host copy was released at load), but a CPU path asked for it"
+    )]
+    HostReleased(String),
     /// A request the model cannot serve (token id out of range, context overflow, ...).
     #[error("invalid input: {0}")]
     Input(String),

@@ -364,3 +364,185 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
     assert_eq!(cpu.expert_runs().gpu(), 0);
     assert!(cpu.copy_stats().is_none());
 }
+
+/// The resident set size now, after giving the allocator's free pages back.
+fn rss_now() -> i64 {
+    nectar_residency::rss::trim_heap();
+    nectar_residency::rss::rss_bytes().unwrap_or(0) as i64
+}
+
+/// A spine matrix in VRAM costs no RAM (issue 14 item 3). Under the CPU plan's smallest budget
+/// (one LRU slot per sparse layer), with the whole spine in VRAM: the model holds in host memory
+/// only `kv_b_proj`'s copies (decode's absorbed attention reads them on the CPU) — its resident
+/// spine falls by exactly the released bytes, the memory plan gives them to LRU slots, and the
+/// process RSS falls with them — while prefill, decode, the LM head and the MTP layer run on the
+/// VRAM copies: logits within 1e-4 × max|logit| of the all-CPU model under the same budget,
+/// identical greedy tokens and MTP argmax.
+#[test]
+fn a_spine_in_vram_releases_its_host_copy_and_the_budget_gets_the_slots() {
+    use nectar_model::arch::glm5::{
+        catalog_candidates, keeps_host_copy, plan_gpu, plan_memory, Config,
+    };
+    let dir = fixture_dir("glm5").join("model");
+    let cfg = Config::from_dir(&dir).unwrap();
+    let c = catalog_candidates(&cfg, &nectar_format::Catalog::open(&dir).unwrap());
+    let spine = plan_gpu(&c, &cfg, u64::MAX, None).spine_bytes();
+    let kv_b: u64 = c
+        .spine
+        .iter()
+        .filter(|(n, _)| keeps_host_copy(n))
+        .map(|x| x.1)
+        .sum();
+    let opts = |budget: u64, vram: Option<u64>| LoadOptions {
+        memory_budget: Some(budget),
+        ctx_size: 256,
+        runtime_reserve: Some(1 << 20),
+        gpu_memory: vram.map(GpuMemory::Size),
+        ..Default::default()
+    };
+    // The CPU plan's minimum, from its refusal of 1 byte.
+    let err = plan_memory(&dir, &opts(1, None))
+        .unwrap()
+        .plan
+        .unwrap_err()
+        .to_string();
+    let need: u64 = err
+        .split("needs at least ")
+        .nth(1)
+        .and_then(|t| t.split(" (").nth(1))
+        .and_then(|t| t.split(" bytes").next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    // The GPU first (its context and compiled kernels stay for the RSS readings below).
+    let warm = Glm5::load_with(&dir, &opts(need, Some(spine))).unwrap();
+    if placed(&warm, "spine in VRAM").is_none() {
+        return;
+    }
+    let r0 = rss_now();
+    let mut cpu = Glm5::load_with(&dir, &opts(need, None)).unwrap();
+    let cpu_rss = rss_now() - r0;
+    let r1 = rss_now();
+    let mut gpu = Glm5::load_with(&dir, &opts(need, Some(spine))).unwrap();
+    let gpu_rss = rss_now() - r1;
+    let p = gpu.gpu_placement().unwrap().clone();
+    eprintln!("{}", p.summary);
+    assert_eq!(p.left_on_cpu, 0, "{}", p.summary);
+    assert_eq!(p.host_released, spine - kv_b);
+    assert_eq!(p.host_kept, kv_b);
+    assert_eq!(
+        cpu.spine_host_bytes() - gpu.spine_host_bytes(),
+        spine - kv_b
+    );
+    assert_eq!(gpu.spine_host_bytes(), kv_b);
+    eprintln!(
+        "RSS growth of the load: CPU {:.2} MiB, spine in VRAM {:.2} MiB ({:.2} MiB of host \
+         copies released)",
+        cpu_rss as f64 / 1048576.0,
+        gpu_rss as f64 / 1048576.0,
+        (spine - kv_b) as f64 / 1048576.0
+    );
+    // The released RAM is expert slots.
+    let slots = |m: &Glm5| m.memory_plan().unwrap().lru_per_layer;
+    assert_eq!(slots(&cpu), 1);
+    assert!(slots(&gpu) > 1, "{}", slots(&gpu));
+    assert_eq!(
+        slots(&gpu),
+        plan_memory(&dir, &opts(need, Some(spine)))
+            .unwrap()
+            .plan
+            .unwrap()
+            .lru_per_layer,
+        "fit's plan is the one that runs"
+    );
+    // Prefill (the reconstructed form: kv_b on the GPU), decode (absorbed: kv_b's host copy),
+    // the LM head — all against the CPU under the same budget.
+    let prompt: Vec<u32> = (0..24).map(|i| 3 + i * 7).collect();
+    let want = greedy(&cpu, &prompt, 16);
+    let got = greedy(&gpu, &prompt, 16);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+        let tol = 1e-4 * max_abs_f64(&w64);
+        let d = max_abs(g, &w64);
+        assert!(d <= tol, "step {i}: max |Δ| = {d:e} > {tol:e}");
+        assert_eq!(argmax(g), argmax(w), "step {i}: greedy token");
+    }
+    // The MTP layer (its projections and head in VRAM only).
+    let mtp_argmax = |m: &Glm5| -> Vec<u32> {
+        let mut cache = m.new_cache();
+        let h = m
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &prompt,
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
+        let hm = m
+            .mtp_forward(
+                &mut [MtpStep {
+                    cache: &mut cache,
+                    hidden: &h,
+                    next_tokens: &prompt,
+                }],
+                &mut NoObserver,
+            )
+            .unwrap();
+        let d = m.mtp_logits(&hm).unwrap();
+        let v = m.vocab_size();
+        (0..prompt.len())
+            .map(|r| argmax(&d[r * v..(r + 1) * v]))
+            .collect()
+    };
+    assert_eq!(mtp_argmax(&gpu), mtp_argmax(&cpu));
+    drop(warm);
+}
+
+/// A matrix whose host copy was released computes on the GPU only: asking for the host copy is
+/// a typed error naming it, never a read of freed memory.
+#[test]
+fn a_released_host_copy_is_a_typed_error() {
+    use nectar_kernels::WeightFormat;
+    use nectar_model::blocks::Linear;
+    let gpu = match nectar_model::blocks::open_gpu() {
+        Ok(g) => g,
+        Err(why) => {
+            assert!(
+                std::env::var_os("NECTAR_REQUIRE_GPU").is_none(),
+                "NECTAR_REQUIRE_GPU is set: {why}"
+            );
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let (rows, cols) = (8, 64);
+    let w: Vec<u8> = (0..rows * cols * 4)
+        .map(|i| if i % 4 == 3 { 0x3c } else { (i % 7) as u8 })
+        .collect();
+    let data = nectar_format::Bytes::Owned(std::sync::Arc::new(w));
+    let mut l = Linear::new(
+        "m.weight".into(),
+        WeightFormat::F32,
+        rows,
+        cols,
+        data,
+        vec![],
+    )
+    .unwrap();
+    let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.1).sin()).collect();
+    let want = l.forward(&x, 1).unwrap();
+    let bytes = l.bytes();
+    l.place_on_gpu(&gpu, true).unwrap();
+    assert!(l.on_gpu());
+    assert_eq!((l.bytes(), l.host_bytes()), (bytes, 0));
+    let err = l.mat().unwrap_err();
+    assert!(
+        matches!(&err, nectar_model::Error::HostReleased(n) if n == "m.weight"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`m.weight`"), "{err}");
+    let got = l.forward(&x, 1).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "{g} vs {w}");
+    }
+}

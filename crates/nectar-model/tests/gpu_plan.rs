@@ -194,3 +194,88 @@ fn the_staging_area_is_counted_shrinks_to_fit_and_is_left_out_when_all_fits() {
         assert!(p.used_bytes() <= budget, "budget {budget}");
     }
 }
+
+/// A spine matrix in VRAM costs no RAM (issue 14 item 3): with a GPU plan the memory plan's
+/// spine terms fall by exactly the bytes of the placed matrices whose host copy is released —
+/// every placed one but `kv_b_proj`, which decode's attention reads on the CPU — and the budget
+/// gets the RAM back as expert slots. From headers alone, as `fit` plans it.
+#[test]
+fn the_memory_plan_counts_only_the_spine_left_in_ram() {
+    use nectar_model::arch::glm5::{keeps_host_copy, plan_memory, GpuMemory, LoadOptions};
+    for dir in dirs() {
+        let (_, c) = candidates(&dir);
+        let bytes = |keep: &dyn Fn(&str) -> bool| -> u64 {
+            c.spine.iter().filter(|(n, _)| keep(n)).map(|x| x.1).sum()
+        };
+        let total = bytes(&|_| true);
+        let kv_b = bytes(&|n| keeps_host_copy(n));
+        assert!(kv_b > 0 && kv_b < total / 2, "{}", dir.display());
+        let opts = |budget: u64, gpu: Option<u64>| LoadOptions {
+            memory_budget: Some(budget),
+            ctx_size: 256,
+            runtime_reserve: Some(1 << 20),
+            gpu_memory: gpu.map(GpuMemory::Size),
+            ..Default::default()
+        };
+        let ram_spine = |gpu| {
+            let m = plan_memory(&dir, &opts(1 << 40, gpu)).unwrap();
+            (m.inputs.spine.iter().map(|x| x.1).sum::<u64>(), m.gpu)
+        };
+        let (cpu, none) = ram_spine(None);
+        assert!(none.is_none());
+        // Every spine matrix in VRAM: only kv_b's host copies (and the embedding table, never
+        // a candidate) stay in RAM.
+        let (all, g) = ram_spine(Some(1 << 40));
+        let g = g.unwrap();
+        assert_eq!(g.spine_bytes(), total);
+        assert_eq!(g.released_bytes, total - kv_b);
+        assert_eq!(cpu - all, total - kv_b, "{}", dir.display());
+        // `--mtp off` loads no MTP layer: the VRAM plan holds none of it either, and what it
+        // releases is again exactly what the RAM plan no longer counts.
+        let no_mtp = |gpu: Option<u64>| {
+            let m = plan_memory(
+                &dir,
+                &LoadOptions {
+                    mtp: false,
+                    ..opts(1 << 40, gpu)
+                },
+            )
+            .unwrap();
+            (m.inputs.spine.iter().map(|x| x.1).sum::<u64>(), m.gpu)
+        };
+        let ((cpu_off, _), (all_off, g_off)) = (no_mtp(None), no_mtp(Some(1 << 40)));
+        let g_off = g_off.unwrap();
+        assert_eq!(g_off.classes[2].total, 0, "{}", dir.display());
+        assert!(g_off.spine_bytes() < total);
+        assert_eq!(cpu_off - all_off, g_off.released_bytes, "{}", dir.display());
+        // VRAM for the attention class only: its matrices but kv_b are released.
+        let attn = g.classes[0].total_bytes;
+        let (part, p) = ram_spine(Some(attn));
+        let p = p.unwrap();
+        assert_eq!(p.spine_bytes(), attn);
+        let kv_b_placed = bytes(&|n| keeps_host_copy(n) && p.spine.contains(n));
+        assert!(kv_b_placed > 0);
+        assert_eq!(cpu - part, attn - kv_b_placed, "{}", dir.display());
+        for (name, _) in &c.spine {
+            let want = p.spine.contains(name).then(|| !keeps_host_copy(name));
+            assert_eq!(p.placement_of(name), want, "{name}");
+        }
+        // Under a budget the RAM released becomes LRU slots: the CPU plan's minimum (one slot
+        // per sparse layer) holds more with the spine in VRAM.
+        let lru = |budget, gpu| plan_memory(&dir, &opts(budget, gpu)).unwrap().plan;
+        let err = lru(1, None).unwrap_err().to_string();
+        let need: u64 = err
+            .split("needs at least ")
+            .nth(1)
+            .and_then(|t| t.split(" (").nth(1))
+            .and_then(|t| t.split(" bytes").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{err}"));
+        assert_eq!(lru(need, None).unwrap().lru_per_layer, 1);
+        let freed = lru(need, Some(1 << 40)).unwrap();
+        assert!(freed.lru_per_layer > 1, "{}: {freed:?}", dir.display());
+        // The RAM plan of a budget too small for the CPU alone may fit with the spine in VRAM.
+        assert!(lru(need - 1, None).is_err());
+        assert!(lru(need - 1, Some(1 << 40)).is_ok());
+    }
+}

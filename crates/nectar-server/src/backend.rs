@@ -480,6 +480,8 @@ pub struct GpuStats {
     pub matrices: usize,
     /// Spine (and resident expert) matrices left on the CPU by the budget.
     pub left_on_cpu: usize,
+    /// Bytes of spine host copies released for VRAM (RAM the memory plan gave to experts).
+    pub spine_host_released: u64,
     /// Routed experts in VRAM, all layers.
     pub vram_experts: usize,
     /// Per MoE layer: `[layer, experts in VRAM, experts in the layer]`.

@@ -204,6 +204,7 @@ fn gpu_json(b: &crate::backend::BackendStats) -> Value {
         "vram_bytes": g.vram_bytes,
         "matrices": g.matrices,
         "left_on_cpu": g.left_on_cpu,
+        "spine_host_released_bytes": g.spine_host_released,
         "vram_experts": g.vram_experts,
         "vram_experts_per_layer": g.vram_experts_per_layer.iter()
             .map(|(l, k, n)| json!({"layer": l, "in_vram": k, "experts": n}))

@@ -235,6 +235,7 @@ fn gpu_stats(model: &nectar_model::Glm5) -> crate::backend::GpuStats {
         vram_bytes: g.bytes,
         matrices: g.matrices,
         left_on_cpu: g.left_on_cpu,
+        spine_host_released: g.host_released,
         vram_experts: g.experts_in_vram(),
         vram_experts_per_layer: g
             .vram_experts

@@ -282,7 +282,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         mtp: false,
         ..Default::default()
     };
-    match plan_memory(dir, &opts) {
+    match plan_memory(dir, &opts).map(|m| (m.inputs, m.plan)) {
         Ok((inputs, Ok(p))) => out.push(check(
             "memory plan",
             Status::Ok,

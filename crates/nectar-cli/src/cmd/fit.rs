@@ -3,8 +3,7 @@ use crate::args::FitArgs;
 use crate::demo::model_dir;
 use anyhow::Result;
 use nectar_model::arch::glm5::{
-    catalog_candidates, plan_gpu_with, plan_memory, resolve_gpu_budget, staging_slots, Config,
-    GpuPlan, LoadOptions,
+    plan_memory, resolve_gpu_budget, GpuMemory, GpuPlan, LoadOptions, PinRequest,
 };
 use nectar_residency::planner::{human, parse_size, render};
 use serde_json::{json, Value};
@@ -37,6 +36,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         return super::project::run(&a, budget);
     }
     let dir = model_dir(a.model.clone())?;
+    let (gpu_memory, pin) = gpu_options(&dir, a.gpu_memory.as_deref())?;
     let opts = LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
@@ -47,14 +47,16 @@ pub fn run(a: FitArgs) -> Result<()> {
         },
         server: a.serve,
         mtp: loads_mtp(&a),
+        gpu_memory,
+        pin,
         ..Default::default()
     };
-    let (inputs, plan) = plan_memory(&dir, &opts)?;
-    let gpu = match a.gpu_memory.as_deref() {
-        Some(flag) => Some(gpu_plan(&dir, flag)?),
-        None => None,
-    };
-    match plan {
+    // One plan for RAM and VRAM, the one `run` and `serve` apply: with `--gpu-memory` the RAM
+    // plan counts only the spine left on the CPU.
+    let mp = plan_memory(&dir, &opts)?;
+    let (inputs, gpu) = (mp.inputs, mp.gpu);
+    let ram_spine: u64 = inputs.spine.iter().map(|x| x.1).sum();
+    match mp.plan {
         Ok(p) => {
             if a.json {
                 let terms: Vec<_> = p
@@ -66,7 +68,7 @@ pub fn run(a: FitArgs) -> Result<()> {
                     "model": dir, "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
                     "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
                     "terms": terms, "slack": p.slack,
-                    "gpu": gpu.as_ref().map(gpu_json),
+                    "gpu": gpu.as_ref().map(|g| gpu_json(g, ram_spine)),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
@@ -85,7 +87,7 @@ pub fn run(a: FitArgs) -> Result<()> {
                     human(p.slack)
                 );
                 if let Some(g) = &gpu {
-                    print!("{}", render_gpu(g));
+                    print!("{}", render_gpu(g, ram_spine));
                 }
             }
             Ok(())
@@ -94,33 +96,31 @@ pub fn run(a: FitArgs) -> Result<()> {
     }
 }
 
-/// The `--gpu-memory` plan for the model in `dir`: the one `run` and `serve` apply, ranking
-/// experts by the directory's usage ledger when it has one.
-pub(super) fn gpu_plan(dir: &Path, flag: &str) -> Result<GpuPlan> {
+/// `--gpu-memory FLAG` as load options: the VRAM to plan (`auto` opens the GPU to read its
+/// free memory) and the directory's usage ledger, which ranks the VRAM experts as `run` and
+/// `serve` rank them. `fit` always plans a memory budget, so experts stream through RAM and the
+/// plan carves the staging area for copied experts out of the VRAM, as the load does.
+pub(super) fn gpu_options(
+    dir: &Path,
+    flag: Option<&str>,
+) -> Result<(Option<GpuMemory>, Option<PinRequest>)> {
+    let Some(flag) = flag else {
+        return Ok((None, None));
+    };
     let req = super::gpu_flag::resolve(Some(flag))?
         .ok_or_else(|| anyhow::anyhow!("--gpu-memory off: nothing goes to VRAM"))?;
     let budget =
         resolve_gpu_budget(req).map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
-    let cfg = Config::from_dir(dir)?;
-    let cat = nectar_format::Catalog::open(dir)?;
-    let ledger = nectar_engine::pin_request(dir, None, None)
+    let pin = nectar_engine::pin_request(dir, None, None)
         .ok()
-        .and_then(|(r, _)| r)
-        .map(|r| r.ledger);
-    // `fit` always plans a memory budget: experts stream through RAM, so the plan carves the
-    // staging area for copied experts out of the VRAM budget, as the load does.
-    Ok(plan_gpu_with(
-        &catalog_candidates(&cfg, &cat),
-        &cfg,
-        budget,
-        ledger.as_ref(),
-        staging_slots(&cfg),
-    ))
+        .and_then(|(r, _)| r);
+    Ok((Some(GpuMemory::Size(budget)), pin))
 }
 
 /// The VRAM lines: each spine class placed, the routed experts in VRAM per layer, and what
-/// stays in RAM (the experts streamed under the budget planned above).
-fn render_gpu(g: &GpuPlan) -> String {
+/// stays in RAM (`ram_spine`: the spine terms of the plan above; the experts streamed under
+/// its budget).
+fn render_gpu(g: &GpuPlan, ram_spine: u64) -> String {
     let mut out = format!("VRAM plan (--gpu-memory {}):\n", human(g.budget));
     for c in &g.classes {
         out += &format!(
@@ -163,6 +163,14 @@ fn render_gpu(g: &GpuPlan) -> String {
         human(g.budget.saturating_sub(used))
     );
     let (left, left_bytes) = g.spine_left();
+    let kept = g.spine_bytes() - g.released_bytes;
+    out += &format!(
+        "  => RAM spine after VRAM placement: {} (the plan above; {} of host copies released, \
+         {} kept: kv_b, read on the CPU by decode's attention)\n",
+        human(ram_spine),
+        human(g.released_bytes),
+        human(kept),
+    );
     out += &format!(
         "  => stays in RAM: {left} spine matrices ({}), computed on the CPU; {} routed experts \
          through the RAM cache above (VRAM experts take no slot and are never pinned){}\n",
@@ -177,9 +185,12 @@ fn render_gpu(g: &GpuPlan) -> String {
     out
 }
 
-fn gpu_json(g: &GpuPlan) -> Value {
+fn gpu_json(g: &GpuPlan, ram_spine: u64) -> Value {
     let (left, left_bytes) = g.spine_left();
     json!({
+        "ram_spine_bytes": ram_spine,
+        "released_bytes": g.released_bytes,
+        "kept_host_bytes": g.spine_bytes() - g.released_bytes,
         "budget": g.budget,
         "classes": g.classes.iter().map(|c| json!({
             "class": c.name, "placed": c.placed, "matrices": c.total,

@@ -38,7 +38,8 @@ use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
-    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions, Prefetch,
+    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions, MemoryPlan,
+    Prefetch,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -642,6 +643,7 @@ pub fn project(
         "acceptance": acceptance,
         "gpu": gpu.map(|t| json!({
             "budget": t.budget, "spine_bytes": spine_gpu, "spine_products": products,
+            "ram_released_bytes": t.released,
             "experts_per_layer": t.experts_per_layer, "kernel_gbps": t.gbps,
             "product_us": t.product_s * 1e6,
             "vram_ranking": vram.as_ref().map(|v| v.1.clone()),
@@ -676,35 +678,70 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         .clone()
         .unwrap_or_else(super::bench_policy::default_trace_dir);
     let trace = Trace::load(&trace_dir, "decode")?;
-    let (geom, inputs, model_dir) = match a.geometry.as_deref() {
+    // `--gpu-memory`: the card's speeds (flags), and below the VRAM plan `run` applies (a
+    // container's, from its headers, or GLM-5.2's from its constants). The RAM plans count
+    // only the spine left on the CPU: a spine matrix in VRAM releases its host copy.
+    let speeds = match &a.gpu_memory {
+        Some(_) => Some(GpuTier::speeds(a.gpu_gbps, a.gpu_product_us)?),
+        None => None,
+    };
+    let (geom, inputs, model_dir, gpu) = match a.geometry.as_deref() {
         Some("glm52") => {
             let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
+            let geom = Geometry::glm52(true, cores).0;
+            let gpu = match (&a.gpu_memory, speeds) {
+                (Some(flag), Some((gbps, trip))) => {
+                    let req = super::gpu_flag::resolve(Some(flag))?.ok_or_else(|| {
+                        anyhow::anyhow!("--gpu-memory off: nothing to project on a GPU")
+                    })?;
+                    let vram = nectar_model::arch::glm5::resolve_gpu_budget(req)
+                        .map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
+                    Some(GpuTier::glm52(&geom, vram, gbps, trip))
+                }
+                _ => None,
+            };
             let plans = [false, true].map(|mtp| {
                 let mut p = Geometry::glm52(mtp, cores).1;
                 p.budget = budget;
                 p.ctx = a.ctx_size;
+                if let Some(t) = &gpu {
+                    t.release_spine(&mut p);
+                }
                 p
             });
-            (Geometry::glm52(true, cores).0, plans, None)
+            (geom, plans, None, gpu)
         }
         Some(o) => anyhow::bail!("unknown --geometry `{o}` (glm52)"),
         None => {
             let dir = crate::demo::model_dir(a.model.clone())?;
-            let plan_for = |mtp: bool| -> Result<PlanInputs> {
+            let (gpu_memory, pin) = super::fit::gpu_options(&dir, a.gpu_memory.as_deref())?;
+            let plan_for = |mtp: bool, gpu: bool| -> Result<MemoryPlan> {
                 let opts = LoadOptions {
                     memory_budget: Some(budget),
                     ctx_size: a.ctx_size,
                     sequences: a.parallel.max(1),
                     mtp,
+                    gpu_memory: gpu_memory.filter(|_| gpu),
+                    pin: pin.clone().filter(|_| gpu),
                     ..Default::default()
                 };
-                Ok(plan_memory(&dir, &opts)?.0)
+                Ok(plan_memory(&dir, &opts)?)
             };
-            let plans = [plan_for(false)?, plan_for(true)?];
+            let (off, on) = (plan_for(false, true)?, plan_for(true, true)?);
+            let gpu = match (on.gpu.as_ref(), speeds) {
+                (Some(p), Some((gbps, trip))) => Some(GpuTier::from_plan(p, gbps, trip)),
+                _ => None,
+            };
             let cfg: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
             let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
-            (Geometry::from_plan(&dir, &plans[1], k), plans, Some(dir))
+            // The spine the model reads per forward: all of it, wherever it is held.
+            let whole = match gpu {
+                Some(_) => plan_for(true, false)?.inputs,
+                None => on.inputs.clone(),
+            };
+            let geom = Geometry::from_plan(&dir, &whole, k);
+            (geom, [off.inputs, on.inputs], Some(dir), gpu)
         }
     };
     anyhow::ensure!(
@@ -784,7 +821,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             memory_budget: Some(cb),
             ..Default::default()
         };
-        let (ci, _) = plan_memory(&dir, &opts)?;
+        let ci = plan_memory(&dir, &opts)?.inputs;
         let cfg: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
         let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
@@ -835,25 +872,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
                     * a.cores.map_or(1.0, |c| c as f64 / threads as f64)
             }
         },
-    };
-    // `--gpu-memory`: the VRAM plan `run` applies (a container's, from its headers) or
-    // GLM-5.2's from its constants, at the card speeds given.
-    let gpu = match &a.gpu_memory {
-        None => None,
-        Some(flag) => {
-            let (gbps, trip) = GpuTier::speeds(a.gpu_gbps, a.gpu_product_us)?;
-            Some(match &model_dir {
-                Some(dir) => GpuTier::from_plan(&super::fit::gpu_plan(dir, flag)?, gbps, trip),
-                None => {
-                    let req = super::gpu_flag::resolve(Some(flag))?.ok_or_else(|| {
-                        anyhow::anyhow!("--gpu-memory off: nothing to project on a GPU")
-                    })?;
-                    let vram = nectar_model::arch::glm5::resolve_gpu_budget(req)
-                        .map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
-                    GpuTier::glm52(&geom, vram, gbps, trip)
-                }
-            })
-        }
     };
     let out = project(
         &geom,
@@ -932,12 +950,13 @@ pub fn render(full: &serde_json::Value) -> String {
     );
     if let Some(g) = o["gpu"].as_object() {
         s += &format!(
-            "  GPU ({} of VRAM): spine {} in {:.0} products per forward, {} experts per layer \
-             (ranked by {}); kernels {:.0} GB/s, {:.0} µs per product; {:.2} of a layer's \
-             {:.2} experts per forward on the GPU\n",
+            "  GPU ({} of VRAM): spine {} in {:.0} products per forward ({} of RAM released to \
+             the expert slots), {} experts per layer (ranked by {}); kernels {:.0} GB/s, {:.0} µs \
+             per product; {:.2} of a layer's {:.2} experts per forward on the GPU\n",
             nectar_residency::planner::human(f(&g["budget"]) as u64),
             nectar_residency::planner::human(f(&g["spine_bytes"]) as u64),
             f(&g["spine_products"]),
+            nectar_residency::planner::human(f(&g["ram_released_bytes"]) as u64),
             g["experts_per_layer"],
             g["vram_ranking"].as_str().unwrap_or("-"),
             f(&g["kernel_gbps"]),

@@ -8,7 +8,9 @@
 //! activation copies, synchronisation — `Linear::forward` waits for each product); VRAM experts
 //! run on the GPU beside the CPU's experts (two launches per layer); the RAM cache and the disk
 //! see only the requests for experts not in VRAM — the route trace replayed with those experts
-//! removed, so the hit rate is the RAM tier's own.
+//! removed, so the hit rate is the RAM tier's own. A spine matrix in VRAM releases its host
+//! copy (all but `kv_b_proj`, which decode's attention reads on the CPU), so the RAM plan counts
+//! only the rest and the budget's expert slots grow by what was released.
 use super::project::Geometry;
 use anyhow::Result;
 use nectar_model::arch::glm5::GpuPlan;
@@ -21,6 +23,11 @@ use std::path::Path;
 /// layers; the LM head.
 const GLM52_SPINE_PRODUCTS: f64 = (78 * 5 + 21 * 3 + 3 * 3 + 75 * 4 + 1) as f64;
 
+/// Bytes of GLM-5.2's `kv_b_proj` matrices, which keep their host copy in VRAM
+/// (`nectar_model::arch::glm5::keeps_host_copy`): 78 layers of 28,672 × 512 int4 g64 (the
+/// converter's attention format), 7,340,032 bytes of codes and 917,504 of f32 scales each.
+const GLM52_KV_B_BYTES: f64 = 78.0 * (28_672.0 * 512.0 / 2.0 + 28_672.0 * 8.0 * 4.0);
+
 /// The GPU of a projection.
 #[derive(Debug, Clone)]
 pub struct GpuTier {
@@ -28,6 +35,8 @@ pub struct GpuTier {
     pub budget: f64,
     /// Spine bytes in VRAM.
     pub spine_bytes: f64,
+    /// Of them, bytes whose host copy is released (RAM the memory plan gives to expert slots).
+    pub released: f64,
     /// Spine products the GPU makes per forward.
     pub spine_products: f64,
     /// Routed experts in VRAM per MoE layer.
@@ -40,7 +49,8 @@ pub struct GpuTier {
 
 impl GpuTier {
     /// GLM-5.2 from its constants: the spine (all of it that fits, in proportion when it does
-    /// not), then whole experts evenly over the MoE layers.
+    /// not — `kv_b_proj`'s kept host copies too), then whole experts evenly over the MoE
+    /// layers.
     pub fn glm52(g: &Geometry, budget: u64, gbps: f64, product_s: f64) -> GpuTier {
         let b = budget as f64;
         let spine = g.spine_read.min(b);
@@ -50,6 +60,7 @@ impl GpuTier {
         GpuTier {
             budget: b,
             spine_bytes: spine,
+            released: spine * (1.0 - GLM52_KV_B_BYTES / g.spine_read),
             spine_products: GLM52_SPINE_PRODUCTS * spine / g.spine_read,
             experts_per_layer: per_layer as usize,
             gbps,
@@ -63,10 +74,20 @@ impl GpuTier {
         GpuTier {
             budget: p.budget as f64,
             spine_bytes: p.spine_bytes() as f64,
+            released: p.released_bytes as f64,
             spine_products: p.spine.len() as f64,
             experts_per_layer: p.per_layer.values().map(|x| x.0).min().unwrap_or(0),
             gbps,
             product_s,
+        }
+    }
+
+    /// `p` (GLM-5.2's memory plan from its constants) with the released host copies out of
+    /// its resident spine term: what `plan_memory` does for a container from its headers.
+    pub fn release_spine(&self, p: &mut nectar_residency::planner::PlanInputs) {
+        if let Some(term) = p.spine.first_mut() {
+            term.1 = term.1.saturating_sub(self.released as u64);
+            term.0 += " (RAM: less the host copies released for VRAM)";
         }
     }
 

@@ -131,6 +131,8 @@ pub fn run(a: RunArgs) -> Result<()> {
             // Where the routed experts ran (docs/gpu.md): VRAM tier, copied from RAM, CPU.
             out["stats"]["gpu"] = json!({
                 "summary": p.summary,
+                "spine_host_released_bytes": p.host_released,
+                "spine_host_kept_bytes": p.host_kept,
                 "expert_runs": bundle.model.expert_runs(),
                 "copy": bundle.model.copy_stats().map(|c| c.json()),
             });
@@ -138,6 +140,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         if let (Some(s), Some(r)) = (&session, &reuse) {
             out["session"] = s.json(r, prompt_ids.len());
         }
+        out["stats"]["rss_bytes"] = json!(nectar_residency::rss::rss_bytes());
         writeln!(stdout, "{out}")?;
     } else {
         writeln!(stdout)?;

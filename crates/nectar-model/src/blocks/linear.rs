@@ -1,5 +1,5 @@
 //! A weight matrix in its stored format, applied through `nectar-kernels`.
-use crate::error::Result;
+use crate::error::{Error, Result};
 use nectar_format::Bytes;
 use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
 
@@ -16,6 +16,11 @@ pub struct Linear {
     pub cols: usize,
     data: Bytes,
     scales: Vec<f32>,
+    /// Bytes of the stored matrix (weights + scales), wherever it is held.
+    stored: usize,
+    /// False once the host copy was released for a VRAM copy ([`Linear::place_on_gpu`]):
+    /// `data` and `scales` are then empty and every product runs on the GPU.
+    host: bool,
     /// A copy in VRAM (`--gpu-memory`); when present, [`Linear::forward`] runs on the GPU.
     #[cfg(feature = "cuda")]
     gpu: Option<std::sync::Arc<super::gpu::GpuWeight>>,
@@ -37,35 +42,28 @@ impl Linear {
             format,
             rows,
             cols,
+            stored: data.len() + scales.len() * 4,
             data,
             scales,
+            host: true,
             #[cfg(feature = "cuda")]
             gpu: None,
         })
     }
 
-    /// The kernel view of the whole matrix.
-    pub fn mat(&self) -> MatRef<'_> {
-        MatRef {
+    /// The kernel view of the whole matrix in host memory; an error when its host copy was
+    /// released for a VRAM copy (only the GPU can compute with it then).
+    pub fn mat(&self) -> Result<MatRef<'_>> {
+        if !self.host {
+            return Err(Error::HostReleased(self.name.clone()));
+        }
+        Ok(MatRef {
             format: self.format,
             rows: self.rows,
             cols: self.cols,
             data: &self.data,
             scales: &self.scales,
-        }
-    }
-
-    /// The kernel view of rows `r0..r0 + n` (a head's block of a fused projection).
-    pub fn rows_view(&self, r0: usize, n: usize) -> MatRef<'_> {
-        let rb = self.format.row_bytes(self.cols);
-        let rs = self.format.row_scales(self.cols);
-        MatRef {
-            format: self.format,
-            rows: n,
-            cols: self.cols,
-            data: &self.data[r0 * rb..(r0 + n) * rb],
-            scales: &self.scales[r0 * rs..(r0 + n) * rs],
-        }
+        })
     }
 
     /// `m` rows of `x` (`m × cols`) → `m × rows`: on the GPU when the matrix was placed there
@@ -78,18 +76,37 @@ impl Linear {
             g.matmul(x, m, &mut y)?;
             return Ok(y);
         }
-        matmul(&self.mat(), x, m, &mut y)?;
+        matmul(&self.mat()?, x, m, &mut y)?;
         Ok(y)
     }
 
-    /// Copies the matrix to `gpu`; later [`Linear::forward`] calls run there. Returns the
-    /// device bytes used.
+    /// Copies the matrix to `gpu`; later [`Linear::forward`] calls run there. With
+    /// `release_host` the host copy is dropped once uploaded, so the matrix costs no RAM (the
+    /// caller then never asks for [`Linear::mat`], which would fail). Returns the device bytes
+    /// used.
     #[cfg(feature = "cuda")]
-    pub fn place_on_gpu(&mut self, gpu: &std::sync::Arc<nectar_cuda::Gpu>) -> Result<usize> {
-        let w = super::gpu::GpuWeight::upload(gpu, &self.mat())?;
+    pub fn place_on_gpu(
+        &mut self,
+        gpu: &std::sync::Arc<nectar_cuda::Gpu>,
+        release_host: bool,
+    ) -> Result<usize> {
+        let w = super::gpu::GpuWeight::upload(gpu, &self.mat()?)?;
         let bytes = w.device_bytes();
         self.gpu = Some(std::sync::Arc::new(w));
+        if release_host {
+            // An owned buffer is freed here (a shared one when its last holder goes); a map
+            // view only drops its handle. Loaders read matrices to release into owned buffers.
+            self.data = Bytes::Owned(std::sync::Arc::new(Vec::new()));
+            self.scales = Vec::new();
+            self.host = false;
+        }
         Ok(bytes)
+    }
+
+    /// Device bytes of its VRAM copy (0 without one).
+    #[cfg(feature = "cuda")]
+    pub fn device_bytes(&self) -> usize {
+        self.gpu.as_ref().map_or(0, |g| g.device_bytes())
     }
 
     /// Whether [`Linear::forward`] runs on the GPU.
@@ -100,9 +117,19 @@ impl Linear {
         false
     }
 
-    /// Bytes held (weights + scales).
+    /// Bytes of the stored matrix (weights + scales), wherever it is held.
     pub fn bytes(&self) -> usize {
-        self.data.len() + self.scales.len() * 4
+        self.stored
+    }
+
+    /// Bytes of it held in host memory: [`Linear::bytes`], or 0 once released for a VRAM
+    /// copy.
+    pub fn host_bytes(&self) -> usize {
+        if self.host {
+            self.stored
+        } else {
+            0
+        }
     }
 }
 
@@ -121,7 +148,7 @@ impl Embedding {
                 self.0.rows
             )));
         }
-        decode_row(&self.0.mat(), t, out);
+        decode_row(&self.0.mat()?, t, out);
         Ok(())
     }
 }

@@ -5,23 +5,60 @@ use crate::error::Result;
 use nectar_format::{quant, Bytes, Catalog, DType, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 
+/// Where `--gpu-memory` puts a matrix as it is loaded, by checkpoint name: `None` keeps it on
+/// the CPU; `Some(release)` uploads it to VRAM, releasing its host copy when `release`.
+#[cfg(feature = "cuda")]
+pub type PlaceRule<'a> = &'a dyn Fn(&str) -> Option<bool>;
+
 /// Loads named tensors from a catalog with shape and dtype checks.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Loader<'a> {
     cat: &'a Catalog,
     owned: bool,
+    /// Matrices placed in VRAM as they load ([`Loader::placing`]).
+    #[cfg(feature = "cuda")]
+    place: Option<(&'a std::sync::Arc<nectar_cuda::Gpu>, PlaceRule<'a>)>,
+}
+
+impl std::fmt::Debug for Loader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("dir", &self.cat.dir())
+            .field("owned", &self.owned)
+            .finish()
+    }
 }
 
 impl<'a> Loader<'a> {
     /// A loader whose weights are views of the catalog's (guarded) memory maps.
     pub fn new(cat: &'a Catalog) -> Self {
-        Loader { cat, owned: false }
+        Loader {
+            cat,
+            owned: false,
+            #[cfg(feature = "cuda")]
+            place: None,
+        }
     }
 
     /// A loader that copies every weight into process memory: what stays resident under a
     /// memory budget (the spine), so that a model file changing later cannot touch it.
     pub fn owned(cat: &'a Catalog) -> Self {
-        Loader { cat, owned: true }
+        Loader {
+            owned: true,
+            ..Self::new(cat)
+        }
+    }
+
+    /// This loader, uploading each matrix `rule` places to `gpu` as it loads (embedding tables,
+    /// gathered on the CPU, excepted). A matrix whose host copy is released is read into an
+    /// owned buffer — never through the shared map, whose pages would stay resident — and
+    /// that buffer is freed once uploaded, so at most one such matrix is in RAM at a time.
+    #[cfg(feature = "cuda")]
+    pub fn placing(self, gpu: &'a std::sync::Arc<nectar_cuda::Gpu>, rule: PlaceRule<'a>) -> Self {
+        Loader {
+            place: Some((gpu, rule)),
+            ..self
+        }
     }
 
     fn data(&self, e: &TensorEntry) -> Result<Bytes> {
@@ -70,8 +107,26 @@ impl<'a> Loader<'a> {
     }
 
     /// A `[rows, cols]` weight matrix: a float tensor, or quantised codes with a `.qs` scale
-    /// sibling whose format is detected by byte arithmetic and checked against any stamp.
+    /// sibling whose format is detected by byte arithmetic and checked against any stamp. In
+    /// VRAM when this loader places it ([`Loader::placing`]).
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        #[cfg(feature = "cuda")]
+        if let Some((gpu, rule)) = self.place {
+            if let Some(release) = rule(name) {
+                let host = Loader {
+                    owned: self.owned || release,
+                    ..Self::new(self.cat)
+                };
+                let mut l = host.linear(name, rows, cols)?;
+                l.place_on_gpu(gpu, release)?;
+                return Ok(l);
+            }
+        }
+        self.host_linear(name, rows, cols)
+    }
+
+    /// [`Loader::linear`] in host memory only.
+    fn host_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let e = self.cat.require(name)?;
         let Some(qs) = self.cat.get(&format!("{name}.qs")) else {
             if self.cat.get(&format!("{name}_scale_inv")).is_some() || e.dtype == DType::F8E4M3 {
@@ -108,7 +163,7 @@ impl<'a> Loader<'a> {
 
     /// A `[rows, cols]` embedding table.
     pub fn embedding(&self, name: &str, rows: usize, cols: usize) -> Result<Embedding> {
-        Ok(Embedding(self.linear(name, rows, cols)?))
+        Ok(Embedding(self.host_linear(name, rows, cols)?))
     }
 
     /// A `[len]` vector (norm weight, bias), widened to f32.

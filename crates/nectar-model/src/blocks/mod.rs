@@ -10,3 +10,5 @@ pub use gpu::open_gpu;
 pub(crate) use gpu::GpuWeight;
 pub use linear::{Embedding, Linear};
 pub use loader::Loader;
+#[cfg(feature = "cuda")]
+pub use loader::PlaceRule;

@@ -188,6 +188,12 @@ impl Attention {
                 }
             })
             .collect::<Result<_>>()?;
+        // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
+        // copy when placed in VRAM (`placement::keeps_host_copy`).
+        let kvb = match layout.rows.iter().any(|r| recon[r.seq].is_none()) {
+            true => Some(self.kv_b.mat()?),
+            false => None,
+        };
         let mut o = vec![0.0; m * hd * self.dv];
         // One task per (row, head), on the compute team.
         team::for_each_chunk_mut(&mut o, self.dv, |idx, out| {
@@ -195,9 +201,14 @@ impl Attention {
             let row = layout.rows[i];
             let qh = &q[i * hd * dq + head * dq..][..dq];
             let keys = sel[i].as_deref();
-            match &recon[row.seq] {
-                Some(kvf) => self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out),
-                None => self.absorbed(qh, head, row.pos, caches[row.seq], keys, out),
+            match (&recon[row.seq], &kvb) {
+                (Some(kvf), _) => {
+                    self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out)
+                }
+                (None, Some(kvb)) => {
+                    self.absorbed(kvb, qh, head, row.pos, caches[row.seq], keys, out)
+                }
+                (None, None) => unreachable!("kvb is read when any row is absorbed"),
             }
         });
         self.o.forward(&o, m)
@@ -226,6 +237,7 @@ impl Attention {
     #[allow(clippy::too_many_arguments)]
     fn absorbed(
         &self,
+        kvb: &nectar_kernels::MatRef<'_>,
         qh: &[f32],
         head: usize,
         pos: usize,
@@ -234,13 +246,12 @@ impl Attention {
         out: &mut [f32],
     ) {
         let (r, dr) = (self.rank, self.dr);
-        let kvb = self.kv_b.mat();
         let base = head * (self.dn + self.dv);
         let mut w = vec![0.0f32; r];
         // q_lat = W_UK[h]ᵀ · q_nope, accumulated over the nope dims in order.
         let mut q_lat = vec![0.0f32; r];
         for (j, &a) in qh[..self.dn].iter().enumerate() {
-            decode_row(&kvb, base + j, &mut w);
+            decode_row(kvb, base + j, &mut w);
             for (ql, &wc) in q_lat.iter_mut().zip(&w) {
                 *ql += a * wc;
             }
@@ -258,7 +269,7 @@ impl Attention {
         // o = W_UV[h] · o_lat: the fused kernel computes each element as the canonical
         // `dot(decode_row(W, r), o_lat)` without materialising the rows.
         let rows = base + self.dn..base + self.dn + self.dv;
-        matmul_rows(&kvb, rows, &o_lat, out).expect("W_UV rows lie inside kv_b (checked at load)");
+        matmul_rows(kvb, rows, &o_lat, out).expect("W_UV rows lie inside kv_b (checked at load)");
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -33,14 +33,14 @@ pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
-    auto_budget, catalog_candidates, plan as plan_gpu, plan_with as plan_gpu_with,
+    auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
     resolve_budget as resolve_gpu_budget, staging_slot_bytes, staging_slots, Candidates, ClassLine,
     GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use prefill::Prefill;
 pub use streaming::{
     expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, serve_sequences,
-    LoadOptions, PinRequest, DEFAULT_ADMISSION,
+    LoadOptions, MemoryPlan, PinRequest, DEFAULT_ADMISSION,
 };
 
 use crate::blocks::{Embedding, Linear, Loader};
@@ -113,6 +113,28 @@ impl Glm5 {
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Glm5> {
         let cfg = Config::from_dir(dir)?;
         let catalog = Arc::new(Catalog::open(dir)?);
+        let r = &cfg.raw;
+        let (h, v) = (r.hidden_size, r.vocab_size);
+        // The GPU first: its plan (from the headers) decides which spine matrices live in VRAM
+        // (costing no RAM) and which experts (then neither pinned nor cached in RAM).
+        let (gpu, gpu_plan, gpu_refusal) = match opts.gpu_memory.map(placement::open) {
+            None => (None, None, None),
+            Some(Err(why)) => (None, None, Some(GpuPlacement::cpu(&why))),
+            Some(Ok(g)) => {
+                let p = placement::plan_for(&cfg, &catalog, g.budget(), opts);
+                (Some(g), Some(p), None)
+            }
+        };
+        let streaming = match opts.memory_budget {
+            Some(b) => Some(streaming::setup(
+                &cfg,
+                &catalog,
+                b,
+                opts,
+                gpu_plan.as_ref(),
+            )?),
+            None => None,
+        };
         // Under a budget the spine is resident by plan: copy it into process memory, so that
         // only the streamed experts ever read the files again (and their reads are checked).
         let ld = if opts.memory_budget.is_some() {
@@ -120,30 +142,10 @@ impl Glm5 {
         } else {
             Loader::new(&catalog)
         };
-        let r = &cfg.raw;
-        let (h, v) = (r.hidden_size, r.vocab_size);
-        // The GPU first: its plan (from the headers) decides which experts live in VRAM, and
-        // those are then neither pinned nor cached in RAM.
-        let ranking = opts.pin.as_ref().map(|p| &p.ledger);
-        let (gpu, gpu_plan, gpu_refusal) = match opts.gpu_memory.map(placement::open) {
-            None => (None, None, None),
-            Some(Err(why)) => (None, None, Some(GpuPlacement::cpu(&why))),
-            Some(Ok(g)) => {
-                let c = placement::catalog_candidates(&cfg, &catalog);
-                // Under a budget experts stream through RAM, and a staging area lets the
-                // GPU compute those the measured costs send there.
-                let staging = match opts.memory_budget {
-                    Some(_) if opts.gpu_copies => placement::staging_slots(&cfg),
-                    _ => 0,
-                };
-                let p = placement::plan_with(&c, &cfg, g.budget(), ranking, staging);
-                (Some(g), Some(p), None)
-            }
-        };
-        let vram = gpu_plan.as_ref().map_or(&[][..], |p| &p.experts[..]);
-        let streaming = match opts.memory_budget {
-            Some(b) => Some(streaming::setup(&cfg, &catalog, b, opts, vram)?),
-            None => None,
+        let rule = |name: &str| gpu_plan.as_ref().and_then(|p| p.placement_of(name));
+        let ld = match &gpu {
+            Some(g) => placement::placing(ld, g, &rule),
+            None => ld,
         };
         let streamed = |l: usize| streaming.as_ref().and_then(|s| s.experts(l));
         let layers = (0..r.num_hidden_layers)
@@ -178,6 +180,8 @@ impl Glm5 {
         };
         if let (Some(g), Some(p)) = (gpu, gpu_plan) {
             model.gpu = Some(placement::apply(&mut model, g, &p)?);
+            // The host copies released while loading are free heap: give them back now.
+            nectar_residency::rss::trim_heap();
         }
         Ok(model)
     }
@@ -512,6 +516,15 @@ impl Glm5 {
             let m = hm.len() / self.hidden_size();
             head.forward(hm, m)
         })
+    }
+
+    /// Bytes of the spine matrices held in host memory: all of them on the CPU, less the host
+    /// copies released for VRAM (`--gpu-memory`; `placement.rs`).
+    pub fn spine_host_bytes(&mut self) -> u64 {
+        self.spine_linears_mut()
+            .iter()
+            .map(|l| l.host_bytes() as u64)
+            .sum()
     }
 
     /// Weight bytes by class: (spine, routed experts, MTP, indexers).

@@ -17,6 +17,16 @@
 //! the CPU (`copied.rs`, `offload.rs`). It shrinks to what fits, down to two slots, or is left
 //! out — and is not placed when every expert fits in VRAM anyway.
 //!
+//! **A spine matrix in VRAM costs no RAM**: it is read into an owned buffer as the model loads,
+//! uploaded, and the buffer freed ([`GpuPlan::placement_of`], `Loader::placing`), and the memory
+//! plan counts only the spine left on the CPU (`streaming::plan_inputs`), so a `--memory-budget`
+//! gets that RAM as expert slots. The one exception is each layer's `kv_b_proj`
+//! ([`keeps_host_copy`]): the absorbed attention form (decode) reads its per-head rows on the
+//! CPU, so it keeps its host copy beside the VRAM one (the reconstructed form, prefill, uses the
+//! GPU's). Nothing falls back to a released host copy: a product of a placed matrix that fails
+//! on the GPU is an error (`Error::Gpu`), and a CPU path that asks for a released copy is
+//! `Error::HostReleased`.
+//!
 //! Experts in VRAM run on the GPU whether the others are resident (no budget) or streamed
 //! through the RAM cache (`--memory-budget`): a VRAM expert is never requested from that cache
 //! nor pinned in it. Without a usable GPU (or without the `cuda` feature) nothing moves and the
@@ -73,13 +83,16 @@ pub struct Candidates {
     pub experts: BTreeMap<usize, (usize, u64)>,
 }
 
+/// The decoder layer of a checkpoint name (`model.layers.{l}.…`).
+fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|i| i.parse::<usize>().ok())
+}
+
 /// The spine class and layer of a matrix: the sort key of the placement order.
 fn order_key(name: &str, n: usize) -> (usize, usize) {
-    let layer = name
-        .strip_prefix("model.layers.")
-        .and_then(|r| r.split('.').next())
-        .and_then(|i| i.parse::<usize>().ok());
-    match layer {
+    match layer_of(name) {
         Some(l) if l >= n && name.ends_with("shared_head.head.weight") => (3, l),
         Some(l) if l >= n => (2, l),
         Some(l) if name.contains(".self_attn.") => (0, l),
@@ -135,6 +148,12 @@ pub struct ClassLine {
     pub total_bytes: u64,
 }
 
+/// Whether a spine matrix placed in VRAM keeps its host copy: `kv_b_proj`, whose per-head rows
+/// the absorbed attention form reads on the CPU (`attention.rs`).
+pub fn keeps_host_copy(name: &str) -> bool {
+    name.ends_with(".self_attn.kv_b_proj.weight")
+}
+
 /// What goes to VRAM within a budget.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GpuPlan {
@@ -152,9 +171,18 @@ pub struct GpuPlan {
     pub staging_slots: usize,
     /// Bytes of the staging area.
     pub staging_bytes: u64,
+    /// Bytes of the spine placed whose host copy is released (everything placed but
+    /// [`keeps_host_copy`]).
+    pub released_bytes: u64,
 }
 
 impl GpuPlan {
+    /// Where spine matrix `name` goes: `None` stays on the CPU; `Some(release)` in VRAM, its
+    /// host copy released when `release`.
+    pub fn placement_of(&self, name: &str) -> Option<bool> {
+        self.spine.contains(name).then(|| !keeps_host_copy(name))
+    }
+
     /// Bytes of the spine placed.
     pub fn spine_bytes(&self) -> u64 {
         self.classes.iter().map(|c| c.placed_bytes).sum()
@@ -268,6 +296,9 @@ pub fn plan_with(
             used += bytes;
             class.placed += 1;
             class.placed_bytes += bytes;
+            if !keeps_host_copy(name) {
+                p.released_bytes += bytes;
+            }
             p.spine.insert(name.clone());
         }
     }
@@ -299,6 +330,32 @@ pub fn plan_with(
     p
 }
 
+/// The plan a load applies once the GPU opened with `vram` bytes to fill (`fit` plans the
+/// same from the headers): the matrices of the layers it loads (not the MTP layer's with
+/// `--mtp off`), experts ranked by the pin request's usage ledger, and a staging area when
+/// experts stream under a memory budget and may be copied.
+pub(super) fn plan_for(
+    cfg: &Config,
+    cat: &Catalog,
+    vram: u64,
+    opts: &super::LoadOptions,
+) -> GpuPlan {
+    let staging = match opts.memory_budget {
+        Some(_) if opts.gpu_copies => staging_slots(cfg),
+        _ => 0,
+    };
+    let ranking = opts.pin.as_ref().map(|p| &p.ledger);
+    let mut c = catalog_candidates(cfg, cat);
+    if !super::streaming::loads_mtp(cfg, cat, opts) {
+        // `--mtp off` does not load the MTP layer: none of its matrices takes VRAM.
+        let n = cfg.raw.num_hidden_layers;
+        c.spine
+            .retain(|(name, _)| !matches!(layer_of(name), Some(l) if l >= n));
+        c.experts.retain(|&l, _| l < n);
+    }
+    plan_with(&c, cfg, vram, ranking, staging)
+}
+
 /// Where the model's matrices run (what the load did with a [`GpuPlan`]).
 #[derive(Debug, Clone, Default)]
 pub struct GpuPlacement {
@@ -316,6 +373,10 @@ pub struct GpuPlacement {
     /// Staging slots for experts copied from RAM, and their device bytes (included in
     /// `bytes`).
     pub staging: (usize, u64),
+    /// Bytes of spine matrices whose host copy was released (in VRAM only).
+    pub host_released: u64,
+    /// Bytes of spine matrices in VRAM that keep a host copy too ([`keeps_host_copy`]).
+    pub host_kept: u64,
 }
 
 impl GpuPlacement {
@@ -392,6 +453,26 @@ impl Opened {
     }
 }
 
+/// `ld`, placing the spine matrices `rule` names on the opened GPU as they load.
+#[cfg(feature = "cuda")]
+pub(super) fn placing<'a>(
+    ld: crate::blocks::Loader<'a>,
+    opened: &'a Opened,
+    rule: crate::blocks::PlaceRule<'a>,
+) -> crate::blocks::Loader<'a> {
+    ld.placing(&opened.gpu, rule)
+}
+
+/// `ld` (a build without the CUDA tier opens no GPU).
+#[cfg(not(feature = "cuda"))]
+pub(super) fn placing<'a>(
+    _ld: crate::blocks::Loader<'a>,
+    opened: &'a Opened,
+    _rule: &'a dyn Fn(&str) -> Option<bool>,
+) -> crate::blocks::Loader<'a> {
+    match *opened {}
+}
+
 /// Opens the GPU for `req`, or says why the model stays on the CPU.
 #[cfg(not(feature = "cuda"))]
 pub(super) fn open(_req: GpuMemory) -> std::result::Result<Opened, String> {
@@ -409,8 +490,9 @@ pub(super) fn open(req: GpuMemory) -> std::result::Result<Opened, String> {
     Ok(Opened { gpu, budget })
 }
 
-/// Applies `plan` on the opened GPU: the planned spine matrices get a VRAM copy, and the
-/// planned experts too (resident experts) or are read once into VRAM (streamed experts).
+/// Applies `plan` on the opened GPU: the planned spine matrices were placed as they loaded
+/// ([`placing`]); the planned experts get a VRAM copy (resident experts) or are read once into
+/// VRAM (streamed experts).
 #[cfg(not(feature = "cuda"))]
 pub(super) fn apply(
     _model: &mut Glm5,
@@ -420,8 +502,9 @@ pub(super) fn apply(
     match opened {}
 }
 
-/// Applies `plan` on the opened GPU: the planned spine matrices get a VRAM copy, and the
-/// planned experts too (resident experts) or are read once into VRAM (streamed experts).
+/// Applies `plan` on the opened GPU: the planned spine matrices were placed as they loaded
+/// ([`placing`]); the planned experts get a VRAM copy (resident experts) or are read once into
+/// VRAM (streamed experts).
 #[cfg(feature = "cuda")]
 pub(super) fn apply(
     model: &mut Glm5,
@@ -431,9 +514,13 @@ pub(super) fn apply(
     let gpu = opened.gpu;
     let mut p = GpuPlacement::default();
     for l in model.spine_linears_mut() {
-        if plan.spine.contains(&l.name) {
-            p.bytes += l.place_on_gpu(&gpu)? as u64;
+        if l.on_gpu() {
+            p.bytes += l.device_bytes() as u64;
             p.matrices += 1;
+            match l.host_bytes() {
+                0 => p.host_released += l.bytes() as u64,
+                b => p.host_kept += b as u64,
+            }
         } else {
             p.left_on_cpu += 1;
         }
@@ -490,12 +577,13 @@ pub(super) fn apply(
         ),
     };
     p.summary = format!(
-        "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU; routed experts in VRAM: \
-         {} of {}{staging} (budget {:.1} MiB)",
+        "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU; spine host copies \
+         released: {:.1} MiB; routed experts in VRAM: {} of {}{staging} (budget {:.1} MiB)",
         gpu.describe(),
         p.matrices,
         mib(p.bytes),
         p.left_on_cpu,
+        mib(p.host_released),
         p.experts_in_vram(),
         total,
         mib(opened.budget),

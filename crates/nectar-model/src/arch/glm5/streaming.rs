@@ -2,7 +2,7 @@
 //! the MoE layers — one for the main layers, and the MTP layer's own tier with its own slot size
 //! (converted MTP experts are int8, about twice the int4 main ones).
 use super::moe::Experts;
-use super::{inventory, Config};
+use super::{inventory, Config, GpuPlan};
 use crate::error::{Error, Result};
 use nectar_format::experts::layer_extents;
 use nectar_format::Catalog;
@@ -177,7 +177,10 @@ pub(super) fn loads_mtp(cfg: &Config, cat: &Catalog, opts: &LoadOptions) -> bool
     opts.mtp && inventory::has_mtp_layer(cfg, cat)
 }
 
-/// The inputs of the memory equation for this model (no weight bytes are read).
+/// The inputs of the memory equation for this model (no weight bytes are read). With a GPU
+/// plan the spine terms count only what stays in RAM: a matrix whose host copy is released for
+/// VRAM (and its scales) costs none — the embedding tables, gathered on the CPU, always do.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn plan_inputs(
     cfg: &Config,
     cat: &Catalog,
@@ -186,11 +189,20 @@ pub(super) fn plan_inputs(
     (slot_bytes, mtp_slot_bytes): (u64, u64),
     mtp: bool,
     pinned: usize,
+    gpu: Option<&GpuPlan>,
 ) -> PlanInputs {
     let r = &cfg.raw;
     let n = r.num_hidden_layers;
+    let in_vram_only = |name: &str| {
+        let matrix = name.strip_suffix(".qs").unwrap_or(name);
+        !matrix.ends_with("embed_tokens.weight")
+            && gpu.is_some_and(|g| g.placement_of(matrix) == Some(true))
+    };
     let mut spine: std::collections::BTreeMap<&str, u64> = Default::default();
     for e in cat.tensors() {
+        if in_vram_only(&e.name) {
+            continue;
+        }
         let class = match inventory::classify(&e.name, cfg) {
             inventory::TensorClass::RoutedExpert => continue,
             inventory::TensorClass::Mtp if inventory::expert_of(&e.name).is_some() => continue,
@@ -285,14 +297,15 @@ pub(super) fn setup(
     cat: &Catalog,
     budget: u64,
     opts: &LoadOptions,
-    vram: &[ExpertKey],
+    gpu: Option<&GpuPlan>,
 ) -> Result<Streaming> {
     let n = cfg.raw.num_hidden_layers;
     let mtp = loads_mtp(cfg, cat, opts);
     let layouts = layouts(cfg, cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
+    let vram = gpu.map_or(&[][..], |p| &p.experts[..]);
     let mut plan =
-        plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0)).map_err(residency_err)?;
+        plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0, gpu)).map_err(residency_err)?;
     let pinned = match &opts.pin {
         Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission, vram),
         None => Vec::new(),
@@ -306,6 +319,7 @@ pub(super) fn setup(
             sizes,
             mtp,
             pinned.len(),
+            gpu,
         ))
         .map_err(residency_err)?;
     }
@@ -441,12 +455,22 @@ fn residency_err(e: nectar_residency::Error) -> Error {
     Error::Residency(e)
 }
 
+/// The memory plan of a model for a budget, and the VRAM plan beside it.
+#[derive(Debug)]
+pub struct MemoryPlan {
+    /// The terms of the memory equation (the spine terms: what stays in RAM).
+    pub inputs: PlanInputs,
+    /// The plan, or the refusal (the budget is too small).
+    pub plan: Result<Plan>,
+    /// The `--gpu-memory` plan (`None` without `opts.gpu_memory`).
+    pub gpu: Option<GpuPlan>,
+}
+
 /// The memory plan of the model in `dir` for `opts.memory_budget`, from headers only (no slab is
-/// allocated, no weight is read). Returns the inputs and the plan (or the refusal).
-pub fn plan_memory(
-    dir: &std::path::Path,
-    opts: &LoadOptions,
-) -> Result<(PlanInputs, Result<Plan>)> {
+/// allocated, no weight is read) — the plan a load with `opts` runs. With `opts.gpu_memory` it
+/// plans the VRAM as the load does once the GPU opened (`auto` opens it to read the free
+/// memory), and the RAM plan counts only the spine left on the CPU.
+pub fn plan_memory(dir: &std::path::Path, opts: &LoadOptions) -> Result<MemoryPlan> {
     let cfg = Config::from_dir(dir)?;
     let cat = Catalog::open(dir)?;
     let n = cfg.raw.num_hidden_layers;
@@ -454,9 +478,17 @@ pub fn plan_memory(
     let layouts = layouts(&cfg, &cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
     let budget = opts.memory_budget.unwrap_or(0);
-    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp, 0);
-    let p = plan(&inputs).map_err(residency_err);
-    Ok((inputs, p))
+    let gpu = match opts.gpu_memory {
+        None => None,
+        Some(req) => {
+            let vram = super::resolve_gpu_budget(req)
+                .map_err(|why| Error::Gpu(format!("--gpu-memory: {why}")))?;
+            Some(super::placement::plan_for(&cfg, &cat, vram, opts))
+        }
+    };
+    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp, 0, gpu.as_ref());
+    let plan = plan(&inputs).map_err(residency_err);
+    Ok(MemoryPlan { inputs, plan, gpu })
 }
 
 /// The slot layouts of every MoE layer of the model in `dir` and its shard paths (headers only).
@@ -493,7 +525,17 @@ mod tests {
             runtime_reserve: Some(1 << 20),
             ..Default::default()
         };
-        let p = plan(&plan_inputs(&cfg, &cat, 64 << 20, &opts, sizes, true, 0)).unwrap();
+        let p = plan(&plan_inputs(
+            &cfg,
+            &cat,
+            64 << 20,
+            &opts,
+            sizes,
+            true,
+            0,
+            None,
+        ))
+        .unwrap();
         let first = (0..n).find(|&l| !cfg.dense[l]).unwrap() as u32;
         let key = |expert| ExpertKey {
             layer: first,
