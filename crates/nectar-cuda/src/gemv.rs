@@ -29,15 +29,67 @@ pub enum Order {
     /// instructions per weight; a different rounding of the same sum). Float formats and the
     /// scalar path ignore it.
     Word,
+    /// The tensor-core GEMV (`gemv_tc.cu`) for int4, int8 and bf16 weights whose layout admits
+    /// it ([`GemvPlan::tensor`]): codes and bf16 weights exact, activations in three bf16
+    /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
+    /// and formats take the `Exact` kernels.
+    Tensor,
 }
 
 impl Order {
-    /// `exact` / `word`.
+    /// The order the model's products use (its GPU matrices and copied experts): one place,
+    /// so a staged expert and a VRAM matrix always compute the same bits.
+    pub const MODEL: Order = Order::Tensor;
+
+    /// `exact` / `word` / `tensor`.
     pub fn name(self) -> &'static str {
         match self {
             Order::Exact => "exact",
             Order::Word => "word",
+            Order::Tensor => "tensor",
         }
+    }
+}
+
+/// A tensor-core GEMV kernel: its accumulation order (`gemv_tc.cu`'s ORDER: 0 sums per 16-column
+/// k-step, 1 per 64-column step) and its MMA row tiles per warp (16 weight rows each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TcVariant {
+    /// `gemv_tc.cu`'s ORDER (0 or 1).
+    pub order: u8,
+    /// Row tiles of 16 per warp (1, 2 or 4).
+    pub tiles: u8,
+}
+
+impl TcVariant {
+    /// What [`Order::Tensor`] launches.
+    pub const DEFAULT: TcVariant = TcVariant { order: 0, tiles: 2 };
+    /// Every variant compiled (for `nectar bench gpu --variants`).
+    pub const ALL: [TcVariant; 6] = [
+        TcVariant { order: 0, tiles: 1 },
+        TcVariant { order: 0, tiles: 2 },
+        TcVariant { order: 0, tiles: 4 },
+        TcVariant { order: 1, tiles: 1 },
+        TcVariant { order: 1, tiles: 2 },
+        TcVariant { order: 1, tiles: 4 },
+    ];
+
+    /// `o0t2` etc.
+    pub fn name(self) -> String {
+        format!("o{}t{}", self.order, self.tiles)
+    }
+}
+
+/// Warps per block of the tensor-core GEMV (`TC_WARPS`); each takes every fourth 64-column step.
+const TC_THREADS: u32 = 128;
+
+/// The tensor-core GEMV's base name for a format, if it has one.
+fn tc_base(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => Some("i4"),
+        WeightFormat::Int8Row => Some("i8"),
+        WeightFormat::Bf16 => Some("bf16"),
+        WeightFormat::F32 | WeightFormat::F16 => None,
     }
 }
 
@@ -112,6 +164,9 @@ impl GpuMat {
 /// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
 pub struct GemvPlan {
     func: CudaFunction,
+    /// The tensor-core kernel and its row tiles per warp ([`Order::Tensor`] on a layout that
+    /// admits it).
+    tc: Option<(CudaFunction, u32)>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
     format: WeightFormat,
@@ -163,6 +218,11 @@ fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
         WeightFormat::Int8Row => ("i8", true),
         WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => ("i4", true),
     };
+    let order = if order == Order::Tensor {
+        Order::Exact
+    } else {
+        order
+    };
     if quant {
         format!("gemv_{base}_{}_m{m}", order.name())
     } else {
@@ -188,6 +248,11 @@ pub(crate) fn kernel_names() -> Vec<String> {
                     v.push(format!("{}_u4", kernel_name(f, m, order)));
                 }
             }
+        }
+    }
+    for f in ["i4", "i8", "bf16"] {
+        for t in TcVariant::ALL {
+            v.push(format!("gemv_tc_{f}_o{}_t{}", t.order, t.tiles));
         }
     }
     v.sort();
@@ -233,11 +298,36 @@ impl Gpu {
         m: usize,
         order: Order,
     ) -> Result<GemvPlan> {
+        self.gemv_plan_variant(format, rows, cols, m, order, TcVariant::DEFAULT)
+    }
+
+    /// [`Gpu::gemv_plan`] with a chosen tensor-core variant (measurement).
+    pub fn gemv_plan_variant(
+        &self,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        m: usize,
+        order: Order,
+        variant: TcVariant,
+    ) -> Result<GemvPlan> {
         if !(1..=MAX_M).contains(&m) {
             return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
         }
         let name = kernel_name(format, m, order);
+        let layout = RowLayout::new(format, rows, cols)?;
+        let tc = match tc_base(format) {
+            Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
+                self.function(&format!(
+                    "gemv_tc_{base}_o{}_t{}",
+                    variant.order, variant.tiles
+                ))?,
+                u32::from(variant.tiles),
+            )),
+            _ => None,
+        };
         Ok(GemvPlan {
+            tc,
             func: self.function(&name)?,
             func_few: if is_int(format) {
                 Some(self.function(&format!("{name}_u4"))?)
@@ -248,7 +338,7 @@ impl Gpu {
             rows,
             cols,
             m,
-            layout: RowLayout::new(format, rows, cols)?,
+            layout,
         })
     }
 
@@ -274,6 +364,29 @@ impl Gpu {
             return Err(Error::Shape(format!(
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
+        }
+        if let (Some((tc, tiles)), true) = (&plan.tc, vector) {
+            let cfg = LaunchConfig {
+                grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
+                block_dim: (TC_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
+            let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
+            let mut b = self.stream.launch_builder(tc);
+            b.arg(&jobs)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&m)
+                .arg(&plan.layout.row_bytes)
+                .arg(&plan.layout.row_scales)
+                .arg(&plan.layout.gmagic)
+                .arg(&plan.layout.gshift)
+                .arg(&path);
+            // SAFETY: as below; `tc_layout` admitted the shape (whole 16-column pieces, scale
+            // groups of whole 64-column steps) and `vector` the alignment.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
         let rows_per_block = (BLOCK_THREADS / 32) * rows_per_warp(plan.m);
         let cfg = LaunchConfig {
@@ -494,7 +607,23 @@ pub(crate) enum Kernel {
     Gemm(Precision),
 }
 
+/// Whether the tensor-core GEMV takes a `cols`-wide matrix of `format`: whole 16-column pieces
+/// in whole 16-byte rows, and (int4 grouped) scale groups of whole 64-column steps.
+fn tc_layout(format: WeightFormat, cols: usize) -> bool {
+    cols.is_multiple_of(16)
+        && format.row_bytes(cols).is_multiple_of(16)
+        && match format {
+            WeightFormat::Int4Group { group } => group.is_multiple_of(64),
+            _ => true,
+        }
+}
+
 impl GemvPlan {
+    /// Whether launches of this plan run the tensor-core GEMV (on aligned jobs).
+    pub fn tensor(&self) -> bool {
+        self.tc.is_some()
+    }
+
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
     /// and (int4 grouped) scale groups that never split a 32-bit word of 8 codes.
     fn vector_layout(&self) -> bool {
