@@ -177,7 +177,8 @@ pub struct GemvCase {
     pub m: usize,
     /// Scale order for quantised formats.
     pub order: Order,
-    /// The tensor-core kernel variant ([`Order::Tensor`] only).
+    /// The tensor-core kernel variant ([`Order::Tensor`] only; [`TcVariant::default_for`] the
+    /// format is what the model runs).
     pub variant: TcVariant,
 }
 
@@ -417,7 +418,7 @@ pub struct GemmResult {
     pub case: GemmCase,
     /// Per-product timing on the tensor cores.
     pub gemm: Timing,
-    /// Per-product timing as ⌈m/8⌉ GEMV launches (exact order), same weights, same run.
+    /// Per-product timing as ⌈m/8⌉ GEMV launches ([`Order::MODEL`]), same weights, same run.
     pub gemv: Timing,
     /// Whether the model's per-shape rule ([`crate::use_gemm`]) picks the GEMM for this case.
     pub uses_gemm: bool,
@@ -502,7 +503,7 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
     };
     let mut gemv_plans = Vec::new();
     for &i0 in &chunks {
-        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::Exact)?);
+        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::MODEL)?);
     }
     let gemv_vector = gemv_plans[0].vector_ok(&gemv_jobs);
     let gemv = |copy: usize| -> Result<()> {

@@ -51,32 +51,52 @@ impl Order {
     }
 }
 
-/// A tensor-core GEMV kernel: its accumulation order (`gemv_tc.cu`'s ORDER: 0 sums per 16-column
-/// k-step, 1 per 64-column step) and its MMA row tiles per warp (16 weight rows each).
+/// A tensor-core GEMV kernel (`gemv_tc.cu`): its MMA row tiles per warp (16 weight rows each)
+/// and how the next steps' weights are in flight — in registers, one step ahead (`stages` 0),
+/// or through shared memory, `stages - 1` steps ahead (int4 and int8). All variants add the same
+/// values in the same order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TcVariant {
-    /// `gemv_tc.cu`'s ORDER (0 or 1).
-    pub order: u8,
-    /// Row tiles of 16 per warp (1, 2 or 4).
+    /// Row tiles of 16 per warp.
     pub tiles: u8,
+    /// Shared-memory stages (0: the register version).
+    pub stages: u8,
 }
 
 impl TcVariant {
-    /// What [`Order::Tensor`] launches.
-    pub const DEFAULT: TcVariant = TcVariant { order: 0, tiles: 2 };
-    /// Every variant compiled (for `nectar bench gpu --variants`).
-    pub const ALL: [TcVariant; 6] = [
-        TcVariant { order: 0, tiles: 1 },
-        TcVariant { order: 0, tiles: 2 },
-        TcVariant { order: 0, tiles: 4 },
-        TcVariant { order: 1, tiles: 1 },
-        TcVariant { order: 1, tiles: 2 },
-        TcVariant { order: 1, tiles: 4 },
-    ];
+    /// What [`Order::Tensor`] launches for a format.
+    pub fn default_for(format: WeightFormat) -> TcVariant {
+        match format {
+            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Int8Row => {
+                TcVariant {
+                    tiles: 2,
+                    stages: 4,
+                }
+            }
+            _ => TcVariant {
+                tiles: 4,
+                stages: 0,
+            },
+        }
+    }
 
-    /// `o0t2` etc.
+    /// Every variant compiled for a format (`nectar bench gpu --variants`).
+    pub fn all(format: WeightFormat) -> Vec<TcVariant> {
+        let v = |tiles, stages| TcVariant { tiles, stages };
+        match tc_base(format) {
+            Some("i4") => vec![v(4, 0), v(2, 3), v(2, 4), v(2, 6), v(4, 3)],
+            Some("i8") => vec![v(4, 0), v(2, 3), v(2, 4), v(4, 2)],
+            Some(_) => vec![v(4, 0)],
+            None => Vec::new(),
+        }
+    }
+
+    /// `r_t4` (registers) or `s4_t2` (shared-memory stages).
     pub fn name(self) -> String {
-        format!("o{}t{}", self.order, self.tiles)
+        match self.stages {
+            0 => format!("r_t{}", self.tiles),
+            s => format!("s{s}_t{}", self.tiles),
+        }
     }
 }
 
@@ -250,9 +270,17 @@ pub(crate) fn kernel_names() -> Vec<String> {
             }
         }
     }
-    for f in ["i4", "i8", "bf16"] {
-        for t in TcVariant::ALL {
-            v.push(format!("gemv_tc_{f}_o{}_t{}", t.order, t.tiles));
+    for f in [
+        WeightFormat::Int4Row,
+        WeightFormat::Int8Row,
+        WeightFormat::Bf16,
+    ] {
+        for t in TcVariant::all(f) {
+            v.push(format!(
+                "gemv_tc_{}_{}",
+                tc_base(f).unwrap_or("?"),
+                t.name()
+            ));
         }
     }
     v.sort();
@@ -298,7 +326,7 @@ impl Gpu {
         m: usize,
         order: Order,
     ) -> Result<GemvPlan> {
-        self.gemv_plan_variant(format, rows, cols, m, order, TcVariant::DEFAULT)
+        self.gemv_plan_variant(format, rows, cols, m, order, TcVariant::default_for(format))
     }
 
     /// [`Gpu::gemv_plan`] with a chosen tensor-core variant (measurement).
@@ -318,10 +346,7 @@ impl Gpu {
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
             Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
-                self.function(&format!(
-                    "gemv_tc_{base}_o{}_t{}",
-                    variant.order, variant.tiles
-                ))?,
+                self.function(&format!("gemv_tc_{base}_{}", variant.name()))?,
                 u32::from(variant.tiles),
             )),
             _ => None,

@@ -72,14 +72,19 @@ mod with_cuda {
                 WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16
             );
             let tensor = !matches!(format, WeightFormat::F32 | WeightFormat::F16);
-            let mut orders: Vec<(Order, TcVariant)> = vec![(Order::Exact, TcVariant::DEFAULT)];
+            let default = TcVariant::default_for(format);
+            let mut orders: Vec<(Order, TcVariant)> = vec![(Order::Exact, default)];
             if quant {
-                orders.push((Order::Word, TcVariant::DEFAULT));
+                orders.push((Order::Word, default));
             }
             if tensor && a.variants {
-                orders.extend(TcVariant::ALL.iter().map(|&t| (Order::Tensor, t)));
+                orders.extend(
+                    TcVariant::all(format)
+                        .into_iter()
+                        .map(|t| (Order::Tensor, t)),
+                );
             } else if tensor {
-                orders.push((Order::Tensor, TcVariant::DEFAULT));
+                orders.push((Order::Tensor, default));
             }
             for &m in &a.m {
                 for &(order, variant) in &orders {
@@ -136,7 +141,7 @@ mod with_cuda {
         v
     }
 
-    /// `exact`, `word`, or the tensor-core variant (`o0t2`).
+    /// `exact`, `word`, or the tensor-core variant (`s4_t2`, `r_t4`).
     fn order_label(c: &GemvCase) -> String {
         match c.order {
             Order::Tensor => c.variant.name(),
@@ -170,13 +175,12 @@ mod with_cuda {
             };
             vec![
                 StageConfig::DEFAULT,
-                c(4, 4, 4, false),
-                c(4, 4, 8, true),
-                c(4, 4, 8, false),
-                c(8, 8, 8, true),
+                c(4, 4, 4, true),
                 c(8, 8, 8, false),
-                c(4, 8, 12, false),
-                c(8, 4, 16, false),
+                c(8, 8, 8, true),
+                c(8, 16, 4, false),
+                c(8, 16, 8, false),
+                c(16, 8, 8, false),
             ]
         } else {
             vec![StageConfig::DEFAULT]
