@@ -483,9 +483,6 @@ pub struct BenchGpuArgs {
     /// CUDA device ordinal.
     #[arg(long, default_value_t = 0)]
     pub device: usize,
-    /// Measure every compiled tensor-core GEMV variant, not only the default.
-    #[arg(long)]
-    pub variants: bool,
 }
 
 /// `nectar bench replay`.

@@ -14,7 +14,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemm::Precision;
-use crate::gemv::{Job, Order, TcVariant};
+use crate::gemv::{Job, Order};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use nectar_kernels::{decode_row, dot_scalar, MatRef, WeightFormat};
@@ -175,11 +175,8 @@ pub struct GemvCase {
     pub batch: usize,
     /// Activation rows.
     pub m: usize,
-    /// Scale order for quantised formats.
+    /// Scale order for quantised formats ([`Order::MODEL`] is what the model runs).
     pub order: Order,
-    /// The tensor-core kernel variant ([`Order::Tensor`] only; [`TcVariant::default_for`] the
-    /// format is what the model runs).
-    pub variant: TcVariant,
 }
 
 /// A timed kernel case.
@@ -216,7 +213,7 @@ const CHECK_ROWS: usize = 24;
 /// Measures one case: its weights rotate through copies spanning at least `arena_bytes`.
 pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvResult> {
     let (f, rows, cols, m, batch) = (case.format, case.rows, case.cols, case.m, case.batch);
-    let plan = gpu.gemv_plan_variant(f, rows, cols, m, case.order, case.variant)?;
+    let plan = gpu.gemv_plan(f, rows, cols, m, case.order)?;
     let wb = rows * f.row_bytes(cols);
     let sc = rows * f.row_scales(cols);
     let per_launch = batch * (wb + sc * 4);

@@ -51,55 +51,6 @@ impl Order {
     }
 }
 
-/// A tensor-core GEMV kernel (`gemv_tc.cu`): its MMA row tiles per warp (16 weight rows each)
-/// and how the next steps' weights are in flight — in registers, one step ahead (`stages` 0),
-/// or through shared memory, `stages - 1` steps ahead (int4 and int8). All variants add the same
-/// values in the same order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TcVariant {
-    /// Row tiles of 16 per warp.
-    pub tiles: u8,
-    /// Shared-memory stages (0: the register version).
-    pub stages: u8,
-}
-
-impl TcVariant {
-    /// What [`Order::Tensor`] launches for a format.
-    pub fn default_for(format: WeightFormat) -> TcVariant {
-        match format {
-            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Int8Row => {
-                TcVariant {
-                    tiles: 2,
-                    stages: 4,
-                }
-            }
-            _ => TcVariant {
-                tiles: 4,
-                stages: 0,
-            },
-        }
-    }
-
-    /// Every variant compiled for a format (`nectar bench gpu --variants`).
-    pub fn all(format: WeightFormat) -> Vec<TcVariant> {
-        let v = |tiles, stages| TcVariant { tiles, stages };
-        match tc_base(format) {
-            Some("i4") => vec![v(4, 0), v(2, 3), v(2, 4), v(2, 6), v(4, 3)],
-            Some("i8") => vec![v(4, 0), v(2, 3), v(2, 4), v(4, 2)],
-            Some(_) => vec![v(4, 0)],
-            None => Vec::new(),
-        }
-    }
-
-    /// `r_t4` (registers) or `s4_t2` (shared-memory stages).
-    pub fn name(self) -> String {
-        match self.stages {
-            0 => format!("r_t{}", self.tiles),
-            s => format!("s{s}_t{}", self.tiles),
-        }
-    }
-}
-
 /// Warps per block of the tensor-core GEMV (`TC_WARPS`); each takes every fourth 64-column step.
 const TC_THREADS: u32 = 128;
 
@@ -124,8 +75,10 @@ fn rows_per_warp(m: usize) -> u32 {
 }
 
 /// Launches of fewer weight rows than this (rows × matrices) take the integer kernels with four
-/// words per row in flight (`_u4`) instead of two: they have too few warps to cover the memory
-/// latency otherwise. Measured on the H200 (benchmarks/RESULTS.md): a lone expert gate 2048 ×
+/// words per row in flight (`_u4`) instead of two, and the tensor-core GEMV one row tile per
+/// warp instead of four: they have too few warps to cover the memory latency otherwise
+/// (tensor-core GEMV, lone expert gate int4-g64 at M = 1: 18.7 µs with one tile, 23.8 with
+/// four; a token's 16 gate/up matrices: 82.6 µs with one, 58.9 with four). Measured on the H200 (benchmarks/RESULTS.md): a lone expert gate 2048 ×
 /// 6144 int4-g64 at M = 1 took 16.1 µs with four against 19.5 with two, attention o_proj 6144 ×
 /// 16384 51.5 against 55.4 (int8: 67.9 against 74.1), q_b 16384 × 2048 13.3 against 14.3; from
 /// kv_b's 28,672 rows up (and a token's 16 expert gate/up matrices, 32,768 rows) two were as
@@ -184,9 +137,9 @@ impl GpuMat {
 /// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
 pub struct GemvPlan {
     func: CudaFunction,
-    /// The tensor-core kernel and its row tiles per warp ([`Order::Tensor`] on a layout that
-    /// admits it).
-    tc: Option<(CudaFunction, u32)>,
+    /// The tensor-core kernels ([`Order::Tensor`] on a layout that admits it): four row tiles
+    /// per warp, and one for launches of fewer than [`FEW_ROWS`] rows.
+    tc: Option<(CudaFunction, CudaFunction)>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
     format: WeightFormat,
@@ -270,17 +223,9 @@ pub(crate) fn kernel_names() -> Vec<String> {
             }
         }
     }
-    for f in [
-        WeightFormat::Int4Row,
-        WeightFormat::Int8Row,
-        WeightFormat::Bf16,
-    ] {
-        for t in TcVariant::all(f) {
-            v.push(format!(
-                "gemv_tc_{}_{}",
-                tc_base(f).unwrap_or("?"),
-                t.name()
-            ));
+    for base in ["i4", "i8", "bf16"] {
+        for tiles in [1, 4] {
+            v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
     v.sort();
@@ -326,19 +271,6 @@ impl Gpu {
         m: usize,
         order: Order,
     ) -> Result<GemvPlan> {
-        self.gemv_plan_variant(format, rows, cols, m, order, TcVariant::default_for(format))
-    }
-
-    /// [`Gpu::gemv_plan`] with a chosen tensor-core variant (measurement).
-    pub fn gemv_plan_variant(
-        &self,
-        format: WeightFormat,
-        rows: usize,
-        cols: usize,
-        m: usize,
-        order: Order,
-        variant: TcVariant,
-    ) -> Result<GemvPlan> {
         if !(1..=MAX_M).contains(&m) {
             return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
         }
@@ -346,8 +278,8 @@ impl Gpu {
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
             Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
-                self.function(&format!("gemv_tc_{base}_{}", variant.name()))?,
-                u32::from(variant.tiles),
+                self.function(&format!("gemv_tc_{base}_t4"))?,
+                self.function(&format!("gemv_tc_{base}_t1"))?,
             )),
             _ => None,
         };
@@ -390,7 +322,14 @@ impl Gpu {
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
         }
-        if let (Some((tc, tiles)), true) = (&plan.tc, vector) {
+        if let (Some((many, few)), true) = (&plan.tc, vector) {
+            // Four row tiles per warp share each activation split; launches of few rows need
+            // the blocks of one (which rows a warp takes never changes a row's result).
+            let (tc, tiles) = if plan.rows.saturating_mul(n) < FEW_ROWS {
+                (few, 1)
+            } else {
+                (many, 4)
+            };
             let cfg = LaunchConfig {
                 grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
                 block_dim: (TC_THREADS, 1, 1),

@@ -31,8 +31,7 @@
 // y = ((acc_0 + acc_1) + acc_2) + acc_3. (mma adds its 16 products to p inside the tensor core,
 // aligned to the largest addend; starting each k-step from 0 keeps that error relative to the
 // k-step's own terms.) An output depends only on its row, its token's activations, the column
-// count and that order — not on M, T, the pipeline depth, the grid or the other matrices of the
-// launch. Summing each 64-column step in one p (one scale multiply per step) was measured no
+// count and that order — not on M, T, the grid or the other matrices of the launch. Summing each 64-column step in one p (one scale multiply per step) was measured no
 // faster (2026-12-02) and is not kept.
 
 #define TC_WARPS 4
@@ -223,7 +222,9 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
             }
 #pragma unroll
         for (int q = 0; q < 16; q++) xc[q] = xn[q];
-        // The next step's loads are in flight during this step's products.
+        // The next step's loads are in flight during this step's products. (Bytes in flight bound
+        // this kernel: int4 keeps 8 per row and step, so int4 launches reach about 0.44 of the
+        // read bandwidth where int8 reaches 0.70 and bf16 0.94 — RESULTS, 2026-12-02.)
         if (s + TC_WARPS < nsteps) load(s + TC_WARPS);
 
         u32 b[3][4][2];
@@ -292,218 +293,12 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
             gemv_tc<F, T, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
     }
 
-GEMV_TC_ENTRY(gemv_tc_i4_r_t4, FMT_I4, 4)
-GEMV_TC_ENTRY(gemv_tc_i8_r_t4, FMT_I8, 4)
-GEMV_TC_ENTRY(gemv_tc_bf16_r_t4, FMT_BF16, 4)
-
-// The same kernel with the weights (and scales) of the next S - 1 steps in flight through
-// shared memory (cp.async), so the bytes in flight per SM are not bounded by registers: int4
-// keeps only 8 bytes per row and step, so the register version above has 16 KB per SM in flight
-// (0.44 of the read bandwidth measured), where int8 / bf16 reach 32 / 64 KB. Each lane copies
-// exactly the bytes it later reads itself (per-lane slots, no barrier); the activations of the
-// next step are prefetched into registers as above. Values and order are the register
-// version's, in the same order.
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = valid ? bytes : 0;  // 0: zero-fill, nothing read
-    if (bytes == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
-    else if (bytes == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(n));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-// `row_scale`: one scale per row (else int4 groups, a multiple of 64 columns). The shared
-// arrays are declared once per entry point (one instantiation), so the two scale layouts share
-// them.
-template <int F, int T, int S>
-__device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols, int m,
-                                              int row_bytes, int row_scales, u32 gmagic,
-                                              int gshift, bool row_scale) {
-    constexpr int N = TcRaw<F>::N;  // 2 (int4) or 4 (int8) words per lane and row
-    static_assert(F != FMT_BF16, "codes only");
-    const bool GROUPS = !row_scale;
-    // Per warp, stage, row slot (tile i, half h → 2i + h) and lane: N words; scales likewise.
-    __shared__ __align__(16) u32 sw[TC_WARPS][S][2 * T][N][32];
-    __shared__ float ss[TC_WARPS][S][2 * T][32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16 * T;
-    const u8* W = (const u8*)job.w;
-    const float* S_ = (const float*)job.s;
-    const float* X = (const float*)job.x;
-    int roff[T][2];
-#pragma unroll
-    for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) roff[i][h] = min(row0 + 16 * i + g + 8 * h, rows - 1);
-    const bool has_x = g < m;
-    const float* xrow = X + (u64)(has_x ? g : 0) * cols + 16 * t;
-    const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
-    // The warp's k-th step is warp + k·TC_WARPS; it has nk of them.
-    const int nk = warp < nsteps ? (nsteps - warp + TC_WARPS - 1) / TC_WARPS : 0;
-
-    float acc[T][4];
-#pragma unroll
-    for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[i][e] = 0.0f;
-    float rs[T][2];
-#pragma unroll
-    for (int i = 0; i < T; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            rs[i][h] = row_scale ? __ldg(S_ + (u64)roff[i][h] * row_scales) : 1.0f;
-
-    // Queues the weights (and scales) of the warp's k-th step into stage k % S; always commits
-    // a group (empty past the end) so that wait_group counts steps.
-    auto issue = [&](int k) {
-        if (k < nk) {
-            const int s = warp + k * TC_WARPS;
-            const int c0 = s * TC_STEP + 16 * t;
-            const bool in = c0 < cols;
-            const int st = k % S;
-#pragma unroll
-            for (int i = 0; i < T; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const u8* row = W + (u64)roff[i][h] * row_bytes;
-                    const u8* p = in ? row + (u64)c0 * (N * 4) / 16 : row;
-                    if constexpr (N == 2) {
-                        // Two words in one 8-byte copy: stored [0][lane], [1][lane] would split
-                        // it, so int4 keeps its pair in word slots 0 and 1 of a uint2 view.
-                        cp_async(&((uint2*)&sw[warp][st][2 * i + h][0][0])[lane], p, 8, in);
-                    } else {
-                        cp_async(&((uint4*)&sw[warp][st][2 * i + h][0][0])[lane], p, 16, in);
-                    }
-                    if (GROUPS)
-                        cp_async(&ss[warp][st][2 * i + h][lane],
-                                 S_ + (u64)roff[i][h] * row_scales +
-                                     scale_index(s * TC_STEP, gmagic, gshift),
-                                 4, true);
-                }
-        }
-        cp_async_commit();
-    };
-
-    float xn[16];
-    auto load_x = [&](int k) {
-        const int s = warp + k * TC_WARPS;
-        const int c0 = s * TC_STEP + 16 * t;
-        if (k < nk && has_x && c0 < cols) {
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 v = __ldg((const float4*)(xrow + s * TC_STEP) + q);
-                xn[4 * q] = v.x;
-                xn[4 * q + 1] = v.y;
-                xn[4 * q + 2] = v.z;
-                xn[4 * q + 3] = v.w;
-            }
-        } else {
-#pragma unroll
-            for (int q = 0; q < 16; q++) xn[q] = 0.0f;
-        }
-    };
-
-#pragma unroll
-    for (int k = 0; k < S - 1; k++) issue(k);
-    load_x(0);
-    for (int k = 0; k < nk; k++) {
-        cp_async_wait<S - 2>();  // step k's group has landed (this lane's copies)
-        const int st = k % S;
-        u32 wc[T][2][N];
-        float sc[T][2];
-#pragma unroll
-        for (int i = 0; i < T; i++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                if constexpr (N == 2) {
-                    const uint2 v = ((const uint2*)&sw[warp][st][2 * i + h][0][0])[lane];
-                    wc[i][h][0] = v.x;
-                    wc[i][h][1] = v.y;
-                } else {
-                    const uint4 v = ((const uint4*)&sw[warp][st][2 * i + h][0][0])[lane];
-                    wc[i][h][0] = v.x;
-                    wc[i][h][1] = v.y;
-                    wc[i][h][2] = v.z;
-                    wc[i][h][3] = v.w;
-                }
-                if (GROUPS)
-                    sc[i][h] = ss[warp][st][2 * i + h][lane];
-                else
-                    sc[i][h] = rs[i][h];
-            }
-        float xc[16];
-#pragma unroll
-        for (int q = 0; q < 16; q++) xc[q] = xn[q];
-        // Stage (k - 1) % S was read into registers last step: refill it with step k + S - 1.
-        issue(k + S - 1);
-        load_x(k + 1);
-
-        u32 b[3][4][2];
-        tc_split_x<F>(xc, b);
-#pragma unroll
-        for (int i = 0; i < T; i++) {
-            u32 lo0[4], hi0[4], lo1[4], hi1[4];
-            tc_decode<F>(wc[i][0], lo0, hi0);
-            tc_decode<F>(wc[i][1], lo1, hi1);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int part = 2; part >= 0; part--) mma_bf16(p, a, b[part][j][0], b[part][j][1]);
-                acc[i][0] = fmaf(sc[i][0], p[0], acc[i][0]);
-                acc[i][1] = fmaf(sc[i][0], p[1], acc[i][1]);
-                acc[i][2] = fmaf(sc[i][1], p[2], acc[i][2]);
-                acc[i][3] = fmaf(sc[i][1], p[3], acc[i][3]);
-            }
-        }
-    }
-    cp_async_wait<0>();
-
-    __shared__ float red[TC_WARPS - 1][T][4][32];
-    if (warp > 0) {
-#pragma unroll
-        for (int i = 0; i < T; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) red[warp - 1][i][e][lane] = acc[i][e];
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float* Y = (float*)job.y;
-#pragma unroll
-        for (int i = 0; i < T; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = acc[i][e];
-#pragma unroll
-                for (int w = 0; w < TC_WARPS - 1; w++) v += red[w][i][e][lane];
-                const int r = row0 + 16 * i + g + (e >= 2 ? 8 : 0);
-                const int tok = 2 * t + (e & 1);
-                if (r < rows && tok < m) Y[(u64)tok * rows + r] = v;
-            }
-    }
-}
-
-#define GEMV_TCA_ENTRY(NAME, F, T, S)                                                             \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
-        NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
-             u32 gmagic, int gshift, int path) {                                                  \
-        gemv_tc_async<F, T, S>(jobs[blockIdx.y], rows, cols, m, row_bytes, row_scales, gmagic,    \
-                               gshift, (path & 2) != 0);                                          \
-    }
-
-// `s{S}_t{T}`: S stages (S - 1 steps in flight), T row tiles per warp.
-GEMV_TCA_ENTRY(gemv_tc_i4_s3_t2, FMT_I4, 2, 3)
-GEMV_TCA_ENTRY(gemv_tc_i4_s4_t2, FMT_I4, 2, 4)
-GEMV_TCA_ENTRY(gemv_tc_i4_s6_t2, FMT_I4, 2, 6)
-GEMV_TCA_ENTRY(gemv_tc_i4_s3_t4, FMT_I4, 4, 3)
-GEMV_TCA_ENTRY(gemv_tc_i8_s3_t2, FMT_I8, 2, 3)
-GEMV_TCA_ENTRY(gemv_tc_i8_s4_t2, FMT_I8, 2, 4)
-GEMV_TCA_ENTRY(gemv_tc_i8_s2_t4, FMT_I8, 4, 2)
+// `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
+// `_t1`: one (launches of few rows, which need the blocks). T changes which warp computes a
+// row, never a row's order: both give identical results.
+GEMV_TC_ENTRY(gemv_tc_i4_t1, FMT_I4, 1)
+GEMV_TC_ENTRY(gemv_tc_i4_t4, FMT_I4, 4)
+GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
+GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
+GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
+GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)

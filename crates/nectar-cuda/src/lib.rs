@@ -47,7 +47,7 @@ pub use error::{Error, Result};
 #[cfg(feature = "cuda")]
 pub use gemm::{use_gemm, GemmPlan, Precision};
 #[cfg(feature = "cuda")]
-pub use gemv::{GemvPlan, GpuMat, Job, Order, TcVariant, MAX_M};
+pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 #[cfg(feature = "cuda")]
 pub use view::MatView;
 

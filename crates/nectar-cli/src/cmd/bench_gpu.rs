@@ -32,7 +32,7 @@ mod with_cuda {
         GemmResult, GemvCase, GemvResult, StagedCopies,
     };
     use nectar_cuda::copy::StageConfig;
-    use nectar_cuda::{Gpu, Order, Precision, TcVariant};
+    use nectar_cuda::{Gpu, Order, Precision};
     use nectar_kernels::WeightFormat;
     use serde_json::json;
 
@@ -72,22 +72,15 @@ mod with_cuda {
                 WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16
             );
             let tensor = !matches!(format, WeightFormat::F32 | WeightFormat::F16);
-            let default = TcVariant::default_for(format);
-            let mut orders: Vec<(Order, TcVariant)> = vec![(Order::Exact, default)];
+            let mut orders = vec![Order::Exact];
             if quant {
-                orders.push((Order::Word, default));
+                orders.push(Order::Word);
             }
-            if tensor && a.variants {
-                orders.extend(
-                    TcVariant::all(format)
-                        .into_iter()
-                        .map(|t| (Order::Tensor, t)),
-                );
-            } else if tensor {
-                orders.push((Order::Tensor, default));
+            if tensor {
+                orders.push(Order::Tensor);
             }
             for &m in &a.m {
-                for &(order, variant) in &orders {
+                for &order in &orders {
                     v.push(GemvCase {
                         name: name.to_string(),
                         format,
@@ -96,7 +89,6 @@ mod with_cuda {
                         batch,
                         m,
                         order,
-                        variant,
                     });
                 }
             }
@@ -141,14 +133,6 @@ mod with_cuda {
         v
     }
 
-    /// `exact`, `word`, or the tensor-core variant (`s4_t2`, `r_t4`).
-    fn order_label(c: &GemvCase) -> String {
-        match c.order {
-            Order::Tensor => c.variant.name(),
-            o => o.name().to_string(),
-        }
-    }
-
     pub fn gpu(a: BenchGpuArgs) -> Result<()> {
         let gpu = std::sync::Arc::new(Gpu::open(a.device).context("nectar bench gpu")?);
         let info = gpu.info().clone();
@@ -166,25 +150,7 @@ mod with_cuda {
         let h_whole = h.whole_bytes as f64 / h.whole.median_s / 1e9;
         let h_chunk = h.whole_bytes as f64 / h.chunked.median_s / 1e9;
         // Expert copies from pageable memory through the staging ring (the copied-expert path).
-        let stage_configs: Vec<StageConfig> = if a.variants {
-            let c = |ring_chunks, mib: usize, threads, write_combined| StageConfig {
-                chunk_bytes: mib << 20,
-                ring_chunks,
-                threads,
-                write_combined,
-            };
-            vec![
-                StageConfig::DEFAULT,
-                c(4, 4, 4, true),
-                c(8, 8, 8, false),
-                c(8, 8, 8, true),
-                c(8, 16, 4, false),
-                c(8, 16, 8, false),
-                c(16, 8, 8, false),
-            ]
-        } else {
-            vec![StageConfig::DEFAULT]
-        };
+        let stage_configs = [StageConfig::DEFAULT];
         let staged_experts = if a.quick { 24 } else { 48 };
         let mut staged: Vec<StagedCopies> = Vec::new();
         for cfg in stage_configs {
@@ -252,22 +218,7 @@ mod with_cuda {
         let mut results: Vec<GemvResult> = Vec::new();
         for c in cases(&a) {
             let r = gemv_case(&gpu, &c, arena)
-                .with_context(|| format!("{} {} m={}", c.name, c.format.name(), c.m));
-            // Comparing variants: a failing one is reported, the others still measured.
-            let r = match r {
-                Err(e) if a.variants => {
-                    println!(
-                        "FAILED {} {} m={} {} {}: {e:#}",
-                        c.name,
-                        c.format.name(),
-                        c.m,
-                        c.order.name(),
-                        c.variant.name()
-                    );
-                    continue;
-                }
-                r => r?,
-            };
+                .with_context(|| format!("{} {} m={}", c.name, c.format.name(), c.m))?;
             if !a.json {
                 println!(
                     "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9.1} {:>7.0} {:>6.2} {:>9.1e}",
@@ -275,7 +226,7 @@ mod with_cuda {
                     c.format.name(),
                     c.batch,
                     c.m,
-                    order_label(&c),
+                    c.order.name(),
                     if r.tensor {
                         "tensor"
                     } else if r.vector {
@@ -347,7 +298,7 @@ mod with_cuda {
                     json!({
                         "name": r.case.name, "format": r.case.format.name(), "rows": r.case.rows,
                         "cols": r.case.cols, "batch": r.case.batch, "m": r.case.m,
-                        "order": order_label(&r.case), "vector": r.vector, "tensor": r.tensor,
+                        "order": r.case.order.name(), "vector": r.vector, "tensor": r.tensor,
                         "median_us": r.timing.median_s * 1e6, "best_us": r.timing.best_s * 1e6,
                         "bytes": r.bytes, "gbps": r.gbps(), "ratio": r.gbps() / limit,
                         "copies": r.copies, "checked": r.checked, "max_rel_err": r.max_rel_err,
