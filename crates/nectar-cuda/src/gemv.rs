@@ -618,3 +618,38 @@ impl GemvPlan {
         self.layout.group
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tensor-core GEMV takes exactly the layouts whose 64-column steps lie in one scale
+    /// group and whose rows are whole 16-column, 16-byte pieces; the rest stay on `exact`.
+    #[test]
+    fn the_tensor_core_gemv_takes_only_layouts_it_can_scale() {
+        let g = |group| WeightFormat::Int4Group { group };
+        for (f, cols, takes) in [
+            (g(64), 6144, true),
+            (g(128), 2048, true),
+            (WeightFormat::Int4Row, 96, true),
+            (WeightFormat::Int4Row, 32, true),
+            (WeightFormat::Int8Row, 80, true),
+            (WeightFormat::Bf16, 48, true),
+            // A group splits a 64-column step.
+            (g(32), 6144, false),
+            (g(48), 768, false),
+            // No whole 16-byte rows / 16-column pieces.
+            (WeightFormat::Int4Row, 16, false),
+            (WeightFormat::Int8Row, 24, false),
+            (WeightFormat::Bf16, 40, false),
+        ] {
+            assert_eq!(
+                tc_layout(f, cols) && tc_base(f).is_some(),
+                takes,
+                "{f:?} × {cols}"
+            );
+        }
+        assert!(tc_base(WeightFormat::F16).is_none() && tc_base(WeightFormat::F32).is_none());
+        assert_eq!(Order::MODEL, Order::Tensor);
+    }
+}

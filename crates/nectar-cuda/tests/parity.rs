@@ -141,14 +141,15 @@ fn a_rows_result_does_not_depend_on_m_or_the_batch() {
         .unwrap();
 }
 
-/// Integer launches of few rows take kernels with more words per row in flight (`_u4`); which
-/// one runs must not change a single bit: 96 rows alone (the few-rows kernel) and the same
-/// matrix 300 times in one launch (28,800 rows: the other) give identical results.
+/// Integer launches of few rows take kernels with more words per row in flight (`_u4`), and the
+/// tensor-core GEMV one row tile per warp instead of four; which one runs must not change a
+/// single bit: 96 rows alone (the few-rows kernels) and the same matrix 300 times in one launch
+/// (28,800 rows: the others) give identical results.
 #[test]
 fn few_rows_and_many_rows_launches_agree_bit_for_bit() {
     let Some(gpu) = gpu() else { return };
     let (rows, cols) = (96, 768);
-    for (fi, f) in FORMATS.into_iter().enumerate().skip(3) {
+    for (fi, f) in FORMATS.into_iter().enumerate().skip(1) {
         let (data, scales) = weights(f, rows, cols, 40 + fi as u64);
         let w = MatRef::new(f, rows, cols, &data, &scales).unwrap();
         let dev = gpu.upload(&w).unwrap();
