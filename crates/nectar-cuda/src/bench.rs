@@ -175,7 +175,7 @@ pub struct GemvCase {
     pub batch: usize,
     /// Activation rows.
     pub m: usize,
-    /// Scale order for quantised formats.
+    /// Scale order for quantised formats ([`Order::MODEL`] is what the model runs).
     pub order: Order,
 }
 
@@ -192,6 +192,8 @@ pub struct GemvResult {
     pub copies: usize,
     /// Whether the 16-byte vector path ran.
     pub vector: bool,
+    /// Whether the tensor-core GEMV ran.
+    pub tensor: bool,
     /// Largest |gpu − cpu| / Σ|w·x| over the checked elements.
     pub max_rel_err: f64,
     /// Elements checked against the CPU kernels.
@@ -332,6 +334,7 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
         bytes: per_launch,
         copies,
         vector,
+        tensor: vector && plan.tensor(),
         max_rel_err,
         checked,
     })
@@ -412,7 +415,7 @@ pub struct GemmResult {
     pub case: GemmCase,
     /// Per-product timing on the tensor cores.
     pub gemm: Timing,
-    /// Per-product timing as ⌈m/8⌉ GEMV launches (exact order), same weights, same run.
+    /// Per-product timing as ⌈m/8⌉ GEMV launches ([`Order::MODEL`]), same weights, same run.
     pub gemv: Timing,
     /// Whether the model's per-shape rule ([`crate::use_gemm`]) picks the GEMM for this case.
     pub uses_gemm: bool,
@@ -497,7 +500,7 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
     };
     let mut gemv_plans = Vec::new();
     for &i0 in &chunks {
-        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::Exact)?);
+        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::MODEL)?);
     }
     let gemv_vector = gemv_plans[0].vector_ok(&gemv_jobs);
     let gemv = |copy: usize| -> Result<()> {
@@ -561,4 +564,114 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
         max_rel_err,
         checked,
     })
+}
+
+/// Expert-sized copies from pageable host memory through [`crate::copy::Staging`] (the route of
+/// a routed expert copied from its RAM slot), against the pinned reference of the same area.
+#[derive(Debug, Clone, Copy)]
+pub struct StagedCopies {
+    /// The ring's layout.
+    pub config: crate::copy::StageConfig,
+    /// Bytes per expert.
+    pub expert_bytes: usize,
+    /// Experts copied.
+    pub experts: usize,
+    /// Pinned host→device bytes per second on the copy stream ([`Staging::pinned_reference`]).
+    ///
+    /// [`Staging::pinned_reference`]: crate::copy::Staging::pinned_reference
+    pub pinned_bps: f64,
+    /// The DMAs' own rate (each chunk timed by its events).
+    pub link_bps: f64,
+    /// Bytes ÷ wall time from the first copy to the last DMA's end.
+    pub end_to_end_bps: f64,
+}
+
+/// Copies `experts` distinct pageable buffers of `expert_bytes` into two slots in turn, each
+/// slot released as soon as its copy landed (no kernels), as [`crate::copy::Staging`] runs for
+/// the model; returns the rates against the pinned reference measured on the same area.
+pub fn staged_copies(
+    gpu: &std::sync::Arc<Gpu>,
+    config: crate::copy::StageConfig,
+    expert_bytes: usize,
+    experts: usize,
+) -> Result<StagedCopies> {
+    let staging = crate::copy::Staging::with_config(gpu, 2, expert_bytes, config)?;
+    let pinned_bps = staging.pinned_reference(8)?;
+    let src = pageable_source(expert_bytes * experts);
+    // One warm-up copy (the pool's threads, the first touch of the ring).
+    staging.copy(0, &[&src[..expert_bytes]])?;
+    staging.wait_ready(0)?;
+    staging.release(0)?;
+    let (b0, s0) = staging.link();
+    let started = std::time::Instant::now();
+    for e in 0..experts {
+        let slot = e % 2;
+        staging.copy(slot, &[&src[e * expert_bytes..(e + 1) * expert_bytes]])?;
+        if e > 0 {
+            staging.wait_ready(1 - slot)?;
+            staging.release(1 - slot)?;
+        }
+    }
+    staging.wait_ready((experts + 1) % 2)?;
+    let wall = started.elapsed().as_secs_f64();
+    let (b1, s1) = staging.link();
+    Ok(StagedCopies {
+        config,
+        expert_bytes,
+        experts,
+        pinned_bps,
+        link_bps: (b1 - b0) as f64 / (s1 - s0).max(1e-12),
+        end_to_end_bps: (experts * expert_bytes) as f64 / wall.max(1e-12),
+    })
+}
+
+/// `bytes` of ordinary (pageable) memory, every page written.
+fn pageable_source(bytes: usize) -> Vec<u8> {
+    let block = random_bytes(1 << 20, 0x5041_4745);
+    let mut v = vec![0u8; bytes];
+    for c in v.chunks_mut(block.len()) {
+        c.copy_from_slice(&block[..c.len()]);
+    }
+    v
+}
+
+/// The same copies with the pageable source registered with the driver (`cuMemHostRegister`)
+/// and each expert one DMA straight from it: the ceiling of a design that pins the RAM slots.
+/// Returns (registration bytes per second, DMA bytes per second).
+pub fn registered_copies(gpu: &Gpu, expert_bytes: usize, experts: usize) -> Result<(f64, f64)> {
+    use cudarc::driver::sys;
+    let mut src = pageable_source(expert_bytes * experts);
+    let dev: CudaSlice<u8> = gpu.stream.alloc_zeros(2 * expert_bytes)?;
+    let (dp, _) = dev.device_ptr(&gpu.stream);
+    gpu.ctx.bind_to_thread()?;
+    let t = std::time::Instant::now();
+    // SAFETY: `src` is a live allocation of this length; it is unregistered below before it is
+    // dropped, and not resized meanwhile.
+    unsafe { sys::cuMemHostRegister_v2(src.as_mut_ptr().cast(), src.len(), 0).result()? };
+    let reg_s = t.elapsed().as_secs_f64();
+    let run = || -> Result<Timing> {
+        gpu.time(0, 1, 3, |_| {
+            for e in 0..experts {
+                // SAFETY: the source is registered and alive; the destination is one of the
+                // two expert-sized halves of `dev`.
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(
+                        dp + ((e % 2) * expert_bytes) as u64,
+                        &src[e * expert_bytes..(e + 1) * expert_bytes],
+                        gpu.stream.cu_stream(),
+                    )?
+                };
+            }
+            Ok(())
+        })
+    };
+    let timing = run();
+    gpu.synchronize()?;
+    // SAFETY: registered above, no copy in flight (synchronised).
+    unsafe { sys::cuMemHostUnregister(src.as_mut_ptr().cast()).result()? };
+    let timing = timing?;
+    Ok((
+        src.len() as f64 / reg_s.max(1e-12),
+        src.len() as f64 / timing.median_s,
+    ))
 }

@@ -4,13 +4,20 @@
 //!
 //! The bytes go through a **pinned bounce ring**: [`RING_CHUNKS`] page-locked chunks of
 //! [`CHUNK_BYTES`]; the host copies a chunk of the expert into a free chunk of the ring
-//! ([`STAGE_THREADS`] threads), then
+//! ([`STAGE_THREADS`] threads of a pool the area keeps), then
 //! queues its DMA to the staging slot, so the host copy of chunk i + 1 overlaps the DMA of chunk
 //! i. The source is never registered with the driver (`cuMemHostRegister`): the RAM cache's
 //! slots are returned to the kernel with `madvise(MADV_DONTNEED)` by the RSS guard, and pages
 //! pinned by the driver would neither be released (the guard's purpose) nor stay the pages the
 //! process sees after the advice (a DMA would read the old ones). The ring costs
 //! `RING_CHUNKS × CHUNK_BYTES` of host memory, whatever the expert size.
+//!
+//! Measured limit of this design (`nectar bench gpu`, RESULTS 2026-12-02): while the host
+//! copies into the ring, the DMAs out of it reach only about 0.5–0.6 of the pinned reference,
+//! and end to end 0.3–0.46; DMAs straight from registered pageable memory reach 1.00
+//! (`bench::registered_copies`). Registering the RAM cache's slots, with an unregister before
+//! each `MADV_DONTNEED` of the RSS guard and a register on the slot's next use, is the way to
+//! the 0.9 (not done).
 //!
 //! Ordering across the two streams is explicit (the context runs with cudarc's event tracking
 //! off): a slot's DMA waits for the event recorded after the last kernel that read the slot
@@ -25,14 +32,51 @@ use nectar_kernels::MatRef;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Bytes of one chunk of the pinned bounce ring.
-pub const CHUNK_BYTES: usize = 4 << 20;
-/// Chunks in the ring: enough that the host never waits on a DMA in flight while the link is
-/// the slower side.
-pub const RING_CHUNKS: usize = 4;
-/// Threads that copy one chunk into the ring together: one thread's stores into pinned memory
-/// reach about 6 GB/s (measured on the H200 host, RESULTS), a tenth of the link.
-pub const STAGE_THREADS: usize = 4;
+/// Bytes of one chunk of the pinned bounce ring ([`StageConfig::DEFAULT`]).
+pub const CHUNK_BYTES: usize = 8 << 20;
+/// Chunks in the ring.
+pub const RING_CHUNKS: usize = 8;
+/// Threads that copy one chunk into the ring together (a pool kept for the area's life).
+pub const STAGE_THREADS: usize = 8;
+
+/// How the pinned bounce ring is laid out and filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageConfig {
+    /// Bytes of one chunk.
+    pub chunk_bytes: usize,
+    /// Chunks in the ring.
+    pub ring_chunks: usize,
+    /// Threads of the staging pool (kept for the area's life) that copy a chunk together.
+    pub threads: usize,
+    /// Write-combined pinned memory (`CU_MEMHOSTALLOC_WRITECOMBINED`) instead of cached.
+    pub write_combined: bool,
+}
+
+impl StageConfig {
+    /// What [`Staging::new`] uses: the best of eight layouts measured on the H200 host
+    /// (RESULTS, 2026-12-02: 24 expert copies of 21.2 MB from pageable memory, no other load):
+    /// 8 × 8 MiB of cached pinned memory filled by 8 threads, DMA 0.59 and end to end 0.46 of
+    /// the pinned reference, against 0.51 / 0.30 for the former layout (4 × 4 MiB
+    /// write-combined, 4 threads; same pool, same run). Write-combining made no difference;
+    /// more threads (12, 16) or smaller chunks were slower.
+    pub const DEFAULT: StageConfig = StageConfig {
+        chunk_bytes: CHUNK_BYTES,
+        ring_chunks: RING_CHUNKS,
+        threads: STAGE_THREADS,
+        write_combined: false,
+    };
+
+    /// `4x4MiB/4t/wc` etc.
+    pub fn name(&self) -> String {
+        format!(
+            "{}x{}MiB/{}t/{}",
+            self.ring_chunks,
+            self.chunk_bytes >> 20,
+            self.threads,
+            if self.write_combined { "wc" } else { "cached" }
+        )
+    }
+}
 /// Alignment of each part inside a slot (the kernels' vector paths need 16 bytes).
 pub const PART_ALIGN: usize = 256;
 
@@ -73,16 +117,19 @@ impl Ring {
     }
 }
 
-/// Copies `src` into `dst` (same length) with up to [`STAGE_THREADS`] threads.
-fn parallel_copy(src: &[u8], dst: &mut [u8]) {
-    let piece = src.len().div_ceil(STAGE_THREADS).max(1 << 18);
+/// Copies `src` into `dst` (same length) with up to `pool`'s threads.
+fn parallel_copy(pool: &rayon::ThreadPool, src: &[u8], dst: &mut [u8]) {
+    let piece = src
+        .len()
+        .div_ceil(pool.current_num_threads().max(1))
+        .max(1 << 18);
     if src.len() <= piece {
         dst.copy_from_slice(src);
         return;
     }
-    std::thread::scope(|s| {
+    pool.scope(|s| {
         for (d, c) in dst.chunks_mut(piece).zip(src.chunks(piece)) {
-            s.spawn(move || d.copy_from_slice(c));
+            s.spawn(move |_| d.copy_from_slice(c));
         }
     });
 }
@@ -113,6 +160,8 @@ pub struct Staging {
     slots: usize,
     ring: Mutex<Ring>,
     events: Vec<SlotEvents>,
+    config: StageConfig,
+    pool: rayon::ThreadPool,
 }
 
 impl std::fmt::Debug for Staging {
@@ -127,6 +176,20 @@ impl std::fmt::Debug for Staging {
 impl Staging {
     /// Allocates `slots` slots of `slot_bytes` in VRAM, the pinned ring and a copy stream.
     pub fn new(gpu: &Arc<Gpu>, slots: usize, slot_bytes: usize) -> Result<Staging> {
+        Staging::with_config(gpu, slots, slot_bytes, StageConfig::DEFAULT)
+    }
+
+    /// [`Staging::new`] with another ring layout.
+    pub fn with_config(
+        gpu: &Arc<Gpu>,
+        slots: usize,
+        slot_bytes: usize,
+        config: StageConfig,
+    ) -> Result<Staging> {
+        let (chunk_bytes, ring_chunks) = (config.chunk_bytes, config.ring_chunks);
+        if chunk_bytes == 0 || ring_chunks == 0 || config.threads == 0 {
+            return Err(Error::Shape(format!("staging ring {}", config.name())));
+        }
         if slots == 0 || slot_bytes == 0 {
             return Err(Error::Shape(format!(
                 "staging: {slots} slots of {slot_bytes} bytes"
@@ -139,8 +202,18 @@ impl Staging {
             .ok_or_else(|| Error::Shape("staging area overflows".into()))?;
         // SAFETY: a slot is only read by kernels after its DMA wrote it (`wait_ready`).
         let area = unsafe { gpu.stream.alloc::<u8>(total)? };
+        let flags = if config.write_combined {
+            cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED
+        } else {
+            0
+        };
         // SAFETY: the ring is written by the host before each DMA reads it.
-        let buf = unsafe { ctx.alloc_pinned::<u8>(CHUNK_BYTES * RING_CHUNKS)? };
+        let buf = unsafe { ctx.alloc_pinned_with_flags::<u8>(chunk_bytes * ring_chunks, flags)? };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads)
+            .thread_name(|i| format!("nectar-stage-{i}"))
+            .build()
+            .map_err(|e| Error::Shape(format!("staging threads: {e}")))?;
         let event = |timing: bool| {
             ctx.new_event(Some(if timing {
                 CUevent_flags::CU_EVENT_DEFAULT
@@ -149,7 +222,7 @@ impl Staging {
             }))
         };
         let ring_events = || {
-            (0..RING_CHUNKS)
+            (0..ring_chunks)
                 .map(|_| event(true))
                 .collect::<std::result::Result<Vec<_>, _>>()
         };
@@ -175,12 +248,14 @@ impl Staging {
                 buf,
                 start,
                 done,
-                pending: vec![0; RING_CHUNKS],
+                pending: vec![0; ring_chunks],
                 next: 0,
                 link_bytes: 0,
                 link_s: 0.0,
             }),
             events,
+            config,
+            pool,
         })
     }
 
@@ -201,7 +276,12 @@ impl Staging {
 
     /// Host bytes of the pinned ring.
     pub fn pinned_bytes(&self) -> usize {
-        CHUNK_BYTES * RING_CHUNKS
+        self.config.chunk_bytes * self.config.ring_chunks
+    }
+
+    /// The ring's layout.
+    pub fn config(&self) -> StageConfig {
+        self.config
     }
 
     /// The GPU the area lives on.
@@ -244,19 +324,24 @@ impl Staging {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let mut addrs = Vec::with_capacity(parts.len());
         let (mut off, mut bytes) = (0usize, 0u64);
+        let (chunk_bytes, ring_chunks) = (self.config.chunk_bytes, self.config.ring_chunks);
         for part in parts {
             addrs.push(base + off as u64);
-            for (i, chunk) in part.chunks(CHUNK_BYTES).enumerate() {
+            for (i, chunk) in part.chunks(chunk_bytes).enumerate() {
                 let c = ring.next;
-                ring.next = (c + 1) % RING_CHUNKS;
+                ring.next = (c + 1) % ring_chunks;
                 // The chunk's previous DMA must have read it before the host overwrites it.
                 ring.reclaim(c)?;
-                let dst = base + (off + i * CHUNK_BYTES) as u64;
-                // SAFETY: the ring holds RING_CHUNKS × CHUNK_BYTES bytes, chunk c is not read
-                // by any DMA (its event completed), and `chunk` is at most CHUNK_BYTES.
+                let dst = base + (off + i * chunk_bytes) as u64;
+                // SAFETY: the ring holds ring_chunks × chunk_bytes bytes, chunk c is not read
+                // by any DMA (its event completed), and `chunk` is at most chunk_bytes.
                 let pinned = unsafe {
-                    let p = ring.buf.as_mut_ptr()?.add(c * CHUNK_BYTES);
-                    parallel_copy(chunk, std::slice::from_raw_parts_mut(p, chunk.len()));
+                    let p = ring.buf.as_mut_ptr()?.add(c * chunk_bytes);
+                    parallel_copy(
+                        &self.pool,
+                        chunk,
+                        std::slice::from_raw_parts_mut(p, chunk.len()),
+                    );
                     std::slice::from_raw_parts(p as *const u8, chunk.len())
                 };
                 ring.start[c].record(&self.copy)?;
@@ -337,7 +422,7 @@ impl Staging {
     /// staging between them.
     pub fn link(&self) -> (u64, f64) {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        for c in 0..RING_CHUNKS {
+        for c in 0..self.config.ring_chunks {
             // A failed wait leaves that chunk out of the totals; the next copy reports it.
             let _ = ring.reclaim(c);
         }
@@ -360,7 +445,7 @@ impl Staging {
             .ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        for c in 0..RING_CHUNKS {
+        for c in 0..self.config.ring_chunks {
             ring.reclaim(c)?;
         }
         self.copy.wait(&self.events[0].free)?;

@@ -8,8 +8,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
-/// (`gemv.cu`), then the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions).
-const KERNEL_SOURCE: &str = concat!(include_str!("gemv.cu"), include_str!("gemm.cu"));
+/// (`gemv.cu`), the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions), then the
+/// tensor-core GEMV (`gemv_tc.cu`, which uses both).
+const KERNEL_SOURCE: &str = concat!(
+    include_str!("gemv.cu"),
+    include_str!("gemm.cu"),
+    include_str!("gemv_tc.cu")
+);
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
 #[derive(Debug, Clone)]
@@ -175,7 +180,7 @@ mod tests {
         }
         let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
         let mut names = kernel_names();
-        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M);
+        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2);
         names.extend(crate::gemm::kernel_names());
         for name in names {
             assert!(

@@ -29,15 +29,38 @@ pub enum Order {
     /// instructions per weight; a different rounding of the same sum). Float formats and the
     /// scalar path ignore it.
     Word,
+    /// The tensor-core GEMV (`gemv_tc.cu`) for int4, int8 and bf16 weights whose layout admits
+    /// it ([`GemvPlan::tensor`]): codes and bf16 weights exact, activations in three bf16
+    /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
+    /// and formats take the `Exact` kernels.
+    Tensor,
 }
 
 impl Order {
-    /// `exact` / `word`.
+    /// The order the model's products use (its GPU matrices and copied experts): one place,
+    /// so a staged expert and a VRAM matrix always compute the same bits.
+    pub const MODEL: Order = Order::Tensor;
+
+    /// `exact` / `word` / `tensor`.
     pub fn name(self) -> &'static str {
         match self {
             Order::Exact => "exact",
             Order::Word => "word",
+            Order::Tensor => "tensor",
         }
+    }
+}
+
+/// Warps per block of the tensor-core GEMV (`TC_WARPS`); each takes every fourth 64-column step.
+const TC_THREADS: u32 = 128;
+
+/// The tensor-core GEMV's base name for a format, if it has one.
+fn tc_base(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => Some("i4"),
+        WeightFormat::Int8Row => Some("i8"),
+        WeightFormat::Bf16 => Some("bf16"),
+        WeightFormat::F32 | WeightFormat::F16 => None,
     }
 }
 
@@ -52,8 +75,10 @@ fn rows_per_warp(m: usize) -> u32 {
 }
 
 /// Launches of fewer weight rows than this (rows × matrices) take the integer kernels with four
-/// words per row in flight (`_u4`) instead of two: they have too few warps to cover the memory
-/// latency otherwise. Measured on the H200 (benchmarks/RESULTS.md): a lone expert gate 2048 ×
+/// words per row in flight (`_u4`) instead of two, and the tensor-core GEMV one row tile per
+/// warp instead of four: they have too few warps to cover the memory latency otherwise
+/// (tensor-core GEMV, lone expert gate int4-g64 at M = 1: 18.7 µs with one tile, 23.8 with
+/// four; a token's 16 gate/up matrices: 82.6 µs with one, 58.9 with four). Measured on the H200 (benchmarks/RESULTS.md): a lone expert gate 2048 ×
 /// 6144 int4-g64 at M = 1 took 16.1 µs with four against 19.5 with two, attention o_proj 6144 ×
 /// 16384 51.5 against 55.4 (int8: 67.9 against 74.1), q_b 16384 × 2048 13.3 against 14.3; from
 /// kv_b's 28,672 rows up (and a token's 16 expert gate/up matrices, 32,768 rows) two were as
@@ -112,6 +137,9 @@ impl GpuMat {
 /// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
 pub struct GemvPlan {
     func: CudaFunction,
+    /// The tensor-core kernels ([`Order::Tensor`] on a layout that admits it): four row tiles
+    /// per warp, and one for launches of fewer than [`FEW_ROWS`] rows.
+    tc: Option<(CudaFunction, CudaFunction)>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
     format: WeightFormat,
@@ -163,6 +191,11 @@ fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
         WeightFormat::Int8Row => ("i8", true),
         WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => ("i4", true),
     };
+    let order = if order == Order::Tensor {
+        Order::Exact
+    } else {
+        order
+    };
     if quant {
         format!("gemv_{base}_{}_m{m}", order.name())
     } else {
@@ -188,6 +221,11 @@ pub(crate) fn kernel_names() -> Vec<String> {
                     v.push(format!("{}_u4", kernel_name(f, m, order)));
                 }
             }
+        }
+    }
+    for base in ["i4", "i8", "bf16"] {
+        for tiles in [1, 4] {
+            v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
     v.sort();
@@ -237,7 +275,16 @@ impl Gpu {
             return Err(Error::Shape(format!("gemv: m = {m} outside 1..={MAX_M}")));
         }
         let name = kernel_name(format, m, order);
+        let layout = RowLayout::new(format, rows, cols)?;
+        let tc = match tc_base(format) {
+            Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
+                self.function(&format!("gemv_tc_{base}_t4"))?,
+                self.function(&format!("gemv_tc_{base}_t1"))?,
+            )),
+            _ => None,
+        };
         Ok(GemvPlan {
+            tc,
             func: self.function(&name)?,
             func_few: if is_int(format) {
                 Some(self.function(&format!("{name}_u4"))?)
@@ -248,7 +295,7 @@ impl Gpu {
             rows,
             cols,
             m,
-            layout: RowLayout::new(format, rows, cols)?,
+            layout,
         })
     }
 
@@ -274,6 +321,36 @@ impl Gpu {
             return Err(Error::Shape(format!(
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
+        }
+        if let (Some((many, few)), true) = (&plan.tc, vector) {
+            // Four row tiles per warp share each activation split; launches of few rows need
+            // the blocks of one (which rows a warp takes never changes a row's result).
+            let (tc, tiles) = if plan.rows.saturating_mul(n) < FEW_ROWS {
+                (few, 1)
+            } else {
+                (many, 4)
+            };
+            let cfg = LaunchConfig {
+                grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
+                block_dim: (TC_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
+            let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
+            let mut b = self.stream.launch_builder(tc);
+            b.arg(&jobs)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&m)
+                .arg(&plan.layout.row_bytes)
+                .arg(&plan.layout.row_scales)
+                .arg(&plan.layout.gmagic)
+                .arg(&plan.layout.gshift)
+                .arg(&path);
+            // SAFETY: as below; `tc_layout` admitted the shape (whole 16-column pieces, scale
+            // groups of whole 64-column steps) and `vector` the alignment.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
         let rows_per_block = (BLOCK_THREADS / 32) * rows_per_warp(plan.m);
         let cfg = LaunchConfig {
@@ -494,7 +571,23 @@ pub(crate) enum Kernel {
     Gemm(Precision),
 }
 
+/// Whether the tensor-core GEMV takes a `cols`-wide matrix of `format`: whole 16-column pieces
+/// in whole 16-byte rows, and (int4 grouped) scale groups of whole 64-column steps.
+fn tc_layout(format: WeightFormat, cols: usize) -> bool {
+    cols.is_multiple_of(16)
+        && format.row_bytes(cols).is_multiple_of(16)
+        && match format {
+            WeightFormat::Int4Group { group } => group.is_multiple_of(64),
+            _ => true,
+        }
+}
+
 impl GemvPlan {
+    /// Whether launches of this plan run the tensor-core GEMV (on aligned jobs).
+    pub fn tensor(&self) -> bool {
+        self.tc.is_some()
+    }
+
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
     /// and (int4 grouped) scale groups that never split a 32-bit word of 8 codes.
     fn vector_layout(&self) -> bool {
@@ -523,5 +616,40 @@ impl GemvPlan {
     /// Columns per scale (0 for float formats).
     pub fn group(&self) -> usize {
         self.layout.group
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tensor-core GEMV takes exactly the layouts whose 64-column steps lie in one scale
+    /// group and whose rows are whole 16-column, 16-byte pieces; the rest stay on `exact`.
+    #[test]
+    fn the_tensor_core_gemv_takes_only_layouts_it_can_scale() {
+        let g = |group| WeightFormat::Int4Group { group };
+        for (f, cols, takes) in [
+            (g(64), 6144, true),
+            (g(128), 2048, true),
+            (WeightFormat::Int4Row, 96, true),
+            (WeightFormat::Int4Row, 32, true),
+            (WeightFormat::Int8Row, 80, true),
+            (WeightFormat::Bf16, 48, true),
+            // A group splits a 64-column step.
+            (g(32), 6144, false),
+            (g(48), 768, false),
+            // No whole 16-byte rows / 16-column pieces.
+            (WeightFormat::Int4Row, 16, false),
+            (WeightFormat::Int8Row, 24, false),
+            (WeightFormat::Bf16, 40, false),
+        ] {
+            assert_eq!(
+                tc_layout(f, cols) && tc_base(f).is_some(),
+                takes,
+                "{f:?} × {cols}"
+            );
+        }
+        assert!(tc_base(WeightFormat::F16).is_none() && tc_base(WeightFormat::F32).is_none());
+        assert_eq!(Order::MODEL, Order::Tensor);
     }
 }

@@ -1,6 +1,6 @@
 //! Products over weights that some other buffer owns ([`MatView`]: a matrix at device
 //! addresses, e.g. an expert staged by [`crate::copy::Staging`]), with the same kernels and
-//! dispatch as [`GpuMat`](crate::GpuMat) products: the GEMV kernels (exact order), or the
+//! dispatch as [`GpuMat`](crate::GpuMat) products: the GEMV kernels ([`Order::MODEL`]), or the
 //! tensor-core GEMM (three activation parts) where [`use_gemm`] picks it for the shape. So a
 //! staged expert computes the same bits as the same expert held in VRAM.
 use crate::device::Gpu;
@@ -42,7 +42,7 @@ impl Gpu {
             Some((v, _)) if use_gemm(v.format, v.rows, v.cols, m) => {
                 Kernel::Gemm(Precision::Split3)
             }
-            _ => Kernel::Gemv(Order::Exact),
+            _ => Kernel::Gemv(Order::MODEL),
         };
         // SAFETY: this fn's contract is `run_views`'.
         unsafe { self.run_views(items, m, kernel) }

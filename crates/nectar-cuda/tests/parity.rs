@@ -40,7 +40,7 @@ fn every_format_and_m_matches_the_cpu_on_the_vector_path() {
     let Some(gpu) = gpu() else { return };
     for (fi, f) in FORMATS.into_iter().enumerate() {
         for m in 1..=MAX_M {
-            for order in [Order::Exact, Order::Word] {
+            for order in [Order::Exact, Order::Word, Order::Tensor] {
                 // 96 rows: not a multiple of the rows a block covers; 768 columns: whole chunks.
                 check(gpu, f, 96, 768, m, order, (fi * 100 + m) as u64);
             }
@@ -63,6 +63,7 @@ fn odd_widths_and_groups_take_the_scalar_path_and_still_match() {
         for m in [1, 3, 8, 11] {
             check(gpu, f, rows, cols, m, Order::Exact, 7 + i as u64);
             check(gpu, f, rows, cols, m, Order::Word, 9 + i as u64);
+            check(gpu, f, rows, cols, m, Order::Tensor, 11 + i as u64);
         }
     }
 }
@@ -81,6 +82,7 @@ fn glm_expert_and_attention_shapes_match() {
         for m in [1, 8] {
             check(gpu, f, rows, cols, m, Order::Exact, rows as u64);
             check(gpu, f, rows, cols, m, Order::Word, cols as u64);
+            check(gpu, f, rows, cols, m, Order::Tensor, (rows + cols) as u64);
         }
     }
 }
@@ -103,7 +105,7 @@ fn a_rows_result_does_not_depend_on_m_or_the_batch() {
                 let w = MatRef::new(f, rows, cols, &data, &scales).unwrap();
                 let dev = gpu.upload(&w).unwrap();
                 let x = activations(MAX_M * cols, seed ^ 1);
-                for order in [Order::Exact, Order::Word] {
+                for order in [Order::Exact, Order::Word, Order::Tensor] {
                     let mut all = vec![0.0; MAX_M * rows];
                     gpu.matmul(&dev, &x, MAX_M, &mut all, order).unwrap();
                     for i in 0..MAX_M {
@@ -139,20 +141,21 @@ fn a_rows_result_does_not_depend_on_m_or_the_batch() {
         .unwrap();
 }
 
-/// Integer launches of few rows take kernels with more words per row in flight (`_u4`); which
-/// one runs must not change a single bit: 96 rows alone (the few-rows kernel) and the same
-/// matrix 300 times in one launch (28,800 rows: the other) give identical results.
+/// Integer launches of few rows take kernels with more words per row in flight (`_u4`), and the
+/// tensor-core GEMV one row tile per warp instead of four; which one runs must not change a
+/// single bit: 96 rows alone (the few-rows kernels) and the same matrix 300 times in one launch
+/// (28,800 rows: the others) give identical results.
 #[test]
 fn few_rows_and_many_rows_launches_agree_bit_for_bit() {
     let Some(gpu) = gpu() else { return };
     let (rows, cols) = (96, 768);
-    for (fi, f) in FORMATS.into_iter().enumerate().skip(3) {
+    for (fi, f) in FORMATS.into_iter().enumerate().skip(1) {
         let (data, scales) = weights(f, rows, cols, 40 + fi as u64);
         let w = MatRef::new(f, rows, cols, &data, &scales).unwrap();
         let dev = gpu.upload(&w).unwrap();
         for m in [1, 3, 8] {
             let x = activations(m * cols, 50 + m as u64);
-            for order in [Order::Exact, Order::Word] {
+            for order in [Order::Exact, Order::Word, Order::Tensor] {
                 let mut one = vec![0.0; m * rows];
                 gpu.matmul(&dev, &x, m, &mut one, order).unwrap();
                 let items: Vec<_> = (0..300).map(|_| (&dev, x.as_slice())).collect();
@@ -164,6 +167,47 @@ fn few_rows_and_many_rows_launches_agree_bit_for_bit() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The tensor-core GEMV on shapes that end inside a 64-column step or a 16-row tile, and on
+/// layouts it does not take (which fall back to the exact kernels): still the CPU's results.
+#[test]
+fn tensor_core_gemv_matches_with_partial_steps_and_tiles() {
+    let Some(gpu) = gpu() else { return };
+    let g64 = WeightFormat::Int4Group { group: 64 };
+    let g128 = WeightFormat::Int4Group { group: 128 };
+    let shapes = [
+        (WeightFormat::Int8Row, 40, 80, true),
+        (WeightFormat::Bf16, 24, 48, true),
+        (WeightFormat::Int4Row, 20, 96, true),
+        (g64, 17, 192, true),
+        (g128, 33, 384, true),
+        (WeightFormat::Int4Row, 3, 32, true),
+        // Not taken: groups that split a step, widths of no whole 16 columns, f32 / f16.
+        (WeightFormat::Int4Group { group: 32 }, 9, 128, false),
+        (WeightFormat::Int8Row, 5, 24, false),
+        (WeightFormat::F16, 16, 64, false),
+    ];
+    for (i, (f, rows, cols, tensor)) in shapes.into_iter().enumerate() {
+        assert_eq!(
+            gpu.gemv_plan(f, rows, cols, 1, Order::Tensor)
+                .unwrap()
+                .tensor(),
+            tensor,
+            "{f:?} {rows}x{cols}"
+        );
+        for m in 1..=MAX_M {
+            check(
+                gpu,
+                f,
+                rows,
+                cols,
+                m,
+                Order::Tensor,
+                300 + (i * 10 + m) as u64,
+            );
         }
     }
 }

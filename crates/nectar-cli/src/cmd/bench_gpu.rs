@@ -28,8 +28,10 @@ mod with_cuda {
     use super::*;
     use anyhow::Context;
     use nectar_cuda::bench::{
-        d2d_copy, gemm_case, gemv_case, h2d, read_ref, GemmCase, GemmResult, GemvCase, GemvResult,
+        d2d_copy, gemm_case, gemv_case, h2d, read_ref, registered_copies, staged_copies, GemmCase,
+        GemmResult, GemvCase, GemvResult, StagedCopies,
     };
+    use nectar_cuda::copy::StageConfig;
     use nectar_cuda::{Gpu, Order, Precision};
     use nectar_kernels::WeightFormat;
     use serde_json::json;
@@ -69,13 +71,16 @@ mod with_cuda {
                 format,
                 WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16
             );
-            let orders: &[Order] = if quant {
-                &[Order::Exact, Order::Word]
-            } else {
-                &[Order::Exact]
-            };
+            let tensor = !matches!(format, WeightFormat::F32 | WeightFormat::F16);
+            let mut orders = vec![Order::Exact];
+            if quant {
+                orders.push(Order::Word);
+            }
+            if tensor {
+                orders.push(Order::Tensor);
+            }
             for &m in &a.m {
-                for &order in orders {
+                for &order in &orders {
                     v.push(GemvCase {
                         name: name.to_string(),
                         format,
@@ -129,7 +134,7 @@ mod with_cuda {
     }
 
     pub fn gpu(a: BenchGpuArgs) -> Result<()> {
-        let gpu = Gpu::open(a.device).context("nectar bench gpu")?;
+        let gpu = std::sync::Arc::new(Gpu::open(a.device).context("nectar bench gpu")?);
         let info = gpu.info().clone();
         let arena = (8 * info.l2_bytes).max(512 << 20);
         let copy_bytes = if a.quick { 512 << 20 } else { 1 << 30 };
@@ -144,6 +149,18 @@ mod with_cuda {
         let h = h2d(&gpu, h2d_total, EXPERT_INT4_G64_BYTES)?;
         let h_whole = h.whole_bytes as f64 / h.whole.median_s / 1e9;
         let h_chunk = h.whole_bytes as f64 / h.chunked.median_s / 1e9;
+        // Expert copies from pageable memory through the staging ring (the copied-expert path).
+        let stage_configs = [StageConfig::DEFAULT];
+        let staged_experts = if a.quick { 24 } else { 48 };
+        let mut staged: Vec<StagedCopies> = Vec::new();
+        for cfg in stage_configs {
+            staged.push(
+                staged_copies(&gpu, cfg, EXPERT_INT4_G64_BYTES, staged_experts)
+                    .with_context(|| format!("staged copies {}", cfg.name()))?,
+            );
+        }
+        let registered = registered_copies(&gpu, EXPERT_INT4_G64_BYTES, staged_experts)
+            .context("registered copies")?;
         if !a.json {
             println!(
                 "GPU: {} — NVRTC compile {:.0} ms",
@@ -164,6 +181,25 @@ mod with_cuda {
                 h.chunks,
                 h.chunk_bytes as f64 / 1e6,
                 h_chunk / h_whole
+            );
+            for c in &staged {
+                println!(
+                    "expert copies from pageable RAM ({} × {:.1} MB, ring {}): DMA {:.1} GB/s = {:.2} of pinned ({:.1} GB/s), end to end {:.1} GB/s = {:.2}",
+                    c.experts,
+                    c.expert_bytes as f64 / 1e6,
+                    c.config.name(),
+                    c.link_bps / 1e9,
+                    c.link_bps / c.pinned_bps,
+                    c.pinned_bps / 1e9,
+                    c.end_to_end_bps / 1e9,
+                    c.end_to_end_bps / c.pinned_bps
+                );
+            }
+            println!(
+                "registered pageable source (cuMemHostRegister, {:.0} MB): registration {:.1} GB/s, DMA {:.1} GB/s",
+                (staged_experts * EXPERT_INT4_G64_BYTES) as f64 / 1e6,
+                registered.0 / 1e9,
+                registered.1 / 1e9
             );
             println!(
                 "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9} {:>7} {:>6} {:>9}",
@@ -191,7 +227,13 @@ mod with_cuda {
                     c.batch,
                     c.m,
                     c.order.name(),
-                    if r.vector { "vector" } else { "scalar" },
+                    if r.tensor {
+                        "tensor"
+                    } else if r.vector {
+                        "vector"
+                    } else {
+                        "scalar"
+                    },
                     r.timing.median_s * 1e6,
                     r.gbps(),
                     r.gbps() / limit,
@@ -256,7 +298,7 @@ mod with_cuda {
                     json!({
                         "name": r.case.name, "format": r.case.format.name(), "rows": r.case.rows,
                         "cols": r.case.cols, "batch": r.case.batch, "m": r.case.m,
-                        "order": r.case.order.name(), "vector": r.vector,
+                        "order": r.case.order.name(), "vector": r.vector, "tensor": r.tensor,
                         "median_us": r.timing.median_s * 1e6, "best_us": r.timing.best_s * 1e6,
                         "bytes": r.bytes, "gbps": r.gbps(), "ratio": r.gbps() / limit,
                         "copies": r.copies, "checked": r.checked, "max_rel_err": r.max_rel_err,
@@ -276,6 +318,14 @@ mod with_cuda {
                             "chunk_bytes": h.chunk_bytes, "chunks": h.chunks, "chunked_gbps": h_chunk,
                             "ratio": h_chunk / h_whole},
                     "arena_bytes": arena,
+                    "staged_copies": staged.iter().map(|c| json!({
+                        "ring": c.config.name(), "expert_bytes": c.expert_bytes, "experts": c.experts,
+                        "pinned_gbps": c.pinned_bps / 1e9, "dma_gbps": c.link_bps / 1e9,
+                        "end_to_end_gbps": c.end_to_end_bps / 1e9,
+                        "dma_over_pinned": c.link_bps / c.pinned_bps,
+                        "end_to_end_over_pinned": c.end_to_end_bps / c.pinned_bps,
+                    })).collect::<Vec<_>>(),
+                    "registered": {"register_gbps": registered.0 / 1e9, "dma_gbps": registered.1 / 1e9},
                     "cases": cases,
                     "gemm_cases": gemm_cases,
                 })

@@ -61,7 +61,7 @@ impl GpuWeight {
                 g.iter().map(|&i| (&items[i].0.mat, items[i].1)).collect();
             let ys = w0
                 .gpu
-                .matmul_batch(&batch, m, Order::Exact)
+                .matmul_batch(&batch, m, Order::MODEL)
                 .map_err(gpu_err)?;
             for (i, y) in g.into_iter().zip(ys) {
                 out[i] = y;
@@ -76,15 +76,16 @@ impl GpuWeight {
         use_gemm(self.mat.format, self.mat.rows, self.mat.cols, m)
     }
 
-    /// y = W·x: by the GEMV kernels with every weight dequantised to the CPU's value (the exact
-    /// order) — always up to 8 rows (decode, MTP verify) — or, where [`use_gemm`] says that is
+    /// y = W·x: by the GEMV kernels in nectar-cuda's model order ([`Order::MODEL`]: the
+    /// tensor-core GEMV where the layout admits it) — always up to 8 rows (decode, MTP
+    /// verify) — or, where [`use_gemm`] says that is
     /// faster for this shape (prefill, batched verify), on the tensor cores, activations split
     /// into three bf16 parts (`gemm.cu`).
     pub(crate) fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) -> Result<()> {
         if self.takes_gemm(m) {
             self.gpu.gemm(&self.mat, x, m, y, Precision::Split3)
         } else {
-            self.gpu.matmul(&self.mat, x, m, y, Order::Exact)
+            self.gpu.matmul(&self.mat, x, m, y, Order::MODEL)
         }
         .map_err(gpu_err)
     }
