@@ -654,7 +654,7 @@ impl Batch {
         let prefill_in_step = plans.iter().any(|p| p.prefill);
         // Drafting: per-row providers on their own, MTP rows together.
         let td = Instant::now();
-        let mut absorb_secs = 0.0;
+        let (mut absorb_secs, mut mtp_secs) = (0.0, 0.0);
         {
             let mut mtp_rows = Vec::new();
             let mut mtp_plans = Vec::new();
@@ -684,8 +684,9 @@ impl Batch {
             }
             if !mtp_rows.is_empty() {
                 let ta = Instant::now();
-                let absorbed = draft_together(model, &mut mtp_rows)?;
-                absorb_secs = ta.elapsed().as_secs_f64();
+                let absorbed;
+                (absorbed, absorb_secs) = draft_together(model, &mut mtp_rows)?;
+                mtp_secs = ta.elapsed().as_secs_f64();
                 for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed) {
                     (plan.drafts, plan.q) = r.proposals.finish();
                     plan.absorbed = n;
@@ -878,7 +879,7 @@ impl Batch {
         if let (Some(a), Some(gamma), false) = (self.auto.as_mut(), auto_gamma, prefill_in_step) {
             let (secs, absorb) = match &self.cost.0 {
                 Some(cost) => (cost(&report), 0.0),
-                None => (step_secs - absorb_secs, absorb_secs),
+                None => (step_secs - mtp_secs, mtp_secs),
             };
             a.record(&StepSample {
                 shape,
@@ -895,6 +896,19 @@ impl Batch {
                 }
             }
         }
+        // One line per decode step (`NECTAR_LOG=nectar::step=debug`): what speculation cost it.
+        tracing::debug!(
+            target: "nectar::step",
+            rows = shape.rows,
+            auto_rows = shape.auto_rows,
+            gamma = auto_gamma.unwrap_or(0),
+            prefill = prefill_in_step,
+            drafted = report.drafted,
+            absorbed = total_absorbed,
+            absorb_us = (absorb_secs * 1e6) as u64,
+            draft_us = ((mtp_secs - absorb_secs) * 1e6) as u64,
+            step_us = (step_secs * 1e6) as u64,
+        );
         // Finished rows leave, with their totals.
         for rs in &mut report.rows {
             if rs.step.finished.is_some() {

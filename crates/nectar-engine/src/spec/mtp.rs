@@ -119,9 +119,13 @@ pub(crate) struct MtpRow<'r, 's> {
 /// Drafts for every row together: one MTP forward absorbs every row's waiting rows (ragged),
 /// then per draft depth one MTP-logits call over the rows still drafting and one chained MTP
 /// forward, so the MTP layer's experts are read once per depth, not once per row. Returns
-/// the rows each row absorbed.
-pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Result<Vec<usize>> {
+/// the rows each row absorbed and the seconds the absorption took (drafting apart).
+pub(crate) fn draft_together(
+    model: &Glm5,
+    rows: &mut [MtpRow<'_, '_>],
+) -> Result<(Vec<usize>, f64)> {
     let hd = model.hidden_size();
+    let t0 = std::time::Instant::now();
     let absorbed: Vec<usize> = rows.iter().map(|r| r.drafter.pending()).collect();
     for r in rows.iter() {
         r.drafter.check(r.cache, "before absorbing")?;
@@ -151,6 +155,7 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
             r.drafter.pending_next.clear();
         }
     }
+    let absorb_secs = t0.elapsed().as_secs_f64();
     let mut h = Vec::with_capacity(rows.len());
     for r in rows.iter_mut() {
         r.drafter.check(r.cache, "before drafting")?;
@@ -204,5 +209,5 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
                 .sample(&logits[k * vocab..(k + 1) * vocab])?;
         }
     }
-    Ok(absorbed)
+    Ok((absorbed, absorb_secs))
 }
