@@ -654,7 +654,7 @@ impl Batch {
         let prefill_in_step = plans.iter().any(|p| p.prefill);
         // Drafting: per-row providers on their own, MTP rows together.
         let td = Instant::now();
-        let (mut absorb_secs, mut mtp_secs) = (0.0, 0.0);
+        let (mut absorb_secs, mut mtp_secs, mut backlog) = (0.0, 0.0, 0);
         {
             let mut mtp_rows = Vec::new();
             let mut mtp_plans = Vec::new();
@@ -684,10 +684,10 @@ impl Batch {
             }
             if !mtp_rows.is_empty() {
                 let ta = Instant::now();
-                let absorbed;
-                (absorbed, absorb_secs) = draft_together(model, &mut mtp_rows)?;
+                let absorbed = draft_together(model, &mut mtp_rows)?;
                 mtp_secs = ta.elapsed().as_secs_f64();
-                for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed) {
+                (absorb_secs, backlog) = (absorbed.secs, absorbed.backlog);
+                for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed.rows) {
                     (plan.drafts, plan.q) = r.proposals.finish();
                     plan.absorbed = n;
                 }
@@ -877,9 +877,11 @@ impl Batch {
         // forwards, verification rows and, under a budget, the experts they add to the union.
         // A step that also ran a prompt chunk says nothing about decode cost.
         if let (Some(a), Some(gamma), false) = (self.auto.as_mut(), auto_gamma, prefill_in_step) {
+            // Drafting is part of a step's cost at its γ (it scales with γ); absorption scales
+            // with the rows kept, so it is measured per row apart.
             let (secs, absorb) = match &self.cost.0 {
                 Some(cost) => (cost(&report), 0.0),
-                None => (step_secs - mtp_secs, mtp_secs),
+                None => (step_secs - absorb_secs, absorb_secs),
             };
             a.record(&StepSample {
                 shape,
@@ -888,6 +890,7 @@ impl Batch {
                 others: report.rows.len().saturating_sub(auto_tokens),
                 secs,
                 absorbed: total_absorbed,
+                backlog,
                 absorb_secs: absorb,
             });
             for s in self.rows.iter_mut().filter_map(|r| r.spec.as_mut()) {
@@ -905,6 +908,7 @@ impl Batch {
             prefill = prefill_in_step,
             drafted = report.drafted,
             absorbed = total_absorbed,
+            backlog,
             absorb_us = (absorb_secs * 1e6) as u64,
             draft_us = ((mtp_secs - absorb_secs) * 1e6) as u64,
             step_us = (step_secs * 1e6) as u64,

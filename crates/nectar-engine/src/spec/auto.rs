@@ -120,10 +120,13 @@ pub struct StepSample<'a> {
     pub rows: &'a [RowRound],
     /// Tokens the other rows produced.
     pub others: usize,
-    /// The step's time, MTP absorption excluded.
+    /// The step's time, drafting included, MTP absorption excluded.
     pub secs: f64,
     /// Kept rows the MTP drafter absorbed this step.
     pub absorbed: usize,
+    /// Of those, rows that built up while their row did not draft (its prompt, and the rows
+    /// of its steps at γ = 0): what resuming drafting absorbs on top of a drafting step.
+    pub backlog: usize,
     /// Seconds that absorption took.
     pub absorb_secs: f64,
 }
@@ -144,6 +147,8 @@ struct Arm {
     window_cost: Vec<Vec<f64>>,
     /// Tokens per step of the rows `auto` does not drive.
     others: Option<f64>,
+    /// Rows a step that resumed drafting after γ = 0 absorbed on top of a drafting step's.
+    backlog: Option<f64>,
 }
 
 impl Arm {
@@ -157,6 +162,7 @@ impl Arm {
             cost: vec![None; max + 1],
             window_cost: vec![Vec::new(); max + 1],
             others: None,
+            backlog: None,
         }
     }
 
@@ -308,6 +314,10 @@ impl AutoGamma {
         let gamma = s.gamma.min(self.max);
         let arm = self.arm(s.shape);
         arm.window_cost[gamma].push(s.secs);
+        if gamma > 0 && arm.current == 0 && s.backlog > 0 {
+            let b = s.backlog as f64;
+            arm.backlog = Some(arm.backlog.map_or(b, |o| o + EMA * (b - o)));
+        }
         let others = s.others as f64;
         arm.others = Some(arm.others.map_or(others, |o| o + EMA * (others - o)));
         arm.round += 1;
@@ -334,6 +344,11 @@ impl AutoGamma {
         let Some(arm) = self.arms.get_mut(&shape) else {
             return;
         };
+        // Only a window that probed measured every γ at the same time; in another, the γ in
+        // force was re-measured and the others were not, so a load swing on a shared machine
+        // (step costs here move 2× within seconds) made stale alternatives look better and
+        // flipped the choice for a window. Such a window holds.
+        let probed = arm.windows.is_multiple_of(arm.probe_every);
         // A window's samples of a γ weigh n / (n + 1) against what was known, so the γ in force
         // is re-measured almost afresh every window and one noisy probe moves its γ's estimate
         // only half way; a window off by more than [`REGIME`]× replaces it (the costs
@@ -358,12 +373,23 @@ impl AutoGamma {
         let others = arm.others.unwrap_or(0.0);
         let mut expected = Vec::with_capacity(max + 1);
         let (mut e, mut run) = (1.0, 1.0);
+        // Resuming drafting after γ = 0 first absorbs every row kept meanwhile (each row's
+        // prompt and plain steps: the MTP layer over all of them), once; charged over the
+        // window it would draft for.
+        let resume = match arm.current {
+            0 => absorb_per_row * arm.backlog.unwrap_or(0.0) / WINDOW as f64,
+            _ => 0.0,
+        };
         for g in 0..=max {
             if g > 0 {
                 run *= alphas[g - 1];
                 e += run;
             }
-            let absorb = if g > 0 { absorb_per_row * a * e } else { 0.0 };
+            let absorb = if g > 0 {
+                absorb_per_row * a * e + resume
+            } else {
+                0.0
+            };
             let step_tokens = others + a * e;
             expected
                 .push(arm.cost[g].map(|c| (step_tokens, step_tokens / (c + absorb).max(1e-12))));
@@ -372,6 +398,7 @@ impl AutoGamma {
             .iter()
             .enumerate()
             .filter_map(|(g, x)| x.map(|(t, r)| (g, t, r)))
+            .filter(|&(g, _, _)| probed || g == arm.current)
             // Strictly better only, so ties go to the smaller γ.
             .fold(None, |b: Option<(usize, f64, f64)>, x| match b {
                 Some(b) if b.2 >= x.2 => Some(b),
@@ -488,6 +515,7 @@ mod tests {
             others: shape.rows - shape.auto_rows,
             secs: cost(shape, g),
             absorbed: 0,
+            backlog: 0,
             absorb_secs: 0.0,
         });
         g
@@ -540,6 +568,111 @@ mod tests {
             chosen.push(a.current(Shape::ALONE).unwrap());
         }
         assert!(chosen[FIRST_WINDOW..].iter().all(|&g| g == 0), "{chosen:?}");
+    }
+
+    #[test]
+    fn a_window_without_probes_holds_its_choice() {
+        // Drafting loses (γ = 1: 1.6 tokens for 1.9× the time). Once probes have backed off,
+        // the machine gets 2.5× slower (other processes took the cores) at the start of a
+        // window that does not probe: the γ in force is re-measured at 2.5 ms a step, γ = 1's
+        // estimate is still the 1.9 ms of the quiet machine, and comparing the two chose
+        // drafting for a window.
+        let slow = std::cell::Cell::new(1.0);
+        let cost = |_: Shape, g: usize| 1e-3 * slow.get() * (1.0 + 0.9 * g as f64);
+        let mut n = 0usize;
+        let mut accept = |g: usize| {
+            n += 1;
+            usize::from(g > 0 && n % 5 < 3)
+        };
+        let mut a = AutoGamma::new(1);
+        for _ in 0..FIRST_WINDOW + WINDOW * 8 {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+        }
+        assert_eq!(a.current(Shape::ALONE), Some(0));
+        // Up to the next window boundary, then on until a window that does not probe starts.
+        let arm = |a: &AutoGamma| a.arms[&Shape::ALONE].clone();
+        while arm(&a).round != 0 || arm(&a).windows.is_multiple_of(arm(&a).probe_every) {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+        }
+        slow.set(2.5);
+        let mut chosen = Vec::new();
+        for _ in 0..WINDOW * 8 {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+            chosen.push(a.current(Shape::ALONE).unwrap());
+        }
+        assert!(
+            chosen.iter().all(|&g| g == 0),
+            "{chosen:?} {:?}",
+            a.decisions_since(0)
+        );
+    }
+
+    /// Runs `steps` steps of a row alone that drafts through a simulated MTP layer: the rows
+    /// kept by steps at γ = 0 wait and are absorbed, at `absorb` seconds each, by the next step
+    /// that drafts. Of every 5 drafts 3 are accepted (α = 0.6).
+    fn run_absorbing(
+        a: &mut AutoGamma,
+        steps: usize,
+        absorb: f64,
+        cost: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        let (mut pending, mut last_kept, mut n) = (0usize, 1usize, 0usize);
+        (0..steps)
+            .map(|_| {
+                let g = a.next(Shape::ALONE);
+                n += usize::from(g > 0);
+                let accepted = usize::from(g > 0 && n % 5 < 3);
+                let (absorbed, backlog) = if g > 0 {
+                    (pending, pending.saturating_sub(last_kept))
+                } else {
+                    (0, 0)
+                };
+                if g > 0 {
+                    pending = 0;
+                }
+                last_kept = accepted + 1;
+                pending += last_kept;
+                a.record(&StepSample {
+                    shape: Shape::ALONE,
+                    gamma: g,
+                    rows: &[RowRound { asked: g, accepted }],
+                    others: 0,
+                    secs: cost(g),
+                    absorbed,
+                    backlog,
+                    absorb_secs: absorb * absorbed as f64,
+                });
+                g
+            })
+            .collect()
+    }
+
+    #[test]
+    fn resuming_drafting_pays_for_the_rows_kept_meanwhile() {
+        // First drafting loses (γ = 1 costs 2 ms against 1 ms), so the row decodes at γ = 0
+        // and probes back off to every 4th window; the rows kept meanwhile (up to 64) wait.
+        // Then γ = 1 costs 1.45 ms: drafting every step would pay a little (1.6 tokens in
+        // 1.45 + 1.6 × 0.05 ms = 1.53 ms, against 1 in 1 ms), but resuming first absorbs the
+        // rows kept since the last probe, 64 × 0.05 ms = 3.2 ms, 0.2 ms a step over a window,
+        // and then it does not (1.6 in 1.73 ms). Drafting that pays well still resumes.
+        for (draft_ms, resumes) in [(1.45, false), (1.1, true)] {
+            let mut a = AutoGamma::new(1);
+            run_absorbing(&mut a, FIRST_WINDOW + WINDOW * 8, 5e-5, |g| {
+                1e-3 * (1.0 + g as f64)
+            });
+            assert_eq!(a.current(Shape::ALONE), Some(0));
+            // (Probes move γ = 1's estimate half way each: give them 10 probe windows.)
+            let s = run_absorbing(&mut a, WINDOW * 60, 5e-5, |g| {
+                1e-3 * if g > 0 { draft_ms } else { 1.0 }
+            });
+            let drafting = s[WINDOW * 40..].iter().filter(|&&g| g > 0).count();
+            assert_eq!(
+                drafting > WINDOW * 10,
+                resumes,
+                "{draft_ms} ms: {s:?} {:?}",
+                a.decisions_since(0)
+            );
+        }
     }
 
     /// The γ of each of the first `n` steps of a row alone.
