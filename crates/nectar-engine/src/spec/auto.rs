@@ -10,7 +10,7 @@
 //!
 //! A step's cost depends on how many rows share it, so the controller keeps one arm per step
 //! [`Shape`] (rows in the forward, `auto` rows among them): per γ the measured time of a step
-//! of that shape (drafting and verification, MTP absorption apart), and the tokens per step of
+//! of that shape (drafting and verification; MTP absorption apart), and the tokens per step of
 //! the rows `auto` does not drive. Acceptance is pooled over every `auto` row (it is a
 //! property of the text and the drafter, not of the shape): per draft depth j the measured
 //! α_j, the chance the j-th draft asked for is there and accepted given the ones before it
@@ -18,15 +18,23 @@
 //! [`FIRST_WINDOW`]) the arm picks the γ in 0..=γ_max that maximises
 //!
 //! ```text
-//! tokens/s(γ) = (others + a · E(γ)) / (cost(γ) + absorb_per_row · a · E(γ)),
+//! tokens/s(γ) = (others + a · E(γ)) / (cost(γ) + absorb_per_row · (a · E(γ) + resume)),
 //! E(γ) = 1 + Σ_{j≤γ} Π_{i≤j} α_i,   a = the shape's auto rows
 //! ```
 //!
 //! (for one row alone: E(γ) / (cost(γ) + absorb · E(γ)), a round's own tokens per second).
+//! `resume` is nonzero only for γ > 0 while the shape is at γ = 0: the MTP layer absorbs every
+//! row kept while a row did not draft (its prompt, its plain steps) before it drafts again,
+//! once, so resuming is charged the measured backlog spread over a window.
 //! A window ends with one probe step at every other γ, so every cost stays measured (γ = 0
 //! re-probes drafting this way, which is how drafting turns back on when it starts to pay),
-//! warm, just before the decision. Probes cost steps off the optimum, so while the decision
-//! holds they back off to every 2nd, then every 4th window; a change re-probes every window.
+//! warm, just before the decision; a window without probes keeps its choice (only the γ in
+//! force was measured afresh, and on a shared machine whose load moves, comparing it against
+//! older probes flipped the choice). Probes cost steps off the optimum, so while the decision
+//! holds they back off to every 2nd, then every 4th window, and further (up to every 32nd)
+//! while a probe window costs more than [`PROBE_BUDGET`] of the time between probes (its
+//! steps' time beyond what their tokens are worth, and the backlog a probe from γ = 0
+//! absorbs); a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
 //! costs changed); a window counts by its median step (descheduled steps only look slower).
@@ -41,8 +49,14 @@ use std::collections::{BTreeMap, VecDeque};
 pub const WINDOW: usize = 16;
 /// Steps of a new shape before its first decision.
 pub const FIRST_WINDOW: usize = 8;
-/// Probe at most this many windows apart while the decision holds.
+/// Probe at least this often while the decision holds (windows apart)...
 const MAX_PROBE_EVERY: usize = 4;
+/// ...unless a probe window costs more than [`PROBE_BUDGET`] of the time between probes; then
+/// probes back off further, up to this.
+const MAX_BUDGET_PROBE_EVERY: usize = 32;
+/// The share of a shape's time its probes may cost: the probes' time beyond what their
+/// tokens are worth at the chosen γ's rate, plus the rows a probe from γ = 0 absorbs first.
+const PROBE_BUDGET: f64 = 0.05;
 /// Weight of a new sample in the running mean of MTP absorption and of the other rows' tokens.
 const EMA: f64 = 0.3;
 /// A window's mean cost this many times off the estimate replaces it instead of moving it.
@@ -372,6 +386,8 @@ impl AutoGamma {
         let a = shape.auto_rows as f64;
         let others = arm.others.unwrap_or(0.0);
         let mut expected = Vec::with_capacity(max + 1);
+        // Per γ, tokens and seconds of a step drafting steadily (no resume charge).
+        let mut steady = Vec::with_capacity(max + 1);
         let (mut e, mut run) = (1.0, 1.0);
         // Resuming drafting after γ = 0 first absorbs every row kept meanwhile (each row's
         // prompt and plain steps: the MTP layer over all of them), once; charged over the
@@ -385,14 +401,15 @@ impl AutoGamma {
                 run *= alphas[g - 1];
                 e += run;
             }
-            let absorb = if g > 0 {
-                absorb_per_row * a * e + resume
-            } else {
-                0.0
+            let (absorb, resume) = match g {
+                0 => (0.0, 0.0),
+                _ => (absorb_per_row * a * e, resume),
             };
             let step_tokens = others + a * e;
-            expected
-                .push(arm.cost[g].map(|c| (step_tokens, step_tokens / (c + absorb).max(1e-12))));
+            steady.push(arm.cost[g].map(|c| (step_tokens, c + absorb)));
+            expected.push(
+                arm.cost[g].map(|c| (step_tokens, step_tokens / (c + absorb + resume).max(1e-12))),
+            );
         }
         let best = expected
             .iter()
@@ -405,10 +422,29 @@ impl AutoGamma {
                 _ => Some(x),
             });
         if let Some((g, t, r)) = best {
-            arm.probe_every = if g == arm.current {
-                (arm.probe_every * 2).min(MAX_PROBE_EVERY)
-            } else {
-                1
+            // What a probe window costs: each probe's time beyond what its tokens are worth at
+            // γ's rate, and from γ = 0 the kept rows the first probe absorbs. On the demo a
+            // probe window from γ = 0 cost about 10 % of 4 windows, which `auto` lost to `off`.
+            let mut probe_secs: f64 = steady
+                .iter()
+                .enumerate()
+                .filter(|&(o, _)| o != g)
+                .filter_map(|(_, x)| *x)
+                .map(|(tokens, secs)| (secs - tokens / r).max(0.0))
+                .sum();
+            if g == 0 {
+                probe_secs += absorb_per_row * arm.backlog.unwrap_or(0.0);
+            }
+            let window_secs = WINDOW as f64 * t / r;
+            let budget = (probe_secs / (PROBE_BUDGET * window_secs)).ceil() as usize;
+            let cap = budget
+                .next_power_of_two()
+                .clamp(MAX_PROBE_EVERY, MAX_BUDGET_PROBE_EVERY);
+            // A probe window confirms a decision that holds; probes back off by doubling.
+            arm.probe_every = match (g == arm.current, probed) {
+                (false, _) => 1,
+                (true, true) => (arm.probe_every * 2).min(cap),
+                (true, false) => arm.probe_every.min(cap),
             };
             arm.current = g;
             let others: Vec<String> = expected
@@ -720,6 +756,26 @@ mod tests {
             probed,
             [true, true, false, true, false, false, false, true, false]
         );
+    }
+
+    #[test]
+    fn probes_that_cost_more_than_their_budget_back_off_further() {
+        // Drafting never pays. Dear probes (each depth costs 0.9 ms more: a probe window loses
+        // 5.4 ms, a third of a window) back off to every 8th window; cheap ones (0.05 ms more a
+        // depth: 0.3 ms) stay at every 4th.
+        for (per_depth_ms, probed_windows) in [(0.9, 4), (0.05, 8)] {
+            let s = schedule(
+                8 + 16 * 40,
+                |_| 0,
+                |g| 1e-3 * (1.0 + per_depth_ms * g as f64),
+            );
+            let probed = s[8..]
+                .chunks(16)
+                .skip(8)
+                .filter(|w| w.iter().any(|&g| g != 0))
+                .count();
+            assert_eq!(probed, probed_windows, "{per_depth_ms} ms: {s:?}");
+        }
     }
 
     #[test]
