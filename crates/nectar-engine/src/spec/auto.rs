@@ -440,12 +440,27 @@ impl AutoGamma {
             let cap = budget
                 .next_power_of_two()
                 .clamp(MAX_PROBE_EVERY, MAX_BUDGET_PROBE_EVERY);
-            // A probe window confirms a decision that holds; probes back off by doubling.
+            // A probe window confirms a decision that holds; probes back off by doubling. Only
+            // a probe window moves the schedule: in another, a load swing that slowed the γ in
+            // force made the (stale) probes look cheap and brought them back every 4th window.
             arm.probe_every = match (g == arm.current, probed) {
                 (false, _) => 1,
                 (true, true) => (arm.probe_every * 2).min(cap),
-                (true, false) => arm.probe_every.min(cap),
+                (true, false) => arm.probe_every,
             };
+            tracing::debug!(
+                target: "nectar::auto",
+                rows = shape.rows,
+                auto_rows = shape.auto_rows,
+                gamma = g,
+                probed,
+                probe_every = arm.probe_every,
+                probe_ms = probe_secs * 1e3,
+                window_ms = window_secs * 1e3,
+                backlog = arm.backlog.unwrap_or(0.0),
+                absorb_us = absorb_per_row * 1e6,
+                "auto decision"
+            );
             arm.current = g;
             let others: Vec<String> = expected
                 .iter()
@@ -776,6 +791,34 @@ mod tests {
                 .count();
             assert_eq!(probed, probed_windows, "{per_depth_ms} ms: {s:?}");
         }
+    }
+
+    #[test]
+    fn a_slow_window_does_not_bring_probes_back() {
+        // Dear probes have backed off to every 8th window; then one window between probes
+        // runs 3× slower (the machine is shared). Its probes' costs are older, so the probes
+        // looked cheap against it: it must not shorten the schedule.
+        let slow = std::cell::Cell::new(1.0);
+        let cost = |_: Shape, g: usize| 1e-3 * slow.get() * (1.0 + 0.9 * g as f64);
+        let mut a = AutoGamma::new(3);
+        let every = |a: &AutoGamma| a.arms.get(&Shape::ALONE).map_or(1, |a| a.probe_every);
+        let mut steps = 0;
+        while every(&a) < 8 {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+            steps += 1;
+            assert!(steps < 16 * 40, "never backed off to 8");
+        }
+        // On to the start of the next window that does not probe.
+        let arm = |a: &AutoGamma| a.arms[&Shape::ALONE].clone();
+        while arm(&a).round != 0 || arm(&a).windows.is_multiple_of(arm(&a).probe_every) {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+        }
+        slow.set(3.0);
+        for _ in 0..WINDOW {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+        }
+        slow.set(1.0);
+        assert_eq!(every(&a), 8);
     }
 
     #[test]
