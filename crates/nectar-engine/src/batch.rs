@@ -654,7 +654,7 @@ impl Batch {
         let prefill_in_step = plans.iter().any(|p| p.prefill);
         // Drafting: per-row providers on their own, MTP rows together.
         let td = Instant::now();
-        let mut absorb_secs = 0.0;
+        let (mut absorb_secs, mut mtp_secs, mut backlog) = (0.0, 0.0, 0);
         {
             let mut mtp_rows = Vec::new();
             let mut mtp_plans = Vec::new();
@@ -685,8 +685,9 @@ impl Batch {
             if !mtp_rows.is_empty() {
                 let ta = Instant::now();
                 let absorbed = draft_together(model, &mut mtp_rows)?;
-                absorb_secs = ta.elapsed().as_secs_f64();
-                for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed) {
+                mtp_secs = ta.elapsed().as_secs_f64();
+                (absorb_secs, backlog) = (absorbed.secs, absorbed.backlog);
+                for ((r, plan), n) in mtp_rows.into_iter().zip(mtp_plans).zip(absorbed.rows) {
                     (plan.drafts, plan.q) = r.proposals.finish();
                     plan.absorbed = n;
                 }
@@ -876,6 +877,8 @@ impl Batch {
         // forwards, verification rows and, under a budget, the experts they add to the union.
         // A step that also ran a prompt chunk says nothing about decode cost.
         if let (Some(a), Some(gamma), false) = (self.auto.as_mut(), auto_gamma, prefill_in_step) {
+            // Drafting is part of a step's cost at its γ (it scales with γ); absorption scales
+            // with the rows kept, so it is measured per row apart.
             let (secs, absorb) = match &self.cost.0 {
                 Some(cost) => (cost(&report), 0.0),
                 None => (step_secs - absorb_secs, absorb_secs),
@@ -887,6 +890,7 @@ impl Batch {
                 others: report.rows.len().saturating_sub(auto_tokens),
                 secs,
                 absorbed: total_absorbed,
+                backlog,
                 absorb_secs: absorb,
             });
             for s in self.rows.iter_mut().filter_map(|r| r.spec.as_mut()) {
@@ -895,6 +899,20 @@ impl Batch {
                 }
             }
         }
+        // One line per decode step (`NECTAR_LOG=nectar::step=debug`): what speculation cost it.
+        tracing::debug!(
+            target: "nectar::step",
+            rows = shape.rows,
+            auto_rows = shape.auto_rows,
+            gamma = auto_gamma.unwrap_or(0),
+            prefill = prefill_in_step,
+            drafted = report.drafted,
+            absorbed = total_absorbed,
+            backlog,
+            absorb_us = (absorb_secs * 1e6) as u64,
+            draft_us = ((mtp_secs - absorb_secs) * 1e6) as u64,
+            step_us = (step_secs * 1e6) as u64,
+        );
         // Finished rows leave, with their totals.
         for rs in &mut report.rows {
             if rs.step.finished.is_some() {

@@ -10,7 +10,7 @@
 //!
 //! A step's cost depends on how many rows share it, so the controller keeps one arm per step
 //! [`Shape`] (rows in the forward, `auto` rows among them): per γ the measured time of a step
-//! of that shape (drafting and verification, MTP absorption apart), and the tokens per step of
+//! of that shape (drafting and verification; MTP absorption apart), and the tokens per step of
 //! the rows `auto` does not drive. Acceptance is pooled over every `auto` row (it is a
 //! property of the text and the drafter, not of the shape): per draft depth j the measured
 //! α_j, the chance the j-th draft asked for is there and accepted given the ones before it
@@ -18,15 +18,23 @@
 //! [`FIRST_WINDOW`]) the arm picks the γ in 0..=γ_max that maximises
 //!
 //! ```text
-//! tokens/s(γ) = (others + a · E(γ)) / (cost(γ) + absorb_per_row · a · E(γ)),
+//! tokens/s(γ) = (others + a · E(γ)) / (cost(γ) + absorb_per_row · (a · E(γ) + resume)),
 //! E(γ) = 1 + Σ_{j≤γ} Π_{i≤j} α_i,   a = the shape's auto rows
 //! ```
 //!
 //! (for one row alone: E(γ) / (cost(γ) + absorb · E(γ)), a round's own tokens per second).
+//! `resume` is nonzero only for γ > 0 while the shape is at γ = 0: the MTP layer absorbs every
+//! row kept while a row did not draft (its prompt, its plain steps) before it drafts again,
+//! once, so resuming is charged the measured backlog spread over a window.
 //! A window ends with one probe step at every other γ, so every cost stays measured (γ = 0
 //! re-probes drafting this way, which is how drafting turns back on when it starts to pay),
-//! warm, just before the decision. Probes cost steps off the optimum, so while the decision
-//! holds they back off to every 2nd, then every 4th window; a change re-probes every window.
+//! warm, just before the decision; a window without probes keeps its choice (only the γ in
+//! force was measured afresh, and on a shared machine whose load moves, comparing it against
+//! older probes flipped the choice). Probes cost steps off the optimum, so while the decision
+//! holds they back off to every 2nd, then every 4th window, and further (up to every 32nd)
+//! while a probe window costs more than [`PROBE_BUDGET`] of the time between probes (its
+//! steps' time beyond what their tokens are worth, and the backlog a probe from γ = 0
+//! absorbs); a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
 //! costs changed); a window counts by its median step (descheduled steps only look slower).
@@ -41,8 +49,14 @@ use std::collections::{BTreeMap, VecDeque};
 pub const WINDOW: usize = 16;
 /// Steps of a new shape before its first decision.
 pub const FIRST_WINDOW: usize = 8;
-/// Probe at most this many windows apart while the decision holds.
+/// Probe at least this often while the decision holds (windows apart)...
 const MAX_PROBE_EVERY: usize = 4;
+/// ...unless a probe window costs more than [`PROBE_BUDGET`] of the time between probes; then
+/// probes back off further, up to this.
+const MAX_BUDGET_PROBE_EVERY: usize = 32;
+/// The share of a shape's time its probes may cost: the probes' time beyond what their
+/// tokens are worth at the chosen γ's rate, plus the rows a probe from γ = 0 absorbs first.
+const PROBE_BUDGET: f64 = 0.05;
 /// Weight of a new sample in the running mean of MTP absorption and of the other rows' tokens.
 const EMA: f64 = 0.3;
 /// A window's mean cost this many times off the estimate replaces it instead of moving it.
@@ -120,10 +134,13 @@ pub struct StepSample<'a> {
     pub rows: &'a [RowRound],
     /// Tokens the other rows produced.
     pub others: usize,
-    /// The step's time, MTP absorption excluded.
+    /// The step's time, drafting included, MTP absorption excluded.
     pub secs: f64,
     /// Kept rows the MTP drafter absorbed this step.
     pub absorbed: usize,
+    /// Of those, rows that built up while their row did not draft (its prompt, and the rows
+    /// of its steps at γ = 0): what resuming drafting absorbs on top of a drafting step.
+    pub backlog: usize,
     /// Seconds that absorption took.
     pub absorb_secs: f64,
 }
@@ -144,6 +161,8 @@ struct Arm {
     window_cost: Vec<Vec<f64>>,
     /// Tokens per step of the rows `auto` does not drive.
     others: Option<f64>,
+    /// Rows a step that resumed drafting after γ = 0 absorbed on top of a drafting step's.
+    backlog: Option<f64>,
 }
 
 impl Arm {
@@ -157,6 +176,7 @@ impl Arm {
             cost: vec![None; max + 1],
             window_cost: vec![Vec::new(); max + 1],
             others: None,
+            backlog: None,
         }
     }
 
@@ -308,6 +328,10 @@ impl AutoGamma {
         let gamma = s.gamma.min(self.max);
         let arm = self.arm(s.shape);
         arm.window_cost[gamma].push(s.secs);
+        if gamma > 0 && arm.current == 0 && s.backlog > 0 {
+            let b = s.backlog as f64;
+            arm.backlog = Some(arm.backlog.map_or(b, |o| o + EMA * (b - o)));
+        }
         let others = s.others as f64;
         arm.others = Some(arm.others.map_or(others, |o| o + EMA * (others - o)));
         arm.round += 1;
@@ -334,6 +358,11 @@ impl AutoGamma {
         let Some(arm) = self.arms.get_mut(&shape) else {
             return;
         };
+        // Only a window that probed measured every γ at the same time; in another, the γ in
+        // force was re-measured and the others were not, so a load swing on a shared machine
+        // (step costs here move 2× within seconds) made stale alternatives look better and
+        // flipped the choice for a window. Such a window holds.
+        let probed = arm.windows.is_multiple_of(arm.probe_every);
         // A window's samples of a γ weigh n / (n + 1) against what was known, so the γ in force
         // is re-measured almost afresh every window and one noisy probe moves its γ's estimate
         // only half way; a window off by more than [`REGIME`]× replaces it (the costs
@@ -357,32 +386,81 @@ impl AutoGamma {
         let a = shape.auto_rows as f64;
         let others = arm.others.unwrap_or(0.0);
         let mut expected = Vec::with_capacity(max + 1);
+        // Per γ, tokens and seconds of a step drafting steadily (no resume charge).
+        let mut steady = Vec::with_capacity(max + 1);
         let (mut e, mut run) = (1.0, 1.0);
+        // Resuming drafting after γ = 0 first absorbs every row kept meanwhile (each row's
+        // prompt and plain steps: the MTP layer over all of them), once; charged over the
+        // window it would draft for.
+        let resume = match arm.current {
+            0 => absorb_per_row * arm.backlog.unwrap_or(0.0) / WINDOW as f64,
+            _ => 0.0,
+        };
         for g in 0..=max {
             if g > 0 {
                 run *= alphas[g - 1];
                 e += run;
             }
-            let absorb = if g > 0 { absorb_per_row * a * e } else { 0.0 };
+            let (absorb, resume) = match g {
+                0 => (0.0, 0.0),
+                _ => (absorb_per_row * a * e, resume),
+            };
             let step_tokens = others + a * e;
-            expected
-                .push(arm.cost[g].map(|c| (step_tokens, step_tokens / (c + absorb).max(1e-12))));
+            steady.push(arm.cost[g].map(|c| (step_tokens, c + absorb)));
+            expected.push(
+                arm.cost[g].map(|c| (step_tokens, step_tokens / (c + absorb + resume).max(1e-12))),
+            );
         }
         let best = expected
             .iter()
             .enumerate()
             .filter_map(|(g, x)| x.map(|(t, r)| (g, t, r)))
+            .filter(|&(g, _, _)| probed || g == arm.current)
             // Strictly better only, so ties go to the smaller γ.
             .fold(None, |b: Option<(usize, f64, f64)>, x| match b {
                 Some(b) if b.2 >= x.2 => Some(b),
                 _ => Some(x),
             });
         if let Some((g, t, r)) = best {
-            arm.probe_every = if g == arm.current {
-                (arm.probe_every * 2).min(MAX_PROBE_EVERY)
-            } else {
-                1
+            // What a probe window costs: each probe's time beyond what its tokens are worth at
+            // γ's rate, and from γ = 0 the kept rows the first probe absorbs. On the demo a
+            // probe window from γ = 0 cost about 10 % of 4 windows, which `auto` lost to `off`.
+            let mut probe_secs: f64 = steady
+                .iter()
+                .enumerate()
+                .filter(|&(o, _)| o != g)
+                .filter_map(|(_, x)| *x)
+                .map(|(tokens, secs)| (secs - tokens / r).max(0.0))
+                .sum();
+            if g == 0 {
+                probe_secs += absorb_per_row * arm.backlog.unwrap_or(0.0);
+            }
+            let window_secs = WINDOW as f64 * t / r;
+            let budget = (probe_secs / (PROBE_BUDGET * window_secs)).ceil() as usize;
+            let cap = budget
+                .next_power_of_two()
+                .clamp(MAX_PROBE_EVERY, MAX_BUDGET_PROBE_EVERY);
+            // A probe window confirms a decision that holds; probes back off by doubling. Only
+            // a probe window moves the schedule: in another, a load swing that slowed the γ in
+            // force made the (stale) probes look cheap and brought them back every 4th window.
+            arm.probe_every = match (g == arm.current, probed) {
+                (false, _) => 1,
+                (true, true) => (arm.probe_every * 2).min(cap),
+                (true, false) => arm.probe_every,
             };
+            tracing::debug!(
+                target: "nectar::auto",
+                rows = shape.rows,
+                auto_rows = shape.auto_rows,
+                gamma = g,
+                probed,
+                probe_every = arm.probe_every,
+                probe_ms = probe_secs * 1e3,
+                window_ms = window_secs * 1e3,
+                backlog = arm.backlog.unwrap_or(0.0),
+                absorb_us = absorb_per_row * 1e6,
+                "auto decision"
+            );
             arm.current = g;
             let others: Vec<String> = expected
                 .iter()
@@ -488,6 +566,7 @@ mod tests {
             others: shape.rows - shape.auto_rows,
             secs: cost(shape, g),
             absorbed: 0,
+            backlog: 0,
             absorb_secs: 0.0,
         });
         g
@@ -542,6 +621,111 @@ mod tests {
         assert!(chosen[FIRST_WINDOW..].iter().all(|&g| g == 0), "{chosen:?}");
     }
 
+    #[test]
+    fn a_window_without_probes_holds_its_choice() {
+        // Drafting loses (γ = 1: 1.6 tokens for 1.9× the time). Once probes have backed off,
+        // the machine gets 2.5× slower (other processes took the cores) at the start of a
+        // window that does not probe: the γ in force is re-measured at 2.5 ms a step, γ = 1's
+        // estimate is still the 1.9 ms of the quiet machine, and comparing the two chose
+        // drafting for a window.
+        let slow = std::cell::Cell::new(1.0);
+        let cost = |_: Shape, g: usize| 1e-3 * slow.get() * (1.0 + 0.9 * g as f64);
+        let mut n = 0usize;
+        let mut accept = |g: usize| {
+            n += 1;
+            usize::from(g > 0 && n % 5 < 3)
+        };
+        let mut a = AutoGamma::new(1);
+        for _ in 0..FIRST_WINDOW + WINDOW * 8 {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+        }
+        assert_eq!(a.current(Shape::ALONE), Some(0));
+        // Up to the next window boundary, then on until a window that does not probe starts.
+        let arm = |a: &AutoGamma| a.arms[&Shape::ALONE].clone();
+        while arm(&a).round != 0 || arm(&a).windows.is_multiple_of(arm(&a).probe_every) {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+        }
+        slow.set(2.5);
+        let mut chosen = Vec::new();
+        for _ in 0..WINDOW * 8 {
+            step(&mut a, Shape::ALONE, &mut accept, &cost);
+            chosen.push(a.current(Shape::ALONE).unwrap());
+        }
+        assert!(
+            chosen.iter().all(|&g| g == 0),
+            "{chosen:?} {:?}",
+            a.decisions_since(0)
+        );
+    }
+
+    /// Runs `steps` steps of a row alone that drafts through a simulated MTP layer: the rows
+    /// kept by steps at γ = 0 wait and are absorbed, at `absorb` seconds each, by the next step
+    /// that drafts. Of every 5 drafts 3 are accepted (α = 0.6).
+    fn run_absorbing(
+        a: &mut AutoGamma,
+        steps: usize,
+        absorb: f64,
+        cost: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        let (mut pending, mut last_kept, mut n) = (0usize, 1usize, 0usize);
+        (0..steps)
+            .map(|_| {
+                let g = a.next(Shape::ALONE);
+                n += usize::from(g > 0);
+                let accepted = usize::from(g > 0 && n % 5 < 3);
+                let (absorbed, backlog) = if g > 0 {
+                    (pending, pending.saturating_sub(last_kept))
+                } else {
+                    (0, 0)
+                };
+                if g > 0 {
+                    pending = 0;
+                }
+                last_kept = accepted + 1;
+                pending += last_kept;
+                a.record(&StepSample {
+                    shape: Shape::ALONE,
+                    gamma: g,
+                    rows: &[RowRound { asked: g, accepted }],
+                    others: 0,
+                    secs: cost(g),
+                    absorbed,
+                    backlog,
+                    absorb_secs: absorb * absorbed as f64,
+                });
+                g
+            })
+            .collect()
+    }
+
+    #[test]
+    fn resuming_drafting_pays_for_the_rows_kept_meanwhile() {
+        // First drafting loses (γ = 1 costs 2 ms against 1 ms), so the row decodes at γ = 0
+        // and probes back off to every 4th window; the rows kept meanwhile (up to 64) wait.
+        // Then γ = 1 costs 1.45 ms: drafting every step would pay a little (1.6 tokens in
+        // 1.45 + 1.6 × 0.05 ms = 1.53 ms, against 1 in 1 ms), but resuming first absorbs the
+        // rows kept since the last probe, 64 × 0.05 ms = 3.2 ms, 0.2 ms a step over a window,
+        // and then it does not (1.6 in 1.73 ms). Drafting that pays well still resumes.
+        for (draft_ms, resumes) in [(1.45, false), (1.1, true)] {
+            let mut a = AutoGamma::new(1);
+            run_absorbing(&mut a, FIRST_WINDOW + WINDOW * 8, 5e-5, |g| {
+                1e-3 * (1.0 + g as f64)
+            });
+            assert_eq!(a.current(Shape::ALONE), Some(0));
+            // (Probes move γ = 1's estimate half way each: give them 10 probe windows.)
+            let s = run_absorbing(&mut a, WINDOW * 60, 5e-5, |g| {
+                1e-3 * if g > 0 { draft_ms } else { 1.0 }
+            });
+            let drafting = s[WINDOW * 40..].iter().filter(|&&g| g > 0).count();
+            assert_eq!(
+                drafting > WINDOW * 10,
+                resumes,
+                "{draft_ms} ms: {s:?} {:?}",
+                a.decisions_since(0)
+            );
+        }
+    }
+
     /// The γ of each of the first `n` steps of a row alone.
     fn schedule(
         n: usize,
@@ -587,6 +771,54 @@ mod tests {
             probed,
             [true, true, false, true, false, false, false, true, false]
         );
+    }
+
+    #[test]
+    fn probes_that_cost_more_than_their_budget_back_off_further() {
+        // Drafting never pays. Dear probes (each depth costs 0.9 ms more: a probe window loses
+        // 5.4 ms, a third of a window) back off to every 8th window; cheap ones (0.05 ms more a
+        // depth: 0.3 ms) stay at every 4th.
+        for (per_depth_ms, probed_windows) in [(0.9, 4), (0.05, 8)] {
+            let s = schedule(
+                8 + 16 * 40,
+                |_| 0,
+                |g| 1e-3 * (1.0 + per_depth_ms * g as f64),
+            );
+            let probed = s[8..]
+                .chunks(16)
+                .skip(8)
+                .filter(|w| w.iter().any(|&g| g != 0))
+                .count();
+            assert_eq!(probed, probed_windows, "{per_depth_ms} ms: {s:?}");
+        }
+    }
+
+    #[test]
+    fn a_slow_window_does_not_bring_probes_back() {
+        // Dear probes have backed off to every 8th window; then one window between probes
+        // runs 3× slower (the machine is shared). Its probes' costs are older, so the probes
+        // looked cheap against it: it must not shorten the schedule.
+        let slow = std::cell::Cell::new(1.0);
+        let cost = |_: Shape, g: usize| 1e-3 * slow.get() * (1.0 + 0.9 * g as f64);
+        let mut a = AutoGamma::new(3);
+        let every = |a: &AutoGamma| a.arms.get(&Shape::ALONE).map_or(1, |a| a.probe_every);
+        let mut steps = 0;
+        while every(&a) < 8 {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+            steps += 1;
+            assert!(steps < 16 * 40, "never backed off to 8");
+        }
+        // On to the start of the next window that does not probe.
+        let arm = |a: &AutoGamma| a.arms[&Shape::ALONE].clone();
+        while arm(&a).round != 0 || arm(&a).windows.is_multiple_of(arm(&a).probe_every) {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+        }
+        slow.set(3.0);
+        for _ in 0..WINDOW {
+            step(&mut a, Shape::ALONE, &mut |_| 0, &cost);
+        }
+        slow.set(1.0);
+        assert_eq!(every(&a), 8);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct MtpDrafter {
     last: Option<Vec<f32>>,
     /// MTP cache length before this round's chained rows.
     round_start: Option<usize>,
+    /// Rows the latest observation added: what a row that drafts every step absorbs.
+    last_observed: usize,
     forwards: usize,
 }
 
@@ -56,6 +58,7 @@ impl MtpDrafter {
             pending_next: Vec::new(),
             last: None,
             round_start: None,
+            last_observed: 0,
             forwards: 0,
         })
     }
@@ -63,6 +66,12 @@ impl MtpDrafter {
     /// Rows observed but not yet absorbed into the MTP cache.
     pub fn pending(&self) -> usize {
         self.pending_next.len()
+    }
+
+    /// Of the pending rows, those that built up while the row did not draft (its prompt, and
+    /// the rows of steps at γ = 0): what resuming drafting costs on top of a drafting step.
+    pub fn backlog(&self) -> usize {
+        self.pending().saturating_sub(self.last_observed)
     }
 
     fn check(&self, cache: &SeqCache, when: &str) -> Result<()> {
@@ -100,6 +109,7 @@ impl MtpDrafter {
         }
         self.pending_h.extend_from_slice(hidden);
         self.pending_next.extend_from_slice(next);
+        self.last_observed = next.len();
         self.check(cache, "after verification")
     }
 
@@ -118,11 +128,12 @@ pub(crate) struct MtpRow<'r, 's> {
 
 /// Drafts for every row together: one MTP forward absorbs every row's waiting rows (ragged),
 /// then per draft depth one MTP-logits call over the rows still drafting and one chained MTP
-/// forward, so the MTP layer's experts are read once per depth, not once per row. Returns
-/// the rows each row absorbed.
-pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Result<Vec<usize>> {
+/// forward, so the MTP layer's experts are read once per depth, not once per row.
+pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Result<Absorbed> {
     let hd = model.hidden_size();
+    let t0 = std::time::Instant::now();
     let absorbed: Vec<usize> = rows.iter().map(|r| r.drafter.pending()).collect();
+    let backlog = rows.iter().map(|r| r.drafter.backlog()).sum();
     for r in rows.iter() {
         r.drafter.check(r.cache, "before absorbing")?;
     }
@@ -151,6 +162,7 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
             r.drafter.pending_next.clear();
         }
     }
+    let absorb_secs = t0.elapsed().as_secs_f64();
     let mut h = Vec::with_capacity(rows.len());
     for r in rows.iter_mut() {
         r.drafter.check(r.cache, "before drafting")?;
@@ -204,5 +216,19 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
                 .sample(&logits[k * vocab..(k + 1) * vocab])?;
         }
     }
-    Ok(absorbed)
+    Ok(Absorbed {
+        rows: absorbed,
+        backlog,
+        secs: absorb_secs,
+    })
+}
+
+/// What a drafting step's MTP absorption was.
+pub(crate) struct Absorbed {
+    /// Rows each drafting row absorbed.
+    pub rows: Vec<usize>,
+    /// Of all those, rows that built up while their row did not draft ([`MtpDrafter::backlog`]).
+    pub backlog: usize,
+    /// Seconds the absorption took (drafting apart).
+    pub secs: f64,
 }
