@@ -149,6 +149,9 @@ mod with_cuda {
         let h = h2d(&gpu, h2d_total, EXPERT_INT4_G64_BYTES)?;
         let h_whole = h.whole_bytes as f64 / h.whole.median_s / 1e9;
         let h_chunk = h.whole_bytes as f64 / h.chunked.median_s / 1e9;
+        // The pinned limit: the better of the two (both are the same DMA; one large copy is
+        // not always the faster, and a ratio above 1 would mean the reference read low).
+        let h_limit = h_whole.max(h_chunk);
         // Expert copies from pageable memory through the staging ring (the copied-expert path).
         let stage_configs = [StageConfig::DEFAULT];
         let staged_experts = if a.quick { 24 } else { 48 };
@@ -176,11 +179,11 @@ mod with_cuda {
                 copy_bytes >> 20
             );
             println!(
-                "pinned H2D: one {:.0} MB copy {h_whole:.1} GB/s; {} expert copies of {:.1} MB {h_chunk:.1} GB/s = {:.2} of the large copy",
+                "pinned H2D: one {:.0} MB copy {h_whole:.1} GB/s; {} expert copies of {:.1} MB {h_chunk:.1} GB/s = {:.2} of the better of the two",
                 h.whole_bytes as f64 / 1e6,
                 h.chunks,
                 h.chunk_bytes as f64 / 1e6,
-                h_chunk / h_whole
+                h_chunk / h_limit
             );
             for c in &staged {
                 println!(
@@ -316,7 +319,7 @@ mod with_cuda {
                     "limit_gbps": limit,
                     "h2d": {"whole_bytes": h.whole_bytes, "whole_gbps": h_whole,
                             "chunk_bytes": h.chunk_bytes, "chunks": h.chunks, "chunked_gbps": h_chunk,
-                            "ratio": h_chunk / h_whole},
+                            "ratio": h_chunk / h_limit},
                     "arena_bytes": arena,
                     "staged_copies": staged.iter().map(|c| json!({
                         "ring": c.config.name(), "expert_bytes": c.expert_bytes, "experts": c.experts,
