@@ -205,6 +205,14 @@ fn fit_projects_decode_and_prefill_speed() {
         "{p}"
     );
     assert!(v["machine"]["disk_gbps"].as_f64().unwrap() > 0.0);
+    // The kernel's share of the read reference is a share: a reference that reads below the
+    // kernel is measured again or replaced by the kernel's rate, and says which.
+    let share = v["machine"]["kernel_share_of_read_bandwidth"]
+        .as_f64()
+        .unwrap();
+    assert!(share > 0.0 && share <= 1.0, "{v}");
+    let from = v["machine"]["read_reference"].as_str().unwrap();
+    assert!(from == "read" || (from == "kernel" && share == 1.0), "{v}");
     // The calibration decodes with the trace's routes in place of the model's routers, under
     // the budget: it reads experts, and the overlap it measured (when it read enough to tell)
     // is a share, the one the projection used.
