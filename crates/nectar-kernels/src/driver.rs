@@ -64,8 +64,9 @@ pub(crate) trait Block {
 ///
 /// Register blocks: 4 weight rows × 1, 2 or 4 activation rows, or 2 × 8 (AVX-512); 4 × 1,
 /// 2 × 2 or 1 × 4 elsewhere. Each weight step is decoded once per block and used for all of
-/// its activation rows; for the second and later activation chunks the rows' bytes come from
-/// L1, so DRAM sees each weight once per call.
+/// its activation rows; for the second and later activation blocks of a tile the rows' bytes
+/// come from L1, and for later tiles from the LLC (a task's rows are a few MiB at most), so
+/// DRAM sees each weight once per call.
 ///
 /// # Safety
 /// As [`Block::block`], for every row in `rows` and every activation row.
@@ -76,18 +77,56 @@ pub(crate) unsafe fn run<B: Block>(
     out: *mut f32,
     stride: usize,
 ) {
+    // Activation tiles: every weight row of the task meets one tile of activation rows
+    // before the next tile starts, so the tile stays in L2 while the task's weights stream
+    // past it (from L3 after the first tile). Without them a prefill chunk streamed *all* its
+    // activation rows (hundreds × 24–64 KiB) from DRAM once per 8 weight rows: measured, a
+    // 2,048-token prefill of a GLM-5.2-geometry layer spent most of its time there.
+    let per = act_tile(x.stride);
+    let mut i0 = 0;
+    while i0 < x.m {
+        let acts = i0..(i0 + per).min(x.m);
+        i0 = acts.end;
+        // SAFETY: forwarded from this function's contract (a sub-range of the activations).
+        unsafe { run_acts(b, rows.clone(), x, acts, out, stride) };
+    }
+}
+
+/// Bytes of packed activations an activation tile may hold (half an L2 of the smallest
+/// AVX-512/Neon cores we target, 1 MiB, leaving the rest to the weights in flight).
+const ACT_TILE_BYTES: usize = 512 * 1024;
+
+/// Activation rows per tile for packed rows of `stride` floats: whole 8-row blocks, at least
+/// one, so the register blocks are the same as without tiles except at a tile's end (blocking
+/// never changes a result).
+pub(crate) fn act_tile(stride: usize) -> usize {
+    (ACT_TILE_BYTES / (stride.max(1) * 4) / 8).max(1) * 8
+}
+
+/// [`run`] for the activation rows `acts`.
+///
+/// # Safety
+/// As [`run`]; `acts` lies inside `0..x.m`.
+unsafe fn run_acts<B: Block>(
+    b: &B,
+    rows: Range<usize>,
+    x: &XPack,
+    acts: Range<usize>,
+    out: *mut f32,
+    stride: usize,
+) {
     let mut r = rows.start;
     while r < rows.end {
         if B::WIDE && rows.end - r >= 8 {
             // SAFETY: rows r..r + 8 exist; forwarded from this function's contract.
-            unsafe { run8(b, r, rows.start, x, out, stride) };
+            unsafe { run8(b, r, rows.start, x, acts.clone(), out, stride) };
             r += 8;
             continue;
         }
         let nr = (rows.end - r).min(4);
-        let mut i = 0;
-        while i < x.m {
-            let left = x.m - i;
+        let mut i = acts.start;
+        while i < acts.end {
+            let left = acts.end - i;
             // SAFETY: (r, i) lies inside the caller's output region.
             let o = unsafe { out.add(i * stride + (r - rows.start)) };
             // SAFETY (all calls below): rows r..r + nr and activations i..i + mb exist, and the
@@ -171,11 +210,20 @@ pub(crate) unsafe fn run<B: Block>(
 /// for eight.
 ///
 /// # Safety
-/// As [`run`] for rows `r..r + 8`; `base` is the first row of the caller's output region.
-unsafe fn run8<B: Block>(b: &B, r: usize, base: usize, x: &XPack, out: *mut f32, stride: usize) {
-    let mut i = 0;
-    while i < x.m {
-        let left = x.m - i;
+/// As [`run`] for rows `r..r + 8` and activation rows `acts`; `base` is the first row of the
+/// caller's output region.
+unsafe fn run8<B: Block>(
+    b: &B,
+    r: usize,
+    base: usize,
+    x: &XPack,
+    acts: Range<usize>,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut i = acts.start;
+    while i < acts.end {
+        let left = acts.end - i;
         // SAFETY: (r, i) lies inside the caller's output region.
         let o = unsafe { out.add(i * stride + (r - base)) };
         // SAFETY (all calls): rows r..r + 8 and activations i..i + mb exist, and the writes

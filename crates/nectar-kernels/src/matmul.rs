@@ -324,6 +324,30 @@ pub(crate) mod tests {
         }
     }
 
+    /// A width whose packed rows are so long that an activation tile holds one 8-row block:
+    /// the rows cross tiles (8 + 8 + 5) and every tile meets every weight row, bit for bit.
+    #[test]
+    fn activation_tiles_match_the_reference() {
+        let (rows, cols, m) = (11, 20_000, 21);
+        assert!(
+            crate::driver::act_tile(cols) < m,
+            "the product must span several tiles"
+        );
+        for fsel in 0..FORMATS {
+            let format = format_of(fsel);
+            let (data, scales) = random_matrix(format, rows, cols, 91);
+            let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+            let x = activations(m, cols, 5);
+            let want = reference(&w, &x, m);
+            for isa in Isa::available() {
+                let mut y = vec![0.0; m * rows];
+                matmul_with(isa, &w, &x, m, &mut y).unwrap();
+                let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa:?} {}", format.name());
+            }
+        }
+    }
+
     #[test]
     fn padded_tail_keeps_the_sign_of_zero() {
         // Negative weights times the smallest subnormal activation underflow to -0, so every

@@ -194,10 +194,13 @@ impl Attention {
             true => Some(self.kv_b.mat()?),
             false => None,
         };
-        let mut o = vec![0.0; m * hd * self.dv];
-        // One task per (row, head), on the compute team.
-        team::for_each_chunk_mut(&mut o, self.dv, |idx, out| {
-            let (i, head) = (idx / hd, idx % hd);
+        // One task per (head, row), on the compute team, head-major: consecutive tasks read
+        // the same head's keys, so a prefill chunk's working set is one head's K/V slice (a few
+        // MB, cache-resident) instead of every head's (all of the reconstructed K/V, from DRAM,
+        // once per row). Each task computes exactly what it would in any order.
+        let mut by_head = vec![0.0; m * hd * self.dv];
+        team::for_each_chunk_mut(&mut by_head, self.dv, |idx, out| {
+            let (head, i) = (idx / m, idx % m);
             let row = layout.rows[i];
             let qh = &q[i * hd * dq + head * dq..][..dq];
             let keys = sel[i].as_deref();
@@ -211,6 +214,12 @@ impl Attention {
                 (None, None) => unreachable!("kvb is read when any row is absorbed"),
             }
         });
+        // Back to row-major `[row][head][dv]`, the layout o_proj multiplies.
+        let mut o = vec![0.0; m * hd * self.dv];
+        for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
+            let (head, i) = (idx / m, idx % m);
+            o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
+        }
         self.o.forward(&o, m)
     }
 
