@@ -790,6 +790,10 @@ pub struct FitArgs {
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
     #[arg(long)]
     pub gflops: Option<f64>,
+    /// GFLOP/s of prefill's attention core on the machine projected; default: timed here on
+    /// the model's own attention code at its dimensions (scaled by --cores).
+    #[arg(long)]
+    pub attn_gflops: Option<f64>,
     /// Cores of the machine projected (scales the measured prefill GFLOP/s and the calibrated
     /// per-layer compute).
     #[arg(long)]

@@ -40,6 +40,7 @@ mod norm;
 mod readbw;
 mod rope;
 mod scalar;
+mod scaled_add;
 pub mod team;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -56,6 +57,7 @@ pub use matmul::{matmul, matmul_rows};
 pub use norm::{layer_norm, rms_norm};
 pub use readbw::{read_sum, ReadMode, PREFETCH_DISTANCE};
 pub use rope::RopeTable;
+pub use scaled_add::scaled_add;
 
 /// Which instruction set the kernels use on this machine (chosen once, at first use).
 pub fn isa() -> &'static str {

@@ -321,6 +321,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         mem_gbps: None,
         kernel_share: None,
         gflops: None,
+        attn_gflops: None,
         cores: None,
         layer_overhead_ms: None,
         moe_overlap: None,

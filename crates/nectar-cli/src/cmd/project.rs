@@ -38,8 +38,8 @@ use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
-    expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, LoadOptions, MemoryPlan,
-    Prefetch,
+    expert_layouts, kv_bytes_per_token, measure_attention_gflops, plan_memory, prompt_transients,
+    AttnShape, Config, LoadOptions, MemoryPlan, Prefetch,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -52,6 +52,10 @@ use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Causal queries (and keys) the attention rate is timed over: a working set per head of a
+/// few MB, as a GLM-5.2 prompt of a few thousand tokens has.
+const ATTN_PROBE_ROWS: usize = 1024;
 
 /// The budget a `--calibrate` container runs under (its spine and a few slots per layer).
 const CALIBRATE_BUDGET: u64 = 4 << 30;
@@ -76,6 +80,8 @@ pub struct Geometry {
     /// Parameters per expert byte, for FLOPs (int4 g64's density, GLM-5.2's expert format,
     /// also applied to the spine: an approximation).
     pub params_per_byte: f64,
+    /// Attention dimensions, for prefill's attention work.
+    pub attn: AttnShape,
 }
 
 impl Geometry {
@@ -95,6 +101,7 @@ impl Geometry {
             moe_layers: 75,
             top_k: 8,
             params_per_byte: 37.75e6 / 21.2e6,
+            attn: AttnShape::glm52(),
         };
         let (hidden, vocab, top_k) = (6144, 154_880, 8);
         let mut spine = vec![(
@@ -139,7 +146,7 @@ impl Geometry {
     }
 
     /// A container's geometry from its memory plan inputs.
-    fn from_plan(dir: &Path, p: &PlanInputs, top_k: usize) -> Geometry {
+    fn from_plan(dir: &Path, p: &PlanInputs, top_k: usize) -> Result<Geometry> {
         let get = |k: &str| {
             p.spine
                 .iter()
@@ -148,7 +155,8 @@ impl Geometry {
                 .sum::<u64>() as f64
         };
         let mtp_spine = get("MTP");
-        Geometry {
+        let cfg = Config::from_dir(dir)?;
+        Ok(Geometry {
             source: format!("{} (memory plan inputs)", dir.display()),
             spine_read: p.spine.iter().map(|x| x.1).sum::<u64>() as f64 - mtp_spine,
             expert: p.slot_bytes as f64,
@@ -157,7 +165,8 @@ impl Geometry {
             moe_layers: p.sparse_layers,
             top_k,
             params_per_byte: 37.75e6 / 21.2e6,
-        }
+            attn: AttnShape::from_config(&cfg),
+        })
     }
 }
 
@@ -172,6 +181,8 @@ pub struct Machine {
     pub disk_gbps: f64,
     /// int4 kernel GFLOP/s at M = 64 (prefill).
     pub gflops: f64,
+    /// GFLOP/s of prefill's attention core (`nectar_model::arch::glm5::measure_attention_gflops`).
+    pub attn_gflops: f64,
     /// Compute per MoE layer and token beyond streaming the weights, seconds.
     pub layer_overhead_s: f64,
     /// `η`: the share of the MoE block's compute behind which reads hide (1: all of it, the
@@ -613,14 +624,25 @@ pub fn project(
         let (_, ssd, ram) = forward(u, uv, h, 0.0, 0.0);
         1.0 / ram.max(ssd / (m.disk_gbps * 1e9))
     };
-    // Prefill of a P-token prompt: compute at the kernel's GFLOP/s; each touched expert read
-    // once per layer (expert-major).
+    // Prefill of a P-token prompt: the products at the kernel's GFLOP/s, attention (quadratic
+    // up to the DSA top k) at the attention core's, each touched expert read once per layer
+    // (expert-major).
     let flops_tok = 2.0 * g.params_per_byte * (g.spine_read + l * k * g.expert);
-    let prefill = |p: f64| -> f64 {
+    let prefill_parts = |p: usize| -> [f64; 3] {
+        let pf = p as f64;
         let touched = trace.experts_per_layer as f64
-            * (1.0 - (1.0 - k / trace.experts_per_layer as f64).powf(p));
-        let t = p * flops_tok / (m.gflops * 1e9) + l * touched * g.expert / (m.disk_gbps * 1e9);
-        p / t
+            * (1.0 - (1.0 - k / trace.experts_per_layer as f64).powf(pf));
+        [
+            pf * flops_tok / (m.gflops * 1e9),
+            g.attn.prefill_flops(p) / (m.attn_gflops * 1e9),
+            l * touched * g.expert / (m.disk_gbps * 1e9),
+        ]
+    };
+    let prefill = |p: usize| -> f64 { p as f64 / prefill_parts(p).iter().sum::<f64>() };
+    let prefill_split = |p: usize| {
+        let [products, attention, reads] = prefill_parts(p);
+        json!({"products_s": products, "attention_s": attention, "reads_s": reads,
+               "attention_form": if g.attn.reconstructs(p) { "reconstructed" } else { "absorbed" }})
     };
     json!({
         "lru_slots_per_layer": slots.mtp_off,
@@ -639,7 +661,8 @@ pub fn project(
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
-        "prefill_tok_s": {"512": prefill(512.0), "2048": prefill(2048.0), "8192": prefill(8192.0)},
+        "prefill_tok_s": {"512": prefill(512), "2048": prefill(2048), "8192": prefill(8192)},
+        "prefill_seconds": {"512": prefill_split(512), "2048": prefill_split(2048), "8192": prefill_split(8192)},
         "acceptance": acceptance,
         "gpu": gpu.map(|t| json!({
             "budget": t.budget, "spine_bytes": spine_gpu, "spine_products": products,
@@ -740,7 +763,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
                 Some(_) => plan_for(true, false)?.inputs,
                 None => on.inputs.clone(),
             };
-            let geom = Geometry::from_plan(&dir, &whole, k);
+            let geom = Geometry::from_plan(&dir, &whole, k)?;
             (geom, [off.inputs, on.inputs], Some(dir), gpu)
         }
     };
@@ -842,7 +865,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         let cfg: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json"))?)?;
         let k = cfg["num_experts_per_tok"].as_u64().unwrap_or(8) as usize;
-        let cg = Geometry::from_plan(&dir, &ci, k);
+        let cg = Geometry::from_plan(&dir, &ci, k)?;
         let dec = match dec_here {
             Some(d) => d,
             None => measure_kernel(effort)?.0,
@@ -870,6 +893,12 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (None, Some(c)) => c.moe_overlap.unwrap_or(0.0),
         _ => 0.0,
     };
+    // Prefill's attention core, timed on the model's own code at its dimensions (about a
+    // second); only the attention term of the prefill projection uses it.
+    let attn_here = match a.attn_gflops {
+        Some(_) => f64::NAN,
+        None => measure_attention_gflops(&geom.attn, ATTN_PROBE_ROWS, 2),
+    };
     let machine = Machine {
         layer_overhead_s,
         moe_overlap,
@@ -882,6 +911,10 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             None => measured(kernel.map(|k| k.0), "the kernel rate")?,
         },
         disk_gbps,
+        attn_gflops: match a.attn_gflops {
+            Some(g) => g,
+            None => attn_here * a.cores.map_or(1.0, |c| c as f64 / threads as f64),
+        },
         gflops: match a.gflops {
             Some(g) => g,
             None => {
@@ -913,11 +946,13 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "disk_gbps": machine.disk_gbps,
             "disk_direct_shards": disk_direct.map(|(d, n)| json!({"direct": d, "of": n})),
             "prefill_gflops": machine.gflops,
+            "attention_gflops": machine.attn_gflops,
             "layer_overhead_ms": machine.layer_overhead_s * 1e3,
             "moe_overlap": machine.moe_overlap,
             "calibration": calibration.map(|c| c.record),
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "gflops": kernel.map(|k| k.1),
+                              "attention_gflops": a.attn_gflops.is_none().then_some(attn_here),
                               "threads": threads, "seconds": t0.elapsed().as_secs_f64()},
         },
         "trace": trace.path.display().to_string(),
@@ -932,6 +967,11 @@ pub fn render(full: &serde_json::Value) -> String {
     let m = &full["machine"];
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
     let slots = o["lru_slots_per_layer"].as_u64().unwrap_or(0);
+    let share = |p: &str| {
+        let t = &o["prefill_seconds"][p];
+        100.0 * f(&t["attention_s"])
+            / (f(&t["products_s"]) + f(&t["attention_s"]) + f(&t["reads_s"]))
+    };
     let mut s = format!(
         "projection for {} under {} ({slots} LRU slots per layer; {} with the MTP layer loaded)\n",
         full["geometry"].as_str().unwrap_or(""),
@@ -939,8 +979,9 @@ pub fn render(full: &serde_json::Value) -> String {
         o["lru_slots_per_layer_mtp_on"],
     );
     s += &format!(
-        "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s\n",
-        f(&m["decode_kernel_gbps"]), f(&m["read_gbps"]), f(&m["disk_gbps"]), f(&m["prefill_gflops"])
+        "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s, prefill {:.0} GFLOP/s (attention {:.1})\n",
+        f(&m["decode_kernel_gbps"]), f(&m["read_gbps"]), f(&m["disk_gbps"]), f(&m["prefill_gflops"]),
+        f(&m["attention_gflops"])
     );
     s += &format!(
         "  hit rate {:.3} (route256 replay at {slots} slots), {:.2} GB/token from disk, bound: {}\n",
@@ -984,10 +1025,14 @@ pub fn render(full: &serde_json::Value) -> String {
         );
     }
     s += &format!(
-        "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts\n",
+        "  prefill: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts \
+         (attention {:.0} / {:.0} / {:.0} % of the time)\n",
         f(&o["prefill_tok_s"]["512"]),
         f(&o["prefill_tok_s"]["2048"]),
-        f(&o["prefill_tok_s"]["8192"])
+        f(&o["prefill_tok_s"]["8192"]),
+        share("512"),
+        share("2048"),
+        share("8192"),
     );
     s
 }

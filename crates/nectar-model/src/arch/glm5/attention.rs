@@ -16,14 +16,16 @@ use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::{decode_row, dot, matmul_rows, rms_norm, softmax_in_place, team, RopeTable};
+use nectar_kernels::{
+    decode_row, dot, matmul_rows, rms_norm, scaled_add, softmax_in_place, team, RopeTable,
+};
 
 /// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
 const LATENT_EPS: f32 = 1e-6;
 /// Rows per sequence up to which the absorbed form is used.
 const ABSORBED_MAX_ROWS: usize = 4;
 /// Largest reconstructed K/V buffer (f32 bytes) before falling back to the absorbed form.
-const RECON_MAX_BYTES: usize = 256 << 20;
+pub(super) const RECON_MAX_BYTES: usize = 256 << 20;
 
 /// Which MLA form to use (tests force each one; production uses `Auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -205,9 +207,16 @@ impl Attention {
             let qh = &q[i * hd * dq + head * dq..][..dq];
             let keys = sel[i].as_deref();
             match (&recon[row.seq], &kvb) {
-                (Some(kvf), _) => {
-                    self.reconstructed(qh, head, row.pos, caches[row.seq], kvf, keys, out)
-                }
+                (Some(kvf), _) => reconstructed(
+                    &self.heads(),
+                    qh,
+                    head,
+                    row.pos,
+                    &caches[row.seq].k_pe,
+                    kvf,
+                    keys,
+                    out,
+                ),
                 (None, Some(kvb)) => {
                     self.absorbed(kvb, qh, head, row.pos, caches[row.seq], keys, out)
                 }
@@ -223,24 +232,15 @@ impl Attention {
         self.o.forward(&o, m)
     }
 
-    /// Scores → softmax over the selected keys (or all of `0..=pos`).
-    fn probs(
-        &self,
-        pos: usize,
-        keys: Option<&[u32]>,
-        score: impl Fn(usize) -> f32,
-    ) -> (Vec<usize>, Vec<f32>) {
-        let ts: Vec<usize> = match keys {
-            Some(k) => k
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&t| t <= pos)
-                .collect(),
-            None => (0..=pos).collect(),
-        };
-        let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * self.scale).collect();
-        softmax_in_place(&mut p);
-        (ts, p)
+    /// The per-head geometry the attention cores need.
+    fn heads(&self) -> Heads {
+        Heads {
+            heads: self.heads,
+            dn: self.dn,
+            dr: self.dr,
+            dv: self.dv,
+            scale: self.scale,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -261,49 +261,81 @@ impl Attention {
         let mut q_lat = vec![0.0f32; r];
         for (j, &a) in qh[..self.dn].iter().enumerate() {
             decode_row(kvb, base + j, &mut w);
-            for (ql, &wc) in q_lat.iter_mut().zip(&w) {
-                *ql += a * wc;
-            }
+            scaled_add(&mut q_lat, a, &w);
         }
         let q_pe = &qh[self.dn..];
-        let (ts, p) = self.probs(pos, keys, |t| {
+        let (ts, p) = probs(self.scale, pos, keys, |t| {
             dot(&q_lat, &c.latent[t * r..(t + 1) * r]) + dot(q_pe, &c.k_pe[t * dr..(t + 1) * dr])
         });
         let mut o_lat = vec![0.0f32; r];
         for (&t, &pt) in ts.iter().zip(&p) {
-            for (ol, &l) in o_lat.iter_mut().zip(&c.latent[t * r..(t + 1) * r]) {
-                *ol += pt * l;
-            }
+            scaled_add(&mut o_lat, pt, &c.latent[t * r..(t + 1) * r]);
         }
         // o = W_UV[h] · o_lat: the fused kernel computes each element as the canonical
         // `dot(decode_row(W, r), o_lat)` without materialising the rows.
         let rows = base + self.dn..base + self.dn + self.dv;
         matmul_rows(kvb, rows, &o_lat, out).expect("W_UV rows lie inside kv_b (checked at load)");
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
-    fn reconstructed(
-        &self,
-        qh: &[f32],
-        head: usize,
-        pos: usize,
-        c: &LayerCache,
-        kvf: &[f32],
-        keys: Option<&[u32]>,
-        out: &mut [f32],
-    ) {
-        let (dn, dv, dr) = (self.dn, self.dv, self.dr);
-        let stride = self.heads * (dn + dv);
-        let base = head * (dn + dv);
-        let (ts, p) = self.probs(pos, keys, |t| {
-            dot(&qh[..dn], &kvf[t * stride + base..][..dn])
-                + dot(&qh[dn..], &c.k_pe[t * dr..(t + 1) * dr])
-        });
-        out.fill(0.0);
-        for (&t, &pt) in ts.iter().zip(&p) {
-            for (o, &v) in out.iter_mut().zip(&kvf[t * stride + base + dn..][..dv]) {
-                *o += pt * v;
-            }
-        }
+/// Per-head geometry of the attention cores.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Heads {
+    /// Heads (the per-key stride of the rebuilt K/V is `heads × (dn + dv)`).
+    pub heads: usize,
+    /// `qk_nope_head_dim`.
+    pub dn: usize,
+    /// `qk_rope_head_dim`.
+    pub dr: usize,
+    /// `v_head_dim`.
+    pub dv: usize,
+    /// Softmax scale, 1/√(dn + dr).
+    pub scale: f32,
+}
+
+/// Scores → softmax over the selected keys (or all of `0..=pos`).
+fn probs(
+    scale: f32,
+    pos: usize,
+    keys: Option<&[u32]>,
+    score: impl Fn(usize) -> f32,
+) -> (Vec<usize>, Vec<f32>) {
+    let ts: Vec<usize> = match keys {
+        Some(k) => k
+            .iter()
+            .map(|&t| t as usize)
+            .filter(|&t| t <= pos)
+            .collect(),
+        None => (0..=pos).collect(),
+    };
+    let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * scale).collect();
+    softmax_in_place(&mut p);
+    (ts, p)
+}
+
+/// One (row, head) of the reconstructed form: `kvf` holds every key's rebuilt
+/// `[k_nope ; v]` per head (`heads × (dn + dv)` per key), `k_pe` the keys' rope parts.
+/// (`prefill_cost` times this very function.)
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reconstructed(
+    g: &Heads,
+    qh: &[f32],
+    head: usize,
+    pos: usize,
+    k_pe: &[f32],
+    kvf: &[f32],
+    keys: Option<&[u32]>,
+    out: &mut [f32],
+) {
+    let (dn, dv, dr) = (g.dn, g.dv, g.dr);
+    let stride = g.heads * (dn + dv);
+    let base = head * (dn + dv);
+    let (ts, p) = probs(g.scale, pos, keys, |t| {
+        dot(&qh[..dn], &kvf[t * stride + base..][..dn])
+            + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])
+    });
+    out.fill(0.0);
+    for (&t, &pt) in ts.iter().zip(&p) {
+        scaled_add(out, pt, &kvf[t * stride + base + dn..][..dv]);
     }
 }

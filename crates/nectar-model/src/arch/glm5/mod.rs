@@ -20,6 +20,7 @@ mod offload;
 mod pilot;
 mod placement;
 mod prefill;
+mod prefill_cost;
 mod streaming;
 mod vram;
 
@@ -38,6 +39,7 @@ pub use placement::{
     GpuMemory, GpuPlacement, GpuPlan,
 };
 pub use prefill::Prefill;
+pub use prefill_cost::{measure_gflops as measure_attention_gflops, AttnShape};
 pub use streaming::{
     expert_layouts, kv_bytes_per_token, plan_memory, prompt_transients, serve_sequences,
     LoadOptions, MemoryPlan, PinRequest, DEFAULT_ADMISSION,
