@@ -9,11 +9,12 @@ use std::time::Instant;
 
 /// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
 /// (`gemv.cu`), the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions), then the
-/// tensor-core GEMV (`gemv_tc.cu`, which uses both).
+/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`).
 const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv.cu"),
     include_str!("gemm.cu"),
-    include_str!("gemv_tc.cu")
+    include_str!("gemv_tc.cu"),
+    include_str!("attention.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
@@ -182,6 +183,7 @@ mod tests {
         let mut names = kernel_names();
         assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2);
         names.extend(crate::gemm::kernel_names());
+        names.push("mla_prefill_attn".into());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

@@ -6,7 +6,7 @@
 //! NVRTC for the device found, keep weight matrices resident in their stored bytes
 //! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
 //! same-shaped ones (a layer's routed experts) — or for many rows at once on the tensor cores
-//! ([`Gpu::gemm`], prefill), stage weights from pageable host memory into VRAM on a copy stream
+//! ([`Gpu::gemm`], prefill), run the MLA attention of a prefill chunk ([`Gpu::mla_prefill`]), stage weights from pageable host memory into VRAM on a copy stream
 //! ([`copy::Staging`]) and multiply them there ([`Gpu::matmul_views`]), and measure kernels and copies against the device's own copy
 //! bandwidth ([`bench`]).
 //! What it does not do: decide what lives on the GPU (the model's placement does), or know
@@ -28,6 +28,8 @@
 pub mod divide;
 
 #[cfg(feature = "cuda")]
+mod attention;
+#[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod copy;
@@ -42,6 +44,8 @@ mod gemv;
 #[cfg(feature = "cuda")]
 mod view;
 
+#[cfg(feature = "cuda")]
+pub use attention::{MlaKeys, MlaShape, MLA_MAX_DIM};
 #[cfg(feature = "cuda")]
 pub use device::{Gpu, GpuInfo};
 #[cfg(feature = "cuda")]

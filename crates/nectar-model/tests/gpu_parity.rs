@@ -65,6 +65,13 @@ fn run_variant(variant: &str) {
             &mut rec,
         )
         .unwrap();
+    // The prompt's attention ran on the GPU (the reconstructed form; DSA selects from position
+    // index_topk = 8 on): every row of every layer.
+    assert_eq!(
+        model.gpu_attention_rows(),
+        (s * model.num_layers()) as u64,
+        "{variant}: prompt attention rows on the GPU"
+    );
     let logits = model.logits(&hidden).unwrap();
     let mut worst = 0.0f64;
     for p in 0..s {
@@ -149,6 +156,60 @@ fn glm5_on_the_gpu_matches_hf() {
 #[test]
 fn glm52_on_the_gpu_matches_hf() {
     run_variant("glm52");
+}
+
+/// A prefill chunk that continues a cache (positions 10..24 over 24 keys, DSA selecting from
+/// position 8) runs its attention on the GPU over the whole sequence's keys: its logits are
+/// within 1e-4 × max|logit| of the CPU model's for the prompt in one piece, with the same argmax.
+#[test]
+fn gpu_prefill_attention_continues_a_cache() {
+    for variant in ["glm5", "glm52"] {
+        let Some(gpu) = load_on_gpu(variant) else {
+            return;
+        };
+        let cpu = Glm5::load(&fixture_dir(variant).join("model")).unwrap();
+        let prompt = Expected::load(&fixture_dir(variant)).ids("prompt_ids");
+        let v = gpu.vocab_size();
+        let run = |m: &Glm5, cuts: &[usize]| -> Vec<f32> {
+            let mut cache = m.new_cache();
+            let mut last = Vec::new();
+            for w in cuts.windows(2) {
+                let h = m
+                    .forward(
+                        &mut [SeqStep {
+                            cache: &mut cache,
+                            tokens: &prompt[w[0]..w[1]],
+                        }],
+                        &mut NoObserver,
+                    )
+                    .unwrap();
+                last = m.logits(&h).unwrap();
+            }
+            last
+        };
+        let n = prompt.len();
+        let got = run(&gpu, &[0, 10, n]);
+        let all = run(&cpu, &[0, n]);
+        let want = &all[10 * v..];
+        assert_eq!(
+            gpu.gpu_attention_rows(),
+            (n * gpu.num_layers()) as u64,
+            "{variant}: both chunks' attention on the GPU"
+        );
+        assert_eq!(cpu.gpu_attention_rows(), 0);
+        for p in 0..n - 10 {
+            let (g, w) = (&got[p * v..(p + 1) * v], &want[p * v..(p + 1) * v]);
+            let w64: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+            let tol = 1e-4 * max_abs_f64(&w64);
+            let d = max_abs(g, &w64);
+            assert!(
+                d <= tol,
+                "{variant}: position {}: |Δ| {d:e} > {tol:e}",
+                p + 10
+            );
+            assert_eq!(argmax(g), argmax(w), "{variant}: position {}", p + 10);
+        }
+    }
 }
 
 /// A budget smaller than the model leaves the rest on the CPU and still gives the same tokens.

@@ -23,6 +23,11 @@ impl GpuWeight {
         })
     }
 
+    /// The GPU it lives on.
+    pub(crate) fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
     pub(crate) fn device_bytes(&self) -> usize {
         self.mat.device_bytes()
     }

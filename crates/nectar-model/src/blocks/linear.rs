@@ -103,6 +103,13 @@ impl Linear {
         Ok(bytes)
     }
 
+    /// The GPU holding its VRAM copy, if any (other kernels that consume its products there,
+    /// such as prefill attention, run on the same device).
+    #[cfg(feature = "cuda")]
+    pub fn gpu(&self) -> Option<&std::sync::Arc<nectar_cuda::Gpu>> {
+        self.gpu.as_ref().map(|g| g.gpu())
+    }
+
     /// Device bytes of its VRAM copy (0 without one).
     #[cfg(feature = "cuda")]
     pub fn device_bytes(&self) -> usize {

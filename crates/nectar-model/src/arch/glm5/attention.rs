@@ -8,7 +8,8 @@
 //! - **reconstructed** (prefill chunks of > 4 rows): K/V are rebuilt for the sequence's keys with
 //!   one matmul and attention runs per head; cheaper when many queries share the keys.
 //!
-//! Both are tested against each other and against the HF fixtures.
+//! Both are tested against each other and against the HF fixtures. With `kv_b` in VRAM the
+//! reconstructed form runs on the GPU ([`gpu`]).
 use super::indexer::Indexer;
 use super::layout::Layout;
 use super::Config;
@@ -19,6 +20,10 @@ use crate::observer::Observer;
 use nectar_kernels::{
     decode_row, dot, matmul_rows, rms_norm, scaled_add, softmax_in_place, team, RopeTable,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[cfg(feature = "cuda")]
+mod gpu;
 
 /// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
 const LATENT_EPS: f32 = 1e-6;
@@ -57,6 +62,8 @@ pub struct Attention {
     dv: usize,
     rank: usize,
     scale: f32,
+    /// Query rows whose attention ran on the GPU ([`gpu`]), since load.
+    gpu_rows: AtomicU64,
 }
 
 impl Attention {
@@ -105,7 +112,13 @@ impl Attention {
             dv,
             rank,
             scale: ((dn + dr) as f32).powf(-0.5),
+            gpu_rows: AtomicU64::new(0),
         })
+    }
+
+    /// Query rows whose attention ran on the GPU since load (prefill chunks with `kv_b` in VRAM).
+    pub fn gpu_rows(&self) -> u64 {
+        self.gpu_rows.load(Ordering::Relaxed)
     }
 
     /// Bytes of weights (including the indexer).
@@ -168,12 +181,21 @@ impl Attention {
             obs.indexer(layer, i, self.indexer.is_some(), s.as_deref());
         }
         let caches: Vec<&LayerCache> = caches.iter().map(|c| &**c).collect();
+        // The reconstructed form on the GPU where kv_b is in VRAM (rows × heads × dv per
+        // sequence), the CPU forms for the other sequences.
+        #[cfg(feature = "cuda")]
+        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode)?;
+        #[cfg(not(feature = "cuda"))]
+        let on_gpu: Vec<Option<Vec<f32>>> = vec![None; layout.seqs.len()];
         // Reconstructed K/V per sequence where that form is chosen.
         let recon: Vec<Option<Vec<f32>>> = layout
             .seqs
             .iter()
             .enumerate()
             .map(|(s, rows)| {
+                if on_gpu[s].is_some() {
+                    return Ok(None);
+                }
                 let t = caches[s].len();
                 let fits = t * hd * (self.dn + self.dv) * 4 <= RECON_MAX_BYTES;
                 let use_recon = match mode {
@@ -192,7 +214,11 @@ impl Attention {
             .collect::<Result<_>>()?;
         // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
         // copy when placed in VRAM (`placement::keeps_host_copy`).
-        let kvb = match layout.rows.iter().any(|r| recon[r.seq].is_none()) {
+        let kvb = match layout
+            .rows
+            .iter()
+            .any(|r| recon[r.seq].is_none() && on_gpu[r.seq].is_none())
+        {
             true => Some(self.kv_b.mat()?),
             false => None,
         };
@@ -206,6 +232,11 @@ impl Attention {
             let row = layout.rows[i];
             let qh = &q[i * hd * dq + head * dq..][..dq];
             let keys = sel[i].as_deref();
+            if let Some(g) = &on_gpu[row.seq] {
+                let j = i - layout.seqs[row.seq].start;
+                out.copy_from_slice(&g[(j * hd + head) * self.dv..][..self.dv]);
+                return;
+            }
             match (&recon[row.seq], &kvb) {
                 (Some(kvf), _) => reconstructed(
                     &self.heads(),

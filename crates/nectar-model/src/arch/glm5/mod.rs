@@ -199,6 +199,15 @@ impl Glm5 {
             .fold(ExpertRuns::default(), |a, b| a + b)
     }
 
+    /// Query rows whose attention ran on the GPU since load, summed over the layers (the MTP
+    /// layer included): prefill chunks of layers whose `kv_b` is in VRAM.
+    pub fn gpu_attention_rows(&self) -> u64 {
+        let main = self.layers.iter().map(|l| &l.attn);
+        main.chain(self.mtp.iter().map(|m| &m.layer.attn))
+            .map(|a| a.gpu_rows())
+            .sum()
+    }
+
     /// Totals of the experts copied from RAM to the GPU (`None` without a copy route).
     pub fn copy_stats(&self) -> Option<CopyStats> {
         self.copy_tier.as_ref().map(|c| c.stats())

@@ -1,0 +1,94 @@
+//! The reconstructed MLA form of a prefill chunk on the GPU (`nectar_cuda::Gpu::mla_prefill`),
+//! for sequences whose `kv_b` is in VRAM: K/V are rebuilt by kv_b's product (on the GPU) in
+//! blocks of keys written into VRAM — so no full host copy exists and no size limit applies
+//! beyond the GPU's memory — then every (row, head) of the chunk runs in one launch.
+//!
+//! Equal to the CPU form within reordering error (the scores are the same sums in another
+//! order, the softmax online over tiles of keys; `attention.cu` states the order), so parity is
+//! by tolerance like every GPU product. `NECTAR_GPU_ATTENTION=off` keeps attention on the CPU
+//! (measurement of the two paths in one build).
+use super::{Attention, MlaMode, ABSORBED_MAX_ROWS, RECON_MAX_BYTES};
+use crate::arch::glm5::layout::Layout;
+use crate::cache::LayerCache;
+use crate::error::{Error, Result};
+
+/// Whether `NECTAR_GPU_ATTENTION` leaves the GPU path on (anything but `off` / `0`), read once.
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("NECTAR_GPU_ATTENTION").as_deref(),
+            Ok("off" | "0")
+        )
+    })
+}
+
+fn gpu_err(e: nectar_cuda::Error) -> Error {
+    Error::Gpu(e.to_string())
+}
+
+impl Attention {
+    /// Per sequence of `layout`: its rows' attention outputs (`rows × heads × dv`) when they
+    /// ran on the GPU, else `None` (the CPU forms run them).
+    pub(super) fn gpu_prefill(
+        &self,
+        layout: &Layout,
+        caches: &[&LayerCache],
+        sel: &[Option<Vec<u32>>],
+        q: &[f32],
+        mode: MlaMode,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let mut out = vec![None; layout.seqs.len()];
+        let Some(gpu) = self.kv_b.gpu().filter(|_| enabled()) else {
+            return Ok(out);
+        };
+        let shape = nectar_cuda::MlaShape {
+            heads: self.heads,
+            dn: self.dn,
+            dr: self.dr,
+            dv: self.dv,
+        };
+        if !shape.supported() {
+            return Ok(out);
+        }
+        let dq = self.dn + self.dr;
+        for (s, rows) in layout.seqs.iter().enumerate() {
+            let n = rows.len();
+            let take = match mode {
+                MlaMode::Auto => n > ABSORBED_MAX_ROWS,
+                MlaMode::Absorbed => false,
+                MlaMode::Reconstructed => n > 0,
+            };
+            if !take {
+                continue;
+            }
+            let c = caches[s];
+            let t = c.len();
+            let mut keys = gpu
+                .mla_keys(shape, t, &c.k_pe[..t * self.dr])
+                .map_err(gpu_err)?;
+            // kv_b over blocks of keys, each at most the CPU form's buffer.
+            let block = (RECON_MAX_BYTES / (shape.kv_width() * 4)).max(1);
+            for first in (0..t).step_by(block) {
+                let end = (first + block).min(t);
+                let kv = self
+                    .kv_b
+                    .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
+                gpu.mla_write_kv(&mut keys, first, &kv).map_err(gpu_err)?;
+            }
+            let pos: Vec<u32> = layout.rows[rows.clone()]
+                .iter()
+                .map(|r| r.pos as u32)
+                .collect();
+            let sel: Vec<Option<&[u32]>> = sel[rows.clone()].iter().map(Option::as_deref).collect();
+            let qs = &q[rows.start * self.heads * dq..rows.end * self.heads * dq];
+            out[s] = Some(
+                gpu.mla_prefill(&keys, self.scale, qs, &pos, &sel)
+                    .map_err(gpu_err)?,
+            );
+            self.gpu_rows
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(out)
+    }
+}
