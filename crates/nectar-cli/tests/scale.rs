@@ -247,6 +247,63 @@ fn fit_projects_decode_and_prefill_speed() {
     assert!(!ok && err.contains("--disk-gbps"), "{err}");
 }
 
+/// Prefill projects attention beside the products: GLM-5.2's attention work (quadratic up to
+/// the DSA top k, 2,048) at the attention rate given, so its share of the time grows with the
+/// prompt, halves its seconds when the rate doubles, and a prompt past 2,340 tokens runs the
+/// absorbed form.
+#[test]
+fn fit_projects_prefill_attention() {
+    let at = |attn: &str| {
+        glm52_projection(&[
+            "--memory-budget",
+            "29G",
+            "--disk-gbps",
+            "7",
+            "--mem-gbps",
+            "65",
+            "--kernel-share",
+            "0.6",
+            "--gflops",
+            "1000",
+            "--attn-gflops",
+            attn,
+        ])
+    };
+    let (slow, fast) = (at("50"), at("100"));
+    let secs =
+        |p: &serde_json::Value, n: &str, k: &str| p["prefill_seconds"][n][k].as_f64().unwrap();
+    // 78 layers × Σ_{i<2048}(i + 1) keys × 64 heads × 2 × (192 + 64 + 256) FLOPs at 50 GFLOP/s.
+    let want = 78.0 * 2048.0 * 2049.0 / 2.0 * 64.0 * 1024.0 / 50e9;
+    assert!(
+        (secs(&slow, "2048", "attention_s") - want).abs() < 1e-9 * want,
+        "{slow}"
+    );
+    assert!(
+        (secs(&fast, "2048", "attention_s") * 2.0 - want).abs() < 1e-9 * want,
+        "{fast}"
+    );
+    let share = |n: &str| {
+        secs(&slow, n, "attention_s")
+            / (secs(&slow, n, "products_s")
+                + secs(&slow, n, "attention_s")
+                + secs(&slow, n, "reads_s"))
+    };
+    assert!(
+        share("512") < share("2048") && share("2048") < share("8192"),
+        "{slow}"
+    );
+    assert_eq!(
+        slow["prefill_seconds"]["2048"]["attention_form"],
+        "reconstructed"
+    );
+    assert_eq!(
+        slow["prefill_seconds"]["8192"]["attention_form"],
+        "absorbed"
+    );
+    let tok_s = |p: &serde_json::Value| p["prefill_tok_s"]["2048"].as_f64().unwrap();
+    assert!(tok_s(&fast) > tok_s(&slow), "{slow} {fast}");
+}
+
 #[test]
 fn run_reports_how_much_of_the_slab_huge_pages_back() {
     let (ok, out, err) = nectar(&[

@@ -31,8 +31,11 @@
 //! `BW_dec` is the weight bandwidth of the real int4 kernel at M = 1 streaming from DRAM, and
 //! `BW_ssd` the O_DIRECT read rate of whole experts at the I/O threads' queue depth — both
 //! measured here in seconds, or from `--mem-gbps` (times the kernel's measured share of read
-//! bandwidth) and `--disk-gbps`. Prefill: compute-bound at the int4 kernel's GFLOP/s at M = 64,
-//! plus one read of every touched expert per layer (expert-major prefill).
+//! bandwidth) and `--disk-gbps`. Prefill of a P-token prompt: the products at the int4
+//! kernel's GFLOP/s at M = 64, plus attention's work (`AttnShape::prefill_flops`: quadratic
+//! up to the DSA top k, then linear, plus the indexer's scoring) at the attention core's
+//! GFLOP/s (timed here on the model's own reconstructed core, or `--attn-gflops`), plus one
+//! read of every touched expert per layer (expert-major prefill).
 use super::project_gpu::{hot_sets, without, GpuTier};
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
