@@ -23,9 +23,21 @@
 //! ```
 //!
 //! (for one row alone: E(γ) / (cost(γ) + absorb · E(γ)), a round's own tokens per second).
-//! `resume` is nonzero only for γ > 0 while the shape is at γ = 0: the MTP layer absorbs every
-//! row kept while a row did not draft (its prompt, its plain steps) before it drafts again,
-//! once, so resuming is charged the measured backlog spread over a window.
+//! `resume` is the backlog, counted for γ > 0 only: before a row drafts, the MTP layer absorbs
+//! every row it kept while it did not draft (its prompt, its plain steps, in this shape or in
+//! another). While the shape drafts, it is the backlog rows its drafting steps absorbed, per
+//! step, as measured: a shape whose steps come in short stretches between stretches of a
+//! shape at γ = 0 (on the demo at `--parallel 4`: three rows while a request finishes or
+//! joins, between long stretches of four rows at γ = 0) starts every stretch by absorbing
+//! what its rows kept there, and charged only its own kept rows it drafted at a loss. While
+//! the shape is at γ = 0 it is the larger of that (as last measured while it drafted) and
+//! the backlog its probes absorbed spread over a window (resuming once); what a shape
+//! measured while drafting is forgotten when a busier shape (more steps recorded) turns
+//! drafting on or off (where its rows come from changed).
+//! A fresh controller decodes plainly (γ = 0, as `off` does) until its first probes, and a
+//! new shape starts from the nearest shape's choice. Acceptance counts one draft more per
+//! depth, rejected, so a first decision on one probe per depth does not draft on one lucky
+//! draft.
 //! A window ends with one probe step at every other γ, so every cost stays measured (γ = 0
 //! re-probes drafting this way, which is how drafting turns back on when it starts to pay),
 //! warm, just before the decision; a window without probes keeps its choice (only the γ in
@@ -169,6 +181,8 @@ struct Arm {
     drafting_backlog: Option<f64>,
     /// This window's steps at γ > 0 while the shape drafts, and the backlog rows they absorbed.
     window_backlog: (usize, usize),
+    /// Steps recorded.
+    steps: usize,
 }
 
 impl Arm {
@@ -185,6 +199,7 @@ impl Arm {
             backlog: None,
             drafting_backlog: None,
             window_backlog: (0, 0),
+            steps: 0,
         }
     }
 
@@ -351,6 +366,7 @@ impl AutoGamma {
         let others = s.others as f64;
         arm.others = Some(arm.others.map_or(others, |o| o + EMA * (others - o)));
         arm.round += 1;
+        arm.steps += 1;
         if arm.round >= arm.window {
             self.decide(s.shape);
         }
@@ -499,7 +515,7 @@ impl AutoGamma {
                 alpha = ?alphas.iter().map(|a| (a * 100.0).round() / 100.0).collect::<Vec<_>>(),
                 "auto decision"
             );
-            let flipped = (g > 0) != (arm.current > 0);
+            let flipped = ((g > 0) != (arm.current > 0)).then_some(arm.steps);
             arm.current = g;
             let others: Vec<String> = expected
                 .iter()
@@ -530,10 +546,12 @@ impl AutoGamma {
             // What a shape's drafting steps absorb depends on whether the shapes its rows come
             // from draft: when one turns drafting on or off, what the shapes at γ = 0 measured
             // when they last drafted no longer holds (they would stay off on the backlog of a
-            // shape that drafts now), and is forgotten.
-            if flipped {
+            // shape that drafts now), and is forgotten. Rows spend their time, and keep their
+            // backlog, mostly in the busier shapes: a rarer shape's flip does not count (on
+            // the demo a row alone flipping made three rows forget, and draft at a loss).
+            if let Some(flipped_steps) = flipped {
                 for (s, other) in self.arms.iter_mut() {
-                    if *s != shape && other.current == 0 {
+                    if *s != shape && other.current == 0 && other.steps < flipped_steps {
                         other.drafting_backlog = None;
                     }
                 }
@@ -885,8 +903,9 @@ mod tests {
             rows: 4,
             auto_rows: 4,
         };
+        // Four rows are the busier shape (a shape's flip makes only rarer ones forget).
         let four_steps = |a: &mut AutoGamma, per_draft: f64| {
-            for _ in 0..FIRST_WINDOW + WINDOW * 4 {
+            for _ in 0..FIRST_WINDOW + WINDOW * 8 {
                 step(a, four, &mut |g| g, &|_, g| {
                     1e-3 * (4.0 + per_draft * g as f64)
                 });
@@ -924,6 +943,16 @@ mod tests {
         // Three rows start at four rows' γ = 0, probe, draft, measure the backlog, stop.
         three_steps(&mut a, 30);
         assert_eq!(a.current(three), Some(0), "{:?}", a.decisions_since(0));
+        // A row alone, a rarer shape, turns drafting on: three rows' rows still come from
+        // four rows at γ = 0, and three rows do not forget (drafting once more at a loss).
+        for _ in 0..FIRST_WINDOW {
+            step(&mut a, Shape::ALONE, &mut |g| g, &|_, g| {
+                1e-3 * (1.0 + 0.1 * g as f64)
+            });
+        }
+        assert_eq!(a.current(Shape::ALONE), Some(1));
+        let s = three_steps(&mut a, 30);
+        assert!(s.iter().filter(|&&g| g > 0).count() <= 5, "{s:?}");
         // Four rows' drafts become cheap: γ = 1.
         four_steps(&mut a, 0.1);
         assert_eq!(a.current(four), Some(1));
