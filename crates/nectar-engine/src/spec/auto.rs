@@ -34,6 +34,9 @@
 //! the backlog its probes absorbed spread over a window (resuming once); what a shape
 //! measured while drafting is forgotten when a busier shape (more steps recorded) turns
 //! drafting on or off (where its rows come from changed).
+//! A deeper γ than the one in force must beat it by more than the noise of one probe: the
+//! spread of the window's steps at the γ in force (their median absolute deviation, scaled to
+//! a standard deviation, as a share of their median; zero for fed, noiseless costs).
 //! A fresh controller decodes plainly (γ = 0, as `off` does) until its first probes, and a
 //! new shape starts from the nearest shape's choice. Acceptance counts one draft more per
 //! depth, rejected, so a first decision on one probe per depth does not draft on one lucky
@@ -398,6 +401,21 @@ impl AutoGamma {
         // (step costs here move 2× within seconds) made stale alternatives look better and
         // flipped the choice for a window. Such a window holds.
         let probed = arm.windows.is_multiple_of(arm.probe_every);
+        // The spread of this window's steps at the γ in force (their median absolute deviation
+        // as a share of their median, scaled to a standard deviation): what one probe's cost
+        // may be off by. A deeper γ must beat the γ in force by more than that: on the demo
+        // under load a probe of three rows at γ = 1 measured 2.0 ms against 1.9 ms at γ = 0
+        // (their steps spread 1.5–8 ms) and drafting, which did not pay, went on for a window.
+        // Fed, noiseless costs have no spread and no margin.
+        let noise = match &arm.window_cost[arm.current] {
+            w if w.len() >= 4 => {
+                let mut w = w.clone();
+                let m = median(&mut w);
+                let mut dev: Vec<f64> = w.iter().map(|x| (x - m).abs()).collect();
+                1.4826 * median(&mut dev) / m.max(1e-12)
+            }
+            _ => 0.0,
+        };
         // A window's samples of a γ weigh n / (n + 1) against what was known, so the γ in force
         // is re-measured almost afresh every window and one noisy probe moves its γ's estimate
         // only half way; a window off by more than [`REGIME`]× replaces it (the costs
@@ -466,10 +484,17 @@ impl AutoGamma {
             .enumerate()
             .filter_map(|(g, x)| x.map(|(t, r)| (g, t, r)))
             .filter(|&(g, _, _)| probed || g == arm.current)
-            // Strictly better only, so ties go to the smaller γ.
-            .fold(None, |b: Option<(usize, f64, f64)>, x| match b {
-                Some(b) if b.2 >= x.2 => Some(b),
-                _ => Some(x),
+            // Strictly better only, so ties go to the smaller γ; deeper than the γ in force
+            // only by more than the noise.
+            .fold(None, |b: Option<(usize, f64, f64)>, x| {
+                let judged = |(g, _, r): (usize, f64, f64)| match g > arm.current {
+                    true => r / (1.0 + noise),
+                    false => r,
+                };
+                match b {
+                    Some(b) if judged(b) >= judged(x) => Some(b),
+                    _ => Some(x),
+                }
             });
         if let Some((g, t, r)) = best {
             // What a probe window costs: each probe's time beyond what its tokens are worth at
@@ -509,6 +534,7 @@ impl AutoGamma {
                 window_ms = window_secs * 1e3,
                 backlog = arm.backlog.unwrap_or(0.0),
                 drafting_backlog = arm.drafting_backlog.unwrap_or(0.0),
+                noise,
                 absorb_us = absorb_per_row * 1e6,
                 ms = ?arm.cost.iter().map(|c| c.map(|c| (c * 1e4).round() / 10.0)).collect::<Vec<_>>(),
                 tok_s = ?expected.iter().map(|x| x.map(|x| x.1.round())).collect::<Vec<_>>(),
@@ -964,6 +990,41 @@ mod tests {
             "{s:?} {:?}",
             a.decisions_since(0)
         );
+    }
+
+    #[test]
+    fn a_probe_within_the_noise_does_not_turn_drafting_on() {
+        // Every step's time is off by a random factor 0.7–1.6 (a loaded machine). Drafting
+        // does not pay: 1.6 tokens (3 of 5 drafts accepted) for 2× the time; one probe of
+        // γ = 1 that happened to be fast looked paying against γ = 0's median and drafted for
+        // a window. Drafting that pays well (1.6 tokens for 1.1× the time) still drafts.
+        for (draft_cost, drafts) in [(2.0, false), (1.1, true)] {
+            let mut x = 5u64;
+            let noisy = std::cell::RefCell::new(move || 0.7 + 0.9 * uniform(&mut x));
+            let cost = |_: Shape, g: usize| {
+                1e-3 * (noisy.borrow_mut())() * if g > 0 { draft_cost } else { 1.0 }
+            };
+            let mut n = 0usize;
+            let mut accept = |g: usize| {
+                n += 1;
+                usize::from(g > 0 && n % 5 < 3)
+            };
+            let mut a = AutoGamma::new(1);
+            let s: Vec<usize> = (0..FIRST_WINDOW + WINDOW * 100)
+                .map(|_| step(&mut a, Shape::ALONE, &mut accept, &cost))
+                .collect();
+            let drafting = s.iter().filter(|&&g| g > 0).count();
+            assert_eq!(
+                drafting > s.len() / 2,
+                drafts,
+                "{draft_cost}: {drafting} of {}",
+                s.len()
+            );
+            if !drafts {
+                // Little more than the probes.
+                assert!(drafting < s.len() / 20, "{drafting} of {}", s.len());
+            }
+        }
     }
 
     /// The γ of each of the first `n` steps of a row alone.
