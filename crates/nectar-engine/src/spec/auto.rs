@@ -358,8 +358,8 @@ impl AutoGamma {
         let arm = self.arm(s.shape);
         arm.window_cost[gamma].push(s.secs);
         if gamma > 0 && arm.current == 0 {
-            let b = s.backlog as f64;
             if s.backlog > 0 {
+                let b = s.backlog as f64;
                 arm.backlog = Some(arm.backlog.map_or(b, |o| o + EMA * (b - o)));
             }
         } else if gamma > 0 {
@@ -442,7 +442,6 @@ impl AutoGamma {
             arm.drafting_backlog =
                 Some(arm.drafting_backlog.map_or(per, |o| o + weight * (per - o)));
         }
-
         let a = shape.auto_rows as f64;
         let others = arm.others.unwrap_or(0.0);
         let mut expected = Vec::with_capacity(max + 1);
