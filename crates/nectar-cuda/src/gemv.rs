@@ -32,8 +32,8 @@ pub enum Order {
     /// The tensor-core GEMV (`gemv_tc.cu`) for int4, int8 and bf16 weights whose layout admits
     /// it ([`GemvPlan::tensor`]): codes and bf16 weights exact, activations in three bf16
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
-    /// and formats take the `Exact` kernels. int4 and int8 run the shared-memory pipelined
-    /// kernel (`cp.async`, several steps in flight), bf16 the register one.
+    /// and formats take the `Exact` kernels. int4 and int8 run the kernel with several steps
+    /// of weights in flight in registers (`gemv_tc_deep`), bf16 the one-step one.
     Tensor,
     /// [`Order::Tensor`] with the register-prefetch kernel (one step in flight) for int4 and
     /// int8 too: the same values in the same order, so the same bits (tested); kept to measure
@@ -237,7 +237,7 @@ pub(crate) fn kernel_names() -> Vec<String> {
     }
     for base in ["i4", "i8"] {
         for tiles in [1, 2] {
-            v.push(format!("gemv_tc_{base}_a_t{tiles}"));
+            v.push(format!("gemv_tc_{base}_d_t{tiles}"));
         }
     }
     v.sort();
@@ -290,12 +290,12 @@ impl Gpu {
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
             Some(base) if order.tensor() && tc_layout(format, cols) => {
-                // int4 / int8 under the model's order: the shared-memory pipeline (two row
-                // tiles per warp for many rows: its stages hold the bytes in flight).
+                // int4 / int8 under the model's order: several steps in flight (two row tiles
+                // per warp for many rows: the steps, not the tiles, hold the bytes in flight).
                 if order == Order::Tensor && base != "bf16" {
                     Some((
-                        (self.function(&format!("gemv_tc_{base}_a_t2"))?, 2),
-                        (self.function(&format!("gemv_tc_{base}_a_t1"))?, 1),
+                        (self.function(&format!("gemv_tc_{base}_d_t2"))?, 2),
+                        (self.function(&format!("gemv_tc_{base}_d_t1"))?, 1),
                     ))
                 } else {
                     Some((

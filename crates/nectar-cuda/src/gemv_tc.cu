@@ -304,51 +304,28 @@ GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
 GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
 
-// The same products with the weights (and group scales) of the next S - 1 steps in flight
-// through shared memory (cp.async), so the bytes in flight per SM are not bounded by the
-// registers: int4 keeps only 8 bytes per row and step, so the register version above has one
-// step (16 KB per SM) in flight and reached 0.36–0.44 of the read bandwidth (int8 0.62–0.70,
-// RESULTS 2026-12-02); a short matrix (kv_b: 512 columns, two steps per warp) now issues all its
-// steps at once. Each lane copies exactly the bytes it later reads itself (per-lane slots), so
-// cp.async.wait_group (which orders this thread's own copies) is the only synchronisation.
-// Every asm below clobbers "memory": without it the compiler may move the shared-memory reads
-// of a stage above the wait for its copies (the first attempt of this kernel, which failed its
-// device test). The values, the MMAs and their order are the register version's (see the top
-// of this file): the result is identical bit for bit, whatever S and T.
-__device__ __forceinline__ void tc_cp_async8(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void tc_cp_async16(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void tc_cp_async4(void* smem, const void* gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void tc_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// `row_scale`: one scale per row (else int4 groups of whole 64-column steps). A run-time flag,
-// not a template parameter: the shared arrays are then declared once per entry point.
-template <int F, int T, int S>
-__device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols, int m,
-                                              int row_bytes, int row_scales, u32 gmagic,
-                                              int gshift, bool row_scale) {
-    constexpr int N = TcRaw<F>::N;  // 2 (int4) or 4 (int8) words per lane, row and step
+// The same products with the weights (and scales) of the warp's next D steps in flight in
+// registers instead of one: the register version above holds one step per warp (int4: 8 bytes
+// per row and step, ~16 KB per SM), which bounded int4 launches at 0.36–0.44 of the read
+// bandwidth and short matrices (kv_b: 512 columns, two steps per warp) at their latency. The
+// D buffers rotate by an unrolled inner loop, so each is indexed at compile time (registers,
+// never local memory). The activations stay one step ahead. Steps are consumed in the same
+// increasing order with the same values and MMAs, so the result is the register version's
+// bit for bit (tested), whatever D and T.
+// (A version with the next steps in shared memory through per-lane 8-byte cp.async — commit
+// 04b2db8 — gave the same bits but ran at 0.21–0.29 of the read bandwidth, slower than one step
+// in registers: RESULTS, 2026-12-02 11:10.)
+template <int F, int T, int D, bool ROW_SCALE>
+__device__ __forceinline__ void gemv_tc_deep(const Job& job, int rows, int cols, int m,
+                                             int row_bytes, int row_scales, u32 gmagic,
+                                             int gshift) {
+    constexpr int N = TcRaw<F>::N;
     static_assert(F != FMT_BF16, "codes only");
-    static_assert(S >= 2, "at least one step in flight");
-    // Per warp, stage, row slot (tile i, half h: 2i + h) and lane: N words and one scale.
-    __shared__ __align__(16) u32 sw[TC_WARPS][S][2 * T][32 * N];
-    __shared__ float ss[TC_WARPS][S][2 * T][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16 * T;
     const u8* W = (const u8*)job.w;
-    const float* Sc = (const float*)job.s;
+    const float* S = (const float*)job.s;
     const float* X = (const float*)job.x;
     const u8* wrow[T][2];
     const float* srow[T][2];
@@ -359,13 +336,11 @@ __device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols
             // Rows past the end re-read the last row (its bytes exist) and are never stored.
             const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
             wrow[i][h] = W + (u64)r * row_bytes;
-            srow[i][h] = Sc + (u64)r * row_scales;
+            srow[i][h] = S + (u64)r * row_scales;
         }
     const bool has_x = g < m;
     const float* xrow = X + (u64)(has_x ? g : 0) * cols + 16 * t;
     const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
-    // The warp's k-th step is warp + k·TC_WARPS; it has nk of them.
-    const int nk = warp < nsteps ? (nsteps - warp + TC_WARPS - 1) / TC_WARPS : 0;
 
     float acc[T][4];
 #pragma unroll
@@ -376,44 +351,25 @@ __device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols
 #pragma unroll
     for (int i = 0; i < T; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) rs[i][h] = row_scale ? __ldg(srow[i][h]) : 1.0f;
+        for (int h = 0; h < 2; h++) rs[i][h] = ROW_SCALE ? __ldg(srow[i][h]) : 1.0f;
 
-    // Queues the weights (and group scales) of the warp's k-th step into stage k % S; always
-    // commits a group (empty past the end), so that wait_group counts steps.
-    auto issue = [&](int k) {
-        if (k < nk) {
-            const int s = warp + k * TC_WARPS;
-            const int c0 = s * TC_STEP + 16 * t;
-            const int st = k % S;
-#pragma unroll
-            for (int i = 0; i < T; i++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    u32* dst = &sw[warp][st][2 * i + h][N * lane];
-                    if (c0 < cols) {
-                        const u8* p = wrow[i][h] + (u64)c0 * (N * 4) / 16;
-                        if constexpr (N == 2)
-                            tc_cp_async8(dst, p);
-                        else
-                            tc_cp_async16(dst, p);
-                    } else {
-                        // Past the end: the code of zero, as tc_load_w (this lane's own slot).
-#pragma unroll
-                        for (int q = 0; q < N; q++) dst[q] = F == FMT_I4 ? 0x88888888u : 0u;
-                    }
-                    if (!row_scale)
-                        tc_cp_async4(&ss[warp][st][2 * i + h][lane],
-                                     srow[i][h] + scale_index(s * TC_STEP, gmagic, gshift));
-                }
-        }
-        tc_cp_commit();
-    };
-
+    u32 wn[D][T][2][N];
+    float sn[D][T][2];
     float xn[16];
-    auto load_x = [&](int k) {
-        const int s = warp + k * TC_WARPS;
+#define TC_DEEP_LOAD_W(d, s)                                                                      \
+    {                                                                                             \
+        const int c0_ = (s) * TC_STEP + 16 * t;                                                   \
+        _Pragma("unroll") for (int i = 0; i < T; i++)                                             \
+            _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
+                tc_load_w<F>(wrow[i][h], c0_, cols, wn[d][i][h]);                                 \
+                sn[d][i][h] = ROW_SCALE ? rs[i][h]                                                \
+                                        : __ldg(srow[i][h] + scale_index((s) * TC_STEP, gmagic,   \
+                                                                         gshift));                \
+            }                                                                                     \
+    }
+    auto load_x = [&](int s) {
         const int c0 = s * TC_STEP + 16 * t;
-        if (k < nk && has_x && c0 < cols) {
+        if (has_x && c0 < cols) {
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const float4 v = __ldg((const float4*)(xrow + s * TC_STEP) + q);
@@ -429,62 +385,57 @@ __device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols
     };
 
 #pragma unroll
-    for (int k = 0; k < S - 1; k++) issue(k);
-    load_x(0);
-    for (int k = 0; k < nk; k++) {
-        // Groups committed so far: S - 1 + k, for steps 0 … k + S - 2; step k's has landed
-        // once at most S - 2 are pending.
-        tc_cp_wait<S - 2>();
-        const int st = k % S;
-        u32 wc[T][2][N];
-        float sc[T][2];
+    for (int d = 0; d < D; d++) {
+        const int s = warp + TC_WARPS * d;
+        if (s < nsteps) TC_DEEP_LOAD_W(d, s)
+    }
+    if (warp < nsteps) load_x(warp);
+    for (int s0 = warp; s0 < nsteps; s0 += TC_WARPS * D) {
 #pragma unroll
-        for (int i = 0; i < T; i++)
+        for (int d = 0; d < D; d++) {
+            const int s = s0 + TC_WARPS * d;
+            if (s < nsteps) {
+                u32 wc[T][2][N];
+                float sc[T][2];
+                float xc[16];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const u32* src = &sw[warp][st][2 * i + h][N * lane];
-                if constexpr (N == 2) {
-                    const uint2 v = *(const uint2*)src;
-                    wc[i][h][0] = v.x;
-                    wc[i][h][1] = v.y;
-                } else {
-                    const uint4 v = *(const uint4*)src;
-                    wc[i][h][0] = v.x;
-                    wc[i][h][1] = v.y;
-                    wc[i][h][2] = v.z;
-                    wc[i][h][3] = v.w;
-                }
-                sc[i][h] = row_scale ? rs[i][h] : ss[warp][st][2 * i + h][lane];
-            }
-        float xc[16];
+                for (int i = 0; i < T; i++)
 #pragma unroll
-        for (int q = 0; q < 16; q++) xc[q] = xn[q];
-        // Stage (k - 1) % S was read into registers in the last step: refill it with step
-        // k + S - 1 (the "memory" clobbers keep those reads above this).
-        issue(k + S - 1);
-        load_x(k + 1);
+                    for (int h = 0; h < 2; h++) {
+                        sc[i][h] = sn[d][i][h];
+#pragma unroll
+                        for (int k = 0; k < N; k++) wc[i][h][k] = wn[d][i][h][k];
+                    }
+#pragma unroll
+                for (int q = 0; q < 16; q++) xc[q] = xn[q];
+                // Refill this buffer with the step D ahead; the activations one step ahead.
+                if (s + TC_WARPS * D < nsteps) TC_DEEP_LOAD_W(d, s + TC_WARPS * D)
+                if (s + TC_WARPS < nsteps) load_x(s + TC_WARPS);
 
-        u32 b[3][4][2];
-        tc_split_x<F>(xc, b);
+                u32 b[3][4][2];
+                tc_split_x<F>(xc, b);
 #pragma unroll
-        for (int i = 0; i < T; i++) {
-            u32 lo0[4], hi0[4], lo1[4], hi1[4];
-            tc_decode<F>(wc[i][0], lo0, hi0);
-            tc_decode<F>(wc[i][1], lo1, hi1);
+                for (int i = 0; i < T; i++) {
+                    u32 lo0[4], hi0[4], lo1[4], hi1[4];
+                    tc_decode<F>(wc[i][0], lo0, hi0);
+                    tc_decode<F>(wc[i][1], lo1, hi1);
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    for (int j = 0; j < 4; j++) {
+                        const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int part = 2; part >= 0; part--) mma_bf16(p, a, b[part][j][0], b[part][j][1]);
-                acc[i][0] = fmaf(sc[i][0], p[0], acc[i][0]);
-                acc[i][1] = fmaf(sc[i][0], p[1], acc[i][1]);
-                acc[i][2] = fmaf(sc[i][1], p[2], acc[i][2]);
-                acc[i][3] = fmaf(sc[i][1], p[3], acc[i][3]);
+                        for (int part = 2; part >= 0; part--)
+                            mma_bf16(p, a, b[part][j][0], b[part][j][1]);
+                        acc[i][0] = fmaf(sc[i][0], p[0], acc[i][0]);
+                        acc[i][1] = fmaf(sc[i][0], p[1], acc[i][1]);
+                        acc[i][2] = fmaf(sc[i][1], p[2], acc[i][2]);
+                        acc[i][3] = fmaf(sc[i][1], p[3], acc[i][3]);
+                    }
+                }
             }
         }
     }
-    tc_cp_wait<0>();
+#undef TC_DEEP_LOAD_W
 
     // The warps' sums, added in warp order by warp 0 (as the register version).
     __shared__ float red[TC_WARPS - 1][T][4][32];
@@ -511,18 +462,22 @@ __device__ __forceinline__ void gemv_tc_async(const Job& job, int rows, int cols
     }
 }
 
-#define GEMV_TCA_ENTRY(NAME, F, T, S)                                                             \
+#define GEMV_TCD_ENTRY(NAME, F, T, D)                                                             \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
         NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
              u32 gmagic, int gshift, int path) {                                                  \
-        gemv_tc_async<F, T, S>(jobs[blockIdx.y], rows, cols, m, row_bytes, row_scales, gmagic,    \
-                               gshift, (path & 2) != 0);                                          \
+        const Job job = jobs[blockIdx.y];                                                         \
+        if (path & 2)                                                                             \
+            gemv_tc_deep<F, T, D, true>(job, rows, cols, m, row_bytes, row_scales, gmagic,        \
+                                        gshift);                                                  \
+        else                                                                                      \
+            gemv_tc_deep<F, T, D, false>(job, rows, cols, m, row_bytes, row_scales, gmagic,       \
+                                         gshift);                                                 \
     }
 
-// `_a_t{T}`: T row tiles per warp, S stages (S - 1 steps in flight). `_t2` for launches of many
-// rows, `_t1` for few (gemv.rs, FEW_ROWS); shared memory per block: int4 t2 s4 27 KB, int8 t2
-// s4 43 KB, t1 s6 at most 32 KB (under the 48 KB of static shared memory).
-GEMV_TCA_ENTRY(gemv_tc_i4_a_t2, FMT_I4, 2, 4)
-GEMV_TCA_ENTRY(gemv_tc_i4_a_t1, FMT_I4, 1, 6)
-GEMV_TCA_ENTRY(gemv_tc_i8_a_t2, FMT_I8, 2, 4)
-GEMV_TCA_ENTRY(gemv_tc_i8_a_t1, FMT_I8, 1, 6)
+// `_d_t{T}`: T row tiles per warp, D steps in flight. `_t2` for launches of many rows, `_t1`
+// for few (gemv.rs, FEW_ROWS).
+GEMV_TCD_ENTRY(gemv_tc_i4_d_t2, FMT_I4, 2, 4)
+GEMV_TCD_ENTRY(gemv_tc_i4_d_t1, FMT_I4, 1, 6)
+GEMV_TCD_ENTRY(gemv_tc_i8_d_t2, FMT_I8, 2, 3)
+GEMV_TCD_ENTRY(gemv_tc_i8_d_t1, FMT_I8, 1, 4)

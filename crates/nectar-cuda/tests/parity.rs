@@ -212,9 +212,9 @@ fn tensor_core_gemv_matches_with_partial_steps_and_tiles() {
     }
 }
 
-/// The shared-memory pipelined tensor-core GEMV (int4 and int8 under [`Order::Tensor`]) gives
+/// The tensor-core GEMV with several steps in flight (int4 and int8 under [`Order::Tensor`]) gives
 /// exactly the register kernel's bits ([`Order::TensorReg`]): the same values added in the same
-/// order, whatever the stages, on GLM-5.2 shapes launched alone (few rows: one tile per warp)
+/// order, whatever the depth, on GLM-5.2 shapes launched alone (few rows: one tile per warp)
 /// and as a token's 16 experts (many rows: two), a short matrix (kv_b: 512 columns, two steps
 /// per warp, all in flight at once), partial steps and tiles, at every M.
 #[test]

@@ -338,7 +338,8 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
     );
     // On the H200 the RAM slots register: every copy is a DMA straight from its slot.
     assert!(
-        p.summary.contains("copied by DMA from their registered RAM slots"),
+        p.summary
+            .contains("copied by DMA from their registered RAM slots"),
         "{}",
         p.summary
     );
@@ -369,7 +370,10 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
     );
     assert!(runs.copied > 0 && runs.vram > 0 && runs.cpu > 0, "{runs:?}");
     assert_eq!(copy.experts, runs.copied);
-    assert_eq!(copy.direct, copy.experts, "every copy from its registered slot");
+    assert_eq!(
+        copy.direct, copy.experts,
+        "every copy from its registered slot"
+    );
     assert!(copy.registrations >= 1 && copy.register_s > 0.0);
     assert!(copy.bytes >= runs.copied * (largest / 2));
     assert_eq!(cpu.expert_runs().gpu(), 0);
