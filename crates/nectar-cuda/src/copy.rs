@@ -9,8 +9,8 @@
 //! caller keeps the slot's lease until then. Pinned pages are neither freed by the RSS guard's
 //! `madvise(MADV_DONTNEED)` nor the pages the process sees after it, so a slot is unregistered
 //! before the guard releases it (the residency manager's slab hook) and registered again on its
-//! next copy. Measured: DMAs from registered pageable memory reach 1.00 of the pinned reference
-//! (RESULTS 2026-12-02).
+//! next copy. Measured (`nectar bench gpu`, RESULTS 2026-12-02 11:10): GLM-5.2 experts by this
+//! route reach 0.95 of the pinned reference end to end (the ring: 0.36).
 //!
 //! **Ring** ([`Staging::copy`], the fallback when registration fails): the bytes go through a
 //! pinned bounce ring of [`RING_CHUNKS`] page-locked chunks of [`CHUNK_BYTES`]; the host copies

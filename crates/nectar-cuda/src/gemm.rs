@@ -21,7 +21,7 @@ use nectar_kernels::WeightFormat;
 /// M up to 8) has each warp walk a quarter of the row's 64-column steps, about 0.7 µs per 256
 /// columns, or streams the bytes at the format's rate when that is longer. So a short, wide
 /// matrix (an expert gate, 2048 × 6144: GEMM 214 µs, GEMV 20 µs per 8 rows) stays on the GEMV
-/// launches to M ≈ 90, while a tall, narrow one (attention q_b, 16384 × 2048: GEMM 75 µs, GEMV
+/// launches to M ≈ 80, while a tall, narrow one (attention q_b, 16384 × 2048: GEMM 75 µs, GEMV
 /// 18–24 µs) switches at M ≈ 25. Both times are modelled below with constants measured on the
 /// H200 against the tensor-core GEMV (benchmarks/RESULTS.md, 2026-12-02 11:10 "use_gemm"); the
 /// rule picks the faster kernel at every measured (shape, format, M) point of that run but one
