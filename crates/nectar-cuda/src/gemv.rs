@@ -32,13 +32,13 @@ pub enum Order {
     /// The tensor-core GEMV (`gemv_tc.cu`) for int4, int8 and bf16 weights whose layout admits
     /// it ([`GemvPlan::tensor`]): codes and bf16 weights exact, activations in three bf16
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
-    /// and formats take the `Exact` kernels. int4 and int8 run the kernel with several steps
-    /// of weights in flight in registers (`gemv_tc_deep`), bf16 the one-step one.
+    /// and formats take the `Exact` kernels.
     Tensor,
-    /// [`Order::Tensor`] with the register-prefetch kernel (one step in flight) for int4 and
-    /// int8 too: the same values in the same order, so the same bits (tested); kept to measure
-    /// the pipeline against (`nectar bench gpu`).
-    TensorReg,
+    /// [`Order::Tensor`] with several steps of weights in flight in registers for int4 and int8
+    /// (`gemv_tc_deep`; bf16 as `Tensor`): the same values in the same order, so it must give
+    /// the same bits (`parity.rs`). Measured by `nectar bench gpu` only until a device run has
+    /// shown it faster and bit-identical (not yet: RESULTS, 2026-12-02 11:10).
+    TensorDeep,
 }
 
 impl Order {
@@ -52,13 +52,13 @@ impl Order {
             Order::Exact => "exact",
             Order::Word => "word",
             Order::Tensor => "tensor",
-            Order::TensorReg => "tensor-reg",
+            Order::TensorDeep => "tensor-deep",
         }
     }
 
     /// Whether this order runs the tensor-core GEMV where the layout admits it.
     pub fn tensor(self) -> bool {
-        matches!(self, Order::Tensor | Order::TensorReg)
+        matches!(self, Order::Tensor | Order::TensorDeep)
     }
 }
 
@@ -290,9 +290,9 @@ impl Gpu {
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
             Some(base) if order.tensor() && tc_layout(format, cols) => {
-                // int4 / int8 under the model's order: several steps in flight (two row tiles
-                // per warp for many rows: the steps, not the tiles, hold the bytes in flight).
-                if order == Order::Tensor && base != "bf16" {
+                // int4 / int8 with several steps in flight (two row tiles per warp for many
+                // rows: the steps, not the tiles, hold the bytes in flight).
+                if order == Order::TensorDeep && base != "bf16" {
                     Some((
                         (self.function(&format!("gemv_tc_{base}_d_t2"))?, 2),
                         (self.function(&format!("gemv_tc_{base}_d_t1"))?, 1),

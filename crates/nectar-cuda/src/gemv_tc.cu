@@ -295,8 +295,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 
 // `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
 // `_t1`: one (launches of few rows, which need the blocks). T changes which warp computes a
-// row, never a row's order: both give identical results. (For int4 and int8 these are the
-// `tensor-reg` measurement order; the model runs the pipelined kernels below.)
+// row, never a row's order: both give identical results.
 GEMV_TC_ENTRY(gemv_tc_i4_t1, FMT_I4, 1)
 GEMV_TC_ENTRY(gemv_tc_i4_t4, FMT_I4, 4)
 GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
@@ -311,7 +310,9 @@ GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
 // D buffers rotate by an unrolled inner loop, so each is indexed at compile time (registers,
 // never local memory). The activations stay one step ahead. Steps are consumed in the same
 // increasing order with the same values and MMAs, so the result is the register version's
-// bit for bit (tested), whatever D and T.
+// bit for bit (`parity.rs`), whatever D and T. Launched for the `tensor-deep` measurement
+// order only: written and compiled after the device time of 2026-12-02 was spent, so neither
+// its speed nor its bits have been checked on a GPU yet.
 // (A version with the next steps in shared memory through per-lane 8-byte cp.async — commit
 // 04b2db8 — gave the same bits but ran at 0.21–0.29 of the read bandwidth, slower than one step
 // in registers: RESULTS, 2026-12-02 11:10.)

@@ -79,10 +79,9 @@ mod with_cuda {
             if tensor {
                 orders.push(Order::Tensor);
             }
-            // The register-prefetch tensor-core kernel the int4 / int8 pipeline replaced (same
-            // bits), measured in the same run.
+            // int4 / int8 with several steps in flight (same bits), in the same run.
             if tensor && quant {
-                orders.push(Order::TensorReg);
+                orders.push(Order::TensorDeep);
             }
             for &m in &a.m {
                 for &order in &orders {
