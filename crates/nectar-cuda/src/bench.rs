@@ -675,3 +675,214 @@ pub fn registered_copies(gpu: &Gpu, expert_bytes: usize, experts: usize) -> Resu
         src.len() as f64 / timing.median_s,
     ))
 }
+
+/// Expert copies by the model's direct route ([`crate::copy::Staging::copy_direct`]): DMAs
+/// straight from pageable memory registered with the driver (as the RAM cache's slots are),
+/// into two staging slots in turn, each waited for and released as the model does; alternated
+/// trial by trial with the pinned reference of the same area, so both see the same machine.
+#[derive(Debug, Clone)]
+pub struct SlotCopies {
+    /// Bytes per expert (gate, up and down of GLM-5.2 at int4 g64, weights then scales).
+    pub expert_bytes: usize,
+    /// Experts copied per trial.
+    pub experts: usize,
+    /// Pinned reference per trial, bytes/s ([`crate::copy::Staging::pinned_reference`]).
+    pub pinned_bps: Vec<f64>,
+    /// End to end per trial (first DMA queued to the last one landed, the host's queueing,
+    /// waits and releases included), bytes/s.
+    pub direct_bps: Vec<f64>,
+    /// The DMAs' own rate over all trials (each copy timed by its slot's events), bytes/s.
+    pub link_bps: f64,
+    /// Registering the whole source once (the model registers each slot on its first copy),
+    /// bytes/s.
+    pub register_bps: f64,
+    /// Activation rows of the overlap measurement.
+    pub rows: usize,
+    /// Seconds of the `experts` products alone (gate + up launch, SwiGLU on the host, down), on
+    /// experts already staged.
+    pub compute_s: f64,
+    /// Seconds of the copies alone (the median trial above).
+    pub copy_s: f64,
+    /// Seconds of copy and compute pipelined as the model does (the copy of expert e + 1
+    /// queued before the products of expert e).
+    pub overlapped_s: f64,
+}
+
+impl SlotCopies {
+    /// Median of a list.
+    fn median(v: &[f64]) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// Median end to end ÷ median pinned reference.
+    pub fn ratio(&self) -> f64 {
+        Self::median(&self.direct_bps) / Self::median(&self.pinned_bps).max(1e-12)
+    }
+
+    /// Median end-to-end bytes/s.
+    pub fn direct_median(&self) -> f64 {
+        Self::median(&self.direct_bps)
+    }
+
+    /// Median pinned reference bytes/s.
+    pub fn pinned_median(&self) -> f64 {
+        Self::median(&self.pinned_bps)
+    }
+
+    /// Fraction of the copy time hidden behind the products when pipelined:
+    /// 1 − (overlapped − compute) ÷ copy, within [0, 1].
+    pub fn hidden(&self) -> f64 {
+        (1.0 - (self.overlapped_s - self.compute_s) / self.copy_s.max(1e-12)).clamp(0.0, 1.0)
+    }
+}
+
+/// [`SlotCopies`]: `experts` GLM-5.2 experts (int4 g64 gate, up [2048, 6144] and down [6144,
+/// 2048]) in one registered pageable buffer, `trials` alternated trials, and the overlap with
+/// products of `rows` activation rows.
+pub fn slot_copies(
+    gpu: &std::sync::Arc<Gpu>,
+    experts: usize,
+    trials: usize,
+    rows: usize,
+) -> Result<SlotCopies> {
+    use crate::copy::{slot_bytes_for, HostRegistry, Staging, PART_ALIGN};
+    let f = WeightFormat::Int4Group { group: 64 };
+    let shapes = [(2048usize, 6144usize), (2048, 6144), (6144, 2048)];
+    let mut parts = Vec::new();
+    for (r, c) in shapes {
+        parts.push(r * f.row_bytes(c));
+        parts.push(4 * r * f.row_scales(c));
+    }
+    let expert_bytes: usize = parts.iter().sum();
+    // Experts laid out as the slots hold them (each part at a PART_ALIGN boundary), one every
+    // `stride` bytes of a u32 buffer (4-byte aligned scales).
+    let stride = slot_bytes_for(&parts).div_ceil(4096) * 4096;
+    let mut buf = vec![0u32; stride * experts / 4];
+    {
+        let codes = random_bytes(1 << 20, 0x534c_4f54);
+        // SAFETY: u32 → u8 view of the same allocation, no other reference while it lives.
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast(), buf.len() * 4) };
+        for e in 0..experts {
+            let mut off = e * stride;
+            for (k, &len) in parts.iter().enumerate() {
+                let dst = &mut bytes[off..off + len];
+                if k % 2 == 0 {
+                    for c in dst.chunks_mut(codes.len()) {
+                        c.copy_from_slice(&codes[..c.len()]);
+                    }
+                } else {
+                    for c in dst.chunks_exact_mut(4) {
+                        c.copy_from_slice(&0.01f32.to_le_bytes());
+                    }
+                }
+                off += len.div_ceil(PART_ALIGN) * PART_ALIGN;
+            }
+        }
+    }
+    let bytes: &[u8] = {
+        // SAFETY: as above, read-only from here on.
+        unsafe { std::slice::from_raw_parts(buf.as_ptr().cast(), buf.len() * 4) }
+    };
+    let mats = |e: usize| -> Result<Vec<MatRef<'_>>> {
+        let mut off = e * stride;
+        let mut v = Vec::new();
+        for (r, c) in shapes {
+            let n = r * f.row_bytes(c);
+            let s_off = off + n.div_ceil(PART_ALIGN) * PART_ALIGN;
+            let ns = r * f.row_scales(c);
+            // SAFETY: `s_off` is a multiple of 4 inside the u32 buffer; the f32 view covers
+            // exactly the scales written above and lives as long as `bytes`.
+            let scales =
+                unsafe { std::slice::from_raw_parts(bytes[s_off..].as_ptr().cast::<f32>(), ns) };
+            v.push(MatRef::new(f, r, c, &bytes[off..off + n], scales)?);
+            off = s_off + (4 * ns).div_ceil(PART_ALIGN) * PART_ALIGN;
+        }
+        Ok(v)
+    };
+    let staging = Staging::new(gpu, 2, slot_bytes_for(&parts))?;
+    let reg = HostRegistry::new(gpu);
+    let t = std::time::Instant::now();
+    // SAFETY: `buf` outlives `reg` (declared before it, so dropped after), and is neither
+    // freed nor released while registered.
+    unsafe { reg.register(bytes.as_ptr(), bytes.len())? };
+    let register_bps = bytes.len() as f64 / t.elapsed().as_secs_f64().max(1e-12);
+    // One pass: every expert copied into the two slots in turn; `work(e, views)` runs on each
+    // landed expert before its slot is released (the products, or nothing).
+    let pass = |work: &mut dyn FnMut(&[crate::MatView]) -> Result<()>| -> Result<f64> {
+        let started = std::time::Instant::now();
+        let mut pending: Option<(usize, Vec<crate::MatView>)> = None;
+        for e in 0..experts {
+            let slot = e % 2;
+            // SAFETY: the buffer is registered and unchanged until every copy has landed
+            // (the pass waits for each slot before it returns).
+            let (views, _) = unsafe { staging.copy_mats_direct(slot, &mats(e)?)? };
+            if let Some((s, v)) = pending.take() {
+                staging.wait_ready(s)?;
+                work(&v)?;
+                staging.release(s)?;
+            }
+            pending = Some((slot, views));
+        }
+        if let Some((s, v)) = pending {
+            staging.wait_ready(s)?;
+            work(&v)?;
+            staging.release(s)?;
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    pass(&mut |_| Ok(()))?; // warm-up
+    let (b0, s0) = staging.link();
+    let (mut pinned_bps, mut direct_bps) = (Vec::new(), Vec::new());
+    for _ in 0..trials.max(1) {
+        pinned_bps.push(staging.pinned_reference(8)?);
+        let s = pass(&mut |_| Ok(()))?;
+        direct_bps.push((experts * expert_bytes) as f64 / s);
+    }
+    let (b1, s1) = staging.link();
+    // The products of `rows` rows as the model runs a copied expert.
+    let x: Vec<f32> = (0..rows * 6144)
+        .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
+        .collect();
+    let mut products = |v: &[crate::MatView]| -> Result<()> {
+        // SAFETY: the views address a slot whose DMA landed (`wait_ready`) and which is not
+        // refilled before `release`, after this returns.
+        let mut gu = unsafe { gpu.matmul_views(&[(v[0], &x), (v[1], &x)], rows)? };
+        let u = gu.pop().unwrap_or_default();
+        let mut g = gu.pop().unwrap_or_default();
+        nectar_kernels::swiglu_in_place(&mut g, &u);
+        // SAFETY: as above.
+        unsafe { gpu.matmul_views(&[(v[2], &g)], rows)? };
+        Ok(())
+    };
+    // Compute alone: the products of each expert on the two staged slots, no copies.
+    // SAFETY: as in `pass`: registered, unchanged, waited for below.
+    let (views0, _) = unsafe { staging.copy_mats_direct(0, &mats(0)?)? };
+    staging.wait_ready(0)?;
+    products(&views0)?; // warm-up (kernels, buffers)
+    let t = std::time::Instant::now();
+    for _ in 0..experts {
+        products(&views0)?;
+    }
+    let compute_s = t.elapsed().as_secs_f64();
+    staging.release(0)?;
+    let overlapped_s = pass(&mut products)?;
+    gpu.synchronize()?;
+    let copy_s = (experts * expert_bytes) as f64 / SlotCopies::median(&direct_bps).max(1e-12);
+    drop(reg);
+    drop(buf);
+    Ok(SlotCopies {
+        expert_bytes,
+        experts,
+        pinned_bps,
+        direct_bps,
+        link_bps: (b1 - b0) as f64 / (s1 - s0).max(1e-12),
+        register_bps,
+        rows,
+        compute_s,
+        copy_s,
+        overlapped_s,
+    })
+}

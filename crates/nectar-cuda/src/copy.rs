@@ -2,22 +2,23 @@
 //! asynchronously, on a copy stream of its own: what lets a routed expert that is not in VRAM be
 //! computed on the GPU from its RAM slot.
 //!
-//! The bytes go through a **pinned bounce ring**: [`RING_CHUNKS`] page-locked chunks of
-//! [`CHUNK_BYTES`]; the host copies a chunk of the expert into a free chunk of the ring
-//! ([`STAGE_THREADS`] threads of a pool the area keeps), then
-//! queues its DMA to the staging slot, so the host copy of chunk i + 1 overlaps the DMA of chunk
-//! i. The source is never registered with the driver (`cuMemHostRegister`): the RAM cache's
-//! slots are returned to the kernel with `madvise(MADV_DONTNEED)` by the RSS guard, and pages
-//! pinned by the driver would neither be released (the guard's purpose) nor stay the pages the
-//! process sees after the advice (a DMA would read the old ones). The ring costs
-//! `RING_CHUNKS × CHUNK_BYTES` of host memory, whatever the expert size.
+//! Two routes. **Direct** ([`Staging::copy_direct`]): the source lies in host memory
+//! registered with the driver ([`HostRegistry`], `cuMemHostRegister`: the RAM cache's slots,
+//! each registered on its first copy), and each part is one DMA straight from it — no host copy;
+//! the source must stay untouched until the DMA has landed ([`Staging::wait_ready`]), so the
+//! caller keeps the slot's lease until then. Pinned pages are neither freed by the RSS guard's
+//! `madvise(MADV_DONTNEED)` nor the pages the process sees after it, so a slot is unregistered
+//! before the guard releases it (the residency manager's slab hook) and registered again on its
+//! next copy. Measured (`nectar bench gpu`, RESULTS 2026-12-02 11:10): GLM-5.2 experts by this
+//! route reach 0.95 of the pinned reference end to end (the ring: 0.36).
 //!
-//! Measured limit of this design (`nectar bench gpu`, RESULTS 2026-12-02): while the host
-//! copies into the ring, the DMAs out of it reach only about 0.5–0.6 of the pinned reference,
-//! and end to end 0.3–0.46; DMAs straight from registered pageable memory reach 1.00
-//! (`bench::registered_copies`). Registering the RAM cache's slots, with an unregister before
-//! each `MADV_DONTNEED` of the RSS guard and a register on the slot's next use, is the way to
-//! the 0.9 (not done).
+//! **Ring** ([`Staging::copy`], the fallback when registration fails): the bytes go through a
+//! pinned bounce ring of [`RING_CHUNKS`] page-locked chunks of [`CHUNK_BYTES`]; the host copies
+//! a chunk of the expert into a free chunk of the ring ([`STAGE_THREADS`] threads of a pool the
+//! area keeps), then queues its DMA to the staging slot, so the host copy of chunk i + 1
+//! overlaps the DMA of chunk i; the source may be dropped as soon as the call returns. The ring
+//! costs `RING_CHUNKS × CHUNK_BYTES` of host memory, whatever the expert size; while the host
+//! fills it its DMAs reach only about 0.5–0.6 of the pinned reference, end to end 0.3–0.46.
 //!
 //! Ordering across the two streams is explicit (the context runs with cudarc's event tracking
 //! off): a slot's DMA waits for the event recorded after the last kernel that read the slot
@@ -29,8 +30,123 @@ use crate::view::MatView;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 use nectar_kernels::MatRef;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Ranges of ordinary host memory registered with the driver (`cuMemHostRegister`), so that
+/// [`Staging::copy_direct`] DMAs straight from them. Each range is registered once
+/// ([`HostRegistry::register`]) and stays so until [`HostRegistry::unregister_within`] covers it
+/// or the registry drops.
+pub struct HostRegistry {
+    gpu: Arc<Gpu>,
+    /// Start address → length of each registered range.
+    ranges: Mutex<BTreeMap<usize, usize>>,
+}
+
+impl std::fmt::Debug for HostRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRegistry")
+            .field("bytes", &self.registered_bytes())
+            .finish()
+    }
+}
+
+impl HostRegistry {
+    /// An empty registry for `gpu`'s context.
+    pub fn new(gpu: &Arc<Gpu>) -> HostRegistry {
+        HostRegistry {
+            gpu: gpu.clone(),
+            ranges: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, usize>> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers `[start, start + len)` unless exactly that range already is; returns whether
+    /// this call registered it. A driver refusal (a locked-memory limit, a range overlapping
+    /// another registration, …) is [`Error::Register`].
+    ///
+    /// # Safety
+    /// The range must be memory of this process that stays mapped until it is unregistered
+    /// ([`HostRegistry::unregister_within`]) or this registry is dropped, and must not be given
+    /// back to the OS (`munmap`, `madvise(MADV_DONTNEED)`) while registered.
+    pub unsafe fn register(&self, start: *const u8, len: usize) -> Result<bool> {
+        let mut ranges = self.lock();
+        if ranges.get(&(start as usize)) == Some(&len) {
+            return Ok(false);
+        }
+        if len == 0 {
+            return Err(Error::Shape("registering 0 bytes of host memory".into()));
+        }
+        self.gpu.ctx.bind_to_thread()?;
+        // SAFETY: the caller keeps the range mapped while registered (this fn's contract); the
+        // driver only pins its pages and maps them for DMA.
+        unsafe {
+            cudarc::driver::sys::cuMemHostRegister_v2(start as *mut std::ffi::c_void, len, 0)
+                .result()
+        }
+        .map_err(|source| Error::Register { bytes: len, source })?;
+        ranges.insert(start as usize, len);
+        Ok(true)
+    }
+
+    /// Whether `[start, start + len)` lies inside one registered range.
+    pub fn contains(&self, start: *const u8, len: usize) -> bool {
+        let a = start as usize;
+        self.lock()
+            .range(..=a)
+            .next_back()
+            .is_some_and(|(s, l)| a + len <= s + l)
+    }
+
+    /// Unregisters every registered range that starts inside `[start, start + len)` (the
+    /// residency manager's slab hook calls this before a slot's pages go back to the OS); no DMA
+    /// may read them any more. Returns the bytes unregistered; a driver refusal is reported
+    /// after the others are done.
+    pub fn unregister_within(&self, start: *const u8, len: usize) -> Result<usize> {
+        let a = start as usize;
+        let mut ranges = self.lock();
+        let inside: Vec<(usize, usize)> = ranges
+            .range(a..a.saturating_add(len))
+            .map(|(s, l)| (*s, *l))
+            .collect();
+        if inside.is_empty() {
+            return Ok(0);
+        }
+        self.gpu.ctx.bind_to_thread()?;
+        let (mut bytes, mut failed) = (0, None);
+        for (s, l) in inside {
+            ranges.remove(&s);
+            // SAFETY: `s` was registered by `register` and not unregistered since (it was in
+            // the map); the caller guarantees no DMA reads it any more.
+            match unsafe { cudarc::driver::sys::cuMemHostUnregister(s as *mut std::ffi::c_void) }
+                .result()
+            {
+                Ok(()) => bytes += l,
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            None => Ok(bytes),
+            Some(e) => Err(Error::Driver(e)),
+        }
+    }
+
+    /// Bytes registered now.
+    pub fn registered_bytes(&self) -> usize {
+        self.lock().values().sum()
+    }
+}
+
+impl Drop for HostRegistry {
+    fn drop(&mut self) {
+        // A failure leaves pages pinned until the context goes; nothing else can be done here.
+        let _ = self.unregister_within(std::ptr::null(), usize::MAX);
+    }
+}
 
 /// Bytes of one chunk of the pinned bounce ring ([`StageConfig::DEFAULT`]).
 pub const CHUNK_BYTES: usize = 8 << 20;
@@ -162,6 +278,14 @@ pub struct Staging {
     events: Vec<SlotEvents>,
     config: StageConfig,
     pool: rayon::ThreadPool,
+    direct: Mutex<Direct>,
+}
+
+/// Bytes of each slot's direct copy in flight, and the totals of those landed.
+struct Direct {
+    pending: Vec<u64>,
+    bytes: u64,
+    s: f64,
 }
 
 impl std::fmt::Debug for Staging {
@@ -256,6 +380,11 @@ impl Staging {
             events,
             config,
             pool,
+            direct: Mutex::new(Direct {
+                pending: vec![0; slots],
+                bytes: 0,
+                s: 0.0,
+            }),
         })
     }
 
@@ -301,10 +430,31 @@ impl Staging {
     }
 
     /// Queues the copy of `parts` (back to back, each at a [`PART_ALIGN`] boundary) into
-    /// `slot`, once the kernels released by the slot's last [`Staging::release`] are done.
-    /// Returns each part's device address and the host time spent; when this returns the host
-    /// bytes have been taken (the caller may drop them) and the DMA may still be in flight.
+    /// `slot` through the pinned ring, once the kernels released by the slot's last
+    /// [`Staging::release`] are done. Returns each part's device address and the host time
+    /// spent; when this returns the host bytes have been taken (the caller may drop them) and
+    /// the DMA may still be in flight.
     pub fn copy(&self, slot: usize, parts: &[&[u8]]) -> Result<(Vec<u64>, CopyTiming)> {
+        self.queue(slot, parts, false)
+    }
+
+    /// [`Staging::copy`] with each part one DMA straight from its host bytes: no ring, no host
+    /// copy. From memory registered with the driver ([`HostRegistry`]) the DMA is asynchronous
+    /// at the link's full rate; from other pageable memory the driver stages it itself (still
+    /// correct, but slow and synchronous).
+    ///
+    /// # Safety
+    /// Every part must stay allocated and unchanged until [`Staging::wait_ready`] for `slot`
+    /// has returned (the DMA reads it until then): the caller holds the slot's lease that long.
+    pub unsafe fn copy_direct(
+        &self,
+        slot: usize,
+        parts: &[&[u8]],
+    ) -> Result<(Vec<u64>, CopyTiming)> {
+        self.queue(slot, parts, true)
+    }
+
+    fn queue(&self, slot: usize, parts: &[&[u8]], direct: bool) -> Result<(Vec<u64>, CopyTiming)> {
         let base = self.slot_base(slot)?;
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         if slot_bytes_for(&lens) > self.slot_bytes {
@@ -321,42 +471,65 @@ impl Staging {
         let ev = &self.events[slot];
         self.copy.wait(&ev.free)?;
         ev.t0.record(&self.copy)?;
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let mut addrs = Vec::with_capacity(parts.len());
         let (mut off, mut bytes) = (0usize, 0u64);
-        let (chunk_bytes, ring_chunks) = (self.config.chunk_bytes, self.config.ring_chunks);
-        for part in parts {
-            addrs.push(base + off as u64);
-            for (i, chunk) in part.chunks(chunk_bytes).enumerate() {
-                let c = ring.next;
-                ring.next = (c + 1) % ring_chunks;
-                // The chunk's previous DMA must have read it before the host overwrites it.
-                ring.reclaim(c)?;
-                let dst = base + (off + i * chunk_bytes) as u64;
-                // SAFETY: the ring holds ring_chunks × chunk_bytes bytes, chunk c is not read
-                // by any DMA (its event completed), and `chunk` is at most chunk_bytes.
-                let pinned = unsafe {
-                    let p = ring.buf.as_mut_ptr()?.add(c * chunk_bytes);
-                    parallel_copy(
-                        &self.pool,
-                        chunk,
-                        std::slice::from_raw_parts_mut(p, chunk.len()),
-                    );
-                    std::slice::from_raw_parts(p as *const u8, chunk.len())
-                };
-                ring.start[c].record(&self.copy)?;
-                // SAFETY: `dst .. dst + chunk.len()` lies inside this slot (the fit was checked
-                // above), and the pinned source stays untouched until `done[c]` completes.
-                unsafe {
-                    cudarc::driver::result::memcpy_htod_async(dst, pinned, self.copy.cu_stream())?
-                };
-                ring.done[c].record(&self.copy)?;
-                ring.pending[c] = chunk.len();
+        if direct {
+            for part in parts {
+                let dst = base + off as u64;
+                addrs.push(dst);
+                if !part.is_empty() {
+                    // SAFETY: `dst .. dst + part.len()` lies inside this slot (the fit was
+                    // checked above); the source stays untouched until `wait_ready` (the
+                    // caller's contract, `copy_direct`).
+                    unsafe {
+                        cudarc::driver::result::memcpy_htod_async(dst, part, self.copy.cu_stream())?
+                    };
+                }
+                off += part.len().div_ceil(PART_ALIGN) * PART_ALIGN;
+                bytes += part.len() as u64;
             }
-            off += part.len().div_ceil(PART_ALIGN) * PART_ALIGN;
-            bytes += part.len() as u64;
+            let mut d = self.direct.lock().unwrap_or_else(|p| p.into_inner());
+            d.pending[slot] = bytes;
+        } else {
+            let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+            let (chunk_bytes, ring_chunks) = (self.config.chunk_bytes, self.config.ring_chunks);
+            for part in parts {
+                addrs.push(base + off as u64);
+                for (i, chunk) in part.chunks(chunk_bytes).enumerate() {
+                    let c = ring.next;
+                    ring.next = (c + 1) % ring_chunks;
+                    // The chunk's previous DMA must have read it before the host overwrites it.
+                    ring.reclaim(c)?;
+                    let dst = base + (off + i * chunk_bytes) as u64;
+                    // SAFETY: the ring holds ring_chunks × chunk_bytes bytes, chunk c is not
+                    // read by any DMA (its event completed), and `chunk` is at most chunk_bytes.
+                    let pinned = unsafe {
+                        let p = ring.buf.as_mut_ptr()?.add(c * chunk_bytes);
+                        parallel_copy(
+                            &self.pool,
+                            chunk,
+                            std::slice::from_raw_parts_mut(p, chunk.len()),
+                        );
+                        std::slice::from_raw_parts(p as *const u8, chunk.len())
+                    };
+                    ring.start[c].record(&self.copy)?;
+                    // SAFETY: `dst .. dst + chunk.len()` lies inside this slot (the fit was
+                    // checked above), and the pinned source stays untouched until `done[c]`
+                    // completes.
+                    unsafe {
+                        cudarc::driver::result::memcpy_htod_async(
+                            dst,
+                            pinned,
+                            self.copy.cu_stream(),
+                        )?
+                    };
+                    ring.done[c].record(&self.copy)?;
+                    ring.pending[c] = chunk.len();
+                }
+                off += part.len().div_ceil(PART_ALIGN) * PART_ALIGN;
+                bytes += part.len() as u64;
+            }
         }
-        drop(ring);
         ev.t1.record(&self.copy)?;
         ev.ready.record(&self.copy)?;
         Ok((
@@ -375,6 +548,28 @@ impl Staging {
         slot: usize,
         mats: &[MatRef<'_>],
     ) -> Result<(Vec<MatView>, CopyTiming)> {
+        self.queue_mats(slot, mats, false)
+    }
+
+    /// [`Staging::copy_mats`] by [`Staging::copy_direct`].
+    ///
+    /// # Safety
+    /// As [`Staging::copy_direct`]: the matrices' bytes stay unchanged until
+    /// [`Staging::wait_ready`] for `slot` has returned.
+    pub unsafe fn copy_mats_direct(
+        &self,
+        slot: usize,
+        mats: &[MatRef<'_>],
+    ) -> Result<(Vec<MatView>, CopyTiming)> {
+        self.queue_mats(slot, mats, true)
+    }
+
+    fn queue_mats(
+        &self,
+        slot: usize,
+        mats: &[MatRef<'_>],
+        direct: bool,
+    ) -> Result<(Vec<MatView>, CopyTiming)> {
         let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * mats.len());
         for m in mats {
             m.validate()?;
@@ -385,7 +580,7 @@ impl Staging {
                 std::slice::from_raw_parts(m.scales.as_ptr().cast::<u8>(), 4 * m.scales.len())
             });
         }
-        let (addrs, t) = self.copy(slot, &parts)?;
+        let (addrs, t) = self.queue(slot, &parts, direct)?;
         let views = mats
             .iter()
             .enumerate()
@@ -406,7 +601,14 @@ impl Staging {
         self.slot_base(slot)?;
         let ev = &self.events[slot];
         ev.ready.synchronize()?;
-        Ok(f64::from(ev.t0.elapsed_ms(&ev.t1)?) / 1e3)
+        let s = f64::from(ev.t0.elapsed_ms(&ev.t1)?) / 1e3;
+        let mut d = self.direct.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = std::mem::take(&mut d.pending[slot]);
+        if bytes > 0 {
+            d.bytes += bytes;
+            d.s += s;
+        }
+        Ok(s)
     }
 
     /// Marks `slot` free once every kernel queued so far on the compute stream is done: the
@@ -417,16 +619,18 @@ impl Staging {
         Ok(())
     }
 
-    /// Bytes and seconds of the DMAs of copies completed so far, each chunk timed by its own
-    /// events on the copy stream: the link's rate for these copies, without the host's
-    /// staging between them.
+    /// Bytes and seconds of the DMAs of copies completed so far, each ring chunk timed by its
+    /// own events on the copy stream, each direct copy by its slot's (counted once
+    /// [`Staging::wait_ready`] saw it land): the link's rate for these copies, without the
+    /// host's staging between them.
     pub fn link(&self) -> (u64, f64) {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         for c in 0..self.config.ring_chunks {
             // A failed wait leaves that chunk out of the totals; the next copy reports it.
             let _ = ring.reclaim(c);
         }
-        (ring.link_bytes, ring.link_s)
+        let d = self.direct.lock().unwrap_or_else(|p| p.into_inner());
+        (ring.link_bytes + d.bytes, ring.link_s + d.s)
     }
 
     /// Pinned host→device bandwidth of this machine in bytes per second: `reps` copies of the

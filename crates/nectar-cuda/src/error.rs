@@ -14,6 +14,15 @@ pub enum Error {
     /// NVRTC rejected the kernel source (the log is included).
     #[error("NVRTC could not compile the kernels: {0}")]
     Compile(String),
+    /// Host memory could not be registered with the driver (`cuMemHostRegister`: a locked-memory
+    /// limit, an unsupported mapping, …); callers copy through the pinned ring instead.
+    #[error("registering {bytes} B of host memory with the CUDA driver failed: {source}")]
+    Register {
+        /// Bytes of the range.
+        bytes: usize,
+        /// The driver's error.
+        source: cudarc::driver::DriverError,
+    },
     /// Shapes or buffers that do not describe a valid product.
     #[error("shape mismatch: {0}")]
     Shape(String),

@@ -16,13 +16,17 @@ use nectar_kernels::WeightFormat;
 /// GEMM (one launch, each weight read once per 64 rows) rather than as ⌈m/8⌉ GEMV launches
 /// (each streaming every weight). The one place this is decided (the model's `GpuWeight` asks).
 ///
-/// The GEMM is latency-bound: each block walks the row in 32-column steps of about 1.1 µs,
-/// whatever M up to 64 — so a short, wide matrix (an expert gate, 2048 × 6144: 212 µs) stays
-/// on the GEMV launches to M ≈ 64, while a tall, narrow one (attention q_b, 16384 × 2048:
-/// 74 µs) switches at M ≈ 12. Both times are modelled below with constants measured on the
-/// H200 (benchmarks/RESULTS.md, "GEMV or GEMM"); across the 36 measured (shape, format, M)
-/// points from M = 9 to 512 the rule picks the faster kernel in 35 and loses 3 % in the other.
-/// Both kernels are held to the same tolerance, so the choice changes speed, not correctness.
+/// Both kernels are latency-bound on short matrices: the GEMM walks the row in 32-column steps
+/// of about 1.1 µs whatever M up to 64, and the tensor-core GEMV (whose time hardly grows with
+/// M up to 8) has each warp walk a quarter of the row's 64-column steps, about 0.7 µs per 256
+/// columns, or streams the bytes at the format's rate when that is longer. So a short, wide
+/// matrix (an expert gate, 2048 × 6144: GEMM 214 µs, GEMV 20 µs per 8 rows) stays on the GEMV
+/// launches to M ≈ 80, while a tall, narrow one (attention q_b, 16384 × 2048: GEMM 75 µs, GEMV
+/// 18–24 µs) switches at M ≈ 25. Both times are modelled below with constants measured on the
+/// H200 against the tensor-core GEMV (benchmarks/RESULTS.md, 2026-12-02 11:10 "use_gemm"); the
+/// rule picks the faster kernel at every measured (shape, format, M) point of that run but one
+/// tie (bf16 o_proj at M = 64: 506.5 against 506.9 µs). Both kernels are held to the same
+/// tolerance, so the choice changes speed, not correctness.
 pub fn use_gemm(format: WeightFormat, rows: usize, cols: usize, m: usize) -> bool {
     m > MAX_M && gemm_cost_us(rows, cols, m) < gemv_cost_us(format, rows, cols, m)
 }
@@ -33,6 +37,10 @@ const LAUNCH_US: f64 = 3.0;
 const GEMM_STEP_US: f64 = 1.1;
 /// The GEMM's useful rate once the tensor cores are the limit, flop/µs (58–72 TFLOP/s at M = 512).
 const GEMM_FLOP_PER_US: f64 = 65e6;
+/// The tensor-core GEMV's time per 256 columns of a row (one 64-column step of each of the
+/// block's 4 warps), µs: a lone expert gate (6144 columns) takes 19.7 µs at M = 8 whatever its
+/// format, o_proj (16384) 50–60.
+const GEMV_STEP_US: f64 = 0.7;
 
 fn gemm_cost_us(rows: usize, cols: usize, m: usize) -> f64 {
     let latency = GEMM_STEP_US * cols.div_ceil(32) as f64;
@@ -41,24 +49,30 @@ fn gemm_cost_us(rows: usize, cols: usize, m: usize) -> f64 {
 }
 
 /// Weight + scale GB/s of one GEMV launch over a lone matrix at 1 and at 8 activation rows
-/// (GLM-5.2 shapes on the H200; times between them are interpolated linearly in M).
+/// (the tensor-core GEMV on GLM-5.2 shapes on the H200, 2026-12-02: int4 q_b / kv_b / o_proj
+/// 1.2–1.3 TB/s at M = 1, 0.8–1.1 at M = 8; int8 o_proj 1.9–2.0; bf16 o_proj 3.2–3.3; f32 and
+/// f16 take the f32 kernels, whose time grows with M). Times between are interpolated
+/// linearly in M.
 fn gemv_gbps(format: WeightFormat) -> (f64, f64) {
     match format {
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => (1300.0, 400.0),
-        WeightFormat::Int8Row => (1400.0, 400.0),
-        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => (2400.0, 800.0),
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => (1250.0, 1000.0),
+        WeightFormat::Int8Row => (2000.0, 1800.0),
+        WeightFormat::Bf16 => (3500.0, 3300.0),
+        WeightFormat::F32 | WeightFormat::F16 => (2400.0, 800.0),
     }
 }
 
 fn gemv_cost_us(format: WeightFormat, rows: usize, cols: usize, m: usize) -> f64 {
     let bytes = (rows * (format.row_bytes(cols) + 4 * format.row_scales(cols))) as f64;
+    let latency = GEMV_STEP_US * cols.div_ceil(256) as f64;
     let (g1, g8) = gemv_gbps(format);
     let (t1, t8) = (bytes / (g1 * 1e3), bytes / (g8 * 1e3));
     (0..m)
         .step_by(MAX_M)
         .map(|i0| {
             let mc = MAX_M.min(m - i0);
-            LAUNCH_US + t1 + (t8 - t1) * (mc - 1) as f64 / (MAX_M - 1) as f64
+            let stream = t1 + (t8 - t1) * (mc - 1) as f64 / (MAX_M - 1) as f64;
+            LAUNCH_US + latency.max(stream)
         })
         .sum()
 }
@@ -242,22 +256,32 @@ mod tests {
     fn the_switch_is_per_shape_as_measured() {
         let g64 = WeightFormat::Int4Group { group: 64 };
         let (i8r, bf16) = (WeightFormat::Int8Row, WeightFormat::Bf16);
-        // (format, rows, cols, M, GEMM measured faster)
+        // (format, rows, cols, M, GEMM measured faster): RESULTS 2026-12-02 11:10 (GEMM against
+        // ⌈M/8⌉ tensor-core GEMV launches on the same weights), and M = 128 / 9 from 04:42.
         let measured = [
             (g64, 2048, 6144, 9, false),
             (g64, 2048, 6144, 16, false),
             (g64, 2048, 6144, 32, false),
+            (g64, 2048, 6144, 64, false),
             (g64, 2048, 6144, 128, true),
+            (g64, 2048, 6144, 512, true),
             (i8r, 2048, 6144, 32, false),
-            (i8r, 2048, 6144, 64, true),
+            (i8r, 2048, 6144, 64, false),
+            (i8r, 2048, 6144, 512, true),
             (bf16, 2048, 6144, 32, false),
-            (bf16, 2048, 6144, 64, true),
+            (bf16, 2048, 6144, 64, false),
+            (bf16, 2048, 6144, 512, true),
             (g64, 6144, 2048, 16, false),
-            (g64, 6144, 2048, 32, true),
+            (g64, 6144, 2048, 32, false),
+            (g64, 6144, 2048, 64, true),
+            (g64, 6144, 2048, 512, true),
             (g64, 16384, 2048, 9, false),
-            (g64, 16384, 2048, 16, true),
+            (g64, 16384, 2048, 16, false),
+            (g64, 16384, 2048, 32, true),
+            (g64, 16384, 2048, 512, true),
             (bf16, 6144, 16384, 16, false),
-            (bf16, 6144, 16384, 32, true),
+            (bf16, 6144, 16384, 32, false),
+            (bf16, 6144, 16384, 512, true),
         ];
         for (f, rows, cols, m, gemm) in measured {
             assert_eq!(

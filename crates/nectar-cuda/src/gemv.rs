@@ -34,6 +34,11 @@ pub enum Order {
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
     /// and formats take the `Exact` kernels.
     Tensor,
+    /// [`Order::Tensor`] with several steps of weights in flight in registers for int4 and int8
+    /// (`gemv_tc_deep`; bf16 as `Tensor`): the same values in the same order, so it must give
+    /// the same bits (`parity.rs`). Measured by `nectar bench gpu` only until a device run has
+    /// shown it faster and bit-identical (not yet: RESULTS, 2026-12-02 11:10).
+    TensorDeep,
 }
 
 impl Order {
@@ -47,7 +52,13 @@ impl Order {
             Order::Exact => "exact",
             Order::Word => "word",
             Order::Tensor => "tensor",
+            Order::TensorDeep => "tensor-deep",
         }
+    }
+
+    /// Whether this order runs the tensor-core GEMV where the layout admits it.
+    pub fn tensor(self) -> bool {
+        matches!(self, Order::Tensor | Order::TensorDeep)
     }
 }
 
@@ -137,9 +148,9 @@ impl GpuMat {
 /// A kernel and its arguments for one (format, shape, M, order), ready to launch over jobs.
 pub struct GemvPlan {
     func: CudaFunction,
-    /// The tensor-core kernels ([`Order::Tensor`] on a layout that admits it): four row tiles
-    /// per warp, and one for launches of fewer than [`FEW_ROWS`] rows.
-    tc: Option<(CudaFunction, CudaFunction)>,
+    /// The tensor-core kernels ([`Order::Tensor`] on a layout that admits it) and their row
+    /// tiles per warp: for launches of many rows, and of fewer than [`FEW_ROWS`].
+    tc: Option<((CudaFunction, u32), (CudaFunction, u32))>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
     format: WeightFormat,
@@ -191,11 +202,7 @@ fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
         WeightFormat::Int8Row => ("i8", true),
         WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => ("i4", true),
     };
-    let order = if order == Order::Tensor {
-        Order::Exact
-    } else {
-        order
-    };
+    let order = if order.tensor() { Order::Exact } else { order };
     if quant {
         format!("gemv_{base}_{}_m{m}", order.name())
     } else {
@@ -226,6 +233,11 @@ pub(crate) fn kernel_names() -> Vec<String> {
     for base in ["i4", "i8", "bf16"] {
         for tiles in [1, 4] {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
+        }
+    }
+    for base in ["i4", "i8"] {
+        for tiles in [1, 2] {
+            v.push(format!("gemv_tc_{base}_d_t{tiles}"));
         }
     }
     v.sort();
@@ -277,10 +289,21 @@ impl Gpu {
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
-            Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
-                self.function(&format!("gemv_tc_{base}_t4"))?,
-                self.function(&format!("gemv_tc_{base}_t1"))?,
-            )),
+            Some(base) if order.tensor() && tc_layout(format, cols) => {
+                // int4 / int8 with several steps in flight (two row tiles per warp for many
+                // rows: the steps, not the tiles, hold the bytes in flight).
+                if order == Order::TensorDeep && base != "bf16" {
+                    Some((
+                        (self.function(&format!("gemv_tc_{base}_d_t2"))?, 2),
+                        (self.function(&format!("gemv_tc_{base}_d_t1"))?, 1),
+                    ))
+                } else {
+                    Some((
+                        (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
+                        (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
+                    ))
+                }
+            }
             _ => None,
         };
         Ok(GemvPlan {
@@ -323,12 +346,12 @@ impl Gpu {
             )));
         }
         if let (Some((many, few)), true) = (&plan.tc, vector) {
-            // Four row tiles per warp share each activation split; launches of few rows need
+            // Several row tiles per warp share each activation split; launches of few rows need
             // the blocks of one (which rows a warp takes never changes a row's result).
             let (tc, tiles) = if plan.rows.saturating_mul(n) < FEW_ROWS {
-                (few, 1)
+                (&few.0, few.1)
             } else {
-                (many, 4)
+                (&many.0, many.1)
             };
             let cfg = LaunchConfig {
                 grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),

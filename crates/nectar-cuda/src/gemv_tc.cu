@@ -302,3 +302,183 @@ GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
 GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
 GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
+
+// The same products with the weights (and scales) of the warp's next D steps in flight in
+// registers instead of one: the register version above holds one step per warp (int4: 8 bytes
+// per row and step, ~16 KB per SM), which bounded int4 launches at 0.36–0.44 of the read
+// bandwidth and short matrices (kv_b: 512 columns, two steps per warp) at their latency. The
+// D buffers rotate by an unrolled inner loop, so each is indexed at compile time (registers,
+// never local memory). The activations stay one step ahead. Steps are consumed in the same
+// increasing order with the same values and MMAs, so the result is the register version's
+// bit for bit (`parity.rs`), whatever D and T. Launched for the `tensor-deep` measurement
+// order only: written and compiled after the device time of 2026-12-02 was spent, so neither
+// its speed nor its bits have been checked on a GPU yet.
+// (A version with the next steps in shared memory through per-lane 8-byte cp.async — commit
+// 04b2db8 — gave the same bits but ran at 0.21–0.29 of the read bandwidth, slower than one step
+// in registers: RESULTS, 2026-12-02 11:10.)
+template <int F, int T, int D, bool ROW_SCALE>
+__device__ __forceinline__ void gemv_tc_deep(const Job& job, int rows, int cols, int m,
+                                             int row_bytes, int row_scales, u32 gmagic,
+                                             int gshift) {
+    constexpr int N = TcRaw<F>::N;
+    static_assert(F != FMT_BF16, "codes only");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16 * T;
+    const u8* W = (const u8*)job.w;
+    const float* S = (const float*)job.s;
+    const float* X = (const float*)job.x;
+    const u8* wrow[T][2];
+    const float* srow[T][2];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // Rows past the end re-read the last row (its bytes exist) and are never stored.
+            const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
+            wrow[i][h] = W + (u64)r * row_bytes;
+            srow[i][h] = S + (u64)r * row_scales;
+        }
+    const bool has_x = g < m;
+    const float* xrow = X + (u64)(has_x ? g : 0) * cols + 16 * t;
+    const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
+
+    float acc[T][4];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] = 0.0f;
+    float rs[T][2];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) rs[i][h] = ROW_SCALE ? __ldg(srow[i][h]) : 1.0f;
+
+    u32 wn[D][T][2][N];
+    float sn[D][T][2];
+    float xn[16];
+#define TC_DEEP_LOAD_W(d, s)                                                                      \
+    {                                                                                             \
+        const int c0_ = (s) * TC_STEP + 16 * t;                                                   \
+        _Pragma("unroll") for (int i = 0; i < T; i++)                                             \
+            _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
+                tc_load_w<F>(wrow[i][h], c0_, cols, wn[d][i][h]);                                 \
+                sn[d][i][h] = ROW_SCALE ? rs[i][h]                                                \
+                                        : __ldg(srow[i][h] + scale_index((s) * TC_STEP, gmagic,   \
+                                                                         gshift));                \
+            }                                                                                     \
+    }
+    auto load_x = [&](int s) {
+        const int c0 = s * TC_STEP + 16 * t;
+        if (has_x && c0 < cols) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 v = __ldg((const float4*)(xrow + s * TC_STEP) + q);
+                xn[4 * q] = v.x;
+                xn[4 * q + 1] = v.y;
+                xn[4 * q + 2] = v.z;
+                xn[4 * q + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 16; q++) xn[q] = 0.0f;
+        }
+    };
+
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        const int s = warp + TC_WARPS * d;
+        if (s < nsteps) TC_DEEP_LOAD_W(d, s)
+    }
+    if (warp < nsteps) load_x(warp);
+    for (int s0 = warp; s0 < nsteps; s0 += TC_WARPS * D) {
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int s = s0 + TC_WARPS * d;
+            if (s < nsteps) {
+                u32 wc[T][2][N];
+                float sc[T][2];
+                float xc[16];
+#pragma unroll
+                for (int i = 0; i < T; i++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        sc[i][h] = sn[d][i][h];
+#pragma unroll
+                        for (int k = 0; k < N; k++) wc[i][h][k] = wn[d][i][h][k];
+                    }
+#pragma unroll
+                for (int q = 0; q < 16; q++) xc[q] = xn[q];
+                // Refill this buffer with the step D ahead; the activations one step ahead.
+                if (s + TC_WARPS * D < nsteps) TC_DEEP_LOAD_W(d, s + TC_WARPS * D)
+                if (s + TC_WARPS < nsteps) load_x(s + TC_WARPS);
+
+                u32 b[3][4][2];
+                tc_split_x<F>(xc, b);
+#pragma unroll
+                for (int i = 0; i < T; i++) {
+                    u32 lo0[4], hi0[4], lo1[4], hi1[4];
+                    tc_decode<F>(wc[i][0], lo0, hi0);
+                    tc_decode<F>(wc[i][1], lo1, hi1);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int part = 2; part >= 0; part--)
+                            mma_bf16(p, a, b[part][j][0], b[part][j][1]);
+                        acc[i][0] = fmaf(sc[i][0], p[0], acc[i][0]);
+                        acc[i][1] = fmaf(sc[i][0], p[1], acc[i][1]);
+                        acc[i][2] = fmaf(sc[i][1], p[2], acc[i][2]);
+                        acc[i][3] = fmaf(sc[i][1], p[3], acc[i][3]);
+                    }
+                }
+            }
+        }
+    }
+#undef TC_DEEP_LOAD_W
+
+    // The warps' sums, added in warp order by warp 0 (as the register version).
+    __shared__ float red[TC_WARPS - 1][T][4][32];
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp - 1][i][e][lane] = acc[i][e];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float* Y = (float*)job.y;
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = acc[i][e];
+#pragma unroll
+                for (int w = 0; w < TC_WARPS - 1; w++) v += red[w][i][e][lane];
+                const int r = row0 + 16 * i + g + (e >= 2 ? 8 : 0);
+                const int tok = 2 * t + (e & 1);
+                if (r < rows && tok < m) Y[(u64)tok * rows + r] = v;
+            }
+    }
+}
+
+#define GEMV_TCD_ENTRY(NAME, F, T, D)                                                             \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
+        NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
+             u32 gmagic, int gshift, int path) {                                                  \
+        const Job job = jobs[blockIdx.y];                                                         \
+        if (path & 2)                                                                             \
+            gemv_tc_deep<F, T, D, true>(job, rows, cols, m, row_bytes, row_scales, gmagic,        \
+                                        gshift);                                                  \
+        else                                                                                      \
+            gemv_tc_deep<F, T, D, false>(job, rows, cols, m, row_bytes, row_scales, gmagic,       \
+                                         gshift);                                                 \
+    }
+
+// `_d_t{T}`: T row tiles per warp, D steps in flight. `_t2` for launches of many rows, `_t1`
+// for few (gemv.rs, FEW_ROWS).
+GEMV_TCD_ENTRY(gemv_tc_i4_d_t2, FMT_I4, 2, 4)
+GEMV_TCD_ENTRY(gemv_tc_i4_d_t1, FMT_I4, 1, 6)
+GEMV_TCD_ENTRY(gemv_tc_i8_d_t2, FMT_I8, 2, 3)
+GEMV_TCD_ENTRY(gemv_tc_i8_d_t1, FMT_I8, 1, 4)

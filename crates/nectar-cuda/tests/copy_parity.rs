@@ -7,8 +7,8 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::*;
-use nectar_cuda::copy::{slot_bytes_for, StageConfig, Staging, CHUNK_BYTES};
-use nectar_cuda::{use_gemm, within_tolerance, Gpu, Order, Precision};
+use nectar_cuda::copy::{slot_bytes_for, HostRegistry, StageConfig, Staging, CHUNK_BYTES};
+use nectar_cuda::{use_gemm, within_tolerance, Error, Gpu, Order, Precision};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use std::sync::Arc;
 
@@ -156,4 +156,102 @@ fn every_ring_layout_lands_the_same_bytes() {
         assert_eq!(bytes as usize, 2 * (data.len() + 4 * scales.len()));
         assert!(secs > 0.0);
     }
+}
+
+/// Writes `w`'s weights, then its f32 scales at a 256-byte boundary, into `slot`, and returns
+/// the view of them there.
+fn place<'a>(slot: &'a mut [u8], w: &MatRef<'_>) -> MatRef<'a> {
+    let n = w.data.len();
+    let off = n.div_ceil(256) * 256;
+    slot[..n].copy_from_slice(w.data);
+    for (i, s) in w.scales.iter().enumerate() {
+        slot[off + 4 * i..off + 4 * i + 4].copy_from_slice(&s.to_le_bytes());
+    }
+    let slot: &'a [u8] = slot;
+    // SAFETY: the slot is 4 KiB-aligned and `off` a multiple of 256, so the f32s are aligned;
+    // they were just written and the view borrows the slot immutably for 'a.
+    let scales =
+        unsafe { std::slice::from_raw_parts(slot[off..].as_ptr().cast::<f32>(), w.scales.len()) };
+    MatRef::new(w.format, w.rows, w.cols, &slot[..n], scales).unwrap()
+}
+
+/// The direct route of a copied expert: a RAM slot of the residency slab registered with the
+/// driver, DMAed straight into VRAM, computes what the uploaded weights compute, bit for bit;
+/// the slot unregistered, given back to the OS (`MADV_DONTNEED`, as the RSS guard does),
+/// refilled with other weights and registered again lands the new bytes, not the pages pinned
+/// before; a registration the driver refuses is a typed error.
+#[test]
+fn registered_slab_slots_copy_directly_and_survive_release() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = Arc::new(Gpu::open(0).unwrap());
+    let (format, rows, cols) = (WeightFormat::Int4Group { group: 64 }, 2048, 2048);
+    let slab = nectar_residency::Slab::new(3, 4 << 20).unwrap();
+    let reg = HostRegistry::new(&g);
+    let staging = Staging::new(&g, 2, slab.slot_bytes()).unwrap();
+    let x: Vec<f32> = random_bytes(cols * 2, 5)
+        .chunks_exact(2)
+        .map(unit)
+        .collect();
+    for (round, seed) in [31u64, 32, 33].into_iter().enumerate() {
+        let (data, scales) = weights(format, rows, cols, seed);
+        let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+        // SAFETY: this test is the slot's only user; no DMA reads it (the last one was waited
+        // for, and the slot was unregistered before its release below).
+        let slot = unsafe { slab.slot_mut(1) };
+        let placed = place(slot, &w);
+        let (p, len) = (slab.slot_ptr(1) as *const u8, slab.slot_bytes());
+        // SAFETY: the slab outlives the registry's use of the slot: it is unregistered below
+        // before the slot is released, and the registry drops before the slab.
+        assert!(unsafe { reg.register(p, len) }.unwrap(), "round {round}");
+        assert!(!unsafe { reg.register(p, len) }.unwrap(), "registered once");
+        assert!(reg.contains(placed.data.as_ptr(), placed.data.len()));
+        assert_eq!(reg.registered_bytes(), len);
+        let s = round % 2;
+        // SAFETY: the slot stays unchanged until `wait_ready` below.
+        let (views, t) =
+            unsafe { staging.copy_mats_direct(s, std::slice::from_ref(&placed)) }.unwrap();
+        assert_eq!(t.bytes as usize, data.len() + 4 * scales.len());
+        assert!(staging.wait_ready(s).unwrap() > 0.0);
+        // SAFETY: the views address the slot just written, untouched until `release`.
+        let got = unsafe { g.matmul_views(&[(views[0], &x)], 1) }.unwrap();
+        staging.release(s).unwrap();
+        let want = g
+            .matmul_batch(&[(&g.upload(&w).unwrap(), x.as_slice())], 1, Order::MODEL)
+            .unwrap();
+        assert!(
+            got[0]
+                .iter()
+                .zip(&want[0])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "round {round}: the DMA from the registered slot landed other bytes"
+        );
+        // What the RSS guard does: the hook unregisters, then the pages go back to the OS.
+        assert_eq!(
+            reg.unregister_within(slab.slot_ptr(0), 3 * len).unwrap(),
+            len
+        );
+        assert!(!reg.contains(p, len));
+        slab.release(1);
+    }
+    let (link_bytes, link_s) = staging.link();
+    assert!(link_bytes > 0 && link_s > 0.0, "direct DMAs are timed");
+    // A range overlapping a registered one is refused by the driver: a typed error, and the
+    // registry keeps only what it registered.
+    let (p, len) = (slab.slot_ptr(2) as *const u8, slab.slot_bytes());
+    // SAFETY: as above; unregistered when `reg` drops, before the slab.
+    assert!(unsafe { reg.register(p, len) }.unwrap());
+    // SAFETY: as above (refused, so nothing is registered).
+    match unsafe { reg.register(p.wrapping_add(4096), 4096) } {
+        Err(Error::Register { bytes: 4096, .. }) => {}
+        other => panic!("an overlapping registration must be refused, got {other:?}"),
+    }
+    // SAFETY: a zero-length range is refused before the driver is asked.
+    assert!(matches!(
+        unsafe { reg.register(p, 0) },
+        Err(Error::Shape(_))
+    ));
+    assert_eq!(reg.registered_bytes(), len);
+    drop(reg);
 }

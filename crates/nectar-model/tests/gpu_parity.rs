@@ -397,6 +397,13 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
         "{}",
         p.summary
     );
+    // On the H200 the RAM slots register: every copy is a DMA straight from its slot.
+    assert!(
+        p.summary
+            .contains("copied by DMA from their registered RAM slots"),
+        "{}",
+        p.summary
+    );
     let prompt: Vec<u32> = (0..24).map(|i| 3 + i * 7).collect();
     let want = greedy(&cpu, &prompt, 16);
     let got = greedy(&gpu, &prompt, 16);
@@ -413,14 +420,22 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
     let copy = gpu.copy_stats().expect("a staging area was placed");
     eprintln!(
         "copied experts: 17/17 greedy tokens, max |Δ| / max|logit| = {worst:.3e}; expert runs \
-         {runs:?}; {} experts ({} bytes) copied at {:.1} GB/s, {:.2} of the pinned reference",
+         {runs:?}; {} experts ({} bytes, {} direct, {} slot registrations) copied at {:.1} GB/s, \
+         {:.2} of the pinned reference",
         copy.experts,
         copy.bytes,
+        copy.direct,
+        copy.registrations,
         copy.h2d_gbps(),
         copy.ratio()
     );
     assert!(runs.copied > 0 && runs.vram > 0 && runs.cpu > 0, "{runs:?}");
     assert_eq!(copy.experts, runs.copied);
+    assert_eq!(
+        copy.direct, copy.experts,
+        "every copy from its registered slot"
+    );
+    assert!(copy.registrations >= 1 && copy.register_s > 0.0);
     assert!(copy.bytes >= runs.copied * (largest / 2));
     assert_eq!(cpu.expert_runs().gpu(), 0);
     assert!(cpu.copy_stats().is_none());

@@ -33,6 +33,6 @@ pub mod usage;
 
 pub use error::{Error, Result};
 pub use policy::{Admission, ExpertKey};
-pub use residency::{Lease, Pending, Residency, ResidencyConfig};
+pub use residency::{Lease, Pending, Residency, ResidencyConfig, SlabHook};
 pub use slab::{huge_page_bytes, Slab, ALIGN, HUGE_PAGE};
 pub use telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Tier};

@@ -122,8 +122,21 @@ const MAX_LOOKAHEAD_ROWS: usize = 4;
 /// sees the newest ones and a gap in `seq`.
 pub const EVICTION_HISTORY: usize = 4096;
 
+/// Told before the residency manager gives slab memory back: what lets a GPU tier register
+/// slots with its driver for direct DMA (pinned pages are neither freed by `MADV_DONTNEED` nor
+/// the pages the process sees after it) without this crate knowing about GPUs.
+pub trait SlabHook: Send + Sync {
+    /// `[start, start + len)` (whole slots) is about to be returned to the OS
+    /// (`MADV_DONTNEED`, by [`Residency::shrink_all`]) or freed (the manager's last handle
+    /// dropped). No lease reads it. Stop using the range (e.g. unregister it) before returning;
+    /// the same range may be written and leased again later (a regrowth).
+    fn releasing(&self, start: *const u8, len: usize);
+}
+
 struct Inner {
     slab: Slab,
+    /// Told before slab memory goes back to the OS ([`Residency::set_slab_hook`]).
+    hook: Mutex<Option<Arc<dyn SlabHook>>>,
     /// LRU capacity per layer as configured: [`Residency::grow_all`] never goes above it.
     caps: Vec<usize>,
     layouts: Vec<Vec<SlotLayout>>,
@@ -225,6 +238,7 @@ impl Residency {
         };
         let inner = Arc::new(Inner {
             slab,
+            hook: Mutex::new(None),
             caps,
             layouts,
             io,
@@ -307,6 +321,12 @@ impl Residency {
     /// Bytes of the whole slab.
     pub fn slab_bytes(&self) -> usize {
         self.inner.slab.bytes()
+    }
+
+    /// Installs `hook`, told before any slot's memory is returned to the OS or the slab is
+    /// freed (replacing an earlier one).
+    pub fn set_slab_hook(&self, hook: Arc<dyn SlabHook>) {
+        *self.inner.hook.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
     }
 
     /// The key of expert `e` of `layer`, if this cache streams it.
@@ -588,6 +608,9 @@ impl Residency {
             }
             if st.policy.role(s) == Role::Disabled && !st.released[s] {
                 st.released[s] = true;
+                if let Some(h) = self.inner.hook() {
+                    h.releasing(self.inner.slab.slot_ptr(s), self.inner.slab.slot_bytes());
+                }
                 if self.inner.slab.release(s) {
                     st.stats.released_bytes += self.inner.slab.slot_bytes() as u64;
                 }
@@ -697,6 +720,21 @@ impl Residency {
     /// Sets shard paths used in read-error messages.
     pub fn set_paths(&self, paths: Vec<std::path::PathBuf>) {
         self.lock().paths = paths;
+    }
+}
+
+impl Inner {
+    fn hook(&self) -> Option<Arc<dyn SlabHook>> {
+        self.hook.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for Inner {
+    /// The slab is freed right after this (no lease holds it: each holds this `Inner`).
+    fn drop(&mut self) {
+        if let Some(h) = self.hook() {
+            h.releasing(self.slab.base_ptr(), self.slab.bytes());
+        }
     }
 }
 
@@ -858,6 +896,21 @@ impl Lease {
     /// The slot index (for tests and telemetry).
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// The whole slot this expert lives in (its parts and the padding between them), e.g. to
+    /// register it with a GPU driver. Read-only, valid while the lease lives.
+    pub fn slot_memory(&self) -> Result<&[u8]> {
+        let current = self.inner.gens[self.slot].load(Ordering::Acquire);
+        if current != self.gen {
+            return Err(Error::StaleLease {
+                slot: self.slot,
+                lease: self.gen,
+                current,
+            });
+        }
+        // SAFETY: as in `mats`: the lease keeps the slot from being refilled or reassigned.
+        Ok(unsafe { self.inner.slab.slot(self.slot) })
     }
 
     /// Kernel views of gate, up and down, straight from the slot (no copy).

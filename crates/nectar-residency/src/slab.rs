@@ -122,6 +122,11 @@ impl Slab {
         huge_page_bytes(self.ptr.as_ptr(), self.layout.size())
     }
 
+    /// Raw pointer to the start of the allocation (slot 0's, when there is one).
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Raw pointer to the start of slot `i`.
     ///
     /// # Panics

@@ -314,6 +314,75 @@ fn safe_point_rules_and_permanent_shrink() {
     assert_eq!(t.rss_shrinks, 1);
 }
 
+/// Records the ranges the manager gives back.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(usize, usize)>>);
+
+impl nectar_residency::SlabHook for Recorder {
+    fn releasing(&self, start: *const u8, len: usize) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((start as usize, len));
+    }
+}
+
+/// A slab hook (the GPU tier's registration) hears of every slot before the RSS guard's shrink
+/// returns its pages, and of the whole slab before it is freed — after the last lease — and a
+/// lease's slot memory is the slot its expert's views lie in.
+#[test]
+fn the_slab_hook_hears_of_released_slots_and_of_the_slab_going_away() {
+    let (io, layouts) = setup(2, 6);
+    let r = Residency::new(cfg(3, 4), layouts, Arc::new(io)).unwrap();
+    let hook = Arc::new(Recorder::default());
+    r.set_slab_hook(hook.clone());
+    let mut slots = std::collections::BTreeMap::new();
+    for e in 0..6 {
+        let l = r.acquire(0, &[e]).unwrap().pop().unwrap().wait().unwrap();
+        let mem = l.slot_memory().unwrap();
+        assert_eq!(mem.len(), r.slot_bytes());
+        let (lo, hi) = (mem.as_ptr() as usize, mem.as_ptr() as usize + mem.len());
+        for m in l.mats().unwrap() {
+            let p = m.data.as_ptr() as usize;
+            assert!(p >= lo && p + m.data.len() <= hi, "views lie in the slot");
+        }
+        slots.insert(l.slot(), lo);
+        drop(l);
+        r.end_wave().unwrap();
+    }
+    assert!(hook.0.lock().unwrap().is_empty(), "nothing released yet");
+    assert_eq!(r.shrink_all(1).unwrap(), 2);
+    let released = hook.0.lock().unwrap().clone();
+    // Capacity 3 → 1 in both layers: four LRU slots out of service, each told once.
+    assert_eq!(released.len(), 4, "{released:?}");
+    let used: Vec<usize> = slots.values().copied().collect();
+    let step = r.slot_bytes();
+    for (start, len) in &released {
+        assert_eq!(*len, step);
+        assert!(
+            used.iter().any(|u| start.abs_diff(*u) % step == 0),
+            "a slot's start"
+        );
+    }
+    assert!(
+        released.iter().filter(|(s, _)| used.contains(s)).count() == 2,
+        "layer 0's two coldest slots are among them"
+    );
+    // A lease outlives the manager's handle: the slab (and the hook's call) waits for it.
+    let l = r.acquire(0, &[0]).unwrap().pop().unwrap().wait().unwrap();
+    let bytes = r.slab_bytes();
+    drop(r);
+    assert_eq!(
+        hook.0.lock().unwrap().len(),
+        4,
+        "the lease still holds the slab"
+    );
+    drop(l);
+    let last = *hook.0.lock().unwrap().last().unwrap();
+    assert_eq!(last.1, bytes, "the whole slab, before it is freed");
+    assert_eq!(hook.0.lock().unwrap().len(), 5);
+}
+
 #[test]
 fn pinned_experts_load_at_start_and_always_hit() {
     let (io, layouts) = setup(2, 4);

@@ -159,6 +159,14 @@ pub struct CopyStats {
     pub exposed_s: f64,
     /// Pinned host→device bandwidth measured at load on the same copy stream, bytes/s.
     pub pinned_bps: f64,
+    /// Experts copied by DMA straight from their registered RAM slot (the rest went through
+    /// the pinned ring).
+    pub direct: u64,
+    /// RAM slots registered with the driver for those copies (each on its first copy, and
+    /// again after the RSS guard released it), and the host seconds that took.
+    pub registrations: u64,
+    /// See `registrations`.
+    pub register_s: f64,
 }
 
 impl CopyStats {
@@ -197,6 +205,9 @@ impl CopyStats {
             "pinned_gbps": self.pinned_bps / 1e9,
             "h2d_over_pinned": self.ratio(),
             "hidden_fraction": self.hidden(),
+            "direct": self.direct,
+            "registrations": self.registrations,
+            "register_s": self.register_s,
         })
     }
 }
@@ -259,6 +270,17 @@ impl Offload {
         s.stage_s += stage_s;
         s.copy_s += copy_s;
         s.exposed_s += exposed_s.min(copy_s);
+    }
+
+    /// One copy went by DMA straight from its registered RAM slot; `registered_s`: the slot
+    /// was registered for it, taking that long.
+    pub fn direct_sample(&self, registered_s: Option<f64>) {
+        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.direct += 1;
+        if let Some(t) = registered_s {
+            s.registrations += 1;
+            s.register_s += t;
+        }
     }
 
     /// Totals since load.
@@ -410,5 +432,10 @@ mod tests {
         let c = o.costs();
         assert!(c.gpu[bucket(16)].get().is_some() && c.copy_s_per_byte.get().is_some());
         assert_eq!(CopyStats::default().hidden(), 0.0);
+        o.direct_sample(Some(0.25));
+        o.direct_sample(None);
+        let s = o.stats();
+        assert_eq!((s.direct, s.registrations, s.register_s), (2, 1, 0.25));
+        assert_eq!(s.json()["direct"], 2);
     }
 }

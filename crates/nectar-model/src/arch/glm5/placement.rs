@@ -546,6 +546,7 @@ pub(super) fn apply(
         p.left_on_cpu += left;
         p.vram_experts.push((l, ids, moe.expert_count()));
     }
+    let mut route = String::new();
     if plan.staging_slots > 0 {
         let largest = plan.per_layer.values().map(|x| x.2).max().unwrap_or(0);
         let tier = std::sync::Arc::new(super::copied::CopyTier::new(
@@ -563,8 +564,17 @@ pub(super) fn apply(
                 moe.set_copy_tier(&tier);
             }
         }
+        // Every residency manager whose experts may be copied tells the registry before it
+        // gives slot memory back.
+        for res in [model.residency(), model.mtp_residency()]
+            .into_iter()
+            .flatten()
+        {
+            tier.attach(res);
+        }
         p.staging = (tier.slots(), tier.device_bytes() as u64);
         p.bytes += p.staging.1;
+        route = format!(", {}", tier.route());
         model.copy_tier = Some(tier);
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -572,7 +582,7 @@ pub(super) fn apply(
     let staging = match p.staging {
         (0, _) => String::new(),
         (n, b) => format!(
-            "; staging for copied experts: {n} slots ({:.1} MiB)",
+            "; staging for copied experts: {n} slots ({:.1} MiB){route}",
             mib(b)
         ),
     };
