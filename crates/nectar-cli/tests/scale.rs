@@ -20,6 +20,19 @@ fn glm52_projection(args: &[&str]) -> serde_json::Value {
     json(&out)["projection"].clone()
 }
 
+/// GLM-5.2 on a described 32 GB machine (PCIe4 NVMe, dual-channel DDR5): the budget and every
+/// speed but the compute rates given, so nothing measured here enters the decode figure.
+const GLM52_32G: [&str; 8] = [
+    "--memory-budget",
+    "29G",
+    "--disk-gbps",
+    "7",
+    "--mem-gbps",
+    "65",
+    "--kernel-share",
+    "0.6",
+];
+
 #[test]
 fn bench_policy_reports_every_kind_and_slot_count_against_belady() {
     let (ok, out, err) = nectar(&["bench", "policy", "--slots", "12,16", "--json"]);
@@ -254,20 +267,7 @@ fn fit_projects_decode_and_prefill_speed() {
 #[test]
 fn fit_projects_prefill_attention() {
     let at = |attn: &str| {
-        glm52_projection(&[
-            "--memory-budget",
-            "29G",
-            "--disk-gbps",
-            "7",
-            "--mem-gbps",
-            "65",
-            "--kernel-share",
-            "0.6",
-            "--gflops",
-            "1000",
-            "--attn-gflops",
-            attn,
-        ])
+        glm52_projection(&[&GLM52_32G[..], &["--gflops", "1000", "--attn-gflops", attn]].concat())
     };
     let (slow, fast) = (at("50"), at("100"));
     let secs =
@@ -334,21 +334,8 @@ fn run_reports_how_much_of_the_slab_huge_pages_back() {
 #[test]
 fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     // GLM-5.2 on a described machine, every speed given: nothing measured here enters.
-    let project = |extra: &[&str]| {
-        let machine = [
-            "--memory-budget",
-            "29G",
-            "--disk-gbps",
-            "7",
-            "--mem-gbps",
-            "65",
-            "--kernel-share",
-            "0.6",
-            "--gflops",
-            "500",
-        ];
-        glm52_projection(&[&machine[..], extra].concat())
-    };
+    let project =
+        |extra: &[&str]| glm52_projection(&[&GLM52_32G[..], &["--gflops", "500"], extra].concat());
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
     let slow = project(&["--layer-overhead-ms", "2", "--prefetch", "off"]);

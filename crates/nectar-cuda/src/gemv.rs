@@ -34,11 +34,6 @@ pub enum Order {
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
     /// and formats take the `Exact` kernels.
     Tensor,
-    /// [`Order::Tensor`] with several steps of weights in flight in registers for int4 and int8
-    /// (`gemv_tc_deep`; bf16 as `Tensor`): the same values in the same order, so it must give
-    /// the same bits (`parity.rs`). Measured by `nectar bench gpu` only until a device run has
-    /// shown it faster and bit-identical (not yet: RESULTS, 2026-12-02 11:10).
-    TensorDeep,
 }
 
 impl Order {
@@ -52,13 +47,12 @@ impl Order {
             Order::Exact => "exact",
             Order::Word => "word",
             Order::Tensor => "tensor",
-            Order::TensorDeep => "tensor-deep",
         }
     }
 
     /// Whether this order runs the tensor-core GEMV where the layout admits it.
     pub fn tensor(self) -> bool {
-        matches!(self, Order::Tensor | Order::TensorDeep)
+        self == Order::Tensor
     }
 }
 
@@ -235,11 +229,6 @@ pub(crate) fn kernel_names() -> Vec<String> {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
-    for base in ["i4", "i8"] {
-        for tiles in [1, 2] {
-            v.push(format!("gemv_tc_{base}_d_t{tiles}"));
-        }
-    }
     v.sort();
     v.dedup();
     v
@@ -289,21 +278,10 @@ impl Gpu {
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
-            Some(base) if order.tensor() && tc_layout(format, cols) => {
-                // int4 / int8 with several steps in flight (two row tiles per warp for many
-                // rows: the steps, not the tiles, hold the bytes in flight).
-                if order == Order::TensorDeep && base != "bf16" {
-                    Some((
-                        (self.function(&format!("gemv_tc_{base}_d_t2"))?, 2),
-                        (self.function(&format!("gemv_tc_{base}_d_t1"))?, 1),
-                    ))
-                } else {
-                    Some((
-                        (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
-                        (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
-                    ))
-                }
-            }
+            Some(base) if order.tensor() && tc_layout(format, cols) => Some((
+                (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
+                (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
+            )),
             _ => None,
         };
         Ok(GemvPlan {

@@ -79,10 +79,6 @@ mod with_cuda {
             if tensor {
                 orders.push(Order::Tensor);
             }
-            // int4 / int8 with several steps in flight (same bits), in the same run.
-            if tensor && quant {
-                orders.push(Order::TensorDeep);
-            }
             for &m in &a.m {
                 for &order in &orders {
                     v.push(GemvCase {
