@@ -6,6 +6,7 @@ use anyhow::Result;
 use nectar_model::{Glm5, Observer};
 use nectar_residency::trace::Trace;
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// The trace's routes for the rows of the current forward.
 pub struct TraceRoutes<'a> {
@@ -14,6 +15,11 @@ pub struct TraceRoutes<'a> {
     map: HashMap<usize, usize>,
     /// Trace row of each row of the current forward.
     pub rows: Vec<usize>,
+    /// Wall seconds of the MoE blocks so far (routes taken → the layer's output), waits for
+    /// reads included: the time a layer's demand reads can overlap.
+    pub moe_seconds: f64,
+    /// The MoE layer in progress and when its routes were taken.
+    block: Option<(usize, Instant)>,
 }
 
 impl<'a> TraceRoutes<'a> {
@@ -23,14 +29,27 @@ impl<'a> TraceRoutes<'a> {
             trace,
             map: layer_map(model, trace)?,
             rows: Vec::new(),
+            moe_seconds: 0.0,
+            block: None,
         })
     }
 }
 
 impl Observer for TraceRoutes<'_> {
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        if self.block.map(|b| b.0) != Some(layer) {
+            self.block = Some((layer, Instant::now()));
+        }
         let tl = *self.map.get(&layer)?;
         Some(self.trace.experts(*self.rows.get(row)?, tl).collect())
+    }
+
+    fn layer_output(&mut self, layer: usize, _x: &[f32]) {
+        if let Some((l, t0)) = self.block.take() {
+            if l == layer {
+                self.moe_seconds += t0.elapsed().as_secs_f64();
+            }
+        }
     }
 }
 
