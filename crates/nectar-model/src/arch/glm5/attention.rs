@@ -254,7 +254,11 @@ impl Attention {
                 (None, None) => unreachable!("kvb is read when any row is absorbed"),
             }
         });
-        // Back to row-major `[row][head][dv]`, the layout o_proj multiplies.
+        // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row, decode's
+        // usual case: the two layouts are the same).
+        if m == 1 {
+            return self.o.forward(&by_head, m);
+        }
         let mut o = vec![0.0; m * hd * self.dv];
         for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
             let (head, i) = (idx / m, idx % m);
