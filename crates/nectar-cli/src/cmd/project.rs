@@ -654,7 +654,7 @@ pub fn project(
     let prefill_split = |p: usize| {
         let [products, attention, reads] = prefill_parts(p);
         json!({"products_s": products, "attention_s": attention, "reads_s": reads,
-               "attention_form": if g.attn.reconstructs(p) { "reconstructed" } else { "absorbed" }})
+               "kv_blocks": g.attn.kv_blocks(p)})
     };
     json!({
         "lru_slots_per_layer": slots.mtp_off,

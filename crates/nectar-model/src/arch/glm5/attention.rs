@@ -5,8 +5,10 @@
 //! - **absorbed** (decode, MTP, verify — any sequence adding ≤ 4 rows): the K up-projection is
 //!   folded into the query and the V up-projection into the output, so attention runs directly
 //!   over cached latents. Every row is computed the same way whatever else is in the batch.
-//! - **reconstructed** (prefill chunks of > 4 rows): K/V are rebuilt for the sequence's keys with
-//!   one matmul and attention runs per head; cheaper when many queries share the keys.
+//! - **reconstructed** (prefill chunks of > 4 rows, unless a short chunk continues a long
+//!   cache — [`recon::reconstruction_pays`]): K/V are rebuilt for the sequence's keys by kv_b's
+//!   matmul, in blocks of at most [`RECON_MAX_BYTES`], and attention runs per head with a
+//!   running softmax over the blocks ([`recon`]); cheaper when many queries share the keys.
 //!
 //! Both are tested against each other and against the HF fixtures. With `kv_b` in VRAM the
 //! reconstructed form runs on the GPU ([`gpu`]).
@@ -24,24 +26,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(feature = "cuda")]
 mod gpu;
+pub(super) mod recon;
+
+use recon::Heads;
 
 /// ε of `q_a_layernorm` / `kv_a_layernorm` (HF builds them without passing `rms_norm_eps`).
 const LATENT_EPS: f32 = 1e-6;
 /// Rows per sequence up to which the absorbed form is used.
 const ABSORBED_MAX_ROWS: usize = 4;
-/// Largest reconstructed K/V buffer (f32 bytes) before falling back to the absorbed form.
+/// Largest block of reconstructed K/V (f32 bytes): longer caches are rebuilt block by block.
 pub(super) const RECON_MAX_BYTES: usize = 256 << 20;
 
 /// Which MLA form to use (tests force each one; production uses `Auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MlaMode {
-    /// Absorbed for ≤ 4 rows per sequence, reconstructed otherwise.
+    /// Absorbed for ≤ 4 rows per sequence, otherwise the cheaper form.
     #[default]
     Auto,
     /// Always the absorbed form.
     Absorbed,
-    /// Always the reconstructed form (when the K/V buffer fits).
+    /// Always the reconstructed form.
     Reconstructed,
+    /// Always the reconstructed form, rebuilding at most this many keys at a time (the blocked
+    /// path at the fixtures' sizes; production blocks are [`RECON_MAX_BYTES`]).
+    ReconstructedInBlocks(usize),
 }
 
 /// One layer's attention weights and geometry.
@@ -187,84 +195,178 @@ impl Attention {
         let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode)?;
         #[cfg(not(feature = "cuda"))]
         let on_gpu: Vec<Option<Vec<f32>>> = vec![None; layout.seqs.len()];
-        // Reconstructed K/V per sequence where that form is chosen.
-        let recon: Vec<Option<Vec<f32>>> = layout
+        // The CPU's reconstructed form, per sequence, where it is chosen (`recon`).
+        let recon: Vec<bool> = layout
             .seqs
             .iter()
             .enumerate()
             .map(|(s, rows)| {
-                if on_gpu[s].is_some() {
-                    return Ok(None);
-                }
-                let t = caches[s].len();
-                let fits = t * hd * (self.dn + self.dv) * 4 <= RECON_MAX_BYTES;
-                let use_recon = match mode {
-                    MlaMode::Auto => rows.len() > ABSORBED_MAX_ROWS && fits,
-                    MlaMode::Absorbed => false,
-                    MlaMode::Reconstructed => fits,
-                };
-                if use_recon && !rows.is_empty() {
-                    self.kv_b
-                        .forward(&caches[s].latent[..t * self.rank], t)
-                        .map(Some)
-                } else {
-                    Ok(None)
-                }
+                on_gpu[s].is_none()
+                    && !rows.is_empty()
+                    && match mode {
+                        MlaMode::Auto => {
+                            rows.len() > ABSORBED_MAX_ROWS
+                                && self.reconstruction_pays(layout, rows.clone(), caches[s], sel)
+                        }
+                        MlaMode::Absorbed => false,
+                        MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks(_) => true,
+                    }
             })
-            .collect::<Result<_>>()?;
+            .collect();
+        let mut o = vec![0.0; m * hd * self.dv];
+        if layout.rows.iter().any(|r| !recon[r.seq]) {
+            let by_head = self.plain_rows(layout, &caches, sel, &q, &recon, &on_gpu)?;
+            // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row,
+            // decode's usual case: the two layouts are the same).
+            if m == 1 {
+                return self.o.forward(&by_head, m);
+            }
+            for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
+                let (head, i) = (idx / m, idx % m);
+                if !recon[layout.rows[i].seq] {
+                    o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
+                }
+            }
+        }
+        for (s, rows) in layout.seqs.iter().enumerate() {
+            if recon[s] {
+                let block = match mode {
+                    MlaMode::ReconstructedInBlocks(keys) => keys.max(1),
+                    _ => (RECON_MAX_BYTES / (hd * (self.dn + self.dv) * 4)).max(1),
+                };
+                self.reconstructed(layout, rows.clone(), caches[s], sel, &q, block, &mut o)?;
+            }
+        }
+        self.o.forward(&o, m)
+    }
+
+    /// The absorbed form's rows and the GPU's, as `[head][row][dv]` (rows of `recon`
+    /// sequences are left at zero).
+    fn plain_rows(
+        &self,
+        layout: &Layout,
+        caches: &[&LayerCache],
+        sel: &[Option<Vec<u32>>],
+        q: &[f32],
+        recon: &[bool],
+        on_gpu: &[Option<Vec<f32>>],
+    ) -> Result<Vec<f32>> {
+        let (m, hd, dq) = (layout.rows.len(), self.heads, self.dn + self.dr);
         // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
         // copy when placed in VRAM (`placement::keeps_host_copy`).
         let kvb = match layout
             .rows
             .iter()
-            .any(|r| recon[r.seq].is_none() && on_gpu[r.seq].is_none())
+            .any(|r| !recon[r.seq] && on_gpu[r.seq].is_none())
         {
             true => Some(self.kv_b.mat()?),
             false => None,
         };
-        // One task per (head, row), on the compute team, head-major: consecutive tasks read
-        // the same head's keys, so a prefill chunk's working set is one head's K/V slice (a few
-        // MB, cache-resident) instead of every head's (all of the reconstructed K/V, from DRAM,
-        // once per row). Each task computes exactly what it would in any order.
+        // One task per (head, row), on the compute team, head-major (consecutive tasks read
+        // the same head's weights). Each task computes exactly what it would in any order.
         let mut by_head = vec![0.0; m * hd * self.dv];
         team::for_each_chunk_mut(&mut by_head, self.dv, |idx, out| {
             let (head, i) = (idx / m, idx % m);
             let row = layout.rows[i];
-            let qh = &q[i * hd * dq + head * dq..][..dq];
-            let keys = sel[i].as_deref();
+            if recon[row.seq] {
+                return;
+            }
             if let Some(g) = &on_gpu[row.seq] {
                 let j = i - layout.seqs[row.seq].start;
                 out.copy_from_slice(&g[(j * hd + head) * self.dv..][..self.dv]);
                 return;
             }
-            match (&recon[row.seq], &kvb) {
-                (Some(kvf), _) => reconstructed(
-                    &self.heads(),
-                    qh,
-                    head,
-                    row.pos,
-                    &caches[row.seq].k_pe,
-                    kvf,
-                    keys,
-                    out,
-                ),
-                (None, Some(kvb)) => {
-                    self.absorbed(kvb, qh, head, row.pos, caches[row.seq], keys, out)
-                }
-                (None, None) => unreachable!("kvb is read when any row is absorbed"),
-            }
+            let qh = &q[i * hd * dq + head * dq..][..dq];
+            let kvb = kvb.as_ref().expect("kvb is read when any row is absorbed");
+            self.absorbed(
+                kvb,
+                qh,
+                head,
+                row.pos,
+                caches[row.seq],
+                sel[i].as_deref(),
+                out,
+            );
         });
-        // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row, decode's
-        // usual case: the two layouts are the same).
-        if m == 1 {
-            return self.o.forward(&by_head, m);
+        Ok(by_head)
+    }
+
+    /// Whether the reconstructed form costs less than the absorbed one for these rows of one
+    /// sequence ([`recon::reconstruction_pays`]).
+    fn reconstruction_pays(
+        &self,
+        layout: &Layout,
+        rows: std::ops::Range<usize>,
+        cache: &LayerCache,
+        sel: &[Option<Vec<u32>>],
+    ) -> bool {
+        let attended = rows
+            .clone()
+            .map(|i| sel[i].as_ref().map_or(layout.rows[i].pos + 1, Vec::len))
+            .sum();
+        recon::reconstruction_pays(&self.heads(), self.rank, rows.len(), cache.len(), attended)
+    }
+
+    /// The reconstructed form for `rows` of one sequence, written into `o` (`[row][head][dv]`):
+    /// K/V rebuilt by kv_b in blocks of at most `block` keys, each block folded into
+    /// every (row, head)'s running softmax on the compute team, head-major (a block's working
+    /// set is one head's K/V slice at a time).
+    #[allow(clippy::too_many_arguments)]
+    fn reconstructed(
+        &self,
+        layout: &Layout,
+        rows: std::ops::Range<usize>,
+        c: &LayerCache,
+        sel: &[Option<Vec<u32>>],
+        q: &[f32],
+        block: usize,
+        o: &mut [f32],
+    ) -> Result<()> {
+        let (g, n, t) = (self.heads(), rows.len(), c.len());
+        let (hd, dq, sl) = (self.heads, self.dn + self.dr, g.state_len());
+        // Each row's selected keys it can see, ascending, so a block's share is a sub-slice.
+        let listed: Vec<Option<Vec<u32>>> = rows
+            .clone()
+            .map(|i| {
+                sel[i].as_ref().map(|k| {
+                    let pos = layout.rows[i].pos;
+                    let mut v: Vec<u32> =
+                        k.iter().copied().filter(|&t| t as usize <= pos).collect();
+                    v.sort_unstable();
+                    v
+                })
+            })
+            .collect();
+        let mut st = vec![0.0f32; hd * n * sl];
+        for s in st.chunks_exact_mut(sl) {
+            recon::init(&g, s);
         }
-        let mut o = vec![0.0; m * hd * self.dv];
-        for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
-            let (head, i) = (idx / m, idx % m);
-            o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
+        for first in (0..t).step_by(block) {
+            let end = (first + block).min(t);
+            let kvf = self
+                .kv_b
+                .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
+            team::for_each_chunk_mut(&mut st, sl, |idx, s| {
+                let (head, j) = (idx / n, idx % n);
+                let i = rows.start + j;
+                let pos = layout.rows[i].pos;
+                let keys = match &listed[j] {
+                    Some(k) => {
+                        let lo = k.partition_point(|&x| (x as usize) < first);
+                        let hi = k.partition_point(|&x| (x as usize) < end);
+                        recon::Keys::Listed(&k[lo..hi])
+                    }
+                    None => recon::Keys::Span(first..end.min(pos + 1).max(first)),
+                };
+                let qh = &q[i * hd * dq + head * dq..][..dq];
+                recon::absorb_block(&g, qh, head, first, &c.k_pe, &kvf, keys, s);
+            });
         }
-        self.o.forward(&o, m)
+        for (idx, s) in st.chunks_exact(sl).enumerate() {
+            let (head, i) = (idx / n, rows.start + idx % n);
+            recon::finish(&g, s, &mut o[(i * hd + head) * self.dv..][..self.dv]);
+        }
+        Ok(())
     }
 
     /// The per-head geometry the attention cores need.
@@ -313,21 +415,6 @@ impl Attention {
     }
 }
 
-/// Per-head geometry of the attention cores.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Heads {
-    /// Heads (the per-key stride of the rebuilt K/V is `heads × (dn + dv)`).
-    pub heads: usize,
-    /// `qk_nope_head_dim`.
-    pub dn: usize,
-    /// `qk_rope_head_dim`.
-    pub dr: usize,
-    /// `v_head_dim`.
-    pub dv: usize,
-    /// Softmax scale, 1/√(dn + dr).
-    pub scale: f32,
-}
-
 /// Scores → softmax over the selected keys (or all of `0..=pos`).
 fn probs(
     scale: f32,
@@ -346,31 +433,4 @@ fn probs(
     let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * scale).collect();
     softmax_in_place(&mut p);
     (ts, p)
-}
-
-/// One (row, head) of the reconstructed form: `kvf` holds every key's rebuilt
-/// `[k_nope ; v]` per head (`heads × (dn + dv)` per key), `k_pe` the keys' rope parts.
-/// (`prefill_cost` times this very function.)
-#[allow(clippy::too_many_arguments)]
-pub(super) fn reconstructed(
-    g: &Heads,
-    qh: &[f32],
-    head: usize,
-    pos: usize,
-    k_pe: &[f32],
-    kvf: &[f32],
-    keys: Option<&[u32]>,
-    out: &mut [f32],
-) {
-    let (dn, dv, dr) = (g.dn, g.dv, g.dr);
-    let stride = g.heads * (dn + dv);
-    let base = head * (dn + dv);
-    let (ts, p) = probs(g.scale, pos, keys, |t| {
-        dot(&qh[..dn], &kvf[t * stride + base..][..dn])
-            + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])
-    });
-    out.fill(0.0);
-    for (&t, &pt) in ts.iter().zip(&p) {
-        scaled_add(out, pt, &kvf[t * stride + base + dn..][..dv]);
-    }
 }

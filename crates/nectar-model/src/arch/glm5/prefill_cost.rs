@@ -7,7 +7,8 @@
 //! selects, then its top k), and each full-indexer layer scores all `i + 1` keys once the
 //! indexer selects. `nectar fit --project` adds this term to its prefill projection (validated
 //! against `nectar bench replay --prompt-rows`: benchmarks/RESULTS.md).
-use super::attention::{reconstructed, Heads, RECON_MAX_BYTES};
+use super::attention::recon::{self, Heads, Keys};
+use super::attention::RECON_MAX_BYTES;
 use super::Config;
 use nectar_kernels::team;
 use std::time::Instant;
@@ -77,14 +78,16 @@ impl AttnShape {
         }
     }
 
-    /// True when a `p`-token span runs the reconstructed form (its rebuilt K/V fit the
-    /// buffer the model allows); the absorbed form otherwise.
-    pub fn reconstructs(&self, p: usize) -> bool {
-        p * self.heads * (self.dn + self.dv) * 4 <= RECON_MAX_BYTES
+    /// Blocks of keys a `p`-token span from position 0 rebuilds K/V in (each at most the
+    /// buffer the model allows). A fresh span always runs the reconstructed form
+    /// (`recon::reconstruction_pays`: its rebuild costs what the absorbed form's projections
+    /// would, and each (row, key) costs less).
+    pub fn kv_blocks(&self, p: usize) -> usize {
+        p.div_ceil((RECON_MAX_BYTES / (self.heads * (self.dn + self.dv) * 4)).max(1))
     }
 
-    /// Floating-point operations of attention (scores, softmax weights × V, and in the
-    /// absorbed form the per-(row, head) latent projections) and of the indexer's scoring,
+    /// Floating-point operations of attention (scores and softmax weights × V; the rebuild of
+    /// K/V is kv_b's product, counted with the products) and of the indexer's scoring,
     /// over every layer, for one `p`-token prompt span from position 0.
     pub fn prefill_flops(&self, p: usize) -> f64 {
         let (pf, k) = (p as f64, self.topk as f64);
@@ -95,17 +98,7 @@ impl AttnShape {
             k * (k + 1.0) / 2.0 + (pf - k) * k
         };
         let h = self.heads as f64;
-        let (dn, dr, dv, r) = (
-            self.dn as f64,
-            self.dr as f64,
-            self.dv as f64,
-            self.rank as f64,
-        );
-        let per_layer = if self.reconstructs(p) {
-            attended * h * 2.0 * (dn + dr + dv)
-        } else {
-            attended * h * 2.0 * (2.0 * r + dr) + pf * h * 2.0 * r * (dn + dv)
-        };
+        let per_layer = attended * h * 2.0 * (self.dn + self.dr + self.dv) as f64;
         // Σ over the queries that select (i + 1 > topk) of the i + 1 keys they score.
         let scored = if p > self.topk {
             (pf * (pf + 1.0) - k * (k + 1.0)) / 2.0
@@ -150,7 +143,10 @@ pub fn measure_gflops(shape: &AttnShape, rows: usize, passes: usize) -> f64 {
         team::for_each_chunk_mut(&mut out, g.dv, |idx, o| {
             let (head, i) = (idx / rows, idx % rows);
             let qh = &q[(i * g.heads + head) * dq..][..dq];
-            reconstructed(&g, qh, head, i, &k_pe, &kvf, None, o);
+            let mut st = vec![0.0; g.state_len()];
+            recon::init(&g, &mut st);
+            recon::absorb_block(&g, qh, head, 0, &k_pe, &kvf, Keys::Span(0..i + 1), &mut st);
+            recon::finish(&g, &st, o);
         });
         best = best.min(t0.elapsed().as_secs_f64());
     }
@@ -163,18 +159,21 @@ pub fn measure_gflops(shape: &AttnShape, rows: usize, passes: usize) -> f64 {
 mod tests {
     use super::*;
 
-    /// The form switch and the work counted follow the model: GLM-5.2 reconstructs up to
-    /// 2,340 tokens (256 MiB of rebuilt K/V), attends to every visible key up to the top k and
-    /// to k keys after it, and only then scores with the indexer.
+    /// The work counted follows the model: GLM-5.2 rebuilds K/V in blocks of 2,340 keys
+    /// (256 MiB), attends to every visible key up to the top k and to k keys after it, and
+    /// only then scores with the indexer.
     #[test]
-    fn prefill_work_follows_the_forms_and_the_selection() {
+    fn prefill_work_follows_the_blocks_and_the_selection() {
         let s = AttnShape::glm52();
-        assert!(s.reconstructs(2340) && !s.reconstructs(2341));
+        assert_eq!(
+            (s.kv_blocks(2340), s.kv_blocks(2341), s.kv_blocks(8192)),
+            (1, 2, 4)
+        );
         // Below the top k: quadratic, no indexer scoring.
         let per_key = 64.0 * 2.0 * (192.0 + 64.0 + 256.0) * 78.0;
         assert_eq!(s.prefill_flops(1), per_key);
         assert_eq!(s.prefill_flops(2048), 2048.0 * 2049.0 / 2.0 * per_key);
-        // Past the switch the absorbed form's latent projections appear and the indexer scores.
+        // Past the top k the indexer scores every visible key: quadratic.
         let (a, b) = (s.prefill_flops(4096), s.prefill_flops(8192));
         assert!(
             b > 2.0 * a,

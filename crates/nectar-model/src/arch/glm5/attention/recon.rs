@@ -1,0 +1,304 @@
+//! The reconstructed MLA form on the CPU, over blocks of keys.
+//!
+//! K/V are rebuilt by kv_b's product for at most [`RECON_MAX_BYTES`] of keys at a time, and
+//! every (row, head) folds each block into a running softmax (`m`, `l` and the unnormalised
+//! output), so any cache length keeps the form's work — `dn + dr + dv` per (row, key, head),
+//! against the absorbed form's `2·rank + dr` — in bounded memory. Within a block the keys are
+//! taken in ascending position; the blocks in order, so a row's result depends only on its
+//! query, its selected keys and the block size, never on the batch or the chunking.
+//!
+//! [`RECON_MAX_BYTES`]: super::RECON_MAX_BYTES
+use nectar_kernels::{dot, scaled_add};
+
+/// Per-head geometry of the attention cores.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::arch::glm5) struct Heads {
+    /// Heads (the per-key stride of the rebuilt K/V is `heads × (dn + dv)`).
+    pub heads: usize,
+    /// `qk_nope_head_dim`.
+    pub dn: usize,
+    /// `qk_rope_head_dim`.
+    pub dr: usize,
+    /// `v_head_dim`.
+    pub dv: usize,
+    /// Softmax scale, 1/√(dn + dr).
+    pub scale: f32,
+}
+
+impl Heads {
+    /// Floats of one (row, head)'s running state: the unnormalised output, then `m` and `l`.
+    pub fn state_len(&self) -> usize {
+        self.dv + 2
+    }
+}
+
+/// The keys one (row, head) takes from a block: a span of positions (no DSA selection yet) or
+/// the selected positions inside the block, ascending.
+#[derive(Debug, Clone)]
+pub(in crate::arch::glm5) enum Keys<'a> {
+    Span(std::ops::Range<usize>),
+    Listed(&'a [u32]),
+}
+
+impl Keys<'_> {
+    fn for_each(&self, mut f: impl FnMut(usize)) {
+        match self {
+            Keys::Span(r) => r.clone().for_each(f),
+            Keys::Listed(k) => k.iter().for_each(|&t| f(t as usize)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::Span(r) => r.len(),
+            Keys::Listed(k) => k.len(),
+        }
+    }
+}
+
+/// A fresh running state (`m` = −∞, nothing accumulated).
+pub(in crate::arch::glm5) fn init(g: &Heads, st: &mut [f32]) {
+    st.fill(0.0);
+    st[g.dv] = f32::NEG_INFINITY;
+}
+
+/// Folds one block of keys into (row, head)'s running state `st`: `kvf` holds the block's
+/// rebuilt `[k_nope ; v]` per head (`heads × (dn + dv)` per key, key `first` first), `k_pe`
+/// every key's rope part from position 0. The scores are the same sums as the absorbed form's
+/// (`q_nope · k_nope + q_pe · k_pe`, times the scale); the running maximum rescales what came
+/// before, as in FlashAttention.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::arch::glm5) fn absorb_block(
+    g: &Heads,
+    qh: &[f32],
+    head: usize,
+    first: usize,
+    k_pe: &[f32],
+    kvf: &[f32],
+    keys: Keys<'_>,
+    st: &mut [f32],
+) {
+    if keys.len() == 0 {
+        return;
+    }
+    let (dn, dv, dr) = (g.dn, g.dv, g.dr);
+    let stride = g.heads * (dn + dv);
+    let base = head * (dn + dv);
+    let mut s = Vec::with_capacity(keys.len());
+    keys.for_each(|t| {
+        let kv = &kvf[(t - first) * stride + base..];
+        s.push((dot(&qh[..dn], &kv[..dn]) + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])) * g.scale);
+    });
+    let (acc, ml) = st.split_at_mut(dv);
+    let bmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = ml[0].max(bmax);
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    if ml[0] != m {
+        // exp(−∞) = 0 clears the empty start; otherwise what came before shrinks.
+        let c = (ml[0] - m).exp();
+        acc.iter_mut().for_each(|a| *a *= c);
+        ml[1] *= c;
+        ml[0] = m;
+    }
+    let mut i = 0;
+    keys.for_each(|t| {
+        let p = (s[i] - m).exp();
+        i += 1;
+        ml[1] += p;
+        scaled_add(acc, p, &kvf[(t - first) * stride + base + dn..][..dv]);
+    });
+}
+
+/// The (row, head)'s output from its running state: the output divided by the weights' sum
+/// (zero when no key was visible, as the softmax of nothing).
+pub(in crate::arch::glm5) fn finish(g: &Heads, st: &[f32], out: &mut [f32]) {
+    let l = st[g.dv + 1];
+    if l == 0.0 {
+        out.fill(0.0);
+        return;
+    }
+    let inv = 1.0 / l;
+    for (o, &a) in out.iter_mut().zip(&st[..g.dv]) {
+        *o = a * inv;
+    }
+}
+
+/// Whether rebuilding K/V for all `keys` of a sequence costs less arithmetic than the absorbed
+/// form for its `rows` queries, which attend to `attended` (row, key) pairs in all. Both forms
+/// project with kv_b's weights once per item — the rebuild once per key, the absorbed form
+/// once per query (`W_UK` into the query, `W_UV` out of the latent) — then pay per (row, key,
+/// head) `dn + dr + dv` against `2·rank + dr`. So a fresh prompt (rows = keys) always
+/// reconstructs, and a short continuation of a long cache (a new turn, an MTP catch-up)
+/// stays absorbed. Multiply-adds; the kernels' rates differ by less than the forms do.
+pub(in crate::arch::glm5) fn reconstruction_pays(
+    g: &Heads,
+    rank: usize,
+    rows: usize,
+    keys: usize,
+    attended: usize,
+) -> bool {
+    let project = (g.heads * rank * (g.dn + g.dv)) as f64;
+    let per_pair = |w: usize| (attended * g.heads * w) as f64;
+    let rebuilt = keys as f64 * project + per_pair(g.dn + g.dr + g.dv);
+    let absorbed = rows as f64 * project + per_pair(2 * rank + g.dr);
+    rebuilt <= absorbed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g() -> Heads {
+        Heads {
+            heads: 2,
+            dn: 3,
+            dr: 2,
+            dv: 4,
+            scale: 0.5,
+        }
+    }
+
+    fn fill(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 211) as f32 / 53.0 - 2.0)
+            .collect()
+    }
+
+    /// The plain softmax-then-sum in f64: the reference the blocked form must match.
+    fn reference(
+        g: &Heads,
+        qh: &[f32],
+        head: usize,
+        k_pe: &[f32],
+        kvf: &[f32],
+        keys: &[usize],
+    ) -> Vec<f64> {
+        let stride = g.heads * (g.dn + g.dv);
+        let base = head * (g.dn + g.dv);
+        let s: Vec<f64> = keys
+            .iter()
+            .map(|&t| {
+                let kv = &kvf[t * stride + base..];
+                let a: f64 = (0..g.dn).map(|d| qh[d] as f64 * kv[d] as f64).sum();
+                let b: f64 = (0..g.dr)
+                    .map(|d| qh[g.dn + d] as f64 * k_pe[t * g.dr + d] as f64)
+                    .sum();
+                (a + b) * g.scale as f64
+            })
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+        let l: f64 = e.iter().sum();
+        let mut out = vec![0.0; g.dv];
+        for (&t, &p) in keys.iter().zip(&e) {
+            for (d, o) in out.iter_mut().enumerate() {
+                *o += p / l * kvf[t * stride + base + g.dn + d] as f64;
+            }
+        }
+        out
+    }
+
+    /// Any split of the keys into blocks (one block, several, blocks a row sees nothing of)
+    /// gives the softmax-weighted sum within f32 rounding, for listed and spanned keys.
+    #[test]
+    fn blocks_of_keys_fold_into_the_softmax() {
+        let g = g();
+        let t = 11;
+        let q = fill(g.dn + g.dr, 1);
+        let k_pe = fill(t * g.dr, 2);
+        let kvf = fill(t * g.heads * (g.dn + g.dv), 3);
+        let stride = g.heads * (g.dn + g.dv);
+        let listed: Vec<u32> = vec![0, 2, 3, 7, 8, 10];
+        for head in 0..g.heads {
+            for block in [1, 2, 3, 5, 11, 20] {
+                for sel in [None, Some(&listed)] {
+                    let mut st = vec![0.0; g.state_len()];
+                    init(&g, &mut st);
+                    for first in (0..t).step_by(block) {
+                        let end = (first + block).min(t);
+                        let keys = match sel {
+                            None => Keys::Span(first..end),
+                            Some(k) => {
+                                let lo = k.partition_point(|&x| (x as usize) < first);
+                                let hi = k.partition_point(|&x| (x as usize) < end);
+                                Keys::Listed(&k[lo..hi])
+                            }
+                        };
+                        absorb_block(
+                            &g,
+                            &q,
+                            head,
+                            first,
+                            &k_pe,
+                            &kvf[first * stride..end * stride],
+                            keys,
+                            &mut st,
+                        );
+                    }
+                    let mut out = vec![0.0; g.dv];
+                    finish(&g, &st, &mut out);
+                    let keys: Vec<usize> = match sel {
+                        None => (0..t).collect(),
+                        Some(k) => k.iter().map(|&x| x as usize).collect(),
+                    };
+                    let want = reference(&g, &q, head, &k_pe, &kvf, &keys);
+                    for (a, b) in out.iter().zip(&want) {
+                        assert!(
+                            (*a as f64 - b).abs() < 1e-5,
+                            "block {block} head {head}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row with no visible key gets zeros, not NaN.
+    #[test]
+    fn no_keys_give_zeros() {
+        let g = g();
+        let mut st = vec![0.0; g.state_len()];
+        init(&g, &mut st);
+        absorb_block(&g, &[0.0; 5], 0, 4, &[], &[], Keys::Span(4..4), &mut st);
+        let mut out = vec![1.0; g.dv];
+        finish(&g, &st, &mut out);
+        assert_eq!(out, vec![0.0; g.dv]);
+    }
+
+    /// GLM-5.2's geometry: a fresh prompt of any length reconstructs; a 64-token turn after
+    /// 10,000 cached tokens, or 5 MTP catch-up rows after 2,000, stays absorbed.
+    #[test]
+    fn the_cheaper_form_is_chosen() {
+        let g = Heads {
+            heads: 64,
+            dn: 192,
+            dr: 64,
+            dv: 256,
+            scale: 1.0,
+        };
+        let attended = |rows: usize, start: usize| -> usize {
+            (start..start + rows).map(|p| (p + 1).min(2048)).sum()
+        };
+        for p in [5, 100, 2048, 2341, 8192, 20000] {
+            assert!(reconstruction_pays(&g, 512, p, p, attended(p, 0)), "{p}");
+        }
+        assert!(!reconstruction_pays(
+            &g,
+            512,
+            64,
+            10_064,
+            attended(64, 10_000)
+        ));
+        assert!(!reconstruction_pays(&g, 512, 5, 2_005, attended(5, 2_000)));
+        // A long continuation amortises the rebuild again.
+        assert!(reconstruction_pays(
+            &g,
+            512,
+            4096,
+            14_096,
+            attended(4096, 10_000)
+        ));
+    }
+}
