@@ -184,8 +184,8 @@ fn absorbed_and_reconstructed_mla_agree() {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
     assert!(d <= 2e-5, "absorbed vs reconstructed max |Δ| = {d:e}");
-    for keys in [1, 3, 7] {
-        model.mla_mode = MlaMode::ReconstructedInBlocks(keys);
+    for (keys, tile) in [(1, 1), (3, 2), (7, 3), (7, 7)] {
+        model.mla_mode = MlaMode::ReconstructedInBlocks { keys, tile };
         let c = run(&model);
         let d = a
             .iter()
@@ -194,7 +194,7 @@ fn absorbed_and_reconstructed_mla_agree() {
             .fold(0.0f32, f32::max);
         assert!(
             d <= 2e-5,
-            "blocks of {keys} keys vs one block: max |Δ| = {d:e}"
+            "blocks of {keys} keys, tiles of {tile}, vs one block: max |Δ| = {d:e}"
         );
     }
 }

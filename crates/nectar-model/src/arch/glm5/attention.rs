@@ -47,9 +47,15 @@ pub enum MlaMode {
     Absorbed,
     /// Always the reconstructed form.
     Reconstructed,
-    /// Always the reconstructed form, rebuilding at most this many keys at a time (the blocked
-    /// path at the fixtures' sizes; production blocks are [`RECON_MAX_BYTES`]).
-    ReconstructedInBlocks(usize),
+    /// Always the reconstructed form in blocks and tiles of the given sizes (the blocked path
+    /// at the fixtures' sizes; production blocks are [`RECON_MAX_BYTES`], tiles
+    /// [`recon::TILE_KEYS`]).
+    ReconstructedInBlocks {
+        /// Keys rebuilt at a time.
+        keys: usize,
+        /// Keys folded into the running softmax at a time.
+        tile: usize,
+    },
 }
 
 /// One layer's attention weights and geometry.
@@ -209,7 +215,7 @@ impl Attention {
                                 && self.reconstruction_pays(layout, rows.clone(), caches[s], sel)
                         }
                         MlaMode::Absorbed => false,
-                        MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks(_) => true,
+                        MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks { .. } => true,
                     }
             })
             .collect();
@@ -230,11 +236,14 @@ impl Attention {
         }
         for (s, rows) in layout.seqs.iter().enumerate() {
             if recon[s] {
-                let block = match mode {
-                    MlaMode::ReconstructedInBlocks(keys) => keys.max(1),
-                    _ => (RECON_MAX_BYTES / (hd * (self.dn + self.dv) * 4)).max(1),
+                let tiling = match mode {
+                    MlaMode::ReconstructedInBlocks { keys, tile } => (keys.max(1), tile.max(1)),
+                    _ => (
+                        (RECON_MAX_BYTES / (hd * (self.dn + self.dv) * 4)).max(1),
+                        recon::TILE_KEYS,
+                    ),
                 };
-                self.reconstructed(layout, rows.clone(), caches[s], sel, &q, block, &mut o)?;
+                self.reconstructed(layout, rows.clone(), caches[s], sel, &q, tiling, &mut o)?;
             }
         }
         self.o.forward(&o, m)
@@ -308,9 +317,9 @@ impl Attention {
     }
 
     /// The reconstructed form for `rows` of one sequence, written into `o` (`[row][head][dv]`):
-    /// K/V rebuilt by kv_b in blocks of at most `block` keys, each block folded into
-    /// every (row, head)'s running softmax on the compute team, head-major (a block's working
-    /// set is one head's K/V slice at a time).
+    /// K/V rebuilt by kv_b in blocks of at most `block` keys, each block folded into every
+    /// (row, head)'s running softmax `tile` keys at a time ([`recon::fold_group`]) on the
+    /// compute team.
     #[allow(clippy::too_many_arguments)]
     fn reconstructed(
         &self,
@@ -319,7 +328,7 @@ impl Attention {
         c: &LayerCache,
         sel: &[Option<Vec<u32>>],
         q: &[f32],
-        block: usize,
+        (block, tile): (usize, usize),
         o: &mut [f32],
     ) -> Result<()> {
         let (g, n, t) = (self.heads(), rows.len(), c.len());
@@ -337,7 +346,11 @@ impl Attention {
                 })
             })
             .collect();
-        let mut st = vec![0.0f32; hd * n * sl];
+        // States `[head][group][row of the group]`, the last group padded: one task per
+        // (head, group of rows), head-major.
+        let gr = recon::GROUP_ROWS;
+        let groups = n.div_ceil(gr);
+        let mut st = vec![0.0f32; hd * groups * gr * sl];
         for s in st.chunks_exact_mut(sl) {
             recon::init(&g, s);
         }
@@ -346,25 +359,27 @@ impl Attention {
             let kvf = self
                 .kv_b
                 .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
-            team::for_each_chunk_mut(&mut st, sl, |idx, s| {
-                let (head, j) = (idx / n, idx % n);
-                let i = rows.start + j;
-                let pos = layout.rows[i].pos;
-                let keys = match &listed[j] {
-                    Some(k) => {
-                        let lo = k.partition_point(|&x| (x as usize) < first);
-                        let hi = k.partition_point(|&x| (x as usize) < end);
-                        recon::Keys::Listed(&k[lo..hi])
-                    }
-                    None => recon::Keys::Span(first..end.min(pos + 1).max(first)),
-                };
-                let qh = &q[i * hd * dq + head * dq..][..dq];
-                recon::absorb_block(&g, qh, head, first, &c.k_pe, &kvf, keys, s);
+            team::for_each_chunk_mut(&mut st, gr * sl, |idx, s| {
+                let (head, grp) = (idx / groups, idx % groups);
+                let group: Vec<recon::Row<'_>> = (grp * gr..((grp + 1) * gr).min(n))
+                    .map(|j| {
+                        let i = rows.start + j;
+                        recon::Row {
+                            qh: &q[i * hd * dq + head * dq..][..dq],
+                            pos: layout.rows[i].pos,
+                            listed: listed[j].as_deref(),
+                        }
+                    })
+                    .collect();
+                recon::fold_group(&g, head, first, tile, &c.k_pe, &kvf, &group, s);
             });
         }
         for (idx, s) in st.chunks_exact(sl).enumerate() {
-            let (head, i) = (idx / n, rows.start + idx % n);
-            recon::finish(&g, s, &mut o[(i * hd + head) * self.dv..][..self.dv]);
+            let (head, j) = (idx / (groups * gr), idx % (groups * gr));
+            if j < n {
+                let i = rows.start + j;
+                recon::finish(&g, s, &mut o[(i * hd + head) * self.dv..][..self.dv]);
+            }
         }
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! selects, then its top k), and each full-indexer layer scores all `i + 1` keys once the
 //! indexer selects. `nectar fit --project` adds this term to its prefill projection (validated
 //! against `nectar bench replay --prompt-rows`: benchmarks/RESULTS.md).
-use super::attention::recon::{self, Heads, Keys};
+use super::attention::recon::{self, Heads, Row};
 use super::attention::RECON_MAX_BYTES;
 use super::Config;
 use nectar_kernels::team;
@@ -136,17 +136,26 @@ pub fn measure_gflops(shape: &AttnShape, rows: usize, passes: usize) -> f64 {
     let kvf = fill(rows * g.heads * (g.dn + g.dv), 2);
     let k_pe = fill(rows * g.dr, 3);
     let heads = PROBE_HEADS.min(g.heads);
-    let mut out = vec![0.0f32; heads * rows * g.dv];
+    let (gr, sl) = (recon::GROUP_ROWS, g.state_len());
+    let groups = rows.div_ceil(gr);
+    let mut st = vec![0.0f32; heads * groups * gr * sl];
     let mut best = f64::INFINITY;
     for _ in 0..passes.max(1) {
         let t0 = Instant::now();
-        team::for_each_chunk_mut(&mut out, g.dv, |idx, o| {
-            let (head, i) = (idx / rows, idx % rows);
-            let qh = &q[(i * g.heads + head) * dq..][..dq];
-            let mut st = vec![0.0; g.state_len()];
-            recon::init(&g, &mut st);
-            recon::absorb_block(&g, qh, head, 0, &k_pe, &kvf, Keys::Span(0..i + 1), &mut st);
-            recon::finish(&g, &st, o);
+        team::for_each_chunk_mut(&mut st, gr * sl, |idx, s| {
+            let (head, grp) = (idx / groups, idx % groups);
+            let group: Vec<Row<'_>> = (grp * gr..((grp + 1) * gr).min(rows))
+                .map(|i| Row {
+                    qh: &q[(i * g.heads + head) * dq..][..dq],
+                    pos: i,
+                    listed: None,
+                })
+                .collect();
+            s.chunks_exact_mut(sl).for_each(|s| recon::init(&g, s));
+            recon::fold_group(&g, head, 0, recon::TILE_KEYS, &k_pe, &kvf, &group, s);
+            let mut out = vec![0.0; g.dv];
+            s.chunks_exact(sl)
+                .for_each(|s| recon::finish(&g, s, &mut out));
         });
         best = best.min(t0.elapsed().as_secs_f64());
     }

@@ -57,7 +57,7 @@ impl Attention {
             let take = match mode {
                 MlaMode::Auto => n > ABSORBED_MAX_ROWS,
                 MlaMode::Absorbed => false,
-                MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks(_) => n > 0,
+                MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks { .. } => n > 0,
             };
             if !take {
                 continue;

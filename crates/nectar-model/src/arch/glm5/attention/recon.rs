@@ -125,6 +125,56 @@ pub(in crate::arch::glm5) fn finish(g: &Heads, st: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Keys per tile: one head's slice of a tile (`dn + dv` rebuilt plus `dr` rope floats per key,
+/// 256 KiB at GLM-5.2's 192 + 256 + 64) stays in L2 while a group of rows reads it.
+pub(in crate::arch::glm5) const TILE_KEYS: usize = 128;
+/// Query rows of one head that share each tile: every tile is read from L3 once per group
+/// instead of once per row (attention at 4k tokens was bound by those reads, not by its
+/// arithmetic).
+pub(in crate::arch::glm5) const GROUP_ROWS: usize = 16;
+
+/// One query row as a task sees it: its head's query, its position, and its selected keys
+/// (ascending, only those it can see) once the DSA indexer selects.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::arch::glm5) struct Row<'a> {
+    pub qh: &'a [f32],
+    pub pos: usize,
+    pub listed: Option<&'a [u32]>,
+}
+
+/// Folds the rebuilt block of keys `first..first + kvf.len() / stride` into the running states
+/// of a group of rows of one head (`st`: one [`Heads::state_len`] slice per row), tile by tile
+/// of `tile` keys, so each tile is read once for the whole group. A row's result depends only
+/// on the tiles (their size and the blocks' starts), never on the group it ran in.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::arch::glm5) fn fold_group(
+    g: &Heads,
+    head: usize,
+    first: usize,
+    tile: usize,
+    k_pe: &[f32],
+    kvf: &[f32],
+    rows: &[Row<'_>],
+    st: &mut [f32],
+) {
+    let end = first + kvf.len() / (g.heads * (g.dn + g.dv));
+    let last = rows.iter().map(|r| r.pos).max().unwrap_or(0);
+    for t0 in (first..end.min(last + 1)).step_by(tile.max(1)) {
+        let t1 = (t0 + tile.max(1)).min(end);
+        for (r, s) in rows.iter().zip(st.chunks_exact_mut(g.state_len())) {
+            let keys = match r.listed {
+                Some(k) => {
+                    let lo = k.partition_point(|&x| (x as usize) < t0);
+                    let hi = k.partition_point(|&x| (x as usize) < t1);
+                    Keys::Listed(&k[lo..hi])
+                }
+                None => Keys::Span(t0..t1.min(r.pos + 1).max(t0)),
+            };
+            absorb_block(g, r.qh, head, first, k_pe, kvf, keys, s);
+        }
+    }
+}
+
 /// Whether rebuilding K/V for all `keys` of a sequence costs less arithmetic than the absorbed
 /// form for its `rows` queries, which attend to `attended` (row, key) pairs in all. Both forms
 /// project with kv_b's weights once per item — the rebuild once per key, the absorbed form
@@ -250,6 +300,74 @@ mod tests {
                             "block {block} head {head}: {a} vs {b}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// A group of rows folds tile by tile: each row's bits equal folding it alone, and its
+    /// value the softmax over the keys it can see (causal rows and listed rows, a block that
+    /// starts past 0, a tile that does not divide the block).
+    #[test]
+    fn groups_of_rows_share_tiles_without_changing_a_row() {
+        let g = g();
+        let (t, first, dq) = (13, 4, g.dn + g.dr);
+        let stride = g.heads * (g.dn + g.dv);
+        let k_pe = fill(t * g.dr, 5);
+        let kvf = fill(t * stride, 6);
+        let qs = fill(5 * dq, 7);
+        let listed: Vec<u32> = vec![4, 6, 9, 12];
+        let rows: Vec<Row<'_>> = (0..5)
+            .map(|j| Row {
+                qh: &qs[j * dq..(j + 1) * dq],
+                pos: 6 + j,
+                listed: (j % 2 == 1)
+                    .then_some(&listed[..listed.partition_point(|&x| x as usize <= 6 + j)]),
+            })
+            .collect();
+        for head in 0..g.heads {
+            let sl = g.state_len();
+            let fresh = |n: usize| {
+                let mut st = vec![0.0; n * sl];
+                st.chunks_exact_mut(sl).for_each(|s| init(&g, s));
+                st
+            };
+            let mut together = fresh(rows.len());
+            fold_group(
+                &g,
+                head,
+                first,
+                3,
+                &k_pe,
+                &kvf[first * stride..],
+                &rows,
+                &mut together,
+            );
+            for (j, r) in rows.iter().enumerate() {
+                let mut alone = fresh(1);
+                fold_group(
+                    &g,
+                    head,
+                    first,
+                    3,
+                    &k_pe,
+                    &kvf[first * stride..],
+                    &[*r],
+                    &mut alone,
+                );
+                assert_eq!(alone[..], together[j * sl..(j + 1) * sl], "row {j}");
+                let mut out = vec![0.0; g.dv];
+                finish(&g, &alone, &mut out);
+                let keys: Vec<usize> = match r.listed {
+                    Some(k) => k.iter().map(|&x| x as usize).collect(),
+                    None => (first..=r.pos).collect(),
+                };
+                let want = reference(&g, r.qh, head, &k_pe, &kvf, &keys);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!(
+                        (*a as f64 - b).abs() < 1e-5,
+                        "row {j} head {head}: {a} vs {b}"
+                    );
                 }
             }
         }
