@@ -302,3 +302,186 @@ GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
 GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
 GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
+
+// The `tensor-run` order (int4, measurement only; not yet measured on a GPU): the same MMAs,
+// activation split and scale FMAs per 16-column k-step as above, but warp w takes one
+// contiguous run of the steps, [w·q, (w+1)·q) with q = ⌈steps / 4⌉, and loads D consecutive
+// steps of each of its rows back to back (int4, D = 4: 128 contiguous bytes per row at once).
+// Why (RESULTS, gpuint4): the kernel above reaches 0.44 / 0.70 / 0.94 of the read bandwidth for
+// int4 / int8 / bf16 — a warp asks for 32 / 64 / 128 contiguous bytes of each row per step —
+// while every change that kept int4's 32-byte pieces and only added bytes in flight (D steps
+// ahead in registers, cp.async into shared memory, activations staged in shared memory) was
+// slower. Order, for output (row r, token t): warp w sums its run's steps in increasing order
+// exactly as `gemv_tc` sums its steps, then y = ((acc_0 + acc_1) + acc_2) + acc_3; a warp with
+// an empty run adds +0. An output depends on its row, its token, the column count and that
+// order only: not on M, T, D, the grid or the launch's other matrices.
+template <int F, int T, int D, bool ROW_SCALE>
+__device__ __forceinline__ void gemv_tc_run(const Job& job, int rows, int cols, int m, int row_bytes,
+                                         int row_scales, u32 gmagic, int gshift) {
+    constexpr int N = TcRaw<F>::N;
+    constexpr bool CODES = F != FMT_BF16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16 * T;
+    const u8* W = (const u8*)job.w;
+    const float* S = (const float*)job.s;
+    const float* X = (const float*)job.x;
+    const u8* wrow[T][2];
+    const float* srow[T][2];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
+            wrow[i][h] = W + (u64)r * row_bytes;
+            srow[i][h] = S + (u64)r * row_scales;
+        }
+    const bool has_x = g < m;
+    const float* xrow = X + (u64)(has_x ? g : 0) * cols + 16 * t;
+    const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
+    const int per = (nsteps + TC_WARPS - 1) / TC_WARPS;
+    const int sb = warp * per, se = min(sb + per, nsteps);
+
+    float acc[T][4];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] = 0.0f;
+    float rs[T][2];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) rs[i][h] = CODES && ROW_SCALE ? __ldg(srow[i][h]) : 1.0f;
+
+    u32 wn[D][T][2][N];
+    float sn[D][T][2];
+    float xn[16];
+    auto load_group = [&](int s0) {
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int d = 0; d < D; d++) {
+                    const int s = s0 + d;
+                    if (s < se) {
+                        tc_load_w<F>(wrow[i][h], s * TC_STEP + 16 * t, cols, wn[d][i][h]);
+                        if (CODES && !ROW_SCALE)
+                            sn[d][i][h] =
+                                __ldg(srow[i][h] + scale_index(s * TC_STEP, gmagic, gshift));
+                        else
+                            sn[d][i][h] = rs[i][h];
+                    }
+                }
+    };
+    auto load_x = [&](int s) {
+        const int c0 = s * TC_STEP + 16 * t;
+        if (has_x && c0 < cols) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 v = __ldg((const float4*)(xrow + s * TC_STEP) + q);
+                xn[4 * q] = v.x;
+                xn[4 * q + 1] = v.y;
+                xn[4 * q + 2] = v.z;
+                xn[4 * q + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int q = 0; q < 16; q++) xn[q] = 0.0f;
+        }
+    };
+
+    if (sb < se) {
+        load_group(sb);
+        load_x(sb);
+    }
+    for (int s0 = sb; s0 < se; s0 += D) {
+        u32 wc[D][T][2][N];
+        float sc[D][T][2];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+#pragma unroll
+            for (int i = 0; i < T; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    sc[d][i][h] = sn[d][i][h];
+#pragma unroll
+                    for (int k = 0; k < N; k++) wc[d][i][h][k] = wn[d][i][h][k];
+                }
+        if (s0 + D < se) load_group(s0 + D);
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            const int s = s0 + d;
+            if (s < se) {
+                float xc[16];
+#pragma unroll
+                for (int q = 0; q < 16; q++) xc[q] = xn[q];
+                if (s + 1 < se) load_x(s + 1);
+                u32 b[3][4][2];
+                tc_split_x<F>(xc, b);
+#pragma unroll
+                for (int i = 0; i < T; i++) {
+                    u32 lo0[4], hi0[4], lo1[4], hi1[4];
+                    tc_decode<F>(wc[d][i][0], lo0, hi0);
+                    tc_decode<F>(wc[d][i][1], lo1, hi1);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
+                        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (int part = 2; part >= 0; part--)
+                            mma_bf16(p, a, b[part][j][0], b[part][j][1]);
+                        if (CODES) {
+                            acc[i][0] = fmaf(sc[d][i][0], p[0], acc[i][0]);
+                            acc[i][1] = fmaf(sc[d][i][0], p[1], acc[i][1]);
+                            acc[i][2] = fmaf(sc[d][i][1], p[2], acc[i][2]);
+                            acc[i][3] = fmaf(sc[d][i][1], p[3], acc[i][3]);
+                        } else {
+#pragma unroll
+                            for (int e = 0; e < 4; e++) acc[i][e] += p[e];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    __shared__ float red[TC_WARPS - 1][T][4][32];
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp - 1][i][e][lane] = acc[i][e];
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float* Y = (float*)job.y;
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = acc[i][e];
+#pragma unroll
+                for (int w = 0; w < TC_WARPS - 1; w++) v += red[w][i][e][lane];
+                const int r = row0 + 16 * i + g + (e >= 2 ? 8 : 0);
+                const int tok = 2 * t + (e & 1);
+                if (r < rows && tok < m) Y[(u64)tok * rows + r] = v;
+            }
+    }
+}
+
+// `path` bit 1: one scale per row. `_t2` for launches of many rows, `_t1` for few (identical bits).
+#define GEMV_TC_RUN_ENTRY(NAME, F, T, D)                                                          \
+    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
+        NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
+             u32 gmagic, int gshift, int path) {                                                  \
+        const Job job = jobs[blockIdx.y];                                                         \
+        if (path & 2)                                                                             \
+            gemv_tc_run<F, T, D, true>(job, rows, cols, m, row_bytes, row_scales, gmagic,         \
+                                       gshift);                                                   \
+        else                                                                                      \
+            gemv_tc_run<F, T, D, false>(job, rows, cols, m, row_bytes, row_scales, gmagic,        \
+                                        gshift);                                                  \
+    }
+GEMV_TC_RUN_ENTRY(gemv_tcr_i4_t2, FMT_I4, 2, 4)
+GEMV_TC_RUN_ENTRY(gemv_tcr_i4_t1, FMT_I4, 1, 4)
