@@ -12,6 +12,7 @@
 //! reconstructed form runs on the GPU ([`gpu`]).
 use super::indexer::Indexer;
 use super::layout::Layout;
+use super::phases::{Phase, Phases};
 use super::Config;
 use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
@@ -64,6 +65,8 @@ pub struct Attention {
     scale: f32,
     /// Query rows whose attention ran on the GPU ([`gpu`]), since load.
     gpu_rows: AtomicU64,
+    /// Where this layer's prefill time went (the MLP half included), since load.
+    pub(super) phases: Phases,
 }
 
 impl Attention {
@@ -113,6 +116,7 @@ impl Attention {
             rank,
             scale: ((dn + dr) as f32).powf(-0.5),
             gpu_rows: AtomicU64::new(0),
+            phases: Phases::default(),
         })
     }
 
@@ -146,6 +150,9 @@ impl Attention {
     ) -> Result<Vec<f32>> {
         let m = layout.rows.len();
         let (hd, dq) = (self.heads, self.dn + self.dr);
+        let mut lap = self
+            .phases
+            .lap(layout.seqs.iter().any(|r| r.len() > ABSORBED_MAX_ROWS));
         // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
         let qa = self.q_a.forward(h, m)?;
         let mut cq = vec![0.0; qa.len()];
@@ -172,9 +179,10 @@ impl Attention {
             debug_assert_eq!(c.len(), row.pos, "cache length must equal the row position");
             c.push(&latent, &kpe, None);
         }
+        lap.mark(Phase::AttnProj);
         // DSA: full layers select (and cache their keys); shared layers keep the carried selection.
         if let Some(ix) = &self.indexer {
-            let fresh = ix.run(h, &cq, layout, caches, rope)?;
+            let fresh = ix.run(h, &cq, layout, caches, rope, &mut lap)?;
             sel.clone_from_slice(&fresh);
         }
         for (i, s) in sel.iter().enumerate() {
@@ -184,7 +192,7 @@ impl Attention {
         // The reconstructed form on the GPU where kv_b is in VRAM (rows × heads × dv per
         // sequence), the CPU forms for the other sequences.
         #[cfg(feature = "cuda")]
-        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode)?;
+        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode, &mut lap)?;
         #[cfg(not(feature = "cuda"))]
         let on_gpu: Vec<Option<Vec<f32>>> = vec![None; layout.seqs.len()];
         // Reconstructed K/V per sequence where that form is chosen.
@@ -212,6 +220,7 @@ impl Attention {
                 }
             })
             .collect::<Result<_>>()?;
+        lap.mark(Phase::KvB);
         // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
         // copy when placed in VRAM (`placement::keeps_host_copy`).
         let kvb = match layout
@@ -254,6 +263,7 @@ impl Attention {
                 (None, None) => unreachable!("kvb is read when any row is absorbed"),
             }
         });
+        lap.mark(Phase::AttnCore);
         // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row, decode's
         // usual case: the two layouts are the same).
         if m == 1 {
@@ -264,7 +274,9 @@ impl Attention {
             let (head, i) = (idx / m, idx % m);
             o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
         }
-        self.o.forward(&o, m)
+        let o = self.o.forward(&o, m)?;
+        lap.mark(Phase::OProj);
+        Ok(o)
     }
 
     /// The per-head geometry the attention cores need.
