@@ -1,6 +1,6 @@
 //! What the CLI says: the top-level help lists every command, counts have their singular, a run
-//! that times nothing reports no rate, a missing model directory is named as such, and `synth`
-//! speaks one unit system.
+//! that times nothing reports no rate, a missing model directory is named as such, `synth`
+//! speaks one unit system, and `run --json` reports the prefill phases.
 
 mod common;
 use common::{json, nectar, needed};
@@ -102,4 +102,49 @@ fn an_error_cause_is_printed_once() {
     assert!(!ok);
     let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
     assert_eq!(line.matches("os error").count(), 1, "{line}");
+}
+
+#[test]
+fn run_json_reports_where_prefill_time_went() {
+    // A tiny synth selects from index_topk = 16: a 40-token prompt runs the indexer's scores.
+    let d = tempfile::tempdir().unwrap();
+    let m = d.path().join("s");
+    let (ok, _, err) = nectar(
+        &["synth", "--preset", "tiny", "--layers", "2", "--out"]
+            .into_iter()
+            .chain([m.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert!(ok, "{err}");
+    let ids: Vec<String> = (0..40).map(|i| (i * 7 % 200).to_string()).collect();
+    let ids = ids.join(",");
+    let (ok, out, err) = nectar(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        &ids,
+        "--max-tokens",
+        "2",
+        "--no-usage-save",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let p = &json(&out)["stats"]["prefill_phases_s"];
+    for k in [
+        "attn_proj",
+        "indexer_keys",
+        "indexer_proj",
+        "indexer_topk",
+        "kv_b",
+        "attn_core",
+        "o_proj",
+        "mlp",
+        "other",
+    ] {
+        assert!(p[k].as_f64().unwrap() >= 0.0, "{k}: {p}");
+    }
+    // Rows past index_topk were scored, and the MLP halves ran.
+    assert!(p["indexer_scores"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(p["mlp"].as_f64().unwrap() > 0.0, "{p}");
 }

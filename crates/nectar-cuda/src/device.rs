@@ -9,12 +9,14 @@ use std::time::Instant;
 
 /// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
 /// (`gemv.cu`), the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions), then the
-/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`).
+/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`) and the DSA
+/// indexer's scores (`index.cu`).
 const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv.cu"),
     include_str!("gemm.cu"),
     include_str!("gemv_tc.cu"),
-    include_str!("attention.cu")
+    include_str!("attention.cu"),
+    include_str!("index.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).

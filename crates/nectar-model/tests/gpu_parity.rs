@@ -72,6 +72,12 @@ fn run_variant(variant: &str) {
         (s * model.num_layers()) as u64,
         "{variant}: prompt attention rows on the GPU"
     );
+    // The indexer's scores of the rows past index_topk ran on the GPU too (the selections,
+    // checked below, are the CPU's: the scores are its bits).
+    assert!(
+        model.gpu_indexer_rows() > 0,
+        "{variant}: indexer scores on the GPU"
+    );
     let logits = model.logits(&hidden).unwrap();
     let mut worst = 0.0f64;
     for p in 0..s {

@@ -127,6 +127,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         if bundle.model.prefetch != Prefetch::Off {
             out["stats"]["prefetch"] = prefetch_json(&bundle, residency.as_ref());
         }
+        // Where the prompt's time went (docs/gpu.md, "Prefill phases"): seconds per phase of
+        // the layers' prefill forwards, and `other`, the rest of the prefill time.
+        let phases = bundle.model.prefill_phases();
+        if phases.total() > 0.0 {
+            let mut p = serde_json::to_value(phases)?;
+            p["other"] = json!((gen.prefill.as_secs_f64() - phases.total()).max(0.0));
+            out["stats"]["prefill_phases_s"] = p;
+        }
         if let Some(p) = bundle.model.gpu_placement() {
             // Where the routed experts ran (docs/gpu.md): VRAM tier, copied from RAM, CPU.
             out["stats"]["gpu"] = json!({
@@ -134,6 +142,8 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "spine_host_released_bytes": p.host_released,
                 "spine_host_kept_bytes": p.host_kept,
                 "expert_runs": bundle.model.expert_runs(),
+                "attention_rows": bundle.model.gpu_attention_rows(),
+                "indexer_rows": bundle.model.gpu_indexer_rows(),
                 "copy": bundle.model.copy_stats().map(|c| c.json()),
             });
         }

@@ -14,6 +14,7 @@
 //! reconstructed form runs on the GPU ([`gpu`]).
 use super::indexer::Indexer;
 use super::layout::Layout;
+use super::phases::{Lap, Phase, Phases};
 use super::Config;
 use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
@@ -78,6 +79,8 @@ pub struct Attention {
     scale: f32,
     /// Query rows whose attention ran on the GPU ([`gpu`]), since load.
     gpu_rows: AtomicU64,
+    /// Where this layer's prefill time went (the MLP half included), since load.
+    pub(super) phases: Phases,
 }
 
 impl Attention {
@@ -127,6 +130,7 @@ impl Attention {
             rank,
             scale: ((dn + dr) as f32).powf(-0.5),
             gpu_rows: AtomicU64::new(0),
+            phases: Phases::default(),
         })
     }
 
@@ -160,6 +164,9 @@ impl Attention {
     ) -> Result<Vec<f32>> {
         let m = layout.rows.len();
         let (hd, dq) = (self.heads, self.dn + self.dr);
+        let mut lap = self
+            .phases
+            .lap(layout.seqs.iter().any(|r| r.len() > ABSORBED_MAX_ROWS));
         // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
         let qa = self.q_a.forward(h, m)?;
         let mut cq = vec![0.0; qa.len()];
@@ -186,9 +193,10 @@ impl Attention {
             debug_assert_eq!(c.len(), row.pos, "cache length must equal the row position");
             c.push(&latent, &kpe, None);
         }
+        lap.mark(Phase::AttnProj);
         // DSA: full layers select (and cache their keys); shared layers keep the carried selection.
         if let Some(ix) = &self.indexer {
-            let fresh = ix.run(h, &cq, layout, caches, rope)?;
+            let fresh = ix.run(h, &cq, layout, caches, rope, &mut lap)?;
             sel.clone_from_slice(&fresh);
         }
         for (i, s) in sel.iter().enumerate() {
@@ -198,7 +206,7 @@ impl Attention {
         // The reconstructed form on the GPU where kv_b is in VRAM (rows × heads × dv per
         // sequence), the CPU forms for the other sequences.
         #[cfg(feature = "cuda")]
-        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode)?;
+        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode, &mut lap)?;
         #[cfg(not(feature = "cuda"))]
         let on_gpu: Vec<Option<Vec<f32>>> = vec![None; layout.seqs.len()];
         // The CPU's reconstructed form, per sequence, where it is chosen (`recon`).
@@ -222,6 +230,7 @@ impl Attention {
         let mut o = vec![0.0; m * hd * self.dv];
         if layout.rows.iter().any(|r| !recon[r.seq]) {
             let by_head = self.plain_rows(layout, &caches, sel, &q, &recon, &on_gpu)?;
+            lap.mark(Phase::AttnCore);
             // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row,
             // decode's usual case: the two layouts are the same).
             if m == 1 {
@@ -243,10 +252,13 @@ impl Attention {
                         recon::TILE_KEYS,
                     ),
                 };
-                self.reconstructed(layout, rows.clone(), caches[s], sel, &q, tiling, &mut o)?;
+                let seq = (rows.clone(), caches[s]);
+                self.reconstructed(layout, seq, sel, &q, tiling, &mut o, &mut lap)?;
             }
         }
-        self.o.forward(&o, m)
+        let o = self.o.forward(&o, m)?;
+        lap.mark(Phase::OProj);
+        Ok(o)
     }
 
     /// The absorbed form's rows and the GPU's, as `[head][row][dv]` (rows of `recon`
@@ -324,12 +336,12 @@ impl Attention {
     fn reconstructed(
         &self,
         layout: &Layout,
-        rows: std::ops::Range<usize>,
-        c: &LayerCache,
+        (rows, c): (std::ops::Range<usize>, &LayerCache),
         sel: &[Option<Vec<u32>>],
         q: &[f32],
         (block, tile): (usize, usize),
         o: &mut [f32],
+        lap: &mut Lap<'_>,
     ) -> Result<()> {
         let (g, n, t) = (self.heads(), rows.len(), c.len());
         let (hd, dq, sl) = (self.heads, self.dn + self.dr, g.state_len());
@@ -359,6 +371,7 @@ impl Attention {
             let kvf = self
                 .kv_b
                 .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
+            lap.mark(Phase::KvB);
             team::for_each_chunk_mut(&mut st, gr * sl, |idx, s| {
                 let (head, grp) = (idx / groups, idx % groups);
                 let group: Vec<recon::Row<'_>> = (grp * gr..((grp + 1) * gr).min(n))
@@ -373,6 +386,7 @@ impl Attention {
                     .collect();
                 recon::fold_group(&g, head, first, tile, &c.k_pe, &kvf, &group, s);
             });
+            lap.mark(Phase::AttnCore);
         }
         for (idx, s) in st.chunks_exact(sl).enumerate() {
             let (head, j) = (idx / (groups * gr), idx % (groups * gr));

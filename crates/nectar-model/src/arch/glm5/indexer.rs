@@ -5,11 +5,21 @@
 //! the top k. Tie rule (deterministic, identical in prefill, decode and verify): higher score
 //! first, then the lower position; NaN scores rank last.
 use super::layout::Layout;
+use super::phases::{Lap, Phase};
 use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
-use nectar_kernels::{dot, layer_norm, team, RopeTable};
+use nectar_kernels::{index_score, layer_norm, team, RopeTable};
 use std::cmp::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+
+/// Rows whose scores (`rows × visible keys` f32) are held at once: 512 rows of a 10k-token
+/// prompt are 20 MB.
+const SCORE_BLOCK: usize = 512;
+
+/// Rows of a block up to which its scores stay on the CPU (decode, MTP, verify).
+#[cfg(feature = "cuda")]
+const GPU_MIN_ROWS: usize = 4;
 
 /// ε of the indexer key LayerNorm.
 const K_NORM_EPS: f32 = 1e-6;
@@ -25,6 +35,8 @@ pub struct Indexer {
     heads: usize,
     dim: usize,
     topk: usize,
+    /// Rows whose scores ran on the GPU, since load.
+    gpu_rows: AtomicU64,
 }
 
 impl Indexer {
@@ -50,7 +62,13 @@ impl Indexer {
             heads: r.index_n_heads,
             dim: r.index_head_dim,
             topk: r.index_topk,
+            gpu_rows: AtomicU64::new(0),
         })
+    }
+
+    /// Rows whose scores ran on the GPU since load.
+    pub fn gpu_rows(&self) -> u64 {
+        self.gpu_rows.load(AtomicOrdering::Relaxed)
     }
 
     /// Bytes of weights.
@@ -60,13 +78,16 @@ impl Indexer {
 
     /// Appends the indexer keys of all rows to their caches, then returns each row's selection
     /// (`None` = every visible key, the exact dense fallback while `pos + 1 <= index_topk`).
-    pub fn run(
+    /// The scores run on the GPU when the indexer's matrices are in VRAM (bit for bit the CPU's,
+    /// so the selection is the same; `NECTAR_GPU_INDEXER=off` keeps them on the CPU).
+    pub(super) fn run(
         &self,
         h: &[f32],
         cq: &[f32],
         layout: &Layout,
         caches: &mut [&mut LayerCache],
         rope: &RopeTable,
+        lap: &mut Lap<'_>,
     ) -> Result<Vec<Option<Vec<u32>>>> {
         let m = layout.rows.len();
         let mut k = self.wk.forward(h, m)?;
@@ -77,6 +98,7 @@ impl Indexer {
             rope.apply(&mut kr[..rope.dim()], row.pos);
             caches[row.seq].index_k.extend_from_slice(kr);
         }
+        lap.mark(Phase::IndexerKeys);
         let need: Vec<usize> = (0..m)
             .filter(|&i| layout.rows[i].pos + 1 > self.topk)
             .collect();
@@ -92,43 +114,109 @@ impl Indexer {
                 .collect::<Vec<_>>()
         };
         let mut q = self.wq_b.forward(&gather(cq, qd), need.len())?;
-        let w = self.weights_proj.forward(&gather(h, hd), need.len())?;
+        let mut w = self.weights_proj.forward(&gather(h, hd), need.len())?;
         let head_scale = (self.heads as f32).powf(-0.5);
-        let qk_scale = (self.dim as f32).powf(-0.5);
+        w.iter_mut().for_each(|x| *x *= head_scale);
+        let hq = self.heads * self.dim;
         for (j, &i) in need.iter().enumerate() {
-            for hq in q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim]
-                .chunks_exact_mut(self.dim)
-            {
-                rope.apply(&mut hq[..rope.dim()], layout.rows[i].pos);
+            for qh in q[j * hq..(j + 1) * hq].chunks_exact_mut(self.dim) {
+                rope.apply(&mut qh[..rope.dim()], layout.rows[i].pos);
             }
         }
-        // One task per row, on the compute team.
-        let sels: Vec<Vec<u32>> = team::map(need.len(), |j| {
-            let i = need[j];
-            let pos = layout.rows[i].pos;
-            let keys = &caches[layout.rows[i].seq].index_k[..(pos + 1) * self.dim];
-            let qj = &q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim];
-            let wj: Vec<f32> = w[j * self.heads..(j + 1) * self.heads]
-                .iter()
-                .map(|x| x * head_scale)
-                .collect();
-            let scores: Vec<f32> = keys
-                .chunks_exact(self.dim)
-                .map(|kt| {
-                    let mut s = 0.0f32;
-                    for (hq, &wh) in qj.chunks_exact(self.dim).zip(&wj) {
-                        s += wh * (dot(hq, kt) * qk_scale).max(0.0);
+        lap.mark(Phase::IndexerProj);
+        let qk_scale = (self.dim as f32).powf(-0.5);
+        // Blocks of rows of one sequence (rows of a sequence are contiguous in the layout), so
+        // that at most SCORE_BLOCK rows' scores exist at once.
+        let mut j0 = 0;
+        while j0 < need.len() {
+            let seq = layout.rows[need[j0]].seq;
+            let mut j1 = j0 + 1;
+            while j1 < need.len() && j1 - j0 < SCORE_BLOCK && layout.rows[need[j1]].seq == seq {
+                j1 += 1;
+            }
+            let pos: Vec<usize> = need[j0..j1].iter().map(|&i| layout.rows[i].pos).collect();
+            let t = pos.iter().max().map_or(0, |p| p + 1);
+            let keys = &caches[seq].index_k[..t * self.dim];
+            let (qb, wb) = (&q[j0 * hq..j1 * hq], &w[j0 * self.heads..j1 * self.heads]);
+            let scores = match self.gpu_scores(keys, qb, wb, &pos, qk_scale)? {
+                Some(s) => s,
+                // One task per row, on the compute team.
+                None => team::map(j1 - j0, |r| {
+                    let (qr, wr) = (&qb[r * hq..][..hq], &wb[r * self.heads..][..self.heads]);
+                    let mut s = vec![0.0f32; t];
+                    for (st, kt) in s
+                        .iter_mut()
+                        .zip(keys[..(pos[r] + 1) * self.dim].chunks_exact(self.dim))
+                    {
+                        *st = index_score(qr, wr, kt, qk_scale);
                     }
                     s
                 })
-                .collect();
-            top_k_positions(&scores, self.topk)
-        });
-        for (&i, s) in need.iter().zip(sels) {
-            out[i] = Some(s);
+                .concat(),
+            };
+            lap.mark(Phase::IndexerScores);
+            let sels = team::map(j1 - j0, |r| {
+                top_k_positions(&scores[r * t..][..pos[r] + 1], self.topk)
+            });
+            for (&i, s) in need[j0..j1].iter().zip(sels) {
+                out[i] = Some(s);
+            }
+            lap.mark(Phase::IndexerTopk);
+            j0 = j1;
         }
         Ok(out)
     }
+
+    /// The scores of one block on the GPU (`rows × T`), or `None` where they run on the CPU.
+    #[cfg(feature = "cuda")]
+    fn gpu_scores(
+        &self,
+        keys: &[f32],
+        q: &[f32],
+        w: &[f32],
+        pos: &[usize],
+        qk_scale: f32,
+    ) -> Result<Option<Vec<f32>>> {
+        let Some(gpu) = self.wq_b.gpu().filter(|_| gpu_enabled()) else {
+            return Ok(None);
+        };
+        // Decode, MTP and verify blocks (a few rows) stay on the CPU: the keys are uploaded per
+        // call, which only pays for many rows.
+        if pos.len() <= GPU_MIN_ROWS || self.dim > nectar_cuda::INDEX_MAX_DIM {
+            return Ok(None);
+        }
+        let pos32: Vec<u32> = pos.iter().map(|&p| p as u32).collect();
+        let s = gpu
+            .index_scores(keys, self.dim, self.heads, q, w, &pos32, qk_scale)
+            .map_err(|e| crate::error::Error::Gpu(e.to_string()))?;
+        self.gpu_rows
+            .fetch_add(pos.len() as u64, AtomicOrdering::Relaxed);
+        Ok(Some(s))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn gpu_scores(
+        &self,
+        _keys: &[f32],
+        _q: &[f32],
+        _w: &[f32],
+        _pos: &[usize],
+        _qk_scale: f32,
+    ) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
+}
+
+/// Whether `NECTAR_GPU_INDEXER` leaves the GPU scores on (anything but `off` / `0`), read once.
+#[cfg(feature = "cuda")]
+fn gpu_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("NECTAR_GPU_INDEXER").as_deref(),
+            Ok("off" | "0")
+        )
+    })
 }
 
 /// Positions of the `k` best scores (higher score first, then lower position; NaN last),

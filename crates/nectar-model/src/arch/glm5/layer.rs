@@ -2,6 +2,7 @@
 use super::attention::{Attention, MlaMode};
 use super::layout::Layout;
 use super::moe::{Experts, Mlp, Moe, SwiGlu};
+use super::phases::Phase;
 use super::Config;
 use crate::blocks::Loader;
 use crate::cache::LayerCache;
@@ -104,9 +105,11 @@ impl DecoderLayer {
         obs: &mut dyn Observer,
         after_reads: Option<&mut dyn FnMut() -> Result<()>>,
     ) -> Result<()> {
+        let mut lap = self.attn.phases.resume();
         let h2 = self.norm_rows(x, &self.post_norm);
         let f = self.mlp.forward(self.index, &h2, m, obs, after_reads)?;
         add(x, &f);
+        lap.mark(Phase::Mlp);
         Ok(())
     }
 

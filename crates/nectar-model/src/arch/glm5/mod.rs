@@ -17,6 +17,7 @@ mod layout;
 mod moe;
 mod mtp;
 mod offload;
+mod phases;
 mod pilot;
 mod placement;
 mod prefill;
@@ -32,6 +33,7 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
+pub use phases::PrefillPhases;
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
     auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
@@ -206,6 +208,25 @@ impl Glm5 {
         main.chain(self.mtp.iter().map(|m| &m.layer.attn))
             .map(|a| a.gpu_rows())
             .sum()
+    }
+
+    /// Prompt rows whose DSA indexer scores ran on the GPU since load, summed over the full
+    /// layers (the MTP layer included).
+    pub fn gpu_indexer_rows(&self) -> u64 {
+        let main = self.layers.iter().map(|l| &l.attn);
+        main.chain(self.mtp.iter().map(|m| &m.layer.attn))
+            .filter_map(|a| a.indexer.as_ref())
+            .map(|i| i.gpu_rows())
+            .sum()
+    }
+
+    /// Wall seconds per phase of the prefill chunks' layer forwards since load, summed over the
+    /// layers (the MTP layer included).
+    pub fn prefill_phases(&self) -> PrefillPhases {
+        let main = self.layers.iter().map(|l| &l.attn);
+        main.chain(self.mtp.iter().map(|m| &m.layer.attn))
+            .map(|a| a.phases.seconds())
+            .fold(PrefillPhases::default(), |a, b| a + b)
     }
 
     /// Totals of the experts copied from RAM to the GPU (`None` without a copy route).

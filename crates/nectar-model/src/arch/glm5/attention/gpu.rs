@@ -9,6 +9,7 @@
 //! (measurement of the two paths in one build).
 use super::{Attention, MlaMode, ABSORBED_MAX_ROWS, RECON_MAX_BYTES};
 use crate::arch::glm5::layout::Layout;
+use crate::arch::glm5::phases::{Lap, Phase};
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 
@@ -37,6 +38,7 @@ impl Attention {
         sel: &[Option<Vec<u32>>],
         q: &[f32],
         mode: MlaMode,
+        lap: &mut Lap<'_>,
     ) -> Result<Vec<Option<Vec<f32>>>> {
         let mut out = vec![None; layout.seqs.len()];
         let Some(gpu) = self.kv_b.gpu().filter(|_| enabled()) else {
@@ -76,6 +78,7 @@ impl Attention {
                     .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
                 gpu.mla_write_kv(&mut keys, first, &kv).map_err(gpu_err)?;
             }
+            lap.mark(Phase::KvB);
             let pos: Vec<u32> = layout.rows[rows.clone()]
                 .iter()
                 .map(|r| r.pos as u32)
@@ -86,6 +89,7 @@ impl Attention {
                 gpu.mla_prefill(&keys, self.scale, qs, &pos, &sel)
                     .map_err(gpu_err)?,
             );
+            lap.mark(Phase::AttnCore);
             self.gpu_rows
                 .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         }

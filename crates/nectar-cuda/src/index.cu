@@ -1,0 +1,86 @@
+// The DSA indexer's scores of a prefill chunk (index.rs; nectar-kernels' `index_score` is the
+// CPU reference, which this kernel reproduces bit for bit so that the top-k selection made from
+// its scores is the CPU's):
+//   score(i, t) = Σ_h w[i][h] · relu((q[i][h] · key[t]) · qk_scale)
+//
+// Layout (f32, row-major):
+//   q:    m × heads × dim   the rows' indexer queries (RoPE applied)
+//   w:    m × heads         the rows' head weights, already times heads^-½
+//   keys: T × dim           the sequence's indexer keys (normed, RoPE applied)
+//   pos:  m                 each row's position: it is scored against keys 0 ..= pos
+//   out:  m × T             scores; entries t > pos are left untouched
+//
+// Work split: one block of 256 threads per (tile of IX_K = 16 keys, tile of IX_R = 16 rows);
+// thread (r, k) = (tid / 16, tid % 16) computes score(i0 + r, t0 + k). The key tile stays in
+// shared memory for every head; the rows' queries are staged one head at a time.
+//
+// Accumulation order (exactly the CPU's, so the scores are the same bits):
+//   q_h · key: nectar-kernels' canonical dot: 16 lanes from +0, element c into lane c % 16 by
+//     one fma each in increasing c (a ragged tail as if padded with zeros, fma(0, 0, lane)),
+//     then the lanes folded by halves (l[j] += l[j + 8], + 4, + 2, then l[0] + l[1]);
+//   then × qk_scale, max(·, 0), × w_h, and added to the running score from +0 in increasing h,
+//   each a separately rounded f32 operation (the _rn intrinsics keep NVRTC from fusing them).
+
+#define IX_R 16
+#define IX_K 16
+#define IX_THREADS 256
+#define IX_DMAX 256            // largest index_head_dim (index.rs checks)
+#define IX_LD (IX_DMAX + 1)    // shared row stride: a column walk hits 16 different banks
+
+extern "C" __global__ void __launch_bounds__(IX_THREADS) dsa_index_scores(
+    const float* __restrict__ q, const float* __restrict__ w, const float* __restrict__ keys,
+    const int* __restrict__ pos, float* __restrict__ out, int m, int heads, int dim, int T,
+    float qk_scale) {
+    __shared__ float qs[IX_R * IX_LD];
+    __shared__ float ks[IX_K * IX_LD];
+    __shared__ int pos_s[IX_R];
+
+    const int tid = threadIdx.x;
+    const int r = tid / IX_K, k = tid % IX_K;
+    const int i0 = blockIdx.y * IX_R;
+    const int t0 = blockIdx.x * IX_K;
+    if (tid < IX_R) pos_s[tid] = i0 + tid < m ? pos[i0 + tid] : -1;
+    for (int e = tid; e < IX_K * dim; e += IX_THREADS) {
+        const int kk = e / dim, d = e % dim;
+        const int tk = t0 + kk;
+        ks[kk * IX_LD + d] = tk < T ? keys[(long)tk * dim + d] : 0.0f;
+    }
+    __syncthreads();
+    int last = -1;
+    for (int rr = 0; rr < IX_R; ++rr) last = max(last, pos_s[rr]);
+    if (t0 > last) return;  // the same for every thread of the block: no row sees this tile
+    const int i = i0 + r, t = t0 + k;
+    const bool live = i < m && t <= pos_s[r];
+    float s = 0.0f;
+    for (int h = 0; h < heads; ++h) {
+        __syncthreads();  // the previous head's queries have been read
+        for (int e = tid; e < IX_R * dim; e += IX_THREADS) {
+            const int rr = e / dim, d = e % dim;
+            const int ii = i0 + rr;
+            qs[rr * IX_LD + d] = ii < m ? q[((long)ii * heads + h) * dim + d] : 0.0f;
+        }
+        __syncthreads();
+        float l[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j) l[j] = 0.0f;
+        for (int c0 = 0; c0 < dim; c0 += 16) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int c = c0 + j;
+                const float a = c < dim ? qs[r * IX_LD + c] : 0.0f;
+                const float b = c < dim ? ks[k * IX_LD + c] : 0.0f;
+                l[j] = fmaf(a, b, l[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) l[j] = __fadd_rn(l[j], l[j + 8]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) l[j] = __fadd_rn(l[j], l[j + 4]);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) l[j] = __fadd_rn(l[j], l[j + 2]);
+        const float d = __fadd_rn(l[0], l[1]);
+        const float x = fmaxf(__fmul_rn(d, qk_scale), 0.0f);
+        if (live) s = __fadd_rn(s, __fmul_rn(w[(long)i * heads + h], x));
+    }
+    if (live) out[(long)i * T + t] = s;
+}

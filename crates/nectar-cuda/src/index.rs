@@ -1,0 +1,96 @@
+//! The DSA indexer's scores of a prefill chunk on the GPU (`index.cu`): every (row, visible key)
+//! pair of `Σ_h w_h · relu((q_h · key) · qk_scale)`, bit for bit what the CPU computes
+//! (`nectar_kernels::index_score`), so a top-k taken from these scores is the CPU's selection.
+//! The caller takes the top-k on the host from the downloaded scores.
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Largest `index_head_dim` the kernel takes (`IX_DMAX`).
+pub const INDEX_MAX_DIM: usize = 256;
+/// Query rows and keys per block (`IX_R`, `IX_K`).
+const TILE: usize = 16;
+/// Threads per block (`IX_THREADS`).
+const BLOCK_THREADS: u32 = 256;
+
+impl Gpu {
+    /// The indexer scores (`m × T`, row-major) of `m` rows against the `T` keys `keys`
+    /// (`T × dim`): row `i` (queries `q[i]`, `heads × dim`; head weights `w[i]`, `heads`, already
+    /// scaled) at position `pos[i]` is scored against keys `0 ..= pos[i]`; the entries beyond
+    /// are 0. Synchronous.
+    #[allow(clippy::too_many_arguments)]
+    pub fn index_scores(
+        &self,
+        keys: &[f32],
+        dim: usize,
+        heads: usize,
+        q: &[f32],
+        w: &[f32],
+        pos: &[u32],
+        qk_scale: f32,
+    ) -> Result<Vec<f32>> {
+        let m = pos.len();
+        if dim == 0 || dim > INDEX_MAX_DIM || heads == 0 {
+            return Err(Error::Shape(format!(
+                "indexer scores: unsupported {heads} heads of {dim} dims"
+            )));
+        }
+        if !keys.len().is_multiple_of(dim) || q.len() != m * heads * dim || w.len() != m * heads {
+            return Err(Error::Shape(format!(
+                "indexer scores: {} key values, {} query values and {} weights for {m} rows of \
+                 {heads} × {dim}",
+                keys.len(),
+                q.len(),
+                w.len()
+            )));
+        }
+        let t = keys.len() / dim;
+        if let Some(&p) = pos.iter().find(|&&p| p as usize >= t) {
+            return Err(Error::Shape(format!(
+                "indexer scores: a row at position {p} with {t} keys"
+            )));
+        }
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let (ti, mi, hi, di) = (
+            i32::try_from(t),
+            i32::try_from(m),
+            i32::try_from(heads),
+            i32::try_from(dim),
+        );
+        let (Ok(ti), Ok(mi), Ok(hi), Ok(di)) = (ti, mi, hi, di) else {
+            return Err(Error::Shape(
+                "indexer scores: a dimension beyond 2³¹".into(),
+            ));
+        };
+        let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let keys_dev = self.stream.clone_htod(keys)?;
+        let q_dev = self.stream.clone_htod(q)?;
+        let w_dev = self.stream.clone_htod(w)?;
+        let pos_dev = self.stream.clone_htod(&pos_i)?;
+        let mut out = self.stream.alloc_zeros::<f32>(m * t)?;
+        let func = self.function("dsa_index_scores")?;
+        let cfg = LaunchConfig {
+            grid_dim: (t.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&q_dev)
+            .arg(&w_dev)
+            .arg(&keys_dev)
+            .arg(&pos_dev)
+            .arg(&mut out)
+            .arg(&mi)
+            .arg(&hi)
+            .arg(&di)
+            .arg(&ti)
+            .arg(&qk_scale);
+        // SAFETY: every buffer is a live allocation of this context of the size the kernel
+        // indexes: q m × heads × dim, w m × heads, keys T × dim, pos m, out m × T; every
+        // pos < T and 0 < dim ≤ IX_DMAX (checked above), so no index leaves its buffer.
+        unsafe { b.launch(cfg) }?;
+        Ok(self.stream.clone_dtoh(&out)?)
+    }
+}

@@ -1,0 +1,175 @@
+//! Where prefill time goes: wall seconds per phase of the layers' forwards, summed over the
+//! forwards that carry a prefill chunk (a sequence adding more than `ABSORBED_MAX_ROWS` rows;
+//! decode and verify steps are not counted). `nectar run --json` reports them as
+//! `stats.prefill_phases_s` (docs/gpu.md, "Prefill phases").
+//!
+//! Each layer's attention holds one [`Phases`]; a forward walks it with a [`Lap`], which charges
+//! the time since its previous mark to the phase it names, so the phases of one forward add up
+//! to its wall time with nothing counted twice.
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// A phase of a layer's forward.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Phase {
+    /// q_a, q_b, kv_a with their norms and RoPE, and the cache append.
+    AttnProj = 0,
+    /// The indexer keys: wk, LayerNorm, RoPE, cache append.
+    IndexerKeys,
+    /// The indexer queries and head weights: wq_b, weights_proj, RoPE.
+    IndexerProj,
+    /// The indexer's scores of every visible key (GPU: with the uploads and the download).
+    IndexerScores,
+    /// The top-k selection per row.
+    IndexerTopk,
+    /// kv_b's rebuilt K/V (GPU: with the copies into VRAM).
+    KvB,
+    /// Attention proper: scores, softmax, times V.
+    AttnCore,
+    /// o_proj (with the transposition before it).
+    OProj,
+    /// The MLP half: norm, routing, experts (or the dense SwiGLU), residual add.
+    Mlp,
+}
+
+const PHASES: usize = Phase::Mlp as usize + 1;
+
+/// Accumulated nanoseconds per phase, since load.
+#[derive(Debug, Default)]
+pub(super) struct Phases {
+    ns: [AtomicU64; PHASES],
+    /// Whether the forward now running is timed (set by the attention half, read by the MLP).
+    timing: AtomicBool,
+}
+
+impl Phases {
+    /// A lap over a forward: timed when `prefill`, else every mark is free.
+    pub(super) fn lap(&self, prefill: bool) -> Lap<'_> {
+        self.timing.store(prefill, Ordering::Relaxed);
+        Lap {
+            phases: self,
+            last: prefill.then(Instant::now),
+        }
+    }
+
+    /// A lap continuing the attention half's choice (the MLP half of the same layer).
+    pub(super) fn resume(&self) -> Lap<'_> {
+        self.lap(self.timing.load(Ordering::Relaxed))
+    }
+
+    /// Seconds per phase.
+    pub(super) fn seconds(&self) -> PrefillPhases {
+        let s = |p: Phase| self.ns[p as usize].load(Ordering::Relaxed) as f64 * 1e-9;
+        PrefillPhases {
+            attn_proj: s(Phase::AttnProj),
+            indexer_keys: s(Phase::IndexerKeys),
+            indexer_proj: s(Phase::IndexerProj),
+            indexer_scores: s(Phase::IndexerScores),
+            indexer_topk: s(Phase::IndexerTopk),
+            kv_b: s(Phase::KvB),
+            attn_core: s(Phase::AttnCore),
+            o_proj: s(Phase::OProj),
+            mlp: s(Phase::Mlp),
+        }
+    }
+}
+
+/// The running timer of one forward.
+pub(super) struct Lap<'a> {
+    phases: &'a Phases,
+    last: Option<Instant>,
+}
+
+impl Lap<'_> {
+    /// Charges the time since the previous mark to `p`.
+    pub(super) fn mark(&mut self, p: Phase) {
+        if let Some(t) = self.last {
+            let now = Instant::now();
+            let ns = u64::try_from((now - t).as_nanos()).unwrap_or(u64::MAX);
+            self.phases.ns[p as usize].fetch_add(ns, Ordering::Relaxed);
+            self.last = Some(now);
+        }
+    }
+}
+
+/// Wall seconds per phase of the prefill chunks' layer forwards, summed over the layers (the
+/// MTP layer included) since load. What is not here (embedding, the layers' input norms and
+/// residual adds, the final norm and lm_head, sampling) is the prefill time less their sum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PrefillPhases {
+    /// q_a, q_b, kv_a with their norms and RoPE, and the cache append.
+    pub attn_proj: f64,
+    /// The indexer keys: wk, LayerNorm, RoPE, cache append.
+    pub indexer_keys: f64,
+    /// The indexer queries and head weights: wq_b, weights_proj, RoPE.
+    pub indexer_proj: f64,
+    /// The indexer's scores of every visible key (on the GPU: uploads and download included).
+    pub indexer_scores: f64,
+    /// The top-k selection per row.
+    pub indexer_topk: f64,
+    /// kv_b's rebuilt K/V (on the GPU path: with the copies into VRAM).
+    pub kv_b: f64,
+    /// Attention proper: scores, softmax, times V.
+    pub attn_core: f64,
+    /// o_proj.
+    pub o_proj: f64,
+    /// The MLP halves: norm, routing, experts or dense SwiGLU, residual add.
+    pub mlp: f64,
+}
+
+impl PrefillPhases {
+    /// The sum of the phases.
+    pub fn total(&self) -> f64 {
+        self.attn_proj
+            + self.indexer_keys
+            + self.indexer_proj
+            + self.indexer_scores
+            + self.indexer_topk
+            + self.kv_b
+            + self.attn_core
+            + self.o_proj
+            + self.mlp
+    }
+}
+
+impl std::ops::Add for PrefillPhases {
+    type Output = PrefillPhases;
+    fn add(self, o: PrefillPhases) -> PrefillPhases {
+        PrefillPhases {
+            attn_proj: self.attn_proj + o.attn_proj,
+            indexer_keys: self.indexer_keys + o.indexer_keys,
+            indexer_proj: self.indexer_proj + o.indexer_proj,
+            indexer_scores: self.indexer_scores + o.indexer_scores,
+            indexer_topk: self.indexer_topk + o.indexer_topk,
+            kv_b: self.kv_b + o.kv_b,
+            attn_core: self.attn_core + o.attn_core,
+            o_proj: self.o_proj + o.o_proj,
+            mlp: self.mlp + o.mlp,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_timed_laps_charge_their_phase() {
+        let p = Phases::default();
+        let mut off = p.lap(false);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        off.mark(Phase::Mlp);
+        assert_eq!(p.seconds(), PrefillPhases::default());
+        let mut on = p.lap(true);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        on.mark(Phase::KvB);
+        let s = p.seconds();
+        assert!(s.kv_b >= 0.002, "{s:?}");
+        assert_eq!(s.total(), s.kv_b);
+        // The MLP half follows the attention half's choice.
+        let mut mlp = p.resume();
+        mlp.mark(Phase::Mlp);
+        assert!(p.seconds().mlp > 0.0);
+    }
+}
