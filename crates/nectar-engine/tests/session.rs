@@ -237,13 +237,10 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_run() {
         )
         .unwrap();
         assert_eq!(r2.common, 140 + 5);
-        match spec {
-            None => assert_eq!(r2.main, 140 + 5, "every cached token is reused"),
-            Some(_) => {
-                // MTP drafting keeps the rows the MTP layer has absorbed (at least the prompt's).
-                assert!(r2.main >= 139 && r2.main == r2.mtp, "{r2:?}");
-            }
-        }
+        // Every cached token is reused, MTP drafting or not: the MTP cache may skip rows, so
+        // the main cache is not cut back to it.
+        assert_eq!(r2.main, 140 + 5, "{spec:?}");
+        assert!(r2.mtp <= r2.main, "{r2:?}");
         assert_eq!(g2.prompt_tokens, p2.len() - r2.main);
         assert_eq!(r2, r2m);
         // Restored vs never saved: bit for bit.

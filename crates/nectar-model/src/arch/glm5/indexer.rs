@@ -74,7 +74,7 @@ impl Indexer {
         for (row, kr) in layout.rows.iter().zip(k.chunks_exact_mut(self.dim)) {
             layer_norm(kr, &self.k_norm_w, &self.k_norm_b, K_NORM_EPS, &mut normed);
             kr.copy_from_slice(&normed);
-            rope.apply(&mut kr[..rope.dim()], row.pos);
+            rope.apply(&mut kr[..rope.dim()], row.rope);
             caches[row.seq].index_k.extend_from_slice(kr);
         }
         let need: Vec<usize> = (0..m)
@@ -99,7 +99,7 @@ impl Indexer {
             for hq in q[j * self.heads * self.dim..(j + 1) * self.heads * self.dim]
                 .chunks_exact_mut(self.dim)
             {
-                rope.apply(&mut hq[..rope.dim()], layout.rows[i].pos);
+                rope.apply(&mut hq[..rope.dim()], layout.rows[i].rope);
             }
         }
         // One task per row, on the compute team.
