@@ -303,7 +303,10 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_run() {
         assert_eq!(r2.main, 140 + 5, "{spec:?}");
         assert!(r2.mtp <= r2.main, "{r2:?}");
         assert_eq!(g2.prompt_tokens, p2.len() - r2.main);
-        assert_eq!(r2, r2m);
+        // The file keeps the MTP cache only up to its first gap (with MTP drafting the drafter
+        // skipped all but the prompt's last rows: none), so only the MTP rows may differ.
+        assert_eq!((r2.common, r2.main), (r2m.common, r2m.main));
+        assert!(r2.mtp <= r2m.mtp, "{r2:?} {r2m:?}");
         // Restored vs never saved: bit for bit.
         assert_eq!(g2.tokens, g2m.tokens);
         for (x, y) in g2.logprobs.iter().zip(&g2m.logprobs) {
