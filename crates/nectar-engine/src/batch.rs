@@ -432,14 +432,9 @@ impl Batch {
             None => self.kept.take(state.history().tokens()),
         }
         .unwrap_or_else(|| model.new_cache());
-        let mtp = matches!(spec.as_ref().map(|s| &s.provider), Some(Provider::Mtp(_)));
-        if mtp {
-            // The MTP drafter absorbs the hidden of every main row past its own cache, and
-            // only a row that runs has one: the main cache goes back to the MTP rows.
-            let m = cache.mtp.len().min(cache.len());
-            cache.truncate(m);
-            cache.mtp.truncate(m);
-        }
+        // The MTP cache may end before the main cache (it may skip rows, `spec/mtp.rs`: the
+        // drafter starts from the rows that run), never after it.
+        cache.mtp.truncate_to_position(cache.len());
         let cache_len = cache.len();
         if cache_len > 0 {
             state.skip_cached(cache_len)?;

@@ -73,7 +73,7 @@ pub use spec::{
     lookup, verify_coupled, verify_draft, AutoDecision, AutoGamma, Drafter, MtpDrafter,
     PromptLookup, Proposals, RowRound, Shape, SpecStats, Speculation, Speculator, StepSample,
     StepUnion, UnionCounts, UnionMeter, UnionStats, Verdict, AUTO_WINDOW, DEFAULT_DRAFT_TOKENS,
-    MAX_DRAFT,
+    MAX_DRAFT, MTP_ABSORB_WINDOW,
 };
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;

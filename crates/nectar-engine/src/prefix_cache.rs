@@ -72,14 +72,14 @@ impl PrefixCache {
                 // Continues: the kept prompt entire, then more.
                 prompt.len() > *p && t.get(..*p).is_some_and(|k| prompt.starts_with(k))
             })
-            .map(|(i, (t, _, c))| (i, prefix::plan(t, c.mtp.len(), prompt, false)))
+            .map(|(i, (t, _, c))| (i, prefix::plan(t, c.mtp.end(), prompt)))
             .max_by_key(|(i, r)| (r.main, *i))?;
         if reuse.main == 0 {
             return None;
         }
         let (_, _, mut cache) = self.entries.remove(best)?;
         cache.truncate(reuse.main);
-        cache.mtp.truncate(reuse.mtp);
+        cache.mtp.truncate_to_position(reuse.mtp);
         self.hits += 1;
         self.reused_tokens += reuse.main as u64;
         Some(cache)

@@ -5,7 +5,7 @@
 
 use nectar_engine::{
     generate, generate_speculative, Batch, BatchOptions, GrammarSpec, Request, RequestState,
-    RowOptions, SamplingParams, Speculation, Speculator,
+    RowOptions, SamplingParams, Speculation, Speculator, MTP_ABSORB_WINDOW,
 };
 
 mod common;
@@ -309,6 +309,53 @@ fn a_new_auto_row_continues_what_the_batch_learned() {
         }
     }
     assert!(asked.iter().sum::<usize>() <= 6, "{asked:?}");
+}
+
+#[test]
+fn a_row_resuming_drafting_after_a_long_plain_stretch_skips_its_backlog_and_matches_off() {
+    // Drafts never pay (every forward row costs the same): `auto` decodes plainly and drafts
+    // only in its probes, each after a stretch of plain steps far longer than the MTP window.
+    let b = demo();
+    let ps = prompts();
+    let r = Request::new(ps[3].clone(), 240);
+    let mut batch = Batch::new(BatchOptions::default());
+    batch.cost_steps_with(Box::new(|r| 1e-3 * r.tokens as f64));
+    admit_auto(&mut batch, 0, &r.prompt_ids, r.max_tokens);
+    let (mut got, mut resumes, mut accepted_on_resume) = (Vec::new(), 0, 0);
+    let mut plain_run = 0;
+    loop {
+        let report = batch.step(&b.model, None).unwrap();
+        got.extend(report.rows.iter().map(|s| s.step.token));
+        if report.rows.iter().any(|s| s.summary.is_some()) {
+            break;
+        }
+        let c = batch.cache(0).unwrap();
+        // The MTP cache never runs past the main cache, and holds no more rows than it spans.
+        assert!(c.mtp.end() <= c.len() && c.mtp.len() <= c.mtp.end());
+        if report.drafted > 0 {
+            if plain_run > 2 * MTP_ABSORB_WINDOW {
+                resumes += 1;
+                accepted_on_resume += report.accepted;
+                // The backlog beyond the window was left out: a gap just before the rows
+                // this probe absorbed (the last window and its own kept rows).
+                assert!(c.mtp.contiguous() < c.mtp.end(), "no gap");
+                assert!(
+                    c.mtp.len() + MTP_ABSORB_WINDOW < c.mtp.end(),
+                    "the backlog was absorbed"
+                );
+            }
+            plain_run = 0;
+        } else {
+            plain_run += 1;
+        }
+    }
+    assert!(resumes >= 2, "{resumes} resumes after a long plain stretch");
+    assert!(
+        accepted_on_resume > 0,
+        "drafts after a gap were all rejected"
+    );
+    // Greedy output is `off`'s, token for token.
+    assert_eq!(got, alone(&r));
 }
 
 /// Steps a batch of four `auto` rows to the end; `read_ms` is what one expert the drafts add

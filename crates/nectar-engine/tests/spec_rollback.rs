@@ -1,11 +1,12 @@
 //! Cache rollback after partial and zero acceptance: after every round the
 //! main and MTP caches hold exactly the kept rows, bit-identical to an
-//! uninterrupted plain decode, and the next logits equal that decode's bit
-//! for bit.
+//! uninterrupted plain decode (whose MTP layer, like the drafter's, absorbs
+//! only the prompt's last `MTP_ABSORB_WINDOW` rows, at their positions), and
+//! the next logits equal that decode's bit for bit.
 
 use nectar_engine::{
     argmax, Batch, BatchOptions, Drafter, ModelBundle, Proposals, Request, RequestState, Result,
-    RowOptions, Speculation, Speculator,
+    RowOptions, Speculation, Speculator, MTP_ABSORB_WINDOW,
 };
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqCache, SeqStep};
 use std::path::Path;
@@ -56,15 +57,18 @@ fn reference(model: &Glm5, prompt: &[u32], n: usize) -> Reference {
             .unwrap();
         let logits = model.logits(&h[h.len() - hd..]).unwrap();
         let t = argmax(&logits);
-        // The MTP rows of these inputs: (h_i, token at i + 1).
+        // The MTP rows of these inputs: (h_i, token at i + 1), at most the window's last.
         let mut next = input[1..].to_vec();
         next.push(t);
+        let skip = next.len().saturating_sub(MTP_ABSORB_WINDOW);
+        let (h, next) = (&h[skip * hd..], &next[skip..]);
+        cache.mtp.skip_to(cache.len() - next.len()).unwrap();
         model
             .mtp_forward(
                 &mut [MtpStep {
                     cache: &mut cache,
-                    hidden: &h,
-                    next_tokens: &next,
+                    hidden: h,
+                    next_tokens: next,
                 }],
                 &mut NoObserver,
             )
@@ -166,7 +170,7 @@ fn check_rounds(batch: &mut Batch, r: &Reference, mtp: bool) -> Vec<(usize, usiz
         }
         if mtp && report.drafted > 0 {
             // The chained rows are gone; the kept rows wait to be absorbed.
-            assert_eq!(c.mtp.len(), before, "MTP cache after the round");
+            assert_eq!(c.mtp.end(), before, "MTP cache after the round");
             same_prefix(&c.mtp.latent, &r.cache.mtp.latent, "MTP latent");
             same_prefix(&c.mtp.k_pe, &r.cache.mtp.k_pe, "MTP k_pe");
             same_prefix(&c.mtp.index_k, &r.cache.mtp.index_k, "MTP index_k");

@@ -14,6 +14,11 @@ pub struct LayerCache {
     /// (len, index_head_dim) indexer keys; empty on layers without an indexer.
     pub index_k: Vec<f32>,
     len: usize,
+    /// Where the cache skips positions (only the MTP layer's does: its drafter drops rows it
+    /// would absorb only to draft later, `nectar-engine`'s `spec/mtp.rs`): `(index, position)`
+    /// of every row that follows a gap, in increasing order. Rows between two entries sit at
+    /// consecutive positions; without entries, row i sits at position i.
+    gaps: Vec<(usize, usize)>,
 }
 
 impl LayerCache {
@@ -35,6 +40,50 @@ impl LayerCache {
             self.index_k.extend_from_slice(k);
         }
         self.len += 1;
+    }
+
+    /// The absolute position of the next row: one past the last row's (`len` without gaps).
+    pub fn end(&self) -> usize {
+        match self.gaps.last() {
+            Some(&(i, p)) => p + (self.len - i),
+            None => self.len,
+        }
+    }
+
+    /// Rows before the first gap: the prefix whose index is its position.
+    pub fn contiguous(&self) -> usize {
+        self.gaps.first().map_or(self.len, |&(i, _)| i)
+    }
+
+    /// Places the next row at absolute position `pos`, leaving positions `end()..pos` out
+    /// (their rows are never computed; attention sees only the rows that are). Refused when
+    /// `pos` lies before [`Self::end`]: positions only increase.
+    pub fn skip_to(&mut self, pos: usize) -> Result<()> {
+        let end = self.end();
+        if pos < end {
+            return Err(Error::Input(format!(
+                "cache: the next row cannot sit at position {pos}, before the cache's end {end}"
+            )));
+        }
+        if pos > end {
+            self.gaps.push((self.len, pos));
+        }
+        Ok(())
+    }
+
+    /// Drops every row at an absolute position ≥ `pos` (see [`Self::truncate`]).
+    pub fn truncate_to_position(&mut self, pos: usize) {
+        // The first row at a position ≥ pos: inside the segment that holds pos, or the first
+        // row of the segment that starts after it.
+        let mut keep = pos.min(self.contiguous());
+        for (k, &(i, p)) in self.gaps.iter().enumerate() {
+            if p >= pos {
+                break;
+            }
+            let seg_end = self.gaps.get(k + 1).map_or(self.len, |&(j, _)| j);
+            keep = (i + (pos - p)).min(seg_end);
+        }
+        self.truncate(keep);
     }
 
     /// A cache rebuilt from its parts (a restored session): `len` tokens of `latent_dim` latent,
@@ -64,6 +113,7 @@ impl LayerCache {
             k_pe,
             index_k,
             len,
+            gaps: Vec::new(),
         })
     }
 
@@ -85,12 +135,14 @@ impl LayerCache {
                 v.shrink_to_fit();
             }
         }
+        self.gaps.retain(|&(i, _)| i < len);
         self.len = len;
     }
 
     /// Bytes held by the cache's buffers.
     pub fn bytes(&self) -> usize {
         (self.latent.capacity() + self.k_pe.capacity() + self.index_k.capacity()) * 4
+            + self.gaps.capacity() * std::mem::size_of::<(usize, usize)>()
     }
 }
 
@@ -167,6 +219,46 @@ mod tests {
         assert!(c.bytes() < before / 10);
         c.truncate(10);
         assert_eq!(c.len(), 3);
+    }
+
+    fn push_n(c: &mut LayerCache, n: usize) {
+        for _ in 0..n {
+            let v = c.len() as f32;
+            c.push(&[v], &[v], None);
+        }
+    }
+
+    #[test]
+    fn gaps_keep_positions_through_truncation() {
+        let mut c = LayerCache::default();
+        push_n(&mut c, 3); // positions 0..3
+        c.skip_to(3).unwrap(); // no gap
+        assert_eq!((c.end(), c.contiguous()), (3, 3));
+        c.skip_to(10).unwrap();
+        push_n(&mut c, 2); // positions 10, 11 at rows 3, 4
+        c.skip_to(20).unwrap();
+        push_n(&mut c, 2); // positions 20, 21 at rows 5, 6
+        assert_eq!((c.len(), c.end(), c.contiguous()), (7, 22, 3));
+        assert!(c.skip_to(21).is_err());
+        let mut t = c.clone();
+        t.truncate_to_position(21); // keeps position 20
+        assert_eq!((t.len(), t.end()), (6, 21));
+        let mut t = c.clone();
+        t.truncate_to_position(15); // inside the second gap: positions 10, 11 stay
+        assert_eq!((t.len(), t.end()), (5, 12));
+        let mut t = c.clone();
+        t.truncate_to_position(11);
+        assert_eq!((t.len(), t.end()), (4, 11));
+        let mut t = c.clone();
+        t.truncate_to_position(5); // inside the first gap
+        assert_eq!((t.len(), t.end(), t.contiguous()), (3, 3, 3));
+        t.truncate_to_position(2);
+        assert_eq!((t.len(), t.end()), (2, 2));
+        // Index truncation (a round's chained rows) forgets gaps past the new length.
+        c.truncate(4);
+        assert_eq!((c.len(), c.end()), (4, 11));
+        c.truncate(3);
+        assert_eq!((c.len(), c.end()), (3, 3));
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! 120  4   u32 rope-key width (qk_rope_head_dim)
 //! 124  4   u32 MTP indexer-key width (u32::MAX: the saving model had no MTP layer)
 //! 128  8   u64 n_tokens
-//! 136  8   u64 mtp_rows (< n_tokens, or 0)
+//! 136  8   u64 mtp_rows (< n_tokens, or 0): the MTP cache up to its first gap (rows after
+//!              one are a drafting aid the file leaves out, `spec/mtp.rs`)
 //! 144  4·n_layers  u32 indexer-key width per main layer (0: none)
 //! then     4·n_tokens  u32 token ids
 //! then     per main layer: latent, rope keys, indexer keys (n_tokens rows each)
@@ -51,7 +52,7 @@ pub fn write(
     cache: &SeqCache,
 ) -> Result<(), SessionError> {
     let n = tokens.len();
-    let mtp_rows = cache.mtp.len();
+    let mtp_rows = cache.mtp.contiguous();
     write_atomic(path, |out| {
         let mut w = HashWriter {
             inner: out,
@@ -75,10 +76,16 @@ pub fn write(
         }
         let ids: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         w.write_all(&ids)?;
-        for l in cache.layers.iter().chain([&cache.mtp]) {
-            write_f32s(&mut w, &l.latent)?;
-            write_f32s(&mut w, &l.k_pe)?;
-            write_f32s(&mut w, &l.index_k)?;
+        for (l, rows) in cache
+            .layers
+            .iter()
+            .map(|l| (l, n))
+            .chain([(&cache.mtp, mtp_rows)])
+        {
+            let part = |v: &[f32]| v.len().checked_div(l.len()).map_or(0, |w| rows * w);
+            write_f32s(&mut w, &l.latent[..part(&l.latent)])?;
+            write_f32s(&mut w, &l.k_pe[..part(&l.k_pe)])?;
+            write_f32s(&mut w, &l.index_k[..part(&l.index_k)])?;
         }
         let sum: Hash = w.hash.finalize().into();
         out.write_all(&sum)

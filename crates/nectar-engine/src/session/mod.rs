@@ -32,7 +32,7 @@ use crate::generate::generate_speculative_cached;
 use crate::generate::Generation;
 use crate::request::Request;
 use crate::request_state::Step;
-use crate::spec::{Speculation, Speculator};
+use crate::spec::Speculation;
 use crate::tokenizer::Tokenizer;
 use nectar_model::{Glm5, NoObserver, SeqCache, SeqStep};
 use std::path::Path;
@@ -184,7 +184,9 @@ impl Session {
                 c.len()
             )));
         }
-        cache.mtp.truncate(tokens.len().saturating_sub(1));
+        cache
+            .mtp
+            .truncate_to_position(tokens.len().saturating_sub(1));
         Ok(Session { tokens, cache })
     }
 
@@ -198,12 +200,12 @@ impl Session {
         &self.cache
     }
 
-    /// Keeps what `prompt` shares with the session (see [`prefix::plan`]; `with_mtp` when MTP
-    /// drafts this turn) and drops the rest of the caches.
-    pub fn reuse(&mut self, prompt: &[u32], with_mtp: bool) -> Reuse {
-        let r = prefix::plan(&self.tokens, self.cache.mtp.len(), prompt, with_mtp);
+    /// Keeps what `prompt` shares with the session (see [`prefix::plan`]) and drops the rest of
+    /// the caches.
+    pub fn reuse(&mut self, prompt: &[u32]) -> Reuse {
+        let r = prefix::plan(&self.tokens, self.cache.mtp.end(), prompt);
         self.cache.truncate(r.main);
-        self.cache.mtp.truncate(r.mtp);
+        self.cache.mtp.truncate_to_position(r.mtp);
         self.tokens.truncate(r.main);
         r
     }
@@ -221,8 +223,7 @@ impl Session {
         spec: Option<&Speculation>,
         on_step: impl FnMut(&Step) -> Result<bool>,
     ) -> Result<(Generation, Reuse)> {
-        let with_mtp = matches!(spec.map(|s| s.speculator), Some(Speculator::Mtp { .. }));
-        let reuse = self.reuse(&request.prompt_ids, with_mtp);
+        let reuse = self.reuse(&request.prompt_ids);
         let out = generate_speculative_cached(
             model,
             tokenizer,
@@ -245,7 +246,7 @@ impl Session {
         // rows of reported tokens stay.
         let keep = self.cache.len().min(history.len() - 1);
         self.cache.truncate(keep);
-        self.cache.mtp.truncate(keep.saturating_sub(1));
+        self.cache.mtp.truncate_to_position(keep.saturating_sub(1));
         history.truncate(keep);
         self.tokens = history;
         Ok((gen, reuse))

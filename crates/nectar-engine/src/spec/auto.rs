@@ -24,8 +24,8 @@
 //!
 //! (for one row alone: E(γ) / (cost(γ) + absorb · E(γ)), a round's own tokens per second).
 //! `resume` is the backlog, counted for γ > 0 only: before a row drafts, the MTP layer absorbs
-//! every row it kept while it did not draft (its prompt, its plain steps, in this shape or in
-//! another). While the shape drafts, it is the backlog rows its drafting steps absorbed, per
+//! the rows it kept while it did not draft (its prompt, its plain steps, in this shape or in
+//! another), at most the last [`super::mtp::ABSORB_WINDOW`] (its MTP cache skips older ones). While the shape drafts, it is the backlog rows its drafting steps absorbed, per
 //! step, as measured: a shape whose steps come in short stretches between stretches of a
 //! shape at γ = 0 (on the demo at `--parallel 4`: three rows while a request finishes or
 //! joins, between long stretches of four rows at γ = 0) starts every stretch by absorbing

@@ -13,19 +13,37 @@
 //! Only absorbed rows are conditioned on a true target hidden, so the
 //! chained rows are trimmed from the MTP cache when the round is verified
 //! and the accepted positions are re-absorbed from the verified hiddens
-//! (`lessons.md` #21). The invariant, checked at every step: MTP cache rows
-//! + pending rows = main cache rows.
+//! (`lessons.md` #21).
 //!
-//! Drafts never decide output (verification does), so the MTP layer may run
-//! its absorption in either attention form: more than 4 pending rows (the
-//! prompt, or rows left by `auto`'s plain stretches) take the
-//! reconstructed form, exactly as a prefill does.
+//! Drafts never decide output (verification does), so the MTP cache may have
+//! **gaps**: at most [`ABSORB_WINDOW`] pending rows are kept, older ones are
+//! dropped unabsorbed, and the next absorption places its rows at their true
+//! positions after a gap ([`nectar_model::LayerCache::skip_to`]: RoPE rotates
+//! by the absolute position, attention sees only the rows computed). A row
+//! that did not draft for a long stretch (its prompt, `auto`'s steps at γ = 0)
+//! so pays at most the window when it drafts again, not the MTP layer over
+//! every token since it last drafted. The invariant, checked at every step:
+//! the MTP cache ends at or before the first pending row, and the pending rows
+//! end at the main cache's end.
+//!
+//! The MTP layer may run its absorption in either attention form: more than 4
+//! pending rows take the reconstructed form, exactly as a prefill does.
 
 #[cfg(doc)]
 use super::drafter::Drafter;
 use super::drafter::Proposals;
 use crate::error::{Error, Result};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqCache};
+
+/// Most pending rows a drafter keeps: what drafting absorbs after a stretch without drafting
+/// (the prompt, `auto`'s steps at γ = 0); older rows are left out of the MTP cache. It bounds
+/// what resuming costs to about as many MTP-layer rows as a few drafting rounds absorb, while
+/// the MTP layer still attends over the recent context its next drafts lean on most (each
+/// row also carries the main model's hidden, which saw everything). On the demo model
+/// (`benchmarks/RESULTS.md`, issue 12) `auto` at one row went from 0.93–1.01 MTP rows absorbed
+/// per generated token to 0.31–0.35, and `--mtp on`'s acceptance did not change.
+pub const ABSORB_WINDOW: usize = 16;
+const _: () = assert!(ABSORB_WINDOW > super::MAX_DRAFT);
 
 /// The MTP draft provider.
 #[derive(Debug)]
@@ -74,16 +92,17 @@ impl MtpDrafter {
         self.pending().saturating_sub(self.last_observed)
     }
 
-    fn check(&self, cache: &SeqCache, when: &str) -> Result<()> {
-        let (mtp, main) = (cache.mtp.len(), cache.len());
-        if mtp + self.pending() != main {
-            return Err(Error::Speculation(format!(
-                "{when}: the MTP cache holds {mtp} rows and {} are pending, but the main cache \
-                 holds {main}",
+    /// The position of the first pending row: the pending rows are the main cache's last.
+    fn first_pending(&self, cache: &SeqCache, when: &str) -> Result<usize> {
+        let (end, main) = (cache.mtp.end(), cache.len());
+        match main.checked_sub(self.pending()) {
+            Some(first) if end <= first => Ok(first),
+            _ => Err(Error::Speculation(format!(
+                "{when}: the MTP cache ends at position {end} and {} rows are pending, but the \
+                 main cache holds {main}",
                 self.pending()
-            )));
+            ))),
         }
-        Ok(())
     }
 }
 
@@ -110,7 +129,15 @@ impl MtpDrafter {
         self.pending_h.extend_from_slice(hidden);
         self.pending_next.extend_from_slice(next);
         self.last_observed = next.len();
-        self.check(cache, "after verification")
+        // Rows beyond the window are never absorbed: drop them now, so pending memory stays
+        // bounded too. A verified round's kept rows (≤ MAX_DRAFT + 1) always fit.
+        let drop = self.pending().saturating_sub(ABSORB_WINDOW);
+        if drop > 0 {
+            self.pending_h.drain(..drop * self.hd);
+            self.pending_next.drain(..drop);
+        }
+        self.first_pending(cache, "after verification")?;
+        Ok(())
     }
 
     /// MTP forwards this drafter took part in.
@@ -134,8 +161,12 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
     let t0 = std::time::Instant::now();
     let absorbed: Vec<usize> = rows.iter().map(|r| r.drafter.pending()).collect();
     let backlog = rows.iter().map(|r| r.drafter.backlog()).sum();
-    for r in rows.iter() {
-        r.drafter.check(r.cache, "before absorbing")?;
+    for r in rows.iter_mut() {
+        let first = r.drafter.first_pending(r.cache, "before absorbing")?;
+        if r.drafter.pending() > 0 {
+            // After rows were dropped, the absorbed ones sit at their true positions.
+            r.cache.mtp.skip_to(first)?;
+        }
     }
     if absorbed.iter().any(|&n| n > 0) {
         let hm = {
@@ -165,7 +196,7 @@ pub(crate) fn draft_together(model: &Glm5, rows: &mut [MtpRow<'_, '_>]) -> Resul
     let absorb_secs = t0.elapsed().as_secs_f64();
     let mut h = Vec::with_capacity(rows.len());
     for r in rows.iter_mut() {
-        r.drafter.check(r.cache, "before drafting")?;
+        r.drafter.first_pending(r.cache, "before drafting")?;
         let Some(last) = r.drafter.last.clone() else {
             return Err(Error::Speculation(
                 "MTP drafting before any row was observed".into(),

@@ -179,7 +179,7 @@ impl Attention {
         let mut q = self.q_b.forward(&cq, m)?;
         for (row, qr) in layout.rows.iter().zip(q.chunks_exact_mut(hd * dq)) {
             for qh in qr.chunks_exact_mut(dq) {
-                rope.apply(&mut qh[self.dn..], row.pos);
+                rope.apply(&mut qh[self.dn..], row.rope);
             }
         }
         // Keys: kv_a → [latent (RMSNorm 1e-6) ; k_pe (RoPE)] appended to the cache.
@@ -188,9 +188,9 @@ impl Attention {
         for (row, kvr) in layout.rows.iter().zip(kv.chunks_exact(self.rank + self.dr)) {
             rms_norm(&kvr[..self.rank], &self.kv_a_norm, LATENT_EPS, &mut latent);
             let mut kpe = kvr[self.rank..].to_vec();
-            rope.apply(&mut kpe, row.pos);
+            rope.apply(&mut kpe, row.rope);
             let c = &mut caches[row.seq];
-            debug_assert_eq!(c.len(), row.pos, "cache length must equal the row position");
+            debug_assert_eq!(c.len(), row.pos, "cache length must equal the row's slot");
             c.push(&latent, &kpe, None);
         }
         lap.mark(Phase::AttnProj);

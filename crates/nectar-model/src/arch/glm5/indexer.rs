@@ -95,7 +95,7 @@ impl Indexer {
         for (row, kr) in layout.rows.iter().zip(k.chunks_exact_mut(self.dim)) {
             layer_norm(kr, &self.k_norm_w, &self.k_norm_b, K_NORM_EPS, &mut normed);
             kr.copy_from_slice(&normed);
-            rope.apply(&mut kr[..rope.dim()], row.pos);
+            rope.apply(&mut kr[..rope.dim()], row.rope);
             caches[row.seq].index_k.extend_from_slice(kr);
         }
         lap.mark(Phase::IndexerKeys);
@@ -120,7 +120,7 @@ impl Indexer {
         let hq = self.heads * self.dim;
         for (j, &i) in need.iter().enumerate() {
             for qh in q[j * hq..(j + 1) * hq].chunks_exact_mut(self.dim) {
-                rope.apply(&mut qh[..rope.dim()], layout.rows[i].pos);
+                rope.apply(&mut qh[..rope.dim()], layout.rows[i].rope);
             }
         }
         lap.mark(Phase::IndexerProj);

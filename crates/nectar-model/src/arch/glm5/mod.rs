@@ -69,7 +69,8 @@ pub struct SeqStep<'a> {
 }
 
 /// One sequence's part of an MTP forward: for each row i, the main hidden `h_i` (post final
-/// norm) and the token at `i + 1`. Positions continue from `cache.mtp.len()`.
+/// norm) and the token at `i + 1`. Positions continue from `cache.mtp.end()` (the drafter
+/// may first [`LayerCache::skip_to`] a later one).
 #[derive(Debug)]
 pub struct MtpStep<'a> {
     /// The sequence's caches (the MTP layer uses `cache.mtp`).
@@ -491,8 +492,9 @@ impl Glm5 {
             .ok_or_else(|| Error::Input("this model has no MTP layer".into()))?;
         let hd = self.hidden_size();
         let starts: Vec<usize> = steps.iter().map(|s| s.cache.mtp.len()).collect();
+        let positions: Vec<usize> = steps.iter().map(|s| s.cache.mtp.end()).collect();
         let counts: Vec<usize> = steps.iter().map(|s| s.next_tokens.len()).collect();
-        let layout = Layout::new(&starts, &counts);
+        let layout = Layout::at(&starts, &positions, &counts);
         let m = layout.rows.len();
         let mut cat = vec![0.0f32; m * 2 * hd];
         let mut e = vec![0.0f32; hd];
