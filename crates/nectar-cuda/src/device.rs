@@ -183,7 +183,7 @@ mod tests {
         }
         let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
         let mut names = kernel_names();
-        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2 + 2);
+        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2);
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());
         for name in names {

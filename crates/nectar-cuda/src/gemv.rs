@@ -34,10 +34,6 @@ pub enum Order {
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
     /// and formats take the `Exact` kernels.
     Tensor,
-    /// [`Order::Tensor`]'s products with each warp's steps in one contiguous run, loaded four
-    /// steps at a time (`gemv_tc_run` in `gemv_tc.cu`); int4 only (other formats take
-    /// [`Order::Tensor`]'s kernels). A measurement order: not yet measured on a GPU.
-    TensorRun,
 }
 
 impl Order {
@@ -51,13 +47,12 @@ impl Order {
             Order::Exact => "exact",
             Order::Word => "word",
             Order::Tensor => "tensor",
-            Order::TensorRun => "tensor-run",
         }
     }
 
     /// Whether this order runs the tensor-core GEMV where the layout admits it.
     pub fn tensor(self) -> bool {
-        matches!(self, Order::Tensor | Order::TensorRun)
+        self == Order::Tensor
     }
 }
 
@@ -234,9 +229,6 @@ pub(crate) fn kernel_names() -> Vec<String> {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
-    for tiles in [1, 2] {
-        v.push(format!("gemv_tcr_i4_t{tiles}"));
-    }
     v.sort();
     v.dedup();
     v
@@ -286,10 +278,6 @@ impl Gpu {
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
         let tc = match tc_base(format) {
-            Some("i4") if order == Order::TensorRun && tc_layout(format, cols) => Some((
-                (self.function("gemv_tcr_i4_t2")?, 2),
-                (self.function("gemv_tcr_i4_t1")?, 1),
-            )),
             Some(base) if order.tensor() && tc_layout(format, cols) => Some((
                 (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
                 (self.function(&format!("gemv_tc_{base}_t1"))?, 1),

@@ -79,13 +79,6 @@ mod with_cuda {
             if tensor {
                 orders.push(Order::Tensor);
             }
-            // The contiguous-run order (int4 only; other formats would repeat `tensor`).
-            if matches!(
-                format,
-                WeightFormat::Int4Row | WeightFormat::Int4Group { .. }
-            ) {
-                orders.push(Order::TensorRun);
-            }
             for &m in &a.m {
                 for &order in &orders {
                     v.push(GemvCase {
