@@ -6,15 +6,8 @@
 //! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 mod common;
-use common::{gpu, random_bytes, unit};
+use common::{gpu, values};
 use nectar_cuda::MlaShape;
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    random_bytes(n * 3, seed)
-        .chunks_exact(3)
-        .map(|c| unit(c) * 2.0)
-        .collect()
-}
 
 /// The reconstructed form in f64: per row and head, softmax over the visible keys of
 /// (q_nope·k_nope + q_pe·k_pe)·scale, times V.

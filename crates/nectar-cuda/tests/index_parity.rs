@@ -8,15 +8,8 @@
 //! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 mod common;
-use common::{gpu, random_bytes, unit};
+use common::{gpu, values};
 use nectar_kernels::index_score;
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    random_bytes(n * 3, seed)
-        .chunks_exact(3)
-        .map(|c| unit(c) * 2.0)
-        .collect()
-}
 
 /// One case: `keys` keys, the last `m` of them the rows; returns the pairs compared.
 fn check(heads: usize, dim: usize, keys: usize, m: usize, seed: u64) -> usize {

@@ -49,6 +49,14 @@ pub fn unit(c: &[u8]) -> f32 {
     u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0
 }
 
+/// `n` values in [-2, 2) (three random bytes each).
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    random_bytes(n * 3, seed)
+        .chunks_exact(3)
+        .map(|c| unit(c) * 2.0)
+        .collect()
+}
+
 /// Random weights of `format` (finite values in [-1, 1) for float formats, any codes, positive
 /// scales).
 pub fn weights(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<f32>) {

@@ -250,6 +250,12 @@ mod tests {
         out
     }
 
+    fn assert_close(out: &[f32], want: &[f64], what: &str) {
+        for (a, b) in out.iter().zip(want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{what}: {a} vs {b}");
+        }
+    }
+
     /// Any split of the keys into blocks (one block, several, blocks a row sees nothing of)
     /// gives the softmax-weighted sum within f32 rounding, for listed and spanned keys.
     #[test]
@@ -294,12 +300,7 @@ mod tests {
                         Some(k) => k.iter().map(|&x| x as usize).collect(),
                     };
                     let want = reference(&g, &q, head, &k_pe, &kvf, &keys);
-                    for (a, b) in out.iter().zip(&want) {
-                        assert!(
-                            (*a as f64 - b).abs() < 1e-5,
-                            "block {block} head {head}: {a} vs {b}"
-                        );
-                    }
+                    assert_close(&out, &want, &format!("block {block} head {head}"));
                 }
             }
         }
@@ -363,12 +364,7 @@ mod tests {
                     None => (first..=r.pos).collect(),
                 };
                 let want = reference(&g, r.qh, head, &k_pe, &kvf, &keys);
-                for (a, b) in out.iter().zip(&want) {
-                    assert!(
-                        (*a as f64 - b).abs() < 1e-5,
-                        "row {j} head {head}: {a} vs {b}"
-                    );
-                }
+                assert_close(&out, &want, &format!("row {j} head {head}"));
             }
         }
     }
