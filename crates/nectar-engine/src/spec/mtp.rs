@@ -26,8 +26,9 @@
 //! the MTP cache ends at or before the first pending row, and the pending rows
 //! end at the main cache's end.
 //!
-//! The MTP layer may run its absorption in either attention form: more than 4
-//! pending rows take the reconstructed form, exactly as a prefill does.
+//! The MTP layer may run its absorption in either attention form, chosen for
+//! more than 4 pending rows by what each costs, as for any prefill chunk (a
+//! window's rows over a long MTP cache stay absorbed).
 
 #[cfg(doc)]
 use super::drafter::Drafter;
