@@ -32,10 +32,83 @@ impl Heads {
     }
 }
 
+/// The keys one (row, head) takes from a block: a span of positions (no DSA selection yet) or
+/// the selected positions inside the block, ascending.
+#[derive(Debug, Clone)]
+pub(in crate::arch::glm5) enum Keys<'a> {
+    Span(std::ops::Range<usize>),
+    Listed(&'a [u32]),
+}
+
+impl Keys<'_> {
+    fn for_each(&self, mut f: impl FnMut(usize)) {
+        match self {
+            Keys::Span(r) => r.clone().for_each(f),
+            Keys::Listed(k) => k.iter().for_each(|&t| f(t as usize)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Keys::Span(r) => r.len(),
+            Keys::Listed(k) => k.len(),
+        }
+    }
+}
+
 /// A fresh running state (`m` = −∞, nothing accumulated).
 pub(in crate::arch::glm5) fn init(g: &Heads, st: &mut [f32]) {
     st.fill(0.0);
     st[g.dv] = f32::NEG_INFINITY;
+}
+
+/// Folds one block of keys into (row, head)'s running state `st`: `kvf` holds the block's
+/// rebuilt `[k_nope ; v]` per head (`heads × (dn + dv)` per key, key `first` first), `k_pe`
+/// every key's rope part from position 0. The scores are the same sums as the absorbed form's
+/// (`q_nope · k_nope + q_pe · k_pe`, times the scale); the running maximum rescales what came
+/// before, as in FlashAttention.
+#[allow(clippy::too_many_arguments)]
+pub(in crate::arch::glm5) fn absorb_block(
+    g: &Heads,
+    qh: &[f32],
+    head: usize,
+    first: usize,
+    k_pe: &[f32],
+    kvf: &[f32],
+    keys: Keys<'_>,
+    st: &mut [f32],
+) {
+    if keys.len() == 0 {
+        return;
+    }
+    let (dn, dv, dr) = (g.dn, g.dv, g.dr);
+    let stride = g.heads * (dn + dv);
+    let base = head * (dn + dv);
+    let mut s = Vec::with_capacity(keys.len());
+    keys.for_each(|t| {
+        let kv = &kvf[(t - first) * stride + base..];
+        s.push((dot(&qh[..dn], &kv[..dn]) + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])) * g.scale);
+    });
+    let (acc, ml) = st.split_at_mut(dv);
+    let bmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = ml[0].max(bmax);
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    if ml[0] != m {
+        // exp(−∞) = 0 clears the empty start; otherwise what came before shrinks.
+        let c = (ml[0] - m).exp();
+        acc.iter_mut().for_each(|a| *a *= c);
+        ml[1] *= c;
+        ml[0] = m;
+    }
+    let mut i = 0;
+    keys.for_each(|t| {
+        let p = (s[i] - m).exp();
+        i += 1;
+        ml[1] += p;
+        scaled_add(acc, p, &kvf[(t - first) * stride + base + dn..][..dv]);
+    });
 }
 
 /// The (row, head)'s output from its running state: the output divided by the weights' sum
@@ -70,15 +143,9 @@ pub(in crate::arch::glm5) struct Row<'a> {
 }
 
 /// Folds the rebuilt block of keys `first..first + kvf.len() / stride` into the running states
-/// of a group of rows of one head (`st`: one [`Heads::state_len`] slice per row, any beyond
-/// the rows left alone), tile by tile
-/// of `tile` keys. `kvf` holds the block's rebuilt `[k_nope ; v]` per head (`heads × (dn + dv)`
-/// per key), `k_pe` every key's rope part from position 0. Per tile: every row's scores (`q_nope
-/// · k_nope + q_pe · k_pe`, times the scale: the absorbed form's sums), the running maximum
-/// rescaling what came before (as in FlashAttention), then the weighted values. The loops run
-/// key by key over the group, so each key's slice is read once for all rows while it is in L1;
-/// each row still takes its keys in ascending order, so its bits depend only on the tiles
-/// (their size and the blocks' starts), never on the group it ran in.
+/// of a group of rows of one head (`st`: one [`Heads::state_len`] slice per row), tile by tile
+/// of `tile` keys, so each tile is read once for the whole group. A row's result depends only
+/// on the tiles (their size and the blocks' starts), never on the group it ran in.
 #[allow(clippy::too_many_arguments)]
 pub(in crate::arch::glm5) fn fold_group(
     g: &Heads,
@@ -90,67 +157,20 @@ pub(in crate::arch::glm5) fn fold_group(
     rows: &[Row<'_>],
     st: &mut [f32],
 ) {
-    let (dn, dv, dr, sl) = (g.dn, g.dv, g.dr, g.state_len());
-    let stride = g.heads * (dn + dv);
-    let base = head * (dn + dv);
-    let (n, tile) = (rows.len(), tile.max(1));
-    let end = first + kvf.len() / stride;
+    let end = first + kvf.len() / (g.heads * (g.dn + g.dv));
     let last = rows.iter().map(|r| r.pos).max().unwrap_or(0);
-    // Row r's score of the tile's key i at [r × tile + i], NaN-free "sees it" flags beside.
-    let mut sc = vec![0.0f32; n * tile];
-    let mut sees = vec![false; n * tile];
-    let mut m = vec![f32::NEG_INFINITY; n];
-    for t0 in (first..end.min(last + 1)).step_by(tile) {
-        let t1 = (t0 + tile).min(end);
-        for (r, row) in rows.iter().enumerate() {
-            let f = &mut sees[r * tile..][..t1 - t0];
-            match row.listed {
+    for t0 in (first..end.min(last + 1)).step_by(tile.max(1)) {
+        let t1 = (t0 + tile.max(1)).min(end);
+        for (r, s) in rows.iter().zip(st.chunks_exact_mut(g.state_len())) {
+            let keys = match r.listed {
                 Some(k) => {
-                    f.fill(false);
                     let lo = k.partition_point(|&x| (x as usize) < t0);
                     let hi = k.partition_point(|&x| (x as usize) < t1);
-                    k[lo..hi].iter().for_each(|&x| f[x as usize - t0] = true);
+                    Keys::Listed(&k[lo..hi])
                 }
-                None => f
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = t0 + i <= row.pos),
-            }
-        }
-        for t in t0..t1 {
-            let kn = &kvf[(t - first) * stride + base..][..dn];
-            let kp = &k_pe[t * dr..(t + 1) * dr];
-            for (r, row) in rows.iter().enumerate() {
-                let i = r * tile + t - t0;
-                if sees[i] {
-                    sc[i] = (dot(&row.qh[..dn], kn) + dot(&row.qh[dn..], kp)) * g.scale;
-                }
-            }
-        }
-        for (r, s) in st.chunks_exact_mut(sl).take(n).enumerate() {
-            let (acc, ml) = s.split_at_mut(dv);
-            let seen = (0..t1 - t0).filter(|&i| sees[r * tile + i]);
-            let bmax = seen.fold(f32::NEG_INFINITY, |a, i| a.max(sc[r * tile + i]));
-            m[r] = ml[0].max(bmax);
-            if m[r] != f32::NEG_INFINITY && ml[0] != m[r] {
-                // exp(−∞) = 0 clears the empty start; otherwise what came before shrinks.
-                let c = (ml[0] - m[r]).exp();
-                acc.iter_mut().for_each(|a| *a *= c);
-                ml[1] *= c;
-                ml[0] = m[r];
-            }
-        }
-        for t in t0..t1 {
-            let v = &kvf[(t - first) * stride + base + dn..][..dv];
-            for (r, s) in st.chunks_exact_mut(sl).take(n).enumerate() {
-                let i = r * tile + t - t0;
-                if sees[i] && m[r] != f32::NEG_INFINITY {
-                    let p = (sc[i] - m[r]).exp();
-                    let (acc, ml) = s.split_at_mut(dv);
-                    ml[1] += p;
-                    scaled_add(acc, p, v);
-                }
-            }
+                None => Keys::Span(t0..t1.min(r.pos + 1).max(t0)),
+            };
+            absorb_block(g, r.qh, head, first, k_pe, kvf, keys, s);
         }
     }
 }
@@ -252,15 +272,26 @@ mod tests {
                 for sel in [None, Some(&listed)] {
                     let mut st = vec![0.0; g.state_len()];
                     init(&g, &mut st);
-                    let row = Row {
-                        qh: &q,
-                        pos: t - 1,
-                        listed: sel.map(|k| &k[..]),
-                    };
                     for first in (0..t).step_by(block) {
                         let end = (first + block).min(t);
-                        let kv = &kvf[first * stride..end * stride];
-                        fold_group(&g, head, first, block, &k_pe, kv, &[row], &mut st);
+                        let keys = match sel {
+                            None => Keys::Span(first..end),
+                            Some(k) => {
+                                let lo = k.partition_point(|&x| (x as usize) < first);
+                                let hi = k.partition_point(|&x| (x as usize) < end);
+                                Keys::Listed(&k[lo..hi])
+                            }
+                        };
+                        absorb_block(
+                            &g,
+                            &q,
+                            head,
+                            first,
+                            &k_pe,
+                            &kvf[first * stride..end * stride],
+                            keys,
+                            &mut st,
+                        );
                     }
                     let mut out = vec![0.0; g.dv];
                     finish(&g, &st, &mut out);
@@ -344,14 +375,7 @@ mod tests {
         let g = g();
         let mut st = vec![0.0; g.state_len()];
         init(&g, &mut st);
-        // A row at position 3 against a block of keys 4..6.
-        let kvf = fill(2 * g.heads * (g.dn + g.dv), 1);
-        let row = Row {
-            qh: &[0.5; 5],
-            pos: 3,
-            listed: None,
-        };
-        fold_group(&g, 0, 4, 2, &fill(6 * g.dr, 2), &kvf, &[row], &mut st);
+        absorb_block(&g, &[0.0; 5], 0, 4, &[], &[], Keys::Span(4..4), &mut st);
         let mut out = vec![1.0; g.dv];
         finish(&g, &st, &mut out);
         assert_eq!(out, vec![0.0; g.dv]);
