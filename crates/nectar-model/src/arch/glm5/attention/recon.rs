@@ -333,29 +333,15 @@ mod tests {
                 st.chunks_exact_mut(sl).for_each(|s| init(&g, s));
                 st
             };
+            // Tiles of 3 keys over the block that starts at `first`.
+            let fold = |rows: &[Row<'_>], st: &mut [f32]| {
+                fold_group(&g, head, first, 3, &k_pe, &kvf[first * stride..], rows, st)
+            };
             let mut together = fresh(rows.len());
-            fold_group(
-                &g,
-                head,
-                first,
-                3,
-                &k_pe,
-                &kvf[first * stride..],
-                &rows,
-                &mut together,
-            );
+            fold(&rows, &mut together);
             for (j, r) in rows.iter().enumerate() {
                 let mut alone = fresh(1);
-                fold_group(
-                    &g,
-                    head,
-                    first,
-                    3,
-                    &k_pe,
-                    &kvf[first * stride..],
-                    &[*r],
-                    &mut alone,
-                );
+                fold(&[*r], &mut alone);
                 assert_eq!(alone[..], together[j * sl..(j + 1) * sl], "row {j}");
                 let mut out = vec![0.0; g.dv];
                 finish(&g, &alone, &mut out);
