@@ -260,3 +260,66 @@ fn batch_rows_are_independent() {
     assert_eq!(&both[..2 * hd], &alone_a[..]);
     assert_eq!(&both[2 * hd..], &alone_b[..]);
 }
+
+/// A prompt chunk long enough for the reconstructed form, batched beside another sequence's
+/// decode row (absorbed), leaves every row's bits as they are alone: the plain rows are
+/// gathered apart from the reconstructed ones and put back in their places.
+#[test]
+fn a_prompt_beside_decode_rows_keeps_every_rows_bits() {
+    let dir = fixture_dir("glm5");
+    let model = Glm5::load(&dir.join("model")).unwrap();
+    let exp = Expected::load(&dir);
+    let prompt = exp.ids("prompt_ids");
+    let (a_prompt, b_prompt) = (&prompt[..6], &prompt[3..15]);
+    let mut ca = model.new_cache();
+    model
+        .forward(
+            &mut [SeqStep {
+                cache: &mut ca,
+                tokens: a_prompt,
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let (a0, b0) = (ca.clone(), model.new_cache());
+    let mut cb = b0.clone();
+    let alone = |c: &mut _, t: &[u32]| {
+        model
+            .forward(
+                &mut [SeqStep {
+                    cache: c,
+                    tokens: t,
+                }],
+                &mut NoObserver,
+            )
+            .unwrap()
+    };
+    let alone_a = alone(&mut ca, &[7]);
+    let alone_b = alone(&mut cb, b_prompt);
+    // Decode row first, then the chunk; and the other way round.
+    for order in [false, true] {
+        let (mut a, mut b) = (a0.clone(), b0.clone());
+        let (x, y) = (
+            SeqStep {
+                cache: &mut a,
+                tokens: &[7],
+            },
+            SeqStep {
+                cache: &mut b,
+                tokens: b_prompt,
+            },
+        );
+        let hd = model.hidden_size();
+        if order {
+            let both = model.forward(&mut [y, x], &mut NoObserver).unwrap();
+            let (b_rows, a_row) = both.split_at(b_prompt.len() * hd);
+            assert_eq!(a_row, &alone_a[..], "decode row after the chunk");
+            assert_eq!(b_rows, &alone_b[..], "chunk before the decode row");
+        } else {
+            let both = model.forward(&mut [x, y], &mut NoObserver).unwrap();
+            let (a_row, b_rows) = both.split_at(hd);
+            assert_eq!(a_row, &alone_a[..], "decode row before the chunk");
+            assert_eq!(b_rows, &alone_b[..], "chunk after the decode row");
+        }
+    }
+}

@@ -228,19 +228,21 @@ impl Attention {
             })
             .collect();
         let mut o = vec![0.0; m * hd * self.dv];
-        if layout.rows.iter().any(|r| !recon[r.seq]) {
-            let by_head = self.plain_rows(layout, &caches, sel, &q, &recon, &on_gpu)?;
+        // Rows of the absorbed form or the GPU's; the others (a long prompt chunk beside
+        // them) are filled by `reconstructed` and take no room in `by_head`.
+        let plain: Vec<usize> = (0..m).filter(|&i| !recon[layout.rows[i].seq]).collect();
+        if !plain.is_empty() {
+            let by_head = self.plain_rows(layout, &caches, sel, &q, &plain, &on_gpu)?;
             lap.mark(Phase::AttnCore);
             // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row,
             // decode's usual case: the two layouts are the same).
             if m == 1 {
                 return self.o.forward(&by_head, m);
             }
+            let p = plain.len();
             for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
-                let (head, i) = (idx / m, idx % m);
-                if !recon[layout.rows[i].seq] {
-                    o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
-                }
+                let (head, i) = (idx / p, plain[idx % p]);
+                o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
             }
         }
         for (s, rows) in layout.seqs.iter().enumerate() {
@@ -261,37 +263,30 @@ impl Attention {
         Ok(o)
     }
 
-    /// The absorbed form's rows and the GPU's, as `[head][row][dv]` (rows of `recon`
-    /// sequences are left at zero).
+    /// The absorbed form's rows and the GPU's (`plain`, ascending row indices), as
+    /// `[head][plain row][dv]`.
     fn plain_rows(
         &self,
         layout: &Layout,
         caches: &[&LayerCache],
         sel: &[Option<Vec<u32>>],
         q: &[f32],
-        recon: &[bool],
+        plain: &[usize],
         on_gpu: &[Option<Vec<f32>>],
     ) -> Result<Vec<f32>> {
-        let (m, hd, dq) = (layout.rows.len(), self.heads, self.dn + self.dr);
+        let (p, hd, dq) = (plain.len(), self.heads, self.dn + self.dr);
         // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
         // copy when placed in VRAM (`placement::keeps_host_copy`).
-        let kvb = match layout
-            .rows
-            .iter()
-            .any(|r| !recon[r.seq] && on_gpu[r.seq].is_none())
-        {
+        let kvb = match plain.iter().any(|&i| on_gpu[layout.rows[i].seq].is_none()) {
             true => Some(self.kv_b.mat()?),
             false => None,
         };
         // One task per (head, row), on the compute team, head-major (consecutive tasks read
         // the same head's weights). Each task computes exactly what it would in any order.
-        let mut by_head = vec![0.0; m * hd * self.dv];
+        let mut by_head = vec![0.0; p * hd * self.dv];
         team::for_each_chunk_mut(&mut by_head, self.dv, |idx, out| {
-            let (head, i) = (idx / m, idx % m);
+            let (head, i) = (idx / p, plain[idx % p]);
             let row = layout.rows[i];
-            if recon[row.seq] {
-                return;
-            }
             if let Some(g) = &on_gpu[row.seq] {
                 let j = i - layout.seqs[row.seq].start;
                 out.copy_from_slice(&g[(j * hd + head) * self.dv..][..self.dv]);
