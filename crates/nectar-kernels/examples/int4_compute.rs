@@ -5,19 +5,27 @@
 //! fast they could stream if memory were free (`benchmarks/RESULTS.md`).
 //!
 //! ```text
-//! cargo run --release -p nectar-kernels --example int4_compute -- [M ...]   # default 1 2 4 8
+//! cargo run --release -p nectar-kernels --example int4_compute -- [row] [M ...]   # default 1 2 4 8
 //! ```
+//!
+//! `row`: int4 with one scale per row instead of per 64 columns (the same codes).
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use std::time::Instant;
 
 fn main() {
-    let ms: Vec<usize> = std::env::args()
-        .skip(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let per_row = args.first().is_some_and(|a| a == "row");
+    let ms: Vec<usize> = args
+        .iter()
+        .skip(per_row as usize)
         .map(|a| a.parse().expect("M values are positive integers"))
         .collect();
     let ms = if ms.is_empty() { vec![1, 2, 4, 8] } else { ms };
     let (rows, cols) = (512, 2048);
-    let format = WeightFormat::Int4Group { group: 64 };
+    let format = match per_row {
+        true => WeightFormat::Int4Row,
+        false => WeightFormat::Int4Group { group: 64 },
+    };
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let data: Vec<u8> = (0..rows * format.row_bytes(cols))
         .map(|_| {
