@@ -9,7 +9,9 @@
 //! keys (`attention.cu` states the order).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use crate::gemm::{use_gemm, Precision};
+use crate::gemv::{GpuMat, Kernel, Order};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
 pub const MLA_MAX_DIM: usize = 256;
@@ -119,6 +121,45 @@ impl Gpu {
         let mut dst = keys.kv.slice_mut(first * w..first * w + kv.len());
         self.stream.memcpy_htod(kv, &mut dst)?;
         Ok(())
+    }
+
+    /// Rebuilds keys `first .. first + m` of `keys` in VRAM: kv_b (`w`, `kv_width × rank`) times
+    /// their latents (`latent`, `m × rank`), written straight into the K/V, so no key crosses
+    /// PCIe (the host form, [`Gpu::mla_write_kv`], downloads kv_b's output and uploads it
+    /// again). The kernel is the one `w`'s products get everywhere ([`use_gemm`]), so the bits
+    /// equal that path's. Enqueued on the compute stream; [`Gpu::mla_prefill`] runs after it.
+    pub fn mla_rebuild_kv(
+        &self,
+        keys: &mut MlaKeys,
+        first: usize,
+        w: &GpuMat,
+        latent: &[f32],
+    ) -> Result<()> {
+        let width = keys.shape.kv_width();
+        let m = latent.len().checked_div(w.cols).unwrap_or(0);
+        if w.rows != width || w.cols == 0 || m * w.cols != latent.len() || first + m > keys.keys {
+            return Err(Error::Shape(format!(
+                "MLA attention: a {}x{} kv_b and {} latent values at key {first} do not fit {} \
+                 keys of {width}",
+                w.rows,
+                w.cols,
+                latent.len(),
+                keys.keys
+            )));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let kernel = match use_gemm(w.format, w.rows, w.cols, m) {
+            true => Kernel::Gemm(Precision::Split3),
+            false => Kernel::Gemv(Order::MODEL),
+        };
+        let dst = keys.kv.slice_mut(first * width..(first + m) * width);
+        let (yp, _sync) = dst.device_ptr(&self.stream);
+        // SAFETY: `w.view()` is an uploaded matrix borrowed for this call; `yp` addresses the
+        // m × width floats of keys first .. first + m, which `keys` (borrowed mutably) lends
+        // to no one else; the kernels run on this stream before anything that reads them.
+        unsafe { self.launch_views(&[(w.view(&self.stream), latent)], m, kernel, yp) }
     }
 
     /// The attention output (`m × heads × dv`) of `m` query rows `q` (`m × heads × (dn + dr)`,

@@ -12,7 +12,9 @@ use crate::divide;
 use crate::error::{Error, Result};
 use crate::gemm::Precision;
 use crate::view::MatView;
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use nectar_kernels::{MatRef, WeightFormat};
 
 /// Activation rows one launch handles; larger M runs in chunks of this many.
@@ -136,6 +138,19 @@ impl GpuMat {
     /// Device bytes of this matrix's weights and scales: the stored bytes its `MatRef` had.
     pub fn device_bytes(&self) -> usize {
         self.payload
+    }
+
+    /// Its device addresses, for the batch runner ([`Gpu::run_views`]).
+    pub(crate) fn view(&self, stream: &CudaStream) -> MatView {
+        let (w, _) = self.data.device_ptr(stream);
+        let (s, _) = self.scales.device_ptr(stream);
+        MatView {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            w,
+            s,
+        }
     }
 }
 
@@ -444,18 +459,7 @@ impl Gpu {
     ) -> Result<Vec<Vec<f32>>> {
         let views: Vec<(MatView, &[f32])> = items
             .iter()
-            .map(|&(w, x)| {
-                let (wp, _) = w.data.device_ptr(&self.stream);
-                let (sp, _) = w.scales.device_ptr(&self.stream);
-                let v = MatView {
-                    format: w.format,
-                    rows: w.rows,
-                    cols: w.cols,
-                    w: wp,
-                    s: sp,
-                };
-                (v, x)
-            })
+            .map(|&(w, x)| (w.view(&self.stream), x))
             .collect();
         // SAFETY: each view addresses an uploaded matrix of its own shape, borrowed (so alive
         // and unchanged) for this call.
@@ -501,16 +505,9 @@ impl Gpu {
             return Ok(vec![vec![0.0; m * rows]; items.len()]);
         }
         let n = items.len();
-        // One activation buffer and one output buffer for the batch (each item's rows apart).
-        let mut xs = Vec::with_capacity(n * m * cols);
-        for (_, x) in items {
-            xs.extend_from_slice(x);
-        }
-        let x_dev = self.stream.clone_htod(&xs)?;
         // SAFETY: every element is written below before it is read (a NaN fill proves it: an
         // unwritten element would come back NaN, which the parity tests reject).
         let y_dev: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * rows)? };
-        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         let (yp, _y_sync) = y_dev.device_ptr(&self.stream);
         // SAFETY: `yp` addresses `n * m * rows` f32 of this context; 0xff bytes are a NaN.
         unsafe {
@@ -521,6 +518,38 @@ impl Gpu {
                 self.stream.cu_stream(),
             )?
         };
+        // SAFETY: the views are this fn's contract; `yp` holds n × m × rows f32.
+        unsafe { self.launch_views(items, m, kernel, yp)? };
+        let y = self.stream.clone_dtoh(&y_dev)?;
+        Ok(y.chunks(m * rows).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The launches of [`Gpu::run_views`] (shapes already checked, nothing empty), writing item
+    /// j's `m × rows` output at `yp + j·m·rows` floats: a host buffer ([`Gpu::run_views`]) or
+    /// its consumer's own device buffer (the MLA keys, `attention.rs`). Enqueued on the
+    /// compute stream, not waited for.
+    ///
+    /// # Safety
+    /// As [`Gpu::run_views`], and `yp` addresses `items.len() × m × rows` f32 of this context
+    /// that nothing else uses until the stream reaches this point.
+    pub(crate) unsafe fn launch_views(
+        &self,
+        items: &[(MatView, &[f32])],
+        m: usize,
+        kernel: Kernel,
+        yp: u64,
+    ) -> Result<()> {
+        let Some(&(first, _)) = items.first() else {
+            return Ok(());
+        };
+        let (format, rows, cols) = (first.format, first.rows, first.cols);
+        // One activation buffer for the batch (each item's rows apart).
+        let mut xs = Vec::with_capacity(items.len() * m * cols);
+        for (_, x) in items {
+            xs.extend_from_slice(x);
+        }
+        let x_dev = self.stream.clone_htod(&xs)?;
+        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         let ptrs: Vec<(u64, u64)> = items.iter().map(|(v, _)| (v.w, v.s)).collect();
         // Jobs for activation rows i0 .. of every item.
         let jobs_from = |i0: usize| -> Vec<Job> {
@@ -560,8 +589,7 @@ impl Gpu {
                 unsafe { self.gemm_launch(&plan, tp, jobs.len(), vec)? };
             }
         }
-        let y = self.stream.clone_dtoh(&y_dev)?;
-        Ok(y.chunks(m * rows).map(<[f32]>::to_vec).collect())
+        Ok(())
     }
 }
 

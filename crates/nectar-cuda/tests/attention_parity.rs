@@ -6,8 +6,9 @@
 //! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 mod common;
-use common::{gpu, values};
-use nectar_cuda::MlaShape;
+use common::{gpu, values, weights};
+use nectar_cuda::{use_gemm, MlaShape, Order, Precision};
+use nectar_kernels::{MatRef, WeightFormat};
 
 /// The reconstructed form in f64: per row and head, softmax over the visible keys of
 /// (q_nope·k_nope + q_pe·k_pe)·scale, times V.
@@ -156,6 +157,18 @@ fn bad_shapes_are_errors_not_launches() {
         .is_err());
     let mut k = g.mla_keys(s, 3, &[0.0; 12]).unwrap();
     assert!(g.mla_write_kv(&mut k, 2, &[0.0; 32]).is_err());
+    // kv_b of the wrong height, latents that are not whole rows or run past the keys.
+    let (f, rank) = (WeightFormat::Int8Row, 16);
+    let up = |rows| {
+        let (d, sc) = weights(f, rows, rank, 1);
+        g.upload(&MatRef::new(f, rows, rank, &d, &sc).unwrap())
+            .unwrap()
+    };
+    let (kvb, tall) = (up(s.kv_width()), up(s.kv_width() + 1));
+    assert!(g.mla_rebuild_kv(&mut k, 0, &tall, &[0.0; 16]).is_err());
+    assert!(g.mla_rebuild_kv(&mut k, 0, &kvb, &[0.0; 17]).is_err());
+    assert!(g.mla_rebuild_kv(&mut k, 2, &kvb, &[0.0; 32]).is_err());
+    g.mla_rebuild_kv(&mut k, 1, &kvb, &[0.5; 32]).unwrap();
     // A row at a position beyond the keys.
     assert!(g.mla_prefill(&k, 1.0, &[0.0; 16], &[3], &[None]).is_err());
     assert!(g.mla_prefill(&k, 1.0, &[0.0; 15], &[2], &[None]).is_err());
@@ -165,4 +178,60 @@ fn bad_shapes_are_errors_not_launches() {
             .len(),
         8
     );
+}
+
+/// K/V rebuilt in VRAM by kv_b (`mla_rebuild_kv`, what the model's prefill does) hold the bits
+/// of kv_b's product downloaded and written back (`mla_write_kv`, its former path), in blocks
+/// that take either kernel (GEMV up to 8 rows, the tensor-core GEMM where `use_gemm` picks it):
+/// the attention over the two is bit-identical.
+#[test]
+fn keys_rebuilt_in_vram_equal_the_host_round_trip() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let s = MlaShape {
+        heads: 4,
+        dn: 192,
+        dr: 64,
+        dv: 256,
+    };
+    let (f, rank, keys, m) = (WeightFormat::Int4Group { group: 64 }, 512, 300, 37);
+    let (data, scales) = weights(f, s.kv_width(), rank, 7);
+    let dev = g
+        .upload(&MatRef::new(f, s.kv_width(), rank, &data, &scales).unwrap())
+        .unwrap();
+    let latent = values(keys * rank, 11);
+    let kpe = values(keys * s.dr, 12);
+    let q = values(m * s.heads * (s.dn + s.dr), 13);
+    let pos: Vec<u32> = (keys - m..keys).map(|p| p as u32).collect();
+    let sel = vec![None; m];
+    let mut kernels = (false, false);
+    for block in [5, 64, 300] {
+        let mut host = g.mla_keys(s, keys, &kpe).unwrap();
+        let mut vram = g.mla_keys(s, keys, &kpe).unwrap();
+        for first in (0..keys).step_by(block) {
+            let n = block.min(keys - first);
+            let x = &latent[first * rank..(first + n) * rank];
+            let mut y = vec![0.0; n * s.kv_width()];
+            if use_gemm(f, s.kv_width(), rank, n) {
+                kernels.1 = true;
+                g.gemm(&dev, x, n, &mut y, Precision::Split3)
+            } else {
+                kernels.0 = true;
+                g.matmul(&dev, x, n, &mut y, Order::MODEL)
+            }
+            .unwrap();
+            g.mla_write_kv(&mut host, first, &y).unwrap();
+            g.mla_rebuild_kv(&mut vram, first, &dev, x).unwrap();
+        }
+        let a = g.mla_prefill(&host, 0.06, &q, &pos, &sel).unwrap();
+        let b = g.mla_prefill(&vram, 0.06, &q, &pos, &sel).unwrap();
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "blocks of {block}: {differ} outputs differ");
+    }
+    assert_eq!(kernels, (true, true), "both kernels ran");
 }

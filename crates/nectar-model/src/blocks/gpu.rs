@@ -96,6 +96,21 @@ impl GpuWeight {
     }
 }
 
+impl GpuWeight {
+    /// Keys `first ..` of `keys` rebuilt in VRAM from `latent` (`m × cols`) by this matrix (an
+    /// MLA layer's kv_b), with the kernel [`GpuWeight::matmul`] would use, so the same bits.
+    pub(crate) fn rebuild_keys(
+        &self,
+        keys: &mut nectar_cuda::MlaKeys,
+        first: usize,
+        latent: &[f32],
+    ) -> Result<()> {
+        self.gpu
+            .mla_rebuild_kv(keys, first, &self.mat, latent)
+            .map_err(gpu_err)
+    }
+}
+
 /// Opens GPU 0 for the model, or says why there is none (the caller then stays on the CPU).
 pub fn open_gpu() -> std::result::Result<Arc<Gpu>, String> {
     Gpu::open(0).map(Arc::new).map_err(|e| e.to_string())

@@ -110,6 +110,24 @@ impl Linear {
         self.gpu.as_ref().map(|g| g.gpu())
     }
 
+    /// Rows `first ..` of an MLA key buffer rebuilt in VRAM from `latent` (`m × cols`): this
+    /// matrix is the layer's kv_b, placed on the GPU that holds `keys` ([`Linear::gpu`]). The
+    /// bits [`Linear::forward`] would give, without the host round trip.
+    #[cfg(feature = "cuda")]
+    pub fn rebuild_mla_keys(
+        &self,
+        keys: &mut nectar_cuda::MlaKeys,
+        first: usize,
+        latent: &[f32],
+    ) -> Result<()> {
+        match &self.gpu {
+            Some(g) => g.rebuild_keys(keys, first, latent),
+            None => Err(crate::error::Error::Gpu(
+                "kv_b is not on the GPU: MLA keys are rebuilt where kv_b is".into(),
+            )),
+        }
+    }
+
     /// Device bytes of its VRAM copy (0 without one).
     #[cfg(feature = "cuda")]
     pub fn device_bytes(&self) -> usize {

@@ -1,7 +1,8 @@
 //! The reconstructed MLA form of a prefill chunk on the GPU (`nectar_cuda::Gpu::mla_prefill`),
-//! for sequences whose `kv_b` is in VRAM: K/V are rebuilt by kv_b's product (on the GPU) in
-//! blocks of keys written into VRAM — so no full host copy exists and no size limit applies
-//! beyond the GPU's memory — then every (row, head) of the chunk runs in one launch.
+//! for sequences whose `kv_b` is in VRAM: K/V are rebuilt by kv_b's product on the GPU in
+//! blocks of keys, each written straight into VRAM (no key crosses PCIe, no host copy exists,
+//! no size limit applies beyond the GPU's memory), then every (row, head) of the chunk runs in
+//! one launch.
 //!
 //! Equal to the CPU form within reordering error (the scores are the same sums in another
 //! order, the softmax online over tiles of keys; `attention.cu` states the order), so parity is
@@ -69,14 +70,13 @@ impl Attention {
             let mut keys = gpu
                 .mla_keys(shape, t, &c.k_pe[..t * self.dr])
                 .map_err(gpu_err)?;
-            // kv_b over blocks of keys, each at most the CPU form's buffer.
+            // kv_b over blocks of keys (each at most the CPU form's buffer, as before, so the
+            // same kernels and bits), its output written straight into the keys in VRAM.
             let block = (RECON_MAX_BYTES / (shape.kv_width() * 4)).max(1);
             for first in (0..t).step_by(block) {
                 let end = (first + block).min(t);
-                let kv = self
-                    .kv_b
-                    .forward(&c.latent[first * self.rank..end * self.rank], end - first)?;
-                gpu.mla_write_kv(&mut keys, first, &kv).map_err(gpu_err)?;
+                let latent = &c.latent[first * self.rank..end * self.rank];
+                self.kv_b.rebuild_mla_keys(&mut keys, first, latent)?;
             }
             lap.mark(Phase::KvB);
             let pos: Vec<u32> = layout.rows[rows.clone()]
