@@ -9,8 +9,7 @@
 //! keys (`attention.cu` states the order).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemm::{use_gemm, Precision};
-use crate::gemv::{GpuMat, Kernel, Order};
+use crate::gemv::{GpuMat, Kernel};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
@@ -126,7 +125,7 @@ impl Gpu {
     /// Rebuilds keys `first .. first + m` of `keys` in VRAM: kv_b (`w`, `kv_width × rank`) times
     /// their latents (`latent`, `m × rank`), written straight into the K/V, so no key crosses
     /// PCIe (the host form, [`Gpu::mla_write_kv`], downloads kv_b's output and uploads it
-    /// again). The kernel is the one `w`'s products get everywhere ([`use_gemm`]), so the bits
+    /// again). The kernel is the one `w`'s products get everywhere (`use_gemm`), so the bits
     /// equal that path's. Enqueued on the compute stream; [`Gpu::mla_prefill`] runs after it.
     pub fn mla_rebuild_kv(
         &self,
@@ -150,10 +149,7 @@ impl Gpu {
         if m == 0 {
             return Ok(());
         }
-        let kernel = match use_gemm(w.format, w.rows, w.cols, m) {
-            true => Kernel::Gemm(Precision::Split3),
-            false => Kernel::Gemv(Order::MODEL),
-        };
+        let kernel = Kernel::model(w.format, w.rows, w.cols, m);
         let dst = keys.kv.slice_mut(first * width..(first + m) * width);
         let (yp, _sync) = dst.device_ptr(&self.stream);
         // SAFETY: `w.view()` is an uploaded matrix borrowed for this call; `yp` addresses the

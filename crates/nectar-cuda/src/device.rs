@@ -9,14 +9,15 @@ use std::time::Instant;
 
 /// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
 /// (`gemv.cu`), the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions), then the
-/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`) and the DSA
-/// indexer's scores (`index.cu`).
+/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`), the DSA
+/// indexer's scores (`index.cu`) and the SwiGLU combine (`swiglu.cu`).
 const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv.cu"),
     include_str!("gemm.cu"),
     include_str!("gemv_tc.cu"),
     include_str!("attention.cu"),
-    include_str!("index.cu")
+    include_str!("index.cu"),
+    include_str!("swiglu.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
@@ -186,6 +187,7 @@ mod tests {
         assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2);
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());
+        names.push("swiglu_combine".into());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

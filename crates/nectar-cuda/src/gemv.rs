@@ -10,7 +10,7 @@
 use crate::device::Gpu;
 use crate::divide;
 use crate::error::{Error, Result};
-use crate::gemm::Precision;
+use crate::gemm::{use_gemm, Precision};
 use crate::view::MatView;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -542,7 +542,7 @@ impl Gpu {
         let Some(&(first, _)) = items.first() else {
             return Ok(());
         };
-        let (format, rows, cols) = (first.format, first.rows, first.cols);
+        let (rows, cols) = (first.rows, first.cols);
         // One activation buffer for the batch (each item's rows apart).
         let mut xs = Vec::with_capacity(items.len() * m * cols);
         for (_, x) in items {
@@ -550,39 +550,65 @@ impl Gpu {
         }
         let x_dev = self.stream.clone_htod(&xs)?;
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
-        let ptrs: Vec<(u64, u64)> = items.iter().map(|(v, _)| (v.w, v.s)).collect();
-        // Jobs for activation rows i0 .. of every item.
-        let jobs_from = |i0: usize| -> Vec<Job> {
-            ptrs.iter()
-                .enumerate()
-                .map(|(j, &(w, s))| Job {
-                    w,
-                    s,
-                    x: xp + ((j * m + i0) * cols * 4) as u64,
-                    y: yp + ((j * m + i0) * rows * 4) as u64,
-                })
-                .collect()
-        };
+        let jobs: Vec<Job> = items
+            .iter()
+            .enumerate()
+            .map(|(j, (v, _))| Job {
+                w: v.w,
+                s: v.s,
+                x: xp + (j * m * cols * 4) as u64,
+                y: yp + (j * m * rows * 4) as u64,
+            })
+            .collect();
+        // SAFETY: each job's x is its item's rows of this call's upload, its y the caller's
+        // (this fn's contract), its weights the view's.
+        unsafe { self.launch_jobs((first.format, rows, cols), m, kernel, &jobs) }
+    }
+
+    /// Launches `kernel` over `jobs` of one `(format, rows, cols)` shape, `m` activation rows
+    /// each: every job's `x` holds its `m × cols` activations and `y` its `m × rows` outputs, at
+    /// device addresses (GEMV launches take [`MAX_M`] rows at a time). Enqueued on the compute
+    /// stream, not waited for.
+    ///
+    /// # Safety
+    /// Every job's weights and scales hold a matrix of that shape, its `x` and `y` the sizes
+    /// above, all memory of this context left unchanged (x, weights) and unused (y) by anything
+    /// else until the stream reaches this point.
+    pub(crate) unsafe fn launch_jobs(
+        &self,
+        (format, rows, cols): (WeightFormat, usize, usize),
+        m: usize,
+        kernel: Kernel,
+        jobs: &[Job],
+    ) -> Result<()> {
+        if jobs.is_empty() || m == 0 {
+            return Ok(());
+        }
         match kernel {
             Kernel::Gemv(order) => {
                 for i0 in (0..m).step_by(MAX_M) {
                     let mc = MAX_M.min(m - i0);
                     let plan = self.gemv_plan(format, rows, cols, mc, order)?;
-                    let jobs = jobs_from(i0);
-                    let vector = plan.vector_ok(&jobs);
-                    let table = self.stream.clone_htod(&jobs)?;
+                    let chunk: Vec<Job> = jobs
+                        .iter()
+                        .map(|j| Job {
+                            x: j.x + (i0 * cols * 4) as u64,
+                            y: j.y + (i0 * rows * 4) as u64,
+                            ..*j
+                        })
+                        .collect();
+                    let vector = plan.vector_ok(&chunk);
+                    let table = self.stream.clone_htod(&chunk)?;
                     let (tp, _t_sync) = table.device_ptr(&self.stream);
-                    // SAFETY: every job points into this call's x/y buffers (m × cols and m ×
-                    // rows per item, offset by the chunk) and into uploaded matrices of the
-                    // plan's shape; `vector_ok` checked the alignment.
-                    unsafe { self.gemv_launch(&plan, tp, jobs.len(), vector)? };
+                    // SAFETY: every job holds the plan's shape and rows i0 .. i0 + mc of its
+                    // x and y (this fn's contract); `vector_ok` checked the alignment.
+                    unsafe { self.gemv_launch(&plan, tp, chunk.len(), vector)? };
                 }
             }
             Kernel::Gemm(precision) => {
                 let plan = self.gemm_plan(format, rows, cols, m, precision)?;
-                let jobs = jobs_from(0);
-                let vec = plan.vector_flags(&jobs);
-                let table = self.stream.clone_htod(&jobs)?;
+                let vec = plan.vector_flags(jobs);
+                let table = self.stream.clone_htod(jobs)?;
                 let (tp, _t_sync) = table.device_ptr(&self.stream);
                 // SAFETY: as above, with the whole m rows per job; `vector_flags` checked the
                 // alignment.
@@ -598,6 +624,19 @@ impl Gpu {
 pub(crate) enum Kernel {
     Gemv(Order),
     Gemm(Precision),
+}
+
+impl Kernel {
+    /// The kernel the model's products use for `m` rows of a `rows × cols` matrix of `format`:
+    /// the GEMV in [`Order::MODEL`], or the tensor-core GEMM with three activation parts where
+    /// [`use_gemm`] says it is faster. One rule for every product, so a matrix gives the same
+    /// bits whoever owns it and wherever its output goes.
+    pub(crate) fn model(format: WeightFormat, rows: usize, cols: usize, m: usize) -> Kernel {
+        match use_gemm(format, rows, cols, m) {
+            true => Kernel::Gemm(Precision::Split3),
+            false => Kernel::Gemv(Order::MODEL),
+        }
+    }
 }
 
 /// Whether the tensor-core GEMV takes a `cols`-wide matrix of `format`: whole 16-column pieces

@@ -6,7 +6,8 @@
 //! NVRTC for the device found, keep weight matrices resident in their stored bytes
 //! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
 //! same-shaped ones (a layer's routed experts) — or for many rows at once on the tensor cores
-//! ([`Gpu::gemm`], prefill), run the MLA attention of a prefill chunk ([`Gpu::mla_prefill`]) and the DSA indexer's
+//! ([`Gpu::gemm`], prefill), run whole SwiGLU MLPs with their activations kept in VRAM
+//! ([`Gpu::swiglu_batch`]), run the MLA attention of a prefill chunk ([`Gpu::mla_prefill`]) and the DSA indexer's
 //! scores ([`Gpu::index_scores`], bit for bit the CPU's), stage weights from pageable host memory into VRAM on a copy stream
 //! ([`copy::Staging`]) and multiply them there ([`Gpu::matmul_views`]), and measure kernels and copies against the device's own copy
 //! bandwidth ([`bench`]).
@@ -45,6 +46,8 @@ mod gemv;
 #[cfg(feature = "cuda")]
 mod index;
 #[cfg(feature = "cuda")]
+mod swiglu;
+#[cfg(feature = "cuda")]
 mod view;
 
 #[cfg(feature = "cuda")]
@@ -59,6 +62,8 @@ pub use gemm::{use_gemm, GemmPlan, Precision};
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 #[cfg(feature = "cuda")]
 pub use index::INDEX_MAX_DIM;
+#[cfg(feature = "cuda")]
+pub use swiglu::SwiGluMats;
 #[cfg(feature = "cuda")]
 pub use view::MatView;
 

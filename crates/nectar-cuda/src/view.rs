@@ -1,11 +1,10 @@
 //! Products over weights that some other buffer owns ([`MatView`]: a matrix at device
 //! addresses, e.g. an expert staged by [`crate::copy::Staging`]), with the same kernels and
 //! dispatch as [`GpuMat`](crate::GpuMat) products: the GEMV kernels ([`Order::MODEL`]), or the
-//! tensor-core GEMM (three activation parts) where [`use_gemm`] picks it for the shape. So a
+//! tensor-core GEMM (three activation parts) where [`use_gemm`](crate::use_gemm) picks it for the shape. So a
 //! staged expert computes the same bits as the same expert held in VRAM.
 use crate::device::Gpu;
 use crate::error::Result;
-use crate::gemm::{use_gemm, Precision};
 use crate::gemv::{Kernel, Order};
 use nectar_kernels::WeightFormat;
 
@@ -27,7 +26,7 @@ pub struct MatView {
 impl Gpu {
     /// y_j = W_j·x_j for same-shaped matrices at device addresses, `m` activation rows each, on
     /// the compute stream; synchronous. Returns each product's `m × rows` output. The kernel is
-    /// the one a [`GpuMat`](crate::GpuMat) of this shape gets ([`use_gemm`]), run by the same
+    /// the one a [`GpuMat`](crate::GpuMat) of this shape gets ([`use_gemm`](crate::use_gemm)), run by the same
     /// batch runner, so a staged expert computes the bits the same expert held in VRAM does.
     ///
     /// # Safety
@@ -39,10 +38,8 @@ impl Gpu {
         m: usize,
     ) -> Result<Vec<Vec<f32>>> {
         let kernel = match items.first() {
-            Some((v, _)) if use_gemm(v.format, v.rows, v.cols, m) => {
-                Kernel::Gemm(Precision::Split3)
-            }
-            _ => Kernel::Gemv(Order::MODEL),
+            Some((v, _)) => Kernel::model(v.format, v.rows, v.cols, m),
+            None => Kernel::Gemv(Order::MODEL),
         };
         // SAFETY: this fn's contract is `run_views`'.
         unsafe { self.run_views(items, m, kernel) }

@@ -32,49 +32,6 @@ impl GpuWeight {
         self.mat.device_bytes()
     }
 
-    /// yᵢ = Wᵢ·xᵢ for several products (`(weight, x, rows of x)`), each computed as
-    /// [`GpuWeight::matmul`] would: decode-sized products of one format, shape and row count
-    /// share a GEMV launch. Outputs in the order given. All weights must be on one GPU.
-    pub(crate) fn matmul_many(items: &[(&GpuWeight, &[f32], usize)]) -> Result<Vec<Vec<f32>>> {
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
-        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (i, (w, _, m)) in items.iter().enumerate() {
-            let key = |j: usize| {
-                let (v, _, mj) = items[j];
-                (v.mat.format, v.mat.rows, v.mat.cols, mj)
-            };
-            match groups
-                .iter_mut()
-                .find(|(first, _)| key(*first) == (w.mat.format, w.mat.rows, w.mat.cols, *m))
-            {
-                Some((_, g)) => g.push(i),
-                None => groups.push((i, vec![i])),
-            }
-        }
-        for (first, g) in groups {
-            let (w0, _, m) = items[first];
-            if w0.takes_gemm(m) {
-                // Prompt-sized products: each on the tensor cores, as `matmul` runs them.
-                for i in g {
-                    let (w, x, m) = items[i];
-                    out[i] = vec![0.0; w.mat.rows * m];
-                    w.matmul(x, m, &mut out[i])?;
-                }
-                continue;
-            }
-            let batch: Vec<(&GpuMat, &[f32])> =
-                g.iter().map(|&i| (&items[i].0.mat, items[i].1)).collect();
-            let ys = w0
-                .gpu
-                .matmul_batch(&batch, m, Order::MODEL)
-                .map_err(gpu_err)?;
-            for (i, y) in g.into_iter().zip(ys) {
-                out[i] = y;
-            }
-        }
-        Ok(out)
-    }
-
     /// Whether an `m`-row product with this matrix runs on the tensor cores (nectar-cuda's
     /// per-shape rule, [`use_gemm`]).
     fn takes_gemm(&self, m: usize) -> bool {
@@ -97,6 +54,38 @@ impl GpuWeight {
 }
 
 impl GpuWeight {
+    /// `down(silu(gate·x) ⊙ up·x)` for several MLPs (`([gate, up, down], x, rows of x)`) on the
+    /// GPU, each MLP's activations kept in VRAM (`nectar_cuda::Gpu::swiglu_batch`): MLPs of one
+    /// shape and row count share launches. The products' bits are [`GpuWeight::matmul`]'s; the
+    /// combine is the CPU's formula within CUDA's `expf`. Outputs in the order given; all on one
+    /// GPU.
+    pub(crate) fn swiglu_many(items: &[([&GpuWeight; 3], &[f32], usize)]) -> Result<Vec<Vec<f32>>> {
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); items.len()];
+        let key = |i: usize| {
+            let (w, _, m) = items[i];
+            let s = |g: &GpuWeight| (g.mat.format, g.mat.rows, g.mat.cols);
+            (s(w[0]), s(w[1]), s(w[2]), m)
+        };
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for i in 0..items.len() {
+            match groups.iter_mut().find(|g| key(g[0]) == key(i)) {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        for g in groups {
+            let (w0, _, m) = items[g[0]];
+            let mlps: Vec<nectar_cuda::SwiGluMats<'_>> =
+                g.iter().map(|&i| items[i].0.map(|w| &w.mat)).collect();
+            let xs: Vec<&[f32]> = g.iter().map(|&i| items[i].1).collect();
+            let ys = w0[0].gpu.swiglu_batch(&mlps, &xs, m).map_err(gpu_err)?;
+            for (i, y) in g.into_iter().zip(ys) {
+                out[i] = y;
+            }
+        }
+        Ok(out)
+    }
+
     /// Keys `first ..` of `keys` rebuilt in VRAM from `latent` (`m × cols`) by this matrix (an
     /// MLA layer's kv_b), with the kernel [`GpuWeight::matmul`] would use, so the same bits.
     pub(crate) fn rebuild_keys(

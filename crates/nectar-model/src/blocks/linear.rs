@@ -128,6 +128,12 @@ impl Linear {
         }
     }
 
+    /// Its VRAM copy, if any.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu_weight(&self) -> Option<&super::gpu::GpuWeight> {
+        self.gpu.as_deref()
+    }
+
     /// Device bytes of its VRAM copy (0 without one).
     #[cfg(feature = "cuda")]
     pub fn device_bytes(&self) -> usize {

@@ -36,8 +36,18 @@ impl SwiGlu {
         })
     }
 
-    /// `m` rows → `m × hidden`.
+    /// `m` rows → `m × hidden`: on the GPU as one chain when all three matrices are there
+    /// (the activations stay in VRAM), else product by product.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        #[cfg(feature = "cuda")]
+        if let (Some(g), Some(u), Some(d)) = (
+            self.gate.gpu_weight(),
+            self.up.gpu_weight(),
+            self.down.gpu_weight(),
+        ) {
+            let mut y = crate::blocks::GpuWeight::swiglu_many(&[([g, u, d], x, m)])?;
+            return Ok(y.pop().unwrap_or_default());
+        }
         let mut g = self.gate.forward(x, m)?;
         let u = self.up.forward(x, m)?;
         swiglu_in_place(&mut g, &u);

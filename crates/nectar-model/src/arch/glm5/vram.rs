@@ -85,34 +85,19 @@ impl VramExperts {
         self.slot.get(e as usize).is_some_and(Option::is_some)
     }
 
-    /// The output of each `(expert, rows × hidden input, rows)`, on the GPU: one launch for
-    /// every gate and up product of the same row count, one for the downs.
+    /// The output of each `(expert, rows × hidden input, rows)`, on the GPU with the
+    /// activations kept there: experts of the same row count share one launch for their gate
+    /// and up products and one for their downs.
     pub fn forward(&self, jobs: &[(u32, Vec<f32>, usize)]) -> Result<Vec<Vec<f32>>> {
         use crate::blocks::GpuWeight;
-        let mats = |e: u32| -> Result<&[GpuWeight; 3]> {
-            self.slot
-                .get(e as usize)
-                .copied()
-                .flatten()
-                .map(|i| &self.experts[i])
-                .ok_or_else(|| crate::Error::Input(format!("expert {e} is not in VRAM")))
-        };
-        let mut first = Vec::with_capacity(2 * jobs.len());
+        let mut items = Vec::with_capacity(jobs.len());
         for (e, x, m) in jobs {
-            let w = mats(*e)?;
-            first.push((&w[0], x.as_slice(), *m));
-            first.push((&w[1], x.as_slice(), *m));
+            let i = self.slot.get(*e as usize).copied().flatten();
+            let Some(w) = i.map(|i| &self.experts[i]) else {
+                return Err(crate::Error::Input(format!("expert {e} is not in VRAM")));
+            };
+            items.push(([&w[0], &w[1], &w[2]], x.as_slice(), *m));
         }
-        let mut gu = GpuWeight::matmul_many(&first)?.into_iter();
-        let mut acts = Vec::with_capacity(jobs.len());
-        while let (Some(mut g), Some(u)) = (gu.next(), gu.next()) {
-            nectar_kernels::swiglu_in_place(&mut g, &u);
-            acts.push(g);
-        }
-        let mut second = Vec::with_capacity(jobs.len());
-        for ((e, _, m), a) in jobs.iter().zip(&acts) {
-            second.push((&mats(*e)?[2], a.as_slice(), *m));
-        }
-        GpuWeight::matmul_many(&second)
+        GpuWeight::swiglu_many(&items)
     }
 }

@@ -1,0 +1,142 @@
+//! SwiGLU MLPs on the GPU with their activations kept there: `down(silu(gate·x) ⊙ up·x)` for a
+//! batch of MLPs of one shape (a layer's experts, a shared expert). The host uploads each MLP's
+//! x once and downloads its output; the gate and up products of the whole batch share one
+//! launch, the combine runs on the GPU (`swiglu.cu`), the downs share one launch. Computed as
+//! three separate products, each MLP crossed PCIe five times instead (x up for gate and again
+//! for up, g and u down, the combine up, the output down), with a wait after each product.
+//!
+//! The products run the kernels every product of their shapes gets ([`Kernel::model`]), so
+//! their bits are those of the separate products; the combine is the CPU's formula, within
+//! `expf`'s 2 ulp of it.
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::gemv::{GpuMat, Job, Kernel};
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+/// One MLP's matrices in VRAM: gate and up (`inter × hidden`), then down (`hidden × inter`).
+pub type SwiGluMats<'a> = [&'a GpuMat; 3];
+
+/// Threads per block of the combine.
+const COMBINE_THREADS: u32 = 256;
+
+impl Gpu {
+    /// `down_j(silu(gate_j·x_j) ⊙ up_j·x_j)` for MLPs of one shape, `m` rows each (`xs[j]`:
+    /// `m × hidden`), synchronously. Returns each MLP's `m × hidden` output.
+    pub fn swiglu_batch(
+        &self,
+        mlps: &[SwiGluMats<'_>],
+        xs: &[&[f32]],
+        m: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(&[g0, u0, d0]) = mlps.first() else {
+            return Ok(Vec::new());
+        };
+        let (inter, hidden) = (g0.rows, g0.cols);
+        let shape = |w: &GpuMat| (w.format, w.rows, w.cols);
+        for (j, [g, u, d]) in mlps.iter().enumerate() {
+            if shape(g) != shape(g0) || shape(u) != shape(u0) || shape(d) != shape(d0) {
+                return Err(Error::Shape(format!(
+                    "swiglu: MLP {j} differs from MLP 0's shapes"
+                )));
+            }
+        }
+        if (u0.rows, u0.cols, d0.rows, d0.cols) != (inter, hidden, hidden, inter) {
+            return Err(Error::Shape(format!(
+                "swiglu: gate {inter}x{hidden}, up {}x{}, down {}x{} do not chain",
+                u0.rows, u0.cols, d0.rows, d0.cols
+            )));
+        }
+        if xs.len() != mlps.len() {
+            return Err(Error::Shape(format!(
+                "swiglu: {} inputs for {} MLPs",
+                xs.len(),
+                mlps.len()
+            )));
+        }
+        if let Some(x) = xs.iter().find(|x| Some(x.len()) != m.checked_mul(hidden)) {
+            return Err(Error::Shape(format!(
+                "swiglu: x has {} values, want m × hidden = {m} × {hidden}",
+                x.len()
+            )));
+        }
+        let n = mlps.len();
+        if m == 0 || hidden == 0 || inter == 0 {
+            return Ok(vec![vec![0.0; m * hidden]; n]);
+        }
+        let x_dev = self.stream.clone_htod(&xs.concat())?;
+        // Gate outputs of every MLP, then up outputs: [2][n][m][inter]. Every element is
+        // written by the first launch(es) before the combine reads it.
+        // SAFETY: as just said.
+        let gu: CudaSlice<f32> = unsafe { self.stream.alloc(2 * n * m * inter)? };
+        // SAFETY: every element is written by the downs (a NaN fill proves it: an unwritten
+        // element would come back NaN, which the parity tests reject).
+        let y: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * hidden)? };
+        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
+        let (gp, _g_sync) = gu.device_ptr(&self.stream);
+        let (yp, _y_sync) = y.device_ptr(&self.stream);
+        // SAFETY: `yp` addresses n × m × hidden f32 of this context; 0xff bytes are a NaN.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                yp,
+                0xff,
+                n * m * hidden * 4,
+                self.stream.cu_stream(),
+            )?
+        };
+        let at = |base: u64, floats: usize| base + (floats * 4) as u64;
+        let job = |w: &GpuMat, x: u64, y: u64| {
+            let v = w.view(&self.stream);
+            Job {
+                w: v.w,
+                s: v.s,
+                x,
+                y,
+            }
+        };
+        let gates: Vec<Job> = (0..n)
+            .map(|j| job(mlps[j][0], at(xp, j * m * hidden), at(gp, j * m * inter)))
+            .collect();
+        let ups: Vec<Job> = (0..n)
+            .map(|j| {
+                job(
+                    mlps[j][1],
+                    at(xp, j * m * hidden),
+                    at(gp, (n + j) * m * inter),
+                )
+            })
+            .collect();
+        let downs: Vec<Job> = (0..n)
+            .map(|j| job(mlps[j][2], at(gp, j * m * inter), at(yp, j * m * hidden)))
+            .collect();
+        let first = |w: &GpuMat| Kernel::model(w.format, w.rows, w.cols, m);
+        // SAFETY (the three launches): every job's weights are an uploaded matrix of the
+        // launch's shape borrowed for this call; its x and y are m rows of this call's buffers
+        // (x_dev or the gate outputs; the gate/up outputs or y), which nothing else uses.
+        unsafe {
+            if shape(g0) == shape(u0) {
+                let both = [gates, ups].concat();
+                self.launch_jobs(shape(g0), m, first(g0), &both)?;
+            } else {
+                self.launch_jobs(shape(g0), m, first(g0), &gates)?;
+                self.launch_jobs(shape(u0), m, first(u0), &ups)?;
+            }
+        }
+        let count = n * m * inter;
+        let func = self.function("swiglu_combine")?;
+        let blocks = count.div_ceil(COMBINE_THREADS as usize).min(65_535) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (COMBINE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (g_arg, u_arg, len) = (gp, at(gp, count), count as i64);
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&g_arg).arg(&u_arg).arg(&len);
+        // SAFETY: g and u are the two halves of `gu` (count floats each), written above.
+        unsafe { b.launch(cfg) }?;
+        // SAFETY: as the first launches.
+        unsafe { self.launch_jobs(shape(d0), m, first(d0), &downs)? };
+        let out = self.stream.clone_dtoh(&y)?;
+        Ok(out.chunks(m * hidden).map(<[f32]>::to_vec).collect())
+    }
+}
