@@ -11,6 +11,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::{GpuMat, Job, Kernel};
+use crate::view::MatView;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// One MLP's matrices in VRAM: gate and up (`inter × hidden`), then down (`hidden × inter`).
@@ -28,13 +29,34 @@ impl Gpu {
         xs: &[&[f32]],
         m: usize,
     ) -> Result<Vec<Vec<f32>>> {
+        let views: Vec<[MatView; 3]> = mlps
+            .iter()
+            .map(|w| w.map(|w| w.view(&self.stream)))
+            .collect();
+        // SAFETY: each view is an uploaded matrix borrowed (alive, unchanged) for this call.
+        unsafe { self.swiglu_views(&views, xs, m) }
+    }
+
+    /// [`Gpu::swiglu_batch`] over matrices at device addresses (an expert staged by
+    /// [`crate::copy::Staging`]): the same launches, so the same bits as the same MLP held in
+    /// VRAM.
+    ///
+    /// # Safety
+    /// Each view must describe memory of this context that holds its matrix (weights and scales
+    /// of the view's format and shape) and that stays unchanged until this call returns.
+    pub unsafe fn swiglu_views(
+        &self,
+        mlps: &[[MatView; 3]],
+        xs: &[&[f32]],
+        m: usize,
+    ) -> Result<Vec<Vec<f32>>> {
         let Some(&[g0, u0, d0]) = mlps.first() else {
             return Ok(Vec::new());
         };
         let (inter, hidden) = (g0.rows, g0.cols);
-        let shape = |w: &GpuMat| (w.format, w.rows, w.cols);
+        let shape = |w: &MatView| (w.format, w.rows, w.cols);
         for (j, [g, u, d]) in mlps.iter().enumerate() {
-            if shape(g) != shape(g0) || shape(u) != shape(u0) || shape(d) != shape(d0) {
+            if shape(g) != shape(&g0) || shape(u) != shape(&u0) || shape(d) != shape(&d0) {
                 return Err(Error::Shape(format!(
                     "swiglu: MLP {j} differs from MLP 0's shapes"
                 )));
@@ -84,14 +106,11 @@ impl Gpu {
             )?
         };
         let at = |base: u64, floats: usize| base + (floats * 4) as u64;
-        let job = |w: &GpuMat, x: u64, y: u64| {
-            let v = w.view(&self.stream);
-            Job {
-                w: v.w,
-                s: v.s,
-                x,
-                y,
-            }
+        let job = |v: MatView, x: u64, y: u64| Job {
+            w: v.w,
+            s: v.s,
+            x,
+            y,
         };
         let gates: Vec<Job> = (0..n)
             .map(|j| job(mlps[j][0], at(xp, j * m * hidden), at(gp, j * m * inter)))
@@ -108,17 +127,17 @@ impl Gpu {
         let downs: Vec<Job> = (0..n)
             .map(|j| job(mlps[j][2], at(gp, j * m * inter), at(yp, j * m * hidden)))
             .collect();
-        let first = |w: &GpuMat| Kernel::model(w.format, w.rows, w.cols, m);
-        // SAFETY (the three launches): every job's weights are an uploaded matrix of the
-        // launch's shape borrowed for this call; its x and y are m rows of this call's buffers
-        // (x_dev or the gate outputs; the gate/up outputs or y), which nothing else uses.
+        let first = |w: MatView| Kernel::model(w.format, w.rows, w.cols, m);
+        // SAFETY (the three launches): every job's weights are a matrix of the launch's shape
+        // (this fn's contract); its x and y are m rows of this call's buffers (x_dev or the
+        // gate outputs; the gate/up outputs or y), which nothing else uses.
         unsafe {
-            if shape(g0) == shape(u0) {
+            if shape(&g0) == shape(&u0) {
                 let both = [gates, ups].concat();
-                self.launch_jobs(shape(g0), m, first(g0), &both)?;
+                self.launch_jobs(shape(&g0), m, first(g0), &both)?;
             } else {
-                self.launch_jobs(shape(g0), m, first(g0), &gates)?;
-                self.launch_jobs(shape(u0), m, first(u0), &ups)?;
+                self.launch_jobs(shape(&g0), m, first(g0), &gates)?;
+                self.launch_jobs(shape(&u0), m, first(u0), &ups)?;
             }
         }
         let count = n * m * inter;
@@ -135,7 +154,7 @@ impl Gpu {
         // SAFETY: g and u are the two halves of `gu` (count floats each), written above.
         unsafe { b.launch(cfg) }?;
         // SAFETY: as the first launches.
-        unsafe { self.launch_jobs(shape(d0), m, first(d0), &downs)? };
+        unsafe { self.launch_jobs(shape(&d0), m, first(d0), &downs)? };
         let out = self.stream.clone_dtoh(&y)?;
         Ok(out.chunks(m * hidden).map(<[f32]>::to_vec).collect())
     }

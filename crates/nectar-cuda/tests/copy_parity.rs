@@ -255,3 +255,52 @@ fn registered_slab_slots_copy_directly_and_survive_release() {
     assert_eq!(reg.registered_bytes(), len);
     drop(reg);
 }
+
+/// A SwiGLU MLP staged from host memory (the route of a copied routed expert) computes, whole on
+/// the GPU (`swiglu_views`), the bits the same MLP uploaded computes (`swiglu_batch`), at row
+/// counts that take the GEMV and the GEMM.
+#[test]
+fn a_staged_mlp_computes_what_the_uploaded_mlp_computes() {
+    if gpu().is_none() {
+        return;
+    }
+    let g = Arc::new(Gpu::open(0).unwrap());
+    let (f, hidden, inter) = (WeightFormat::Int4Group { group: 64 }, 256, 128);
+    let raw = [
+        weights(f, inter, hidden, 31),
+        weights(f, inter, hidden, 32),
+        weights(f, hidden, inter, 33),
+    ];
+    let shapes = [(inter, hidden), (inter, hidden), (hidden, inter)];
+    let mats: Vec<MatRef<'_>> = raw
+        .iter()
+        .zip(shapes)
+        .map(|((d, s), (r, c))| MatRef::new(f, r, c, d, s).unwrap())
+        .collect();
+    let parts: Vec<usize> = mats
+        .iter()
+        .flat_map(|w| [w.data.len(), 4 * w.scales.len()])
+        .collect();
+    let staging = Staging::new(&g, 1, slot_bytes_for(&parts)).unwrap();
+    let up: Vec<_> = mats.iter().map(|w| g.upload(w).unwrap()).collect();
+    for m in [1, 5, 64] {
+        let x = values(m * hidden, 40 + m as u64);
+        let (views, _) = staging.copy_mats(0, &mats).unwrap();
+        staging.wait_ready(0).unwrap();
+        // SAFETY: the views address the slot just written, untouched until `release`.
+        let staged =
+            unsafe { g.swiglu_views(&[[views[0], views[1], views[2]]], &[&x], m) }.unwrap();
+        staging.release(0).unwrap();
+        let uploaded = g
+            .swiglu_batch(&[[&up[0], &up[1], &up[2]]], &[&x], m)
+            .unwrap();
+        assert_eq!(staged[0].len(), m * hidden);
+        assert!(
+            staged[0]
+                .iter()
+                .zip(&uploaded[0])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "m={m}: staged MLP ≠ uploaded MLP"
+        );
+    }
+}

@@ -294,15 +294,8 @@ impl CopyTier {
                     let (x, rows) = &inputs[st.job];
                     // SAFETY: the views address the slot's parts, written by the DMA this
                     // thread just waited for; the slot is not refilled before `release` below
-                    // is queued after these products (the producer takes it from `free_tx`).
-                    let mut gu =
-                        unsafe { gpu.matmul_views(&[(st.views[0], x), (st.views[1], x)], *rows) }
-                            .map_err(gpu_err)?;
-                    let u = gu.pop().unwrap_or_default();
-                    let mut g = gu.pop().unwrap_or_default();
-                    nectar_kernels::swiglu_in_place(&mut g, &u);
-                    // SAFETY: as above.
-                    let y = unsafe { gpu.matmul_views(&[(st.views[2], &g)], *rows) }
+                    // is queued after this MLP (the producer takes it from `free_tx`).
+                    let y = unsafe { gpu.swiglu_views(&[st.views], &[x], *rows) }
                         .map_err(gpu_err)?
                         .pop()
                         .unwrap_or_default();
