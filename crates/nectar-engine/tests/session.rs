@@ -76,6 +76,7 @@ fn assert_cache_eq(a: &SeqCache, b: &SeqCache) {
         assert_eq!(bits(&x.latent), bits(&y.latent), "layer {l} latent");
         assert_eq!(bits(&x.k_pe), bits(&y.k_pe), "layer {l} k_pe");
         assert_eq!(bits(&x.index_k), bits(&y.index_k), "layer {l} index_k");
+        assert_eq!(x.gaps(), y.gaps(), "layer {l} gaps");
     }
 }
 
@@ -181,7 +182,7 @@ fn a_session_with_mtp_rows_loads_into_a_process_that_skips_the_mtp_layer() {
 }
 
 #[test]
-fn a_session_whose_mtp_cache_skips_rows_saves_the_rows_before_the_gap() {
+fn a_session_whose_mtp_cache_skips_rows_keeps_every_row_and_gap() {
     // The MTP drafter leaves rows out of its cache (spec/mtp.rs): rows 0..10, then 30..40.
     let toks = long_prompt();
     let len = 41;
@@ -235,10 +236,69 @@ fn a_session_whose_mtp_cache_skips_rows_saves_the_rows_before_the_gap() {
     let r = Session::load(&path, SessionFormat::Nectar, model(), &id())
         .unwrap()
         .session;
-    let mut want = s.cache().clone();
-    want.mtp.truncate(10);
-    assert_cache_eq(r.cache(), &want);
-    assert_eq!(r.cache().mtp.end(), 10);
+    assert_cache_eq(r.cache(), s.cache());
+    assert_eq!(r.cache().mtp.gaps(), [(10, 30)]);
+    assert_eq!((r.cache().mtp.end(), r.cache().mtp.contiguous()), (40, 10));
+    // A gap list that skip_to could not have made, or a position past the tokens, is refused
+    // even with a valid checksum (the file's last 32 + 16 bytes: the checksum and the gap).
+    let bytes = std::fs::read(&path).unwrap();
+    for (pos, want) in [(5u64, "cache gap"), (41, "position 41")] {
+        let mut b = bytes.clone();
+        let at = b.len() - 32 - 8;
+        b[at..at + 8].copy_from_slice(&pos.to_le_bytes());
+        rehash(&mut b);
+        std::fs::write(&path, &b).unwrap();
+        let e = Session::load(&path, SessionFormat::Nectar, model(), &id()).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+}
+
+/// Recomputes a `.nkv` file's trailing SHA-256 after an edit.
+fn rehash(b: &mut [u8]) {
+    use sha2::Digest;
+    let n = b.len() - 32;
+    let sum = sha2::Sha256::digest(&b[..n]);
+    b[n..].copy_from_slice(&sum);
+}
+
+/// A version-1 file (written before MTP gaps were saved: the same layout without a gap list)
+/// still loads; its reserved field must be zero.
+#[test]
+fn a_version_1_session_still_loads() {
+    let toks = long_prompt();
+    let len = 20;
+    let mut c = model().new_cache();
+    let h = run(&mut c, &toks[..len]);
+    model()
+        .mtp_forward(
+            &mut [MtpStep {
+                cache: &mut c,
+                hidden: &h,
+                next_tokens: &toks[1..=len],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+    let s = Session::from_cache(toks[..len].to_vec(), c).unwrap();
+    let dir = tmp();
+    let path = dir.path().join("v1.nkv");
+    s.save(&path, SessionFormat::Nectar, model(), &id())
+        .unwrap();
+    let mut b = std::fs::read(&path).unwrap();
+    assert_eq!(b[8..16], [2, 0, 0, 0, 0, 0, 0, 0], "version 2, no gaps");
+    b[8] = 1;
+    rehash(&mut b);
+    std::fs::write(&path, &b).unwrap();
+    let r = Session::load(&path, SessionFormat::Nectar, model(), &id())
+        .unwrap()
+        .session;
+    assert_cache_eq(r.cache(), s.cache());
+    assert_eq!(r.cache().mtp.len(), len - 1);
+    b[12] = 1;
+    rehash(&mut b);
+    std::fs::write(&path, &b).unwrap();
+    let e = Session::load(&path, SessionFormat::Nectar, model(), &id()).unwrap_err();
+    assert!(e.to_string().contains("reserved"), "{e}");
 }
 
 fn greedy(prompt: &[u32], n: usize) -> Request {
@@ -303,10 +363,9 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_run() {
         assert_eq!(r2.main, 140 + 5, "{spec:?}");
         assert!(r2.mtp <= r2.main, "{r2:?}");
         assert_eq!(g2.prompt_tokens, p2.len() - r2.main);
-        // The file keeps the MTP cache only up to its first gap (with MTP drafting the drafter
-        // skipped all but the prompt's last rows: none), so only the MTP rows may differ.
-        assert_eq!((r2.common, r2.main), (r2m.common, r2m.main));
-        assert!(r2.mtp <= r2m.mtp, "{r2:?} {r2m:?}");
+        // The file keeps every MTP row and its gaps (with MTP drafting the drafter skipped all
+        // but the prompt's last rows), so the restored session reuses what the live one does.
+        assert_eq!(r2, r2m);
         // Restored vs never saved: bit for bit.
         assert_eq!(g2.tokens, g2m.tokens);
         for (x, y) in g2.logprobs.iter().zip(&g2m.logprobs) {

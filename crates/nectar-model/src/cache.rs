@@ -55,6 +55,33 @@ impl LayerCache {
         self.gaps.first().map_or(self.len, |&(i, _)| i)
     }
 
+    /// Where the cache skips positions: `(row index, position)` of every row that follows a
+    /// gap, as [`Self::skip_to`] made them (what a saved session stores).
+    pub fn gaps(&self) -> &[(usize, usize)] {
+        &self.gaps
+    }
+
+    /// The same rows placed at the positions `gaps` describes (a restored session): refused
+    /// unless [`Self::skip_to`] could have made them — indices in order and at most the rows
+    /// held, each position past the end of the rows before it.
+    pub fn with_gaps(mut self, gaps: Vec<(usize, usize)>) -> Result<Self> {
+        let (mut index, mut end) = (0usize, 0usize);
+        for (k, &(i, p)) in gaps.iter().enumerate() {
+            // The rows before entry k sit at end - (i - index) .. ; the entry must skip ahead.
+            let before = end.checked_add(i.saturating_sub(index));
+            if i < index || i > self.len || before.is_none_or(|b| p <= b) {
+                return Err(Error::Input(format!(
+                    "cache gap {k}: row {i} at position {p} does not follow row {index} at \
+                     position {end} ({} rows)",
+                    self.len
+                )));
+            }
+            (index, end) = (i, p);
+        }
+        self.gaps = gaps;
+        Ok(self)
+    }
+
     /// Places the next row at absolute position `pos`, leaving positions `end()..pos` out
     /// (their rows are never computed; attention sees only the rows that are). Refused when
     /// `pos` lies before [`Self::end`]: positions only increase.
@@ -268,5 +295,38 @@ mod tests {
         assert_eq!(c.k_pe, [1.0, 1.0]);
         let e = LayerCache::from_parts(2, [2, 1, 3], vec![0.0; 4], vec![1.0; 2], vec![0.0; 5]);
         assert!(e.unwrap_err().to_string().contains("index_k"));
+    }
+
+    #[test]
+    fn gaps_restore_exactly_what_skip_to_made_and_nothing_else() {
+        let mut c = LayerCache::default();
+        push_n(&mut c, 3);
+        c.skip_to(10).unwrap();
+        c.skip_to(12).unwrap(); // two skips before a row: one index, two entries
+        push_n(&mut c, 2);
+        c.skip_to(20).unwrap(); // a trailing skip: no row after it yet
+        let parts = |c: &LayerCache| {
+            LayerCache::from_parts(c.len(), [1, 1, 0], c.latent.clone(), c.k_pe.clone(), vec![])
+                .unwrap()
+        };
+        let r = parts(&c).with_gaps(c.gaps().to_vec()).unwrap();
+        assert_eq!(r.gaps(), [(3, 10), (3, 12), (5, 20)]);
+        assert_eq!((r.len(), r.end(), r.contiguous()), (5, 20, 3));
+        let mut t = r.clone();
+        t.truncate_to_position(13); // positions 12 stays, 13 goes
+        assert_eq!((t.len(), t.end()), (4, 13));
+        // Entries skip_to could not have made: backwards, onto or behind a held row, past the
+        // rows held.
+        for bad in [
+            vec![(3, 10), (2, 15)],
+            vec![(3, 3)],
+            vec![(3, 10), (4, 11)],
+            vec![(0, 0)],
+            vec![(6, 30)],
+        ] {
+            let e = parts(&c).with_gaps(bad.clone()).unwrap_err();
+            assert!(e.to_string().contains("cache gap"), "{bad:?}: {e}");
+        }
+        assert_eq!(parts(&c).with_gaps(vec![]).unwrap().end(), 5);
     }
 }

@@ -35,13 +35,13 @@ pub enum SessionError {
         reason: String,
     },
     /// A format version this build does not read.
-    #[error("session file {} has format version {found}; this build reads version {supported}", path.display())]
+    #[error("session file {} has format version {found}; this build reads versions 1 to {supported}", path.display())]
     Version {
         /// The file.
         path: PathBuf,
         /// The file's version.
         found: u32,
-        /// The version this build reads.
+        /// The newest version this build reads.
         supported: u32,
     },
     /// The file was saved by a different model (config, quantisation or tokenizer).

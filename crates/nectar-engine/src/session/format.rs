@@ -1,11 +1,12 @@
-//! The Nectar session file (`.nkv`, version 1): the model identity, the token ids and every
-//! cache — main layers, DSA indexer keys and the MTP layer — as exact f32, with a trailing
-//! SHA-256 over everything before it. All integers and floats are little-endian.
+//! The Nectar session file (`.nkv`, version 2): the model identity, the token ids and every
+//! cache — main layers, DSA indexer keys and the MTP layer with its gaps — as exact f32, with a
+//! trailing SHA-256 over everything before it. All integers and floats are little-endian.
+//! Version 1 files (the MTP cache only up to its first gap, no gap list) are still read.
 //!
 //! ```text
 //! 0    8   magic "NECTARKV"
-//! 8    4   u32 version (1)
-//! 12   4   u32 0 (reserved)
+//! 8    4   u32 version (2; 1 is read too)
+//! 12   4   u32 n_gaps: entries of the MTP cache's gap list (version 1: 0)
 //! 16   32  SHA-256 of config.json
 //! 48   32  SHA-256 of the quantisation layout (see identity.rs)
 //! 80   32  SHA-256 of tokenizer.json (zeros: none)
@@ -14,12 +15,14 @@
 //! 120  4   u32 rope-key width (qk_rope_head_dim)
 //! 124  4   u32 MTP indexer-key width (u32::MAX: the saving model had no MTP layer)
 //! 128  8   u64 n_tokens
-//! 136  8   u64 mtp_rows (< n_tokens, or 0): the MTP cache up to its first gap (rows after
-//!              one are a drafting aid the file leaves out, `spec/mtp.rs`)
+//! 136  8   u64 mtp_rows: the MTP cache's rows, each at a position below n_tokens − 1
+//!              (version 1: the rows up to its first gap)
 //! 144  4·n_layers  u32 indexer-key width per main layer (0: none)
 //! then     4·n_tokens  u32 token ids
 //! then     per main layer: latent, rope keys, indexer keys (n_tokens rows each)
 //! then     the MTP layer: latent, rope keys, indexer keys (mtp_rows rows each)
+//! then     16·n_gaps  per gap: u64 row index, u64 position of the row after it
+//!              (`LayerCache::gaps`: the drafter skips rows, `spec/mtp.rs`)
 //! then     32  SHA-256 of every byte above
 //! ```
 //!
@@ -38,8 +41,8 @@ use std::path::Path;
 
 /// The file's first 8 bytes.
 pub const MAGIC: &[u8; 8] = b"NECTARKV";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes (it reads this one and every earlier one).
+pub const VERSION: u32 = 2;
 const FIXED: u64 = 144;
 const NO_MTP: u32 = u32::MAX;
 
@@ -52,7 +55,14 @@ pub fn write(
     cache: &SeqCache,
 ) -> Result<(), SessionError> {
     let n = tokens.len();
-    let mtp_rows = cache.mtp.contiguous();
+    let mtp_rows = cache.mtp.len();
+    let gaps = cache.mtp.gaps();
+    let n_gaps = u32::try_from(gaps.len()).map_err(|_| {
+        SessionError::corrupt(
+            path,
+            format!("{} MTP cache gaps exceed the format", gaps.len()),
+        )
+    })?;
     write_atomic(path, |out| {
         let mut w = HashWriter {
             inner: out,
@@ -60,7 +70,7 @@ pub fn write(
         };
         w.write_all(MAGIC)?;
         w.write_all(&VERSION.to_le_bytes())?;
-        w.write_all(&0u32.to_le_bytes())?;
+        w.write_all(&n_gaps.to_le_bytes())?;
         for h in [&id.config, &id.quant, &id.tokenizer] {
             w.write_all(h)?;
         }
@@ -86,6 +96,10 @@ pub fn write(
             write_f32s(&mut w, &l.latent[..part(&l.latent)])?;
             write_f32s(&mut w, &l.k_pe[..part(&l.k_pe)])?;
             write_f32s(&mut w, &l.index_k[..part(&l.index_k)])?;
+        }
+        for &(i, p) in gaps {
+            w.write_all(&(i as u64).to_le_bytes())?;
+            w.write_all(&(p as u64).to_le_bytes())?;
         }
         let sum: Hash = w.hash.finalize().into();
         out.write_all(&sum)
@@ -125,7 +139,7 @@ pub fn read(
     }
     let u32_at = |h: &[u8], o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
     let version = u32_at(&head, 8);
-    if version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(SessionError::Version {
             path: path.to_path_buf(),
             found: version,
@@ -157,11 +171,17 @@ pub fn read(
     dim("the rope-key width (qk_rope_head_dim)", 120, dims.rope)?;
     let file_mtp_index = u32_at(&head, 124);
     let u64_at = |o: usize| u64::from_le_bytes(head[o..o + 8].try_into().expect("8 bytes"));
-    let (n, mtp_rows) = (u64_at(128), u64_at(136));
+    let (n, mtp_rows, n_gaps) = (u64_at(128), u64_at(136), u32_at(&head, 12) as u64);
     if mtp_rows > 0 && mtp_rows >= n {
         return Err(SessionError::corrupt(
             path,
             format!("{mtp_rows} MTP rows for {n} tokens (at most one fewer)"),
+        ));
+    }
+    if version == 1 && n_gaps != 0 {
+        return Err(SessionError::corrupt(
+            path,
+            "version 1 with a nonzero reserved field",
         ));
     }
     let mtp_index = match dims.mtp_index {
@@ -207,7 +227,7 @@ pub fn read(
         .checked_mul(per_token)
         .and_then(|a| mtp_rows.checked_mul(per_mtp).and_then(|b| a.checked_add(b)))
         .and_then(|f| f.checked_mul(4))
-        .and_then(|b| b.checked_add(FIXED + 4 * layers as u64 + 32))
+        .and_then(|b| b.checked_add(FIXED + 4 * layers as u64 + 16 * n_gaps + 32))
         .ok_or_else(|| SessionError::corrupt(path, format!("{n} tokens overflow the size")))?;
     if found < expected {
         return Err(truncated(expected));
@@ -245,6 +265,31 @@ pub fn read(
         cache.layers.push(layer(n, d)?);
     }
     let mtp = layer(mtp_rows, mtp_index)?;
+    let mut gaps = Vec::with_capacity(n_gaps as usize);
+    for _ in 0..n_gaps {
+        let mut e = [0u8; 16];
+        r.read_exact(&mut e).map_err(io)?;
+        let at = |o: usize| u64::from_le_bytes(e[o..o + 8].try_into().expect("8 bytes"));
+        let (i, p) = (at(0), at(8));
+        // Positions at or past n_tokens are refused before any arithmetic on them.
+        if p >= n as u64 {
+            return Err(SessionError::corrupt(
+                path,
+                format!("MTP cache gap at position {p} of {n} tokens"),
+            ));
+        }
+        gaps.push((i as usize, p as usize));
+    }
+    let mtp = mtp
+        .with_gaps(gaps)
+        .map_err(|e| SessionError::corrupt(path, e.to_string()))?;
+    // Each MTP row needs the token after its position.
+    if !mtp.is_empty() && mtp.end() >= n {
+        return Err(SessionError::corrupt(
+            path,
+            format!("MTP rows reach position {} of {n} tokens", mtp.end() - 1),
+        ));
+    }
     if dims.mtp_index.is_some() {
         cache.mtp = mtp;
     }
