@@ -5,32 +5,40 @@
 //! fast they could stream if memory were free (`benchmarks/RESULTS.md`).
 //!
 //! ```text
-//! cargo run --release -p nectar-kernels --example int4_compute -- [row] [M ...]   # default 1 2 4 8
+//! cargo run --release -p nectar-kernels --example int4_compute -- [row|int8|bf16] [M ...]   # default 1 2 4 8
 //! ```
 //!
-//! `row`: int4 with one scale per row instead of per 64 columns (the same codes).
+//! `row`: int4 with one scale per row instead of per 64 columns (the same codes); `int8`,
+//! `bf16`: those formats, for comparison (finite bf16 values of magnitude 2⁻⁷…2).
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use std::time::Instant;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let per_row = args.first().is_some_and(|a| a == "row");
+    let named = match args.first().map(String::as_str) {
+        Some("row") => Some(WeightFormat::Int4Row),
+        Some("int8") => Some(WeightFormat::Int8Row),
+        Some("bf16") => Some(WeightFormat::Bf16),
+        _ => None,
+    };
     let ms: Vec<usize> = args
         .iter()
-        .skip(per_row as usize)
+        .skip(named.is_some() as usize)
         .map(|a| a.parse().expect("M values are positive integers"))
         .collect();
     let ms = if ms.is_empty() { vec![1, 2, 4, 8] } else { ms };
     let (rows, cols) = (512, 2048);
-    let format = match per_row {
-        true => WeightFormat::Int4Row,
-        false => WeightFormat::Int4Group { group: 64 },
-    };
+    let format = named.unwrap_or(WeightFormat::Int4Group { group: 64 });
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let data: Vec<u8> = (0..rows * format.row_bytes(cols))
-        .map(|_| {
+        .map(|i| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
-            (s >> 56) as u8
+            let b = (s >> 56) as u8;
+            // bf16's high byte: sign and exponent 120–127, never a NaN or a denormal.
+            match (format, i % 2) {
+                (WeightFormat::Bf16, 1) => (b & 0x80) | 0x3c | (b & 0x03),
+                _ => b,
+            }
         })
         .collect();
     let scales: Vec<f32> = (0..rows * format.row_scales(cols))

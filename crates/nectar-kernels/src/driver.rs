@@ -206,8 +206,11 @@ unsafe fn run_acts<B: Block>(
 /// One row block of 8 AVX-512 rows (`r..r + 8`) against every activation row: one 8 × 1
 /// register block at M = 1 (eight independent FMA chains hide the 4-cycle FMA latency that
 /// bounded a 4-row block: +15–30 % at M = 1), 8 × 2 or 2 × (4 × 2) for two activation rows
-/// ([`Block::PAIR8`]), 2 × (4 × 4) or 4 × (2 × 4) for four ([`Block::narrow4`]), 4 × (2 × 8)
-/// for eight.
+/// ([`Block::PAIR8`]), and 2 × (4 × 4) or 4 × (2 × 4) for every four ([`Block::narrow4`]).
+/// Eight activation rows as 4 × (2 × 8) blocks (one weight decode per 8 FMAs) were slower than
+/// two passes of 4 × 4 on every format (Intel Xeon, one thread, L2-hot: 1.16–1.35× at M = 8
+/// and 32, `benchmarks/RESULTS.md`): the 2 × 8 block's eight activation loads per step, not the
+/// decodes, were the limit.
 ///
 /// # Safety
 /// As [`run`] for rows `r..r + 8` and activation rows `acts`; `base` is the first row of the
@@ -230,12 +233,6 @@ unsafe fn run8<B: Block>(
         // land inside the caller's region at offsets < mb * stride + 8.
         let mb = unsafe {
             match left {
-                8.. => {
-                    for k in [0, 2, 4, 6] {
-                        b.block::<2, 8>(r + k, x, i, o.add(k), stride);
-                    }
-                    8
-                }
                 4.. => {
                     if b.narrow4() {
                         for k in [0, 2, 4, 6] {
