@@ -59,7 +59,7 @@ pub use matmul::{matmul, matmul_rows};
 pub use norm::{layer_norm, rms_norm};
 pub use readbw::{read_sum, ReadMode, PREFETCH_DISTANCE};
 pub use rope::RopeTable;
-pub use scaled_add::scaled_add;
+pub use scaled_add::{scaled_add, scaled_add4, ROWS4};
 
 /// Which instruction set the kernels use on this machine (chosen once, at first use).
 pub fn isa() -> &'static str {

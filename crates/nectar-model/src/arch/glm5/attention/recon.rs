@@ -8,7 +8,7 @@
 //! query, its selected keys and the block size, never on the batch or the chunking.
 //!
 //! [`RECON_MAX_BYTES`]: super::RECON_MAX_BYTES
-use nectar_kernels::{dot, scaled_add};
+use nectar_kernels::{dot, scaled_add, scaled_add4, ROWS4};
 
 /// Per-head geometry of the attention cores.
 #[derive(Debug, Clone, Copy)]
@@ -78,8 +78,34 @@ pub(in crate::arch::glm5) fn absorb_block(
     keys: Keys<'_>,
     st: &mut [f32],
 ) {
-    if keys.len() == 0 {
+    let Some(p) = weigh(g, qh, head, first, k_pe, kvf, &keys, st) else {
         return;
+    };
+    let (stride, base) = (g.heads * (g.dn + g.dv), head * (g.dn + g.dv) + g.dn);
+    let acc = &mut st[..g.dv];
+    let mut i = 0;
+    keys.for_each(|t| {
+        scaled_add(acc, p[i], &kvf[(t - first) * stride + base..][..g.dv]);
+        i += 1;
+    });
+}
+
+/// The first half of [`absorb_block`]: the keys' scores, the running maximum (rescaling what
+/// came before) and the weights' sum; returns each key's weight `exp(s − m)` for the values
+/// (`None`: no key, or none with a finite score, so nothing changes).
+#[allow(clippy::too_many_arguments)]
+fn weigh(
+    g: &Heads,
+    qh: &[f32],
+    head: usize,
+    first: usize,
+    k_pe: &[f32],
+    kvf: &[f32],
+    keys: &Keys<'_>,
+    st: &mut [f32],
+) -> Option<Vec<f32>> {
+    if keys.len() == 0 {
+        return None;
     }
     let (dn, dv, dr) = (g.dn, g.dv, g.dr);
     let stride = g.heads * (dn + dv);
@@ -93,7 +119,7 @@ pub(in crate::arch::glm5) fn absorb_block(
     let bmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let m = ml[0].max(bmax);
     if m == f32::NEG_INFINITY {
-        return;
+        return None;
     }
     if ml[0] != m {
         // exp(−∞) = 0 clears the empty start; otherwise what came before shrinks.
@@ -102,13 +128,11 @@ pub(in crate::arch::glm5) fn absorb_block(
         ml[1] *= c;
         ml[0] = m;
     }
-    let mut i = 0;
-    keys.for_each(|t| {
-        let p = (s[i] - m).exp();
-        i += 1;
-        ml[1] += p;
-        scaled_add(acc, p, &kvf[(t - first) * stride + base + dn..][..dv]);
-    });
+    for v in &mut s {
+        *v = (*v - m).exp();
+        ml[1] += *v;
+    }
+    Some(s)
 }
 
 /// The (row, head)'s output from its running state: the output divided by the weights' sum
@@ -159,8 +183,12 @@ pub(in crate::arch::glm5) fn fold_group(
 ) {
     let end = first + kvf.len() / (g.heads * (g.dn + g.dv));
     let last = rows.iter().map(|r| r.pos).max().unwrap_or(0);
+    let (stride, base) = (g.heads * (g.dn + g.dv), head * (g.dn + g.dv) + g.dn);
     for t0 in (first..end.min(last + 1)).step_by(tile.max(1)) {
         let t1 = (t0 + tile.max(1)).min(end);
+        // Rows that see the whole tile take its values four at a time (`scaled_add4`: each
+        // key's values read once for four rows, the same bits); the others key by key.
+        let mut whole: Vec<(&mut [f32], Vec<f32>)> = Vec::new();
         for (r, s) in rows.iter().zip(st.chunks_exact_mut(g.state_len())) {
             let keys = match r.listed {
                 Some(k) => {
@@ -170,7 +198,37 @@ pub(in crate::arch::glm5) fn fold_group(
                 }
                 None => Keys::Span(t0..t1.min(r.pos + 1).max(t0)),
             };
-            absorb_block(g, r.qh, head, first, k_pe, kvf, keys, s);
+            match keys {
+                Keys::Span(ref span) if span.end == t1 && span.start == t0 => {
+                    if let Some(p) = weigh(g, r.qh, head, first, k_pe, kvf, &keys, s) {
+                        whole.push((s, p));
+                    }
+                }
+                _ => absorb_block(g, r.qh, head, first, k_pe, kvf, keys, s),
+            }
+        }
+        let values = &kvf[(t0 - first) * stride + base..];
+        let mut quads = whole.chunks_exact_mut(ROWS4);
+        for q in &mut quads {
+            let [a, b, c, d] = q else {
+                unreachable!("chunks of four")
+            };
+            scaled_add4(
+                [
+                    &mut a.0[..g.dv],
+                    &mut b.0[..g.dv],
+                    &mut c.0[..g.dv],
+                    &mut d.0[..g.dv],
+                ],
+                [&a.1, &b.1, &c.1, &d.1],
+                values,
+                stride,
+            );
+        }
+        for (s, p) in quads.into_remainder() {
+            for (k, &w) in p.iter().enumerate() {
+                scaled_add(&mut s[..g.dv], w, &values[k * stride..][..g.dv]);
+            }
         }
     }
 }
@@ -343,6 +401,66 @@ mod tests {
                 let mut alone = fresh(1);
                 fold(&[*r], &mut alone);
                 assert_eq!(alone[..], together[j * sl..(j + 1) * sl], "row {j}");
+                let mut out = vec![0.0; g.dv];
+                finish(&g, &alone, &mut out);
+                let keys: Vec<usize> = match r.listed {
+                    Some(k) => k.iter().map(|&x| x as usize).collect(),
+                    None => (first..=r.pos).collect(),
+                };
+                let want = reference(&g, r.qh, head, &k_pe, &kvf, &keys);
+                assert_close(&out, &want, &format!("row {j} head {head}"));
+            }
+        }
+    }
+
+    /// Rows that see a whole tile take its values four at a time (`scaled_add4`, 64 columns in
+    /// registers plus a tail here: dv = 80); the others key by key. Every row keeps the bits it
+    /// has alone (where no quad forms) and the softmax's value.
+    #[test]
+    fn whole_tile_rows_four_at_a_time_keep_their_bits() {
+        let g = Heads {
+            heads: 2,
+            dn: 8,
+            dr: 4,
+            dv: 80,
+            scale: 0.25,
+        };
+        let (t, first, dq) = (40, 3, g.dn + g.dr);
+        let stride = g.heads * (g.dn + g.dv);
+        let k_pe = fill(t * g.dr, 11);
+        let kvf = fill(t * stride, 12);
+        let qs = fill(11 * dq, 13);
+        let listed: Vec<u32> = (3..40).filter(|x| x % 3 != 0).collect();
+        // Eleven rows at positions 20..40 by twos; every third one with a DSA selection.
+        let rows: Vec<Row<'_>> = (0..11)
+            .map(|j| Row {
+                qh: &qs[j * dq..(j + 1) * dq],
+                pos: 19 + 2 * j,
+                listed: (j % 3 == 1)
+                    .then_some(&listed[..listed.partition_point(|&x| x as usize <= 19 + 2 * j)]),
+            })
+            .collect();
+        let sl = g.state_len();
+        let fresh = |n: usize| {
+            let mut st = vec![0.0; n * sl];
+            st.chunks_exact_mut(sl).for_each(|s| init(&g, s));
+            st
+        };
+        for head in 0..g.heads {
+            let fold = |rows: &[Row<'_>], st: &mut [f32]| {
+                fold_group(&g, head, first, 8, &k_pe, &kvf[first * stride..], rows, st)
+            };
+            let mut together = fresh(rows.len());
+            fold(&rows, &mut together);
+            for (j, r) in rows.iter().enumerate() {
+                let mut alone = fresh(1);
+                fold(&[*r], &mut alone);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&alone),
+                    bits(&together[j * sl..(j + 1) * sl]),
+                    "row {j}"
+                );
                 let mut out = vec![0.0; g.dv];
                 finish(&g, &alone, &mut out);
                 let keys: Vec<usize> = match r.listed {
