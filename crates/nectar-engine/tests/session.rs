@@ -80,6 +80,22 @@ fn assert_cache_eq(a: &SeqCache, b: &SeqCache) {
     }
 }
 
+/// The MTP layer's rows `from..to` of a sequence whose main forward gave hidden states `h`
+/// (row i's next token is `toks[i + 1]`), appended to `c.mtp`.
+fn mtp_rows(c: &mut SeqCache, h: &[f32], toks: &[u32], (from, to): (usize, usize)) {
+    let hd = model().hidden_size();
+    model()
+        .mtp_forward(
+            &mut [MtpStep {
+                cache: c,
+                hidden: &h[from * hd..to * hd],
+                next_tokens: &toks[from + 1..=to],
+            }],
+            &mut NoObserver,
+        )
+        .unwrap();
+}
+
 fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
@@ -149,16 +165,7 @@ fn a_session_with_mtp_rows_loads_into_a_process_that_skips_the_mtp_layer() {
     let len = 40;
     let mut c = model().new_cache();
     let h = run(&mut c, &toks[..len]);
-    model()
-        .mtp_forward(
-            &mut [MtpStep {
-                cache: &mut c,
-                hidden: &h,
-                next_tokens: &toks[1..=len],
-            }],
-            &mut NoObserver,
-        )
-        .unwrap();
+    mtp_rows(&mut c, &h, &toks, (0, len));
     let s = Session::from_cache(toks[..len].to_vec(), c).unwrap();
     assert_eq!(s.cache().mtp.len(), len - 1);
     let dir = tmp();
@@ -188,35 +195,16 @@ fn a_session_whose_mtp_cache_skips_rows_keeps_every_row_and_gap() {
     let len = 41;
     let mut c = model().new_cache();
     let h = run(&mut c, &toks[..len]);
-    let hd = model().hidden_size();
-    for (from, to) in [(0, 10), (30, 40)] {
-        c.mtp.skip_to(from).unwrap();
-        model()
-            .mtp_forward(
-                &mut [MtpStep {
-                    cache: &mut c,
-                    hidden: &h[from * hd..to * hd],
-                    next_tokens: &toks[from + 1..=to],
-                }],
-                &mut NoObserver,
-            )
-            .unwrap();
+    for span in [(0, 10), (30, 40)] {
+        c.mtp.skip_to(span.0).unwrap();
+        mtp_rows(&mut c, &h, &toks, span);
     }
     assert_eq!((c.mtp.len(), c.mtp.end(), c.mtp.contiguous()), (20, 40, 10));
     // A row's cache entries come from its own input and its true position (RoPE), not from
     // the rows before it: rows 30..40 equal those of a cache without the gap, bit for bit.
     let mut full = model().new_cache();
     run(&mut full, &toks[..len]);
-    model()
-        .mtp_forward(
-            &mut [MtpStep {
-                cache: &mut full,
-                hidden: &h[..40 * hd],
-                next_tokens: &toks[1..=40],
-            }],
-            &mut NoObserver,
-        )
-        .unwrap();
+    mtp_rows(&mut full, &h, &toks, (0, 40));
     let (m, f) = (&c.mtp, &full.mtp);
     let w = |v: &[f32]| v.len() / f.len();
     for (got, want) in [
@@ -269,16 +257,7 @@ fn a_version_1_session_still_loads() {
     let len = 20;
     let mut c = model().new_cache();
     let h = run(&mut c, &toks[..len]);
-    model()
-        .mtp_forward(
-            &mut [MtpStep {
-                cache: &mut c,
-                hidden: &h,
-                next_tokens: &toks[1..=len],
-            }],
-            &mut NoObserver,
-        )
-        .unwrap();
+    mtp_rows(&mut c, &h, &toks, (0, len));
     let s = Session::from_cache(toks[..len].to_vec(), c).unwrap();
     let dir = tmp();
     let path = dir.path().join("v1.nkv");

@@ -150,20 +150,26 @@ unsafe fn avx2_4(ys: [&mut [f32]; ROWS4], a: [&[f32]; ROWS4], x: &[f32], xs: usi
 mod tests {
     use super::*;
 
+    /// `n` values in [-1, 1) with 24 random bits each (fine enough that a fused multiply-add
+    /// rounds differently somewhere).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
     /// Every path equals the scalar loop bit for bit, including products that round
     /// differently when fused (an FMA would keep `a · x` exact before the add).
     #[test]
     fn every_path_is_the_scalar_loop() {
         for n in [0usize, 1, 7, 16, 33, 256, 1000] {
-            let mut s = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = || {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            };
-            let x: Vec<f32> = (0..n).map(|_| next()).collect();
-            let y0: Vec<f32> = (0..n).map(|_| next()).collect();
+            let (x, y0) = (values(n, 1), values(n, 2));
             let a = 0.713_267_4;
             let mut want = y0.clone();
             scalar(&mut want, a, &x);
@@ -188,13 +194,6 @@ mod tests {
     /// path: lengths with and without a tail, strided keys, no keys.
     #[test]
     fn four_rows_at_once_are_four_rows_of_scaled_add() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        };
         for (len, n, stride) in [
             (256, 7, 448),
             (64, 1, 64),
@@ -202,13 +201,9 @@ mod tests {
             (7, 3, 9),
             (200, 0, 200),
         ] {
-            let x: Vec<f32> = (0..n * stride + len).map(|_| next()).collect();
-            let w: Vec<Vec<f32>> = (0..ROWS4)
-                .map(|_| (0..n).map(|_| next()).collect())
-                .collect();
-            let y0: Vec<Vec<f32>> = (0..ROWS4)
-                .map(|_| (0..len).map(|_| next()).collect())
-                .collect();
+            let x = values(n * stride + len, 3);
+            let w: Vec<Vec<f32>> = (0..ROWS4).map(|r| values(n, 10 + r as u64)).collect();
+            let y0: Vec<Vec<f32>> = (0..ROWS4).map(|r| values(len, 20 + r as u64)).collect();
             let mut want = y0.clone();
             for k in 0..n {
                 for (y, wr) in want.iter_mut().zip(&w) {

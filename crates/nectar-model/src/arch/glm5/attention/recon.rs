@@ -314,6 +314,47 @@ mod tests {
         }
     }
 
+    /// Folds `rows` (each head in turn, tiles of `tile` keys over the block of `kvf` that starts
+    /// at key `first`) as one group and each row alone: every row's running state has the same
+    /// bits both ways, and its output is the softmax over its keys (f64 reference).
+    fn check_group(
+        g: &Heads,
+        first: usize,
+        tile: usize,
+        k_pe: &[f32],
+        kvf: &[f32],
+        rows: &[Row<'_>],
+    ) {
+        let (sl, stride) = (g.state_len(), g.heads * (g.dn + g.dv));
+        let fresh = |n: usize| {
+            let mut st = vec![0.0; n * sl];
+            st.chunks_exact_mut(sl).for_each(|s| init(g, s));
+            st
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for head in 0..g.heads {
+            let fold = |rows: &[Row<'_>], st: &mut [f32]| {
+                fold_group(g, head, first, tile, k_pe, &kvf[first * stride..], rows, st)
+            };
+            let mut together = fresh(rows.len());
+            fold(rows, &mut together);
+            for (j, r) in rows.iter().enumerate() {
+                let mut alone = fresh(1);
+                fold(&[*r], &mut alone);
+                let in_group = &together[j * sl..(j + 1) * sl];
+                assert_eq!(bits(&alone), bits(in_group), "row {j} head {head}");
+                let mut out = vec![0.0; g.dv];
+                finish(g, &alone, &mut out);
+                let keys: Vec<usize> = match r.listed {
+                    Some(k) => k.iter().map(|&x| x as usize).collect(),
+                    None => (first..=r.pos).collect(),
+                };
+                let want = reference(g, r.qh, head, k_pe, kvf, &keys);
+                assert_close(&out, &want, &format!("row {j} head {head}"));
+            }
+        }
+    }
+
     /// Any split of the keys into blocks (one block, several, blocks a row sees nothing of)
     /// gives the softmax-weighted sum within f32 rounding, for listed and spanned keys.
     #[test]
@@ -384,33 +425,8 @@ mod tests {
                     .then_some(&listed[..listed.partition_point(|&x| x as usize <= 6 + j)]),
             })
             .collect();
-        for head in 0..g.heads {
-            let sl = g.state_len();
-            let fresh = |n: usize| {
-                let mut st = vec![0.0; n * sl];
-                st.chunks_exact_mut(sl).for_each(|s| init(&g, s));
-                st
-            };
-            // Tiles of 3 keys over the block that starts at `first`.
-            let fold = |rows: &[Row<'_>], st: &mut [f32]| {
-                fold_group(&g, head, first, 3, &k_pe, &kvf[first * stride..], rows, st)
-            };
-            let mut together = fresh(rows.len());
-            fold(&rows, &mut together);
-            for (j, r) in rows.iter().enumerate() {
-                let mut alone = fresh(1);
-                fold(&[*r], &mut alone);
-                assert_eq!(alone[..], together[j * sl..(j + 1) * sl], "row {j}");
-                let mut out = vec![0.0; g.dv];
-                finish(&g, &alone, &mut out);
-                let keys: Vec<usize> = match r.listed {
-                    Some(k) => k.iter().map(|&x| x as usize).collect(),
-                    None => (first..=r.pos).collect(),
-                };
-                let want = reference(&g, r.qh, head, &k_pe, &kvf, &keys);
-                assert_close(&out, &want, &format!("row {j} head {head}"));
-            }
-        }
+        // Tiles of 3 keys over the block that starts at `first`.
+        check_group(&g, first, 3, &k_pe, &kvf, &rows);
     }
 
     /// Rows that see a whole tile take its values four at a time (`scaled_add4`, 64 columns in
@@ -440,37 +456,7 @@ mod tests {
                     .then_some(&listed[..listed.partition_point(|&x| x as usize <= 19 + 2 * j)]),
             })
             .collect();
-        let sl = g.state_len();
-        let fresh = |n: usize| {
-            let mut st = vec![0.0; n * sl];
-            st.chunks_exact_mut(sl).for_each(|s| init(&g, s));
-            st
-        };
-        for head in 0..g.heads {
-            let fold = |rows: &[Row<'_>], st: &mut [f32]| {
-                fold_group(&g, head, first, 8, &k_pe, &kvf[first * stride..], rows, st)
-            };
-            let mut together = fresh(rows.len());
-            fold(&rows, &mut together);
-            for (j, r) in rows.iter().enumerate() {
-                let mut alone = fresh(1);
-                fold(&[*r], &mut alone);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&alone),
-                    bits(&together[j * sl..(j + 1) * sl]),
-                    "row {j}"
-                );
-                let mut out = vec![0.0; g.dv];
-                finish(&g, &alone, &mut out);
-                let keys: Vec<usize> = match r.listed {
-                    Some(k) => k.iter().map(|&x| x as usize).collect(),
-                    None => (first..=r.pos).collect(),
-                };
-                let want = reference(&g, r.qh, head, &k_pe, &kvf, &keys);
-                assert_close(&out, &want, &format!("row {j} head {head}"));
-            }
-        }
+        check_group(&g, first, 8, &k_pe, &kvf, &rows);
     }
 
     /// A row with no visible key gets zeros, not NaN.
