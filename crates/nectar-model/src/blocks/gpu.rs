@@ -51,9 +51,7 @@ impl GpuWeight {
         }
         .map_err(gpu_err)
     }
-}
 
-impl GpuWeight {
     /// `down(silu(gate·x) ⊙ up·x)` for several MLPs (`([gate, up, down], x, rows of x)`) on the
     /// GPU, each MLP's activations kept in VRAM (`nectar_cuda::Gpu::swiglu_batch`): MLPs of one
     /// shape and row count share launches. The products' bits are [`GpuWeight::matmul`]'s; the

@@ -120,12 +120,12 @@ impl Linear {
         first: usize,
         latent: &[f32],
     ) -> Result<()> {
-        match &self.gpu {
-            Some(g) => g.rebuild_keys(keys, first, latent),
-            None => Err(crate::error::Error::Gpu(
+        let g = self.gpu_weight().ok_or_else(|| {
+            crate::error::Error::Gpu(
                 "kv_b is not on the GPU: MLA keys are rebuilt where kv_b is".into(),
-            )),
-        }
+            )
+        })?;
+        g.rebuild_keys(keys, first, latent)
     }
 
     /// Its VRAM copy, if any.
