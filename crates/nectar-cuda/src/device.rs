@@ -17,7 +17,8 @@ const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv_tc.cu"),
     include_str!("attention.cu"),
     include_str!("index.cu"),
-    include_str!("swiglu.cu")
+    include_str!("swiglu.cu"),
+    include_str!("moe.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
@@ -188,6 +189,8 @@ mod tests {
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());
         names.push("swiglu_combine".into());
+        names.push("moe_gather".into());
+        names.push("moe_combine".into());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

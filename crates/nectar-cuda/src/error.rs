@@ -23,6 +23,15 @@ pub enum Error {
         /// The driver's error.
         source: cudarc::driver::DriverError,
     },
+    /// An operation's buffers would not fit the VRAM free beside what is placed; nothing was
+    /// launched (callers take a path that needs less).
+    #[error("{need} B of VRAM needed, {free} B free")]
+    Memory {
+        /// Bytes the operation would allocate.
+        need: u64,
+        /// Bytes the device reported free.
+        free: u64,
+    },
     /// Shapes or buffers that do not describe a valid product.
     #[error("shape mismatch: {0}")]
     Shape(String),

@@ -46,6 +46,8 @@ mod gemv;
 #[cfg(feature = "cuda")]
 mod index;
 #[cfg(feature = "cuda")]
+mod moe;
+#[cfg(feature = "cuda")]
 mod swiglu;
 #[cfg(feature = "cuda")]
 mod view;
@@ -62,6 +64,8 @@ pub use gemm::{use_gemm, GemmPlan, Precision};
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 #[cfg(feature = "cuda")]
 pub use index::INDEX_MAX_DIM;
+#[cfg(feature = "cuda")]
+pub use moe::{MoeCombine, NO_PAIR};
 #[cfg(feature = "cuda")]
 pub use swiglu::SwiGluMats;
 #[cfg(feature = "cuda")]

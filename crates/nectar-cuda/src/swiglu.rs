@@ -50,24 +50,9 @@ impl Gpu {
         xs: &[&[f32]],
         m: usize,
     ) -> Result<Vec<Vec<f32>>> {
-        let Some(&[g0, u0, d0]) = mlps.first() else {
+        let Some((inter, hidden)) = chain_shape(mlps)? else {
             return Ok(Vec::new());
         };
-        let (inter, hidden) = (g0.rows, g0.cols);
-        let shape = |w: &MatView| (w.format, w.rows, w.cols);
-        for (j, [g, u, d]) in mlps.iter().enumerate() {
-            if shape(g) != shape(&g0) || shape(u) != shape(&u0) || shape(d) != shape(&d0) {
-                return Err(Error::Shape(format!(
-                    "swiglu: MLP {j} differs from MLP 0's shapes"
-                )));
-            }
-        }
-        if (u0.rows, u0.cols, d0.rows, d0.cols) != (inter, hidden, hidden, inter) {
-            return Err(Error::Shape(format!(
-                "swiglu: gate {inter}x{hidden}, up {}x{}, down {}x{} do not chain",
-                u0.rows, u0.cols, d0.rows, d0.cols
-            )));
-        }
         if xs.len() != mlps.len() {
             return Err(Error::Shape(format!(
                 "swiglu: {} inputs for {} MLPs",
@@ -86,26 +71,66 @@ impl Gpu {
             return Ok(vec![vec![0.0; m * hidden]; n]);
         }
         let x_dev = self.stream.clone_htod(&xs.concat())?;
+        let y = self.nan_filled(n * m * hidden)?;
+        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
+        let (yp, _y_sync) = y.device_ptr(&self.stream);
+        let io: Vec<(u64, u64)> = (0..n)
+            .map(|j| (at(xp, j * m * hidden), at(yp, j * m * hidden)))
+            .collect();
+        // SAFETY: the views are this fn's contract; each (x, y) is m rows of this call's
+        // buffers, which nothing else uses.
+        unsafe { self.enqueue_swiglu(mlps, &io, m)? };
+        let out = self.stream.clone_dtoh(&y)?;
+        Ok(out.chunks(m * hidden).map(<[f32]>::to_vec).collect())
+    }
+
+    /// A buffer of `len` f32 filled with NaN (0xff bytes): the output of launches that must
+    /// write every element — one left unwritten comes back NaN, which every parity test rejects.
+    pub(crate) fn nan_filled(&self, len: usize) -> Result<CudaSlice<f32>> {
+        // SAFETY: filled below before anything reads it.
+        let y: CudaSlice<f32> = unsafe { self.stream.alloc(len)? };
+        let (yp, sync) = y.device_ptr(&self.stream);
+        // SAFETY: `yp` addresses `len` f32 of this context.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(yp, 0xff, len * 4, self.stream.cu_stream())?
+        };
+        drop(sync);
+        Ok(y)
+    }
+
+    /// Queues `down_j(silu(gate_j·x_j) ⊙ up_j·x_j)` for MLPs of one shape ([`chain_shape`]),
+    /// `m` rows each, reading x_j and writing y_j at the device addresses `io[j]`: gate and up
+    /// of every MLP in one launch (two if their shapes differ), the combine, the downs in one
+    /// launch. Nothing waits; the gate/up scratch is freed in stream order.
+    ///
+    /// # Safety
+    /// As [`Gpu::swiglu_views`] for the views; each `io[j]` holds `m × hidden` f32 of this
+    /// context at x (unchanged) and y (unused by anything else) until the stream passes here.
+    pub(crate) unsafe fn enqueue_swiglu(
+        &self,
+        mlps: &[[MatView; 3]],
+        io: &[(u64, u64)],
+        m: usize,
+    ) -> Result<()> {
+        let Some((inter, _)) = chain_shape(mlps)? else {
+            return Ok(());
+        };
+        let [g0, u0, d0] = mlps[0];
+        let n = mlps.len();
+        if io.len() != n {
+            return Err(Error::Shape(format!(
+                "swiglu: {} buffers for {n} MLPs",
+                io.len()
+            )));
+        }
+        if m == 0 || inter == 0 {
+            return Ok(());
+        }
         // Gate outputs of every MLP, then up outputs: [2][n][m][inter]. Every element is
         // written by the first launch(es) before the combine reads it.
         // SAFETY: as just said.
         let gu: CudaSlice<f32> = unsafe { self.stream.alloc(2 * n * m * inter)? };
-        // SAFETY: every element is written by the downs (a NaN fill proves it: an unwritten
-        // element would come back NaN, which the parity tests reject).
-        let y: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * hidden)? };
-        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         let (gp, _g_sync) = gu.device_ptr(&self.stream);
-        let (yp, _y_sync) = y.device_ptr(&self.stream);
-        // SAFETY: `yp` addresses n × m × hidden f32 of this context; 0xff bytes are a NaN.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                yp,
-                0xff,
-                n * m * hidden * 4,
-                self.stream.cu_stream(),
-            )?
-        };
-        let at = |base: u64, floats: usize| base + (floats * 4) as u64;
         let job = |v: MatView, x: u64, y: u64| Job {
             w: v.w,
             s: v.s,
@@ -113,24 +138,17 @@ impl Gpu {
             y,
         };
         let gates: Vec<Job> = (0..n)
-            .map(|j| job(mlps[j][0], at(xp, j * m * hidden), at(gp, j * m * inter)))
+            .map(|j| job(mlps[j][0], io[j].0, at(gp, j * m * inter)))
             .collect();
         let ups: Vec<Job> = (0..n)
-            .map(|j| {
-                job(
-                    mlps[j][1],
-                    at(xp, j * m * hidden),
-                    at(gp, (n + j) * m * inter),
-                )
-            })
+            .map(|j| job(mlps[j][1], io[j].0, at(gp, (n + j) * m * inter)))
             .collect();
         let downs: Vec<Job> = (0..n)
-            .map(|j| job(mlps[j][2], at(gp, j * m * inter), at(yp, j * m * hidden)))
+            .map(|j| job(mlps[j][2], at(gp, j * m * inter), io[j].1))
             .collect();
         let first = |w: MatView| Kernel::model(w.format, w.rows, w.cols, m);
         // SAFETY (the three launches): every job's weights are a matrix of the launch's shape
-        // (this fn's contract); its x and y are m rows of this call's buffers (x_dev or the
-        // gate outputs; the gate/up outputs or y), which nothing else uses.
+        // (this fn's contract); its x and y are m rows of the caller's buffers or of `gu`.
         unsafe {
             if shape(&g0) == shape(&u0) {
                 let both = [gates, ups].concat();
@@ -154,8 +172,38 @@ impl Gpu {
         // SAFETY: g and u are the two halves of `gu` (count floats each), written above.
         unsafe { b.launch(cfg) }?;
         // SAFETY: as the first launches.
-        unsafe { self.launch_jobs(shape(&d0), m, first(d0), &downs)? };
-        let out = self.stream.clone_dtoh(&y)?;
-        Ok(out.chunks(m * hidden).map(<[f32]>::to_vec).collect())
+        unsafe { self.launch_jobs(shape(&d0), m, first(d0), &downs) }
     }
+}
+
+/// The address `floats` f32 past `base`.
+pub(crate) fn at(base: u64, floats: usize) -> u64 {
+    base + (floats * 4) as u64
+}
+
+fn shape(w: &MatView) -> (nectar_kernels::WeightFormat, usize, usize) {
+    (w.format, w.rows, w.cols)
+}
+
+/// `(inter, hidden)` of MLPs that all have MLP 0's shapes and whose matrices chain (gate and up
+/// `inter × hidden`, down `hidden × inter`); `None` for no MLP.
+pub(crate) fn chain_shape(mlps: &[[MatView; 3]]) -> Result<Option<(usize, usize)>> {
+    let Some(&[g0, u0, d0]) = mlps.first() else {
+        return Ok(None);
+    };
+    let (inter, hidden) = (g0.rows, g0.cols);
+    for (j, [g, u, d]) in mlps.iter().enumerate() {
+        if shape(g) != shape(&g0) || shape(u) != shape(&u0) || shape(d) != shape(&d0) {
+            return Err(Error::Shape(format!(
+                "swiglu: MLP {j} differs from MLP 0's shapes"
+            )));
+        }
+    }
+    if (u0.rows, u0.cols, d0.rows, d0.cols) != (inter, hidden, hidden, inter) {
+        return Err(Error::Shape(format!(
+            "swiglu: gate {inter}x{hidden}, up {}x{}, down {}x{} do not chain",
+            u0.rows, u0.cols, d0.rows, d0.cols
+        )));
+    }
+    Ok(Some((inter, hidden)))
 }

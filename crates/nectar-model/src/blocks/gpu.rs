@@ -84,6 +84,32 @@ impl GpuWeight {
         Ok(out)
     }
 
+    /// A MoE layer's output with its expert work all on the GPU (`nectar_cuda::Gpu::moe_batch`:
+    /// `x` up once, each routed expert `([gate, up, down], its rows of x)` gathered and chained
+    /// in VRAM, the shared expert, the weighted combine): the bits of running each expert by
+    /// [`GpuWeight::swiglu_many`] and combining on the host. `None` when its buffers would not
+    /// fit the VRAM free (nothing ran; the caller goes expert by expert).
+    pub(crate) fn moe(
+        x: &[f32],
+        m: usize,
+        experts: &[([&GpuWeight; 3], &[u32])],
+        shared: [&GpuWeight; 3],
+        combine: nectar_cuda::MoeCombine<'_>,
+    ) -> Result<Option<Vec<f32>>> {
+        let items: Vec<([&GpuMat; 3], &[u32])> = experts
+            .iter()
+            .map(|(w, rows)| (w.map(|w| &w.mat), *rows))
+            .collect();
+        match shared[0]
+            .gpu
+            .moe_batch(x, m, &items, shared.map(|w| &w.mat), combine)
+        {
+            Ok(y) => Ok(Some(y)),
+            Err(nectar_cuda::Error::Memory { .. }) => Ok(None),
+            Err(e) => Err(gpu_err(e)),
+        }
+    }
+
     /// Keys `first ..` of `keys` rebuilt in VRAM from `latent` (`m × cols`) by this matrix (an
     /// MLA layer's kv_b), with the kernel [`GpuWeight::matmul`] would use, so the same bits.
     pub(crate) fn rebuild_keys(

@@ -40,18 +40,24 @@ impl SwiGlu {
     /// (the activations stay in VRAM), else product by product.
     pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
         #[cfg(feature = "cuda")]
-        if let (Some(g), Some(u), Some(d)) = (
-            self.gate.gpu_weight(),
-            self.up.gpu_weight(),
-            self.down.gpu_weight(),
-        ) {
-            let mut y = crate::blocks::GpuWeight::swiglu_many(&[([g, u, d], x, m)])?;
+        if let Some(w) = self.gpu_mats() {
+            let mut y = crate::blocks::GpuWeight::swiglu_many(&[(w, x, m)])?;
             return Ok(y.pop().unwrap_or_default());
         }
         let mut g = self.gate.forward(x, m)?;
         let u = self.up.forward(x, m)?;
         swiglu_in_place(&mut g, &u);
         self.down.forward(&g, m)
+    }
+
+    /// Gate, up and down in VRAM, when all three are there.
+    #[cfg(feature = "cuda")]
+    fn gpu_mats(&self) -> Option<VramMlp<'_>> {
+        Some([
+            self.gate.gpu_weight()?,
+            self.up.gpu_weight()?,
+            self.down.gpu_weight()?,
+        ])
     }
 
     /// Bytes of weights.
@@ -133,6 +139,14 @@ fn swiglu_mats(m: &[MatRef<'_>; 3], x: &[f32], rows: usize) -> Result<Vec<f32>> 
     matmul(&m[2], &g, rows, &mut y)?;
     Ok(y)
 }
+
+/// Gate, up and down of an MLP in VRAM.
+#[cfg(feature = "cuda")]
+type VramMlp<'a> = [&'a crate::blocks::GpuWeight; 3];
+
+/// A MoE layer's shared expert and the experts of a union, in VRAM.
+#[cfg(feature = "cuda")]
+type VramLayer<'a> = (VramMlp<'a>, Vec<VramMlp<'a>>);
 
 /// A MoE block: router, routed experts and the shared expert.
 #[derive(Debug)]
@@ -369,6 +383,61 @@ impl Moe {
         Route { ids, weights }
     }
 
+    /// The VRAM copies of the shared expert and of every expert in `union` (in its order), when
+    /// they are all there.
+    #[cfg(feature = "cuda")]
+    fn vram_layer(&self, union: &[(u32, Vec<(usize, usize)>)]) -> Option<VramLayer<'_>> {
+        let shared = self.shared.gpu_mats()?;
+        let experts = union
+            .iter()
+            .map(|(e, _)| match &self.experts {
+                Experts::Resident(v) => v.get(*e as usize)?.gpu_mats(),
+                Experts::Streamed { .. } => self.vram.as_ref()?.mats(*e),
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some((shared, experts))
+    }
+
+    /// The layer's output by `GpuWeight::moe` over [`Moe::vram_layer`]'s matrices: the bits of
+    /// the per-expert GPU path below (each expert over its rows, the same combine order).
+    /// `None` when its buffers do not fit the VRAM free.
+    #[cfg(feature = "cuda")]
+    fn forward_in_vram(
+        &self,
+        (shared, experts): VramLayer<'_>,
+        x: &[f32],
+        m: usize,
+        routes: &[Route],
+        union: &[(u32, Vec<(usize, usize)>)],
+    ) -> Result<Option<Vec<f32>>> {
+        let k = self.top_k;
+        let rows: Vec<Vec<u32>> = union
+            .iter()
+            .map(|(_, r)| r.iter().map(|&(i, _)| i as u32).collect())
+            .collect();
+        let mut pairs = vec![nectar_cuda::NO_PAIR; m * k];
+        let mut weights = vec![0.0f32; m * k];
+        let mut next = 0u32;
+        for (_, r) in union {
+            for &(i, slot) in r {
+                pairs[i * k + slot] = next;
+                weights[i * k + slot] = routes[i].weights[slot];
+                next += 1;
+            }
+        }
+        let items: Vec<_> = experts
+            .into_iter()
+            .zip(&rows)
+            .map(|(w, r)| (w, r.as_slice()))
+            .collect();
+        let combine = nectar_cuda::MoeCombine {
+            k,
+            pairs: &pairs,
+            weights: &weights,
+        };
+        crate::blocks::GpuWeight::moe(x, m, &items, shared, combine)
+    }
+
     /// The MoE output for `m` rows.
     ///
     /// Experts run over the batch-union (each expert once, on all rows that chose it, in
@@ -404,6 +473,26 @@ impl Moe {
                     Some((_, rows)) => rows.push((i, slot)),
                     None => union.push((e, vec![(i, slot)])),
                 }
+            }
+        }
+        // Every expert of the union and the shared expert in VRAM: the whole layer there.
+        #[cfg(feature = "cuda")]
+        if let Some(vram) = self.vram_layer(&union) {
+            if let Some(f) = after_reads.take() {
+                f()?;
+            }
+            if let Some(out) = self.forward_in_vram(vram, x, m, &routes, &union)? {
+                self.count_runs(union.len(), 0, 0);
+                if let (
+                    Experts::Streamed {
+                        residency, layer, ..
+                    },
+                    true,
+                ) = (&self.experts, m > 1)
+                {
+                    residency.observe_rows(*layer, &vec![Vec::new(); m]);
+                }
+                return Ok(out);
             }
         }
         let mut ys = vec![0.0f32; m * k * hidden];

@@ -2,10 +2,10 @@
 //! into VRAM at load (no host copy is kept, so they cost no RAM) and computed on the GPU, while
 //! the layer's other experts go through the RAM cache and the CPU (`placement.rs` chooses them).
 //!
-//! A VRAM expert computes `down(silu(gate·x) ⊙ up·x)` like [`super::moe::SwiGlu`]: the three
-//! products on the GPU (every weight dequantised to the CPU's value, sums in the kernels'
-//! order), SwiGLU on the host in the CPU's code. Results equal the CPU's within the GPU kernels'
-//! tolerance (`nectar_cuda::within_tolerance`), the bar of every GPU product.
+//! A VRAM expert computes `down(silu(gate·x) ⊙ up·x)` like [`super::moe::SwiGlu`], all on the GPU
+//! (every weight dequantised to the CPU's value, sums in the kernels' order, the combine within
+//! CUDA's `expf` of the CPU's). Results equal the CPU's within the GPU kernels' tolerance
+//! (`nectar_cuda::within_tolerance`), the bar of every GPU product.
 use crate::error::Result;
 
 /// A layer's experts in VRAM.
@@ -85,6 +85,13 @@ impl VramExperts {
         self.slot.get(e as usize).is_some_and(Option::is_some)
     }
 
+    /// Gate, up and down of expert `e`, when it is in VRAM.
+    pub fn mats(&self, e: u32) -> Option<[&crate::blocks::GpuWeight; 3]> {
+        let i = self.slot.get(e as usize).copied().flatten()?;
+        let w = &self.experts[i];
+        Some([&w[0], &w[1], &w[2]])
+    }
+
     /// The output of each `(expert, rows × hidden input, rows)`, on the GPU with the
     /// activations kept there: experts of the same row count share one launch for their gate
     /// and up products and one for their downs.
@@ -92,11 +99,10 @@ impl VramExperts {
         use crate::blocks::GpuWeight;
         let mut items = Vec::with_capacity(jobs.len());
         for (e, x, m) in jobs {
-            let i = self.slot.get(*e as usize).copied().flatten();
-            let Some(w) = i.map(|i| &self.experts[i]) else {
+            let Some(w) = self.mats(*e) else {
                 return Err(crate::Error::Input(format!("expert {e} is not in VRAM")));
             };
-            items.push(([&w[0], &w[1], &w[2]], x.as_slice(), *m));
+            items.push((w, x.as_slice(), *m));
         }
         GpuWeight::swiglu_many(&items)
     }

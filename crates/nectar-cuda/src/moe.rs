@@ -1,0 +1,222 @@
+//! A whole MoE layer's expert work on the GPU when every expert it routes to is in VRAM: the
+//! rows cross PCIe once (up), each expert's rows are gathered on the GPU, its SwiGLU chain runs
+//! there ([`Gpu::swiglu_views`]' launches), the shared expert too, and the routed outputs are
+//! weighted and summed with the shared one on the GPU (`moe.cu`); the layer's output crosses
+//! once (down). Done expert by expert from the host instead, a 4,096-token prompt of GLM-5.2
+//! shape moved every row through host memory five more times (gather, upload, download,
+//! scatter, combine: ~0.8 GB each per layer) and waited once per expert.
+//!
+//! Bits. Experts with the same row count (and shapes) share launches, as in
+//! [`Gpu::swiglu_batch`], and run the kernels [`Kernel::model`](crate::gemv::Kernel) picks
+//! for that count, so each expert's output is the one `swiglu_batch` gives it over the same
+//! gathered rows; the combine is the host's formula in the host's order, each operation rounded
+//! alone. So the layer's output is, bit for bit, what the per-expert path computes (tested).
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::gemv::GpuMat;
+use crate::swiglu::{at, chain_shape};
+use crate::view::MatView;
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
+
+/// Threads per block of the gather and the combine.
+const THREADS: u32 = 256;
+
+/// A slot a row does not use (fewer than `k` experts routed).
+pub const NO_PAIR: u32 = u32::MAX;
+
+/// How a MoE layer's rows sum their experts: row `r`'s slot `s` takes output row
+/// `pairs[r·k + s]` of the experts' outputs (expert after expert, each in the order of its
+/// `rows`; [`NO_PAIR`] for an unused slot) times `weights[r·k + s]`, slots in order, then the
+/// shared expert's row.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeCombine<'a> {
+    /// Slots per row (top-k).
+    pub k: usize,
+    /// `m × k` indices into the experts' stacked output rows.
+    pub pairs: &'a [u32],
+    /// `m × k` combine weights.
+    pub weights: &'a [f32],
+}
+
+impl Gpu {
+    /// One MoE layer's output for `m` rows of `x` (`m × hidden`): routed expert `j` (matrices
+    /// `experts[j].0`) on the rows `experts[j].1` of x, the shared expert on all rows, combined
+    /// by `combine`. Synchronous.
+    ///
+    /// Returns [`Error::Memory`] without launching anything when its buffers would take more
+    /// than half the VRAM free (the caller then runs the experts one by one).
+    pub fn moe_batch(
+        &self,
+        x: &[f32],
+        m: usize,
+        experts: &[([&GpuMat; 3], &[u32])],
+        shared: [&GpuMat; 3],
+        combine: MoeCombine<'_>,
+    ) -> Result<Vec<f32>> {
+        let views: Vec<([MatView; 3], &[u32])> = experts
+            .iter()
+            .map(|(w, rows)| (w.map(|w| w.view(&self.stream)), *rows))
+            .collect();
+        let shared = shared.map(|w| w.view(&self.stream));
+        // SAFETY: each view is an uploaded matrix borrowed (alive, unchanged) for this call.
+        unsafe { self.moe_views(x, m, &views, shared, combine) }
+    }
+
+    /// [`Gpu::moe_batch`] over matrices at device addresses.
+    ///
+    /// # Safety
+    /// As [`Gpu::swiglu_views`]: each view describes memory of this context holding its matrix,
+    /// unchanged until this call returns.
+    pub unsafe fn moe_views(
+        &self,
+        x: &[f32],
+        m: usize,
+        experts: &[([MatView; 3], &[u32])],
+        shared: [MatView; 3],
+        combine: MoeCombine<'_>,
+    ) -> Result<Vec<f32>> {
+        let all: Vec<[MatView; 3]> = std::iter::once(shared)
+            .chain(experts.iter().map(|(w, _)| *w))
+            .collect();
+        let Some((inter, hidden)) = chain_shape(&all[..1])? else {
+            return Ok(Vec::new());
+        };
+        chain_shape(&all[1..])?;
+        if let Some((w, _)) = experts.first() {
+            if (w[0].cols, w[2].rows) != (hidden, hidden) {
+                return Err(Error::Shape(format!(
+                    "moe: experts take {} features, the shared expert {hidden}",
+                    w[0].cols
+                )));
+            }
+        }
+        let k = combine.k;
+        if Some(x.len()) != m.checked_mul(hidden)
+            || Some(combine.pairs.len()) != m.checked_mul(k)
+            || combine.weights.len() != combine.pairs.len()
+        {
+            return Err(Error::Shape(format!(
+                "moe: x {} values, pairs {}, weights {} for {m} rows × hidden {hidden}, k {k}",
+                x.len(),
+                combine.pairs.len(),
+                combine.weights.len()
+            )));
+        }
+        let rows: Vec<u32> = experts
+            .iter()
+            .flat_map(|(_, r)| r.iter().copied())
+            .collect();
+        let pairs = rows.len();
+        if let Some(r) = rows.iter().find(|&&r| r as usize >= m) {
+            return Err(Error::Shape(format!("moe: an expert's row {r} of {m}")));
+        }
+        if let Some(p) = combine
+            .pairs
+            .iter()
+            .find(|&&p| p != NO_PAIR && p as usize >= pairs)
+        {
+            return Err(Error::Shape(format!(
+                "moe: a slot takes pair {p} of {pairs}"
+            )));
+        }
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        // Experts of one row count share launches, in first-seen order of the counts.
+        let mut counts: Vec<usize> = Vec::new();
+        for (_, r) in experts {
+            if !r.is_empty() && !counts.contains(&r.len()) {
+                counts.push(r.len());
+            }
+        }
+        let group_rows = |n: usize| experts.iter().filter(|(_, r)| r.len() == n).count() * n;
+        let largest = counts.iter().map(|&n| group_rows(n)).max().unwrap_or(0);
+        let expert_inter = experts.first().map_or(0, |(w, _)| w[0].rows);
+        let need = scratch_bytes(m, hidden, inter, pairs, largest * expert_inter, k);
+        let free = self.ctx.mem_get_info()?.0 as u64;
+        if need > free / 2 {
+            return Err(Error::Memory { need, free });
+        }
+
+        let x_dev = self.stream.clone_htod(x)?;
+        let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
+        // The shared expert first: it needs only x.
+        let sh = self.nan_filled(m * hidden)?;
+        let (shp, _sh_sync) = sh.device_ptr(&self.stream);
+        // SAFETY: x and sh are m × hidden of this call's buffers; the views are the contract.
+        unsafe { self.enqueue_swiglu(&[shared], &[(xp, shp)], m)? };
+
+        let y = self.nan_filled(pairs.max(1) * hidden)?;
+        let (yp, _y_sync) = y.device_ptr(&self.stream);
+        if pairs > 0 {
+            let rows_dev = self.stream.clone_htod(&rows)?;
+            // SAFETY: written by the gather below before the experts read it.
+            let xg: CudaSlice<f32> = unsafe { self.stream.alloc(pairs * hidden)? };
+            let (rp, _r_sync) = rows_dev.device_ptr(&self.stream);
+            let (gp, _g_sync) = xg.device_ptr(&self.stream);
+            let (p_arg, h_arg) = (pairs as i64, hidden as i64);
+            let func = self.function("moe_gather")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&gp).arg(&xp).arg(&rp).arg(&p_arg).arg(&h_arg);
+            // SAFETY: xg holds pairs × hidden f32, x m × hidden, every row index < m (checked).
+            unsafe { b.launch(grid(pairs * hidden)) }?;
+            let mut offset = Vec::with_capacity(experts.len());
+            let mut next = 0;
+            for (_, r) in experts {
+                offset.push(next);
+                next += r.len();
+            }
+            for n in counts {
+                let (mlps, io): (Vec<[MatView; 3]>, Vec<(u64, u64)>) = experts
+                    .iter()
+                    .zip(&offset)
+                    .filter(|((_, r), _)| r.len() == n)
+                    .map(|((w, _), &o)| (*w, (at(gp, o * hidden), at(yp, o * hidden))))
+                    .unzip();
+                // SAFETY: each (x, y) is n rows of xg / y, disjoint per expert; the views are
+                // this fn's contract.
+                unsafe { self.enqueue_swiglu(&mlps, &io, n)? };
+            }
+        }
+
+        let pair_dev = self.stream.clone_htod(combine.pairs)?;
+        let weight_dev = self.stream.clone_htod(combine.weights)?;
+        let out = self.nan_filled(m * hidden)?;
+        let (op, _o_sync) = out.device_ptr(&self.stream);
+        let (pp, _p_sync) = pair_dev.device_ptr(&self.stream);
+        let (wp, _w_sync) = weight_dev.device_ptr(&self.stream);
+        let (m_arg, k_arg, h_arg) = (m as i64, k as i32, hidden as i64);
+        let func = self.function("moe_combine")?;
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&op).arg(&yp).arg(&shp).arg(&pp).arg(&wp);
+        b.arg(&m_arg).arg(&k_arg).arg(&h_arg);
+        // SAFETY: out and sh hold m × hidden f32, pairs and weights m × k, y pairs × hidden,
+        // and every pair index is < pairs or NO_PAIR (checked).
+        unsafe { b.launch(grid(m * hidden)) }?;
+        Ok(self.stream.clone_dtoh(&out)?)
+    }
+}
+
+/// Device bytes [`Gpu::moe_views`] allocates at its peak: x, the shared expert's output and
+/// scratch, the gathered rows and the experts' outputs, the largest group's gate/up scratch
+/// (`group_inter` = its rows × the experts' intermediate size), the output and the tables.
+fn scratch_bytes(
+    m: usize,
+    hidden: usize,
+    inter: usize,
+    pairs: usize,
+    group_inter: usize,
+    k: usize,
+) -> u64 {
+    let floats = 3 * m * hidden + 2 * m * inter + 2 * pairs * hidden + 2 * group_inter;
+    (4 * floats + 4 * pairs + 8 * m * k) as u64
+}
+
+/// A grid-stride launch over `n` elements.
+fn grid(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -1,0 +1,175 @@
+//! A whole MoE layer on the GPU (`Gpu::moe_batch`: rows gathered, experts chained and the
+//! weighted combine done in VRAM) against the per-expert path it replaces: each expert's rows
+//! gathered on the host and run by `Gpu::swiglu_batch` alone, the shared expert likewise, the
+//! combine on the host in the model's order — bit for bit, at one row (decode: every expert one
+//! row, one launch group) and at 80 rows (experts of many row counts, the GEMV and the
+//! tensor-core GEMM both taken), with a row that uses fewer slots than k. Bad tables are errors.
+//!
+//! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
+#![cfg(feature = "cuda")]
+mod common;
+use common::{gpu, values, weights};
+use nectar_cuda::{use_gemm, Gpu, GpuMat, MoeCombine, NO_PAIR};
+use nectar_kernels::{MatRef, WeightFormat};
+
+const HIDDEN: usize = 256;
+const INTER: usize = 128;
+const EXPERTS: usize = 6;
+const K: usize = 3;
+
+fn upload(g: &Gpu, f: WeightFormat, rows: usize, cols: usize, seed: u64) -> GpuMat {
+    let (d, s) = weights(f, rows, cols, seed);
+    g.upload(&MatRef::new(f, rows, cols, &d, &s).unwrap())
+        .unwrap()
+}
+
+fn mlp(g: &Gpu, f: WeightFormat, seed: u64) -> [GpuMat; 3] {
+    [
+        upload(g, f, INTER, HIDDEN, seed),
+        upload(g, f, INTER, HIDDEN, seed + 1),
+        upload(g, f, HIDDEN, INTER, seed + 2),
+    ]
+}
+
+/// Experts in first-seen order, each with the (row, slot) pairs that chose it.
+type Union = Vec<(usize, Vec<(usize, usize)>)>;
+
+/// Routes as the model builds them: row i picks K distinct experts (row 1 only K - 1);
+/// experts in first-seen order, each with its (row, slot) list.
+fn routes(m: usize, seed: u64) -> (Union, Vec<f32>) {
+    let mut state = seed;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as usize
+    };
+    let mut union: Union = Vec::new();
+    for i in 0..m {
+        let mut ids: Vec<usize> = Vec::new();
+        // Skewed: expert 0 is picked by most rows, so row counts differ between experts.
+        while ids.len() < if i == 1 { K - 1 } else { K } {
+            let e = if next() % 3 == 0 { 0 } else { next() % EXPERTS };
+            if !ids.contains(&e) {
+                ids.push(e);
+            }
+        }
+        for (slot, e) in ids.into_iter().enumerate() {
+            match union.iter_mut().find(|(u, _)| *u == e) {
+                Some((_, rows)) => rows.push((i, slot)),
+                None => union.push((e, vec![(i, slot)])),
+            }
+        }
+    }
+    (union, values(m * K, seed ^ 77))
+}
+
+#[test]
+fn a_moe_layer_on_the_gpu_equals_the_per_expert_path() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    for f in [
+        WeightFormat::Int4Group { group: 64 },
+        WeightFormat::Int8Row,
+        WeightFormat::Bf16,
+    ] {
+        let experts: Vec<[GpuMat; 3]> = (0..EXPERTS).map(|e| mlp(g, f, 10 * e as u64)).collect();
+        let shared = mlp(g, f, 1000);
+        let sh = [&shared[0], &shared[1], &shared[2]];
+        for m in [1, 80] {
+            let x = values(m * HIDDEN, 5 + m as u64);
+            let (union, weights) = routes(m, m as u64);
+            if m == 80 {
+                let most = union.iter().map(|(_, r)| r.len()).max().unwrap();
+                assert!(use_gemm(f, INTER, HIDDEN, most), "no expert takes the GEMM");
+            }
+            // The per-expert path.
+            let gather = |rows: &[(usize, usize)]| -> Vec<f32> {
+                rows.iter()
+                    .flat_map(|&(i, _)| x[i * HIDDEN..(i + 1) * HIDDEN].to_vec())
+                    .collect()
+            };
+            let mut ys = vec![f32::NAN; m * K * HIDDEN];
+            for (e, rows) in &union {
+                let w = &experts[*e];
+                let y = g
+                    .swiglu_batch(&[[&w[0], &w[1], &w[2]]], &[&gather(rows)], rows.len())
+                    .unwrap();
+                for (j, &(i, slot)) in rows.iter().enumerate() {
+                    ys[(i * K + slot) * HIDDEN..][..HIDDEN]
+                        .copy_from_slice(&y[0][j * HIDDEN..(j + 1) * HIDDEN]);
+                }
+            }
+            let shared_y = g.swiglu_batch(&[sh], &[&x], m).unwrap().remove(0);
+            let mut want = vec![0.0f32; m * HIDDEN];
+            for i in 0..m {
+                let slots = if i == 1 { K - 1 } else { K };
+                let o = &mut want[i * HIDDEN..(i + 1) * HIDDEN];
+                for slot in 0..slots {
+                    let w = weights[i * K + slot];
+                    for (a, &y) in o.iter_mut().zip(&ys[(i * K + slot) * HIDDEN..][..HIDDEN]) {
+                        *a += w * y;
+                    }
+                }
+                for (a, &s) in o.iter_mut().zip(&shared_y[i * HIDDEN..(i + 1) * HIDDEN]) {
+                    *a += s;
+                }
+            }
+            // The layer on the GPU.
+            let rows: Vec<Vec<u32>> = union
+                .iter()
+                .map(|(_, r)| r.iter().map(|&(i, _)| i as u32).collect())
+                .collect();
+            let mut pairs = vec![NO_PAIR; m * K];
+            let mut next = 0u32;
+            for (_, r) in &union {
+                for &(i, slot) in r {
+                    pairs[i * K + slot] = next;
+                    next += 1;
+                }
+            }
+            let items: Vec<([&GpuMat; 3], &[u32])> = union
+                .iter()
+                .zip(&rows)
+                .map(|((e, _), r)| {
+                    let w = &experts[*e];
+                    ([&w[0], &w[1], &w[2]], r.as_slice())
+                })
+                .collect();
+            let combine = MoeCombine {
+                k: K,
+                pairs: &pairs,
+                weights: &weights,
+            };
+            let got = g.moe_batch(&x, m, &items, sh, combine).unwrap();
+            assert_eq!(got.len(), want.len());
+            for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{} m={m}: element {j} (row {}): layer {a}, per expert {b}",
+                    f.name(),
+                    j / HIDDEN
+                );
+            }
+            // Bad tables: a pair past the experts' rows, a row past m, tables of the wrong size.
+            let mut bad = pairs.clone();
+            bad[0] = next;
+            let c = MoeCombine {
+                pairs: &bad,
+                ..combine
+            };
+            assert!(g.moe_batch(&x, m, &items, sh, c).is_err());
+            let far = [m as u32];
+            let mut wrong = items.clone();
+            wrong[0].1 = &far;
+            assert!(g.moe_batch(&x, m, &wrong, sh, combine).is_err());
+            let c = MoeCombine {
+                pairs: &pairs[1..],
+                ..combine
+            };
+            assert!(g.moe_batch(&x, m, &items, sh, c).is_err());
+            assert!(g.moe_batch(&x[1..], m, &items, sh, combine).is_err());
+        }
+    }
+}
