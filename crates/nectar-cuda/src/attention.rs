@@ -9,7 +9,7 @@
 //! keys (`attention.cu` states the order).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemv::{GpuMat, Kernel};
+use crate::gemv::{GpuMat, Job, Kernel};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
@@ -170,6 +170,79 @@ impl Gpu {
         pos: &[u32],
         sel: &[Option<&[u32]>],
     ) -> Result<Vec<f32>> {
+        let out = self.mla_attention(keys, scale, q, pos, sel)?;
+        self.mla_download(&out)
+    }
+
+    /// An attention output of [`Gpu::mla_attention`], downloaded (`rows × heads × dv`).
+    pub fn mla_download(&self, attn: &MlaOutput) -> Result<Vec<f32>> {
+        match &attn.out {
+            Some(o) => Ok(self.stream.clone_dtoh(o)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// [`Gpu::mla_prefill`]'s output left in VRAM, for [`Gpu::mla_project`]. Waits for the
+    /// kernel, so a caller's clock sees the attention's own time.
+    pub fn mla_attention(
+        &self,
+        keys: &MlaKeys,
+        scale: f32,
+        q: &[f32],
+        pos: &[u32],
+        sel: &[Option<&[u32]>],
+    ) -> Result<MlaOutput> {
+        let out = self.mla_attend(keys, scale, q, pos, sel)?;
+        self.stream.synchronize()?;
+        Ok(MlaOutput {
+            out,
+            rows: pos.len(),
+            width: keys.shape.heads * keys.shape.dv,
+        })
+    }
+
+    /// The attention output `attn` (`rows × heads·dv`, in VRAM) multiplied by `o` (the layer's
+    /// o_proj: `hidden × heads·dv`): returns `rows × hidden`. The product runs the kernel every
+    /// product of that many rows with `o` gets ([`Kernel::model`]), so the bits are those of
+    /// downloading the attention output and multiplying it by `o` (tested); what it saves is
+    /// that round trip (`rows × heads × dv` f32 each way: 268 MB at 4,096 rows of GLM-5.2).
+    pub fn mla_project(&self, attn: &MlaOutput, o: &GpuMat) -> Result<Vec<f32>> {
+        if o.cols != attn.width {
+            return Err(Error::Shape(format!(
+                "MLA attention: o_proj takes {} features, the heads give {}",
+                o.cols, attn.width
+            )));
+        }
+        let Some(x) = &attn.out else {
+            return Ok(Vec::new());
+        };
+        let m = attn.rows;
+        let y = self.nan_filled(m * o.rows)?;
+        let (xp, _x_sync) = x.device_ptr(&self.stream);
+        let (yp, _y_sync) = y.device_ptr(&self.stream);
+        let v = o.view(&self.stream);
+        let job = Job {
+            w: v.w,
+            s: v.s,
+            x: xp,
+            y: yp,
+        };
+        let kernel = Kernel::model(o.format, o.rows, o.cols, m);
+        // SAFETY: the job's weights are `o` (borrowed, alive), its x the m × heads·dv attention
+        // output (borrowed) and its y m × o.rows of this call's buffer.
+        unsafe { self.launch_jobs((o.format, o.rows, o.cols), m, kernel, &[job])? };
+        Ok(self.stream.clone_dtoh(&y)?)
+    }
+
+    /// The launch of [`Gpu::mla_prefill`]: its output in VRAM (`None` for no rows).
+    fn mla_attend(
+        &self,
+        keys: &MlaKeys,
+        scale: f32,
+        q: &[f32],
+        pos: &[u32],
+        sel: &[Option<&[u32]>],
+    ) -> Result<Option<CudaSlice<f32>>> {
         let s = keys.shape;
         let m = pos.len();
         if q.len() != m * s.heads * (s.dn + s.dr) || sel.len() != m {
@@ -180,7 +253,7 @@ impl Gpu {
             )));
         }
         if m == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         if let Some(&p) = pos.iter().find(|&&p| p as usize >= keys.keys) {
             return Err(Error::Shape(format!(
@@ -219,8 +292,17 @@ impl Gpu {
         // float), pos/moff m, bits every offset in moff plus ⌈keys/32⌉ words, out m × heads × dv;
         // every pos < keys (checked above) and the shape is `supported` (checked at allocation).
         unsafe { b.launch(cfg) }?;
-        Ok(self.stream.clone_dtoh(&out)?)
+        Ok(Some(out))
     }
+}
+
+/// An MLA attention output kept in VRAM ([`Gpu::mla_attention`]): `rows × heads·dv` f32.
+#[derive(Debug)]
+pub struct MlaOutput {
+    /// `None` for no rows.
+    out: Option<CudaSlice<f32>>,
+    rows: usize,
+    width: usize,
 }
 
 /// Per row, the word offset of its selection bitmap (−1: every key up to its position) and the

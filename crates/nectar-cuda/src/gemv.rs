@@ -410,9 +410,20 @@ impl Gpu {
         y: &mut [f32],
         order: Order,
     ) -> Result<()> {
-        let mut out = self.matmul_batch(&[(w, x)], m, order)?;
-        y.copy_from_slice(&out.pop().unwrap_or_default());
-        Ok(())
+        self.run_into(w, x, m, Kernel::Gemv(order), y)
+    }
+
+    /// One product written straight into the caller's `y` (no intermediate host buffer).
+    fn run_into(
+        &self,
+        w: &GpuMat,
+        x: &[f32],
+        m: usize,
+        kernel: Kernel,
+        y: &mut [f32],
+    ) -> Result<()> {
+        // SAFETY: the view addresses an uploaded matrix, borrowed (alive, unchanged) here.
+        unsafe { self.run_views_into(&[(w.view(&self.stream), x)], m, kernel, y) }
     }
 
     /// y_j = W_j·x_j for several matrices of one format and shape (a layer's experts) in one
@@ -435,9 +446,7 @@ impl Gpu {
         y: &mut [f32],
         precision: Precision,
     ) -> Result<()> {
-        let mut out = self.gemm_batch(&[(w, x)], m, precision)?;
-        y.copy_from_slice(&out.pop().unwrap_or_default());
-        Ok(())
+        self.run_into(w, x, m, Kernel::Gemm(precision), y)
     }
 
     /// [`Gpu::matmul_batch`] on the tensor cores: one launch for all `m` rows of every item.
@@ -482,6 +491,30 @@ impl Gpu {
         let Some(&(first, _)) = items.first() else {
             return Ok(Vec::new());
         };
+        let len = m.saturating_mul(first.rows);
+        let mut y = vec![0.0; items.len().saturating_mul(len)];
+        // SAFETY: this fn's contract.
+        unsafe { self.run_views_into(items, m, kernel, &mut y)? };
+        Ok(match items.len() {
+            1 => vec![y],
+            _ => y.chunks(len.max(1)).map(<[f32]>::to_vec).collect(),
+        })
+    }
+
+    /// [`Gpu::run_views`] writing item j's `m × rows` output at `y[j·m·rows ..]`.
+    ///
+    /// # Safety
+    /// As [`Gpu::run_views`].
+    pub(crate) unsafe fn run_views_into(
+        &self,
+        items: &[(MatView, &[f32])],
+        m: usize,
+        kernel: Kernel,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let Some(&(first, _)) = items.first() else {
+            return Ok(());
+        };
         let (format, rows, cols) = (first.format, first.rows, first.cols);
         for (w, x) in items {
             if (w.format, w.rows, w.cols) != (format, rows, cols) {
@@ -500,11 +533,18 @@ impl Gpu {
                 )));
             }
         }
+        let n = items.len();
+        if Some(y.len()) != m.checked_mul(rows).and_then(|l| l.checked_mul(n)) {
+            return Err(Error::Shape(format!(
+                "matmul: y has {} values, want {n} × m × rows = {n} × {m} × {rows}",
+                y.len()
+            )));
+        }
         // Nothing to launch: an empty product, or rows that are sums of no columns.
         if m == 0 || rows == 0 || cols == 0 {
-            return Ok(vec![vec![0.0; m * rows]; items.len()]);
+            y.fill(0.0);
+            return Ok(());
         }
-        let n = items.len();
         // SAFETY: every element is written below before it is read (a NaN fill proves it: an
         // unwritten element would come back NaN, which the parity tests reject).
         let y_dev: CudaSlice<f32> = unsafe { self.stream.alloc(n * m * rows)? };
@@ -520,8 +560,9 @@ impl Gpu {
         };
         // SAFETY: the views are this fn's contract; `yp` holds n × m × rows f32.
         unsafe { self.launch_views(items, m, kernel, yp)? };
-        let y = self.stream.clone_dtoh(&y_dev)?;
-        Ok(y.chunks(m * rows).map(<[f32]>::to_vec).collect())
+        drop(_y_sync);
+        self.stream.memcpy_dtoh(&y_dev, y)?;
+        Ok(())
     }
 
     /// The launches of [`Gpu::run_views`] (shapes already checked, nothing empty), writing item
@@ -543,12 +584,17 @@ impl Gpu {
             return Ok(());
         };
         let (rows, cols) = (first.rows, first.cols);
-        // One activation buffer for the batch (each item's rows apart).
-        let mut xs = Vec::with_capacity(items.len() * m * cols);
-        for (_, x) in items {
-            xs.extend_from_slice(x);
-        }
-        let x_dev = self.stream.clone_htod(&xs)?;
+        // One activation buffer for the batch (each item's rows apart); a lone item's x as is.
+        let x_dev = match items {
+            [(_, x)] => self.stream.clone_htod(*x)?,
+            _ => self.stream.clone_htod(
+                &items
+                    .iter()
+                    .flat_map(|(_, x)| *x)
+                    .copied()
+                    .collect::<Vec<f32>>(),
+            )?,
+        };
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         let jobs: Vec<Job> = items
             .iter()

@@ -53,7 +53,7 @@ mod swiglu;
 mod view;
 
 #[cfg(feature = "cuda")]
-pub use attention::{MlaKeys, MlaShape, MLA_MAX_DIM};
+pub use attention::{MlaKeys, MlaOutput, MlaShape, MLA_MAX_DIM};
 #[cfg(feature = "cuda")]
 pub use device::{Gpu, GpuInfo};
 #[cfg(feature = "cuda")]

@@ -235,3 +235,61 @@ fn keys_rebuilt_in_vram_equal_the_host_round_trip() {
     }
     assert_eq!(kernels, (true, true), "both kernels ran");
 }
+
+/// o_proj run on the attention output in VRAM (`Gpu::mla_attention` + `Gpu::mla_project`) gives the bits of
+/// downloading that output and multiplying it by o_proj with the kernel the model picks for the
+/// row count, at row counts that take the GEMV and the tensor-core GEMM; an o_proj of the wrong
+/// width is an error, not a launch.
+#[test]
+fn o_proj_in_vram_equals_the_host_round_trip() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let s = MlaShape {
+        heads: 4,
+        dn: 128,
+        dr: 64,
+        dv: 128,
+    };
+    let (f, hidden, keys) = (WeightFormat::Int4Group { group: 64 }, 192, 320);
+    let (data, scales) = weights(f, hidden, s.heads * s.dv, 21);
+    let o = g
+        .upload(&MatRef::new(f, hidden, s.heads * s.dv, &data, &scales).unwrap())
+        .unwrap();
+    let mut dev = g.mla_keys(s, keys, &values(keys * s.dr, 22)).unwrap();
+    g.mla_write_kv(&mut dev, 0, &values(keys * s.kv_width(), 23))
+        .unwrap();
+    let mut kernels = (false, false);
+    for m in [5, 300] {
+        let q = values(m * s.heads * (s.dn + s.dr), 24 + m as u64);
+        let pos: Vec<u32> = (keys - m..keys).map(|p| p as u32).collect();
+        let sel = vec![None; m];
+        let a = g.mla_prefill(&dev, 0.07, &q, &pos, &sel).unwrap();
+        let mut want = vec![0.0; m * hidden];
+        if use_gemm(f, hidden, s.heads * s.dv, m) {
+            kernels.1 = true;
+            g.gemm(&o, &a, m, &mut want, Precision::Split3)
+        } else {
+            kernels.0 = true;
+            g.matmul(&o, &a, m, &mut want, Order::MODEL)
+        }
+        .unwrap();
+        let attn = g.mla_attention(&dev, 0.07, &q, &pos, &sel).unwrap();
+        let got = g.mla_project(&attn, &o).unwrap();
+        assert_eq!(got.len(), want.len());
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "m = {m}: {differ} outputs differ");
+    }
+    assert_eq!(kernels, (true, true), "both kernels ran");
+    let (data, scales) = weights(f, hidden, s.heads * s.dv + 64, 25);
+    let wide = g
+        .upload(&MatRef::new(f, hidden, s.heads * s.dv + 64, &data, &scales).unwrap())
+        .unwrap();
+    let q = values(s.heads * (s.dn + s.dr), 26);
+    let attn = g.mla_attention(&dev, 0.07, &q, &[3], &[None]).unwrap();
+    assert!(g.mla_project(&attn, &wide).is_err());
+}

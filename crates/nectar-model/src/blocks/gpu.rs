@@ -110,6 +110,13 @@ impl GpuWeight {
         }
     }
 
+    /// This matrix (an MLA layer's o_proj) times an attention output left in VRAM, with the
+    /// kernel [`GpuWeight::matmul`] would use for its rows, so the same bits without the round
+    /// trip.
+    pub(crate) fn mla_project(&self, attn: &nectar_cuda::MlaOutput) -> Result<Vec<f32>> {
+        self.gpu.mla_project(attn, &self.mat).map_err(gpu_err)
+    }
+
     /// Keys `first ..` of `keys` rebuilt in VRAM from `latent` (`m × cols`) by this matrix (an
     /// MLA layer's kv_b), with the kernel [`GpuWeight::matmul`] would use, so the same bits.
     pub(crate) fn rebuild_keys(

@@ -206,7 +206,16 @@ impl Attention {
         // The reconstructed form on the GPU where kv_b is in VRAM (rows × heads × dv per
         // sequence), the CPU forms for the other sequences.
         #[cfg(feature = "cuda")]
-        let on_gpu = self.gpu_prefill(layout, &caches, sel, &q, mode, &mut lap)?;
+        let on_gpu = {
+            let dev = self.gpu_prefill(layout, &caches, sel, &q, mode, &mut lap)?;
+            match self.gpu_outputs(layout, dev)? {
+                Ok(projected) => {
+                    lap.mark(Phase::OProj);
+                    return Ok(projected);
+                }
+                Err(per_seq) => per_seq,
+            }
+        };
         #[cfg(not(feature = "cuda"))]
         let on_gpu: Vec<Option<Vec<f32>>> = vec![None; layout.seqs.len()];
         // The CPU's reconstructed form, per sequence, where it is chosen (`recon`).
@@ -227,6 +236,20 @@ impl Attention {
                     }
             })
             .collect();
+        // Every row ran on the GPU: its outputs, sequence after sequence, are already the
+        // row-major `[row][head][dv]` o_proj multiplies.
+        if layout
+            .seqs
+            .iter()
+            .zip(&on_gpu)
+            .all(|(r, g)| r.is_empty() || g.is_some())
+        {
+            let o: Vec<f32> = on_gpu.into_iter().flatten().flatten().collect();
+            lap.mark(Phase::AttnCore);
+            let o = self.o.forward(&o, m)?;
+            lap.mark(Phase::OProj);
+            return Ok(o);
+        }
         let mut o = vec![0.0; m * hd * self.dv];
         // Rows of the absorbed form or the GPU's; the others (a long prompt chunk beside
         // them) are filled by `reconstructed` and take no room in `by_head`.

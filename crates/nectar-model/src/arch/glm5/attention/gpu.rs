@@ -30,8 +30,8 @@ fn gpu_err(e: nectar_cuda::Error) -> Error {
 }
 
 impl Attention {
-    /// Per sequence of `layout`: its rows' attention outputs (`rows × heads × dv`) when they
-    /// ran on the GPU, else `None` (the CPU forms run them).
+    /// Per sequence of `layout`: its rows' attention outputs (`rows × heads × dv`, left in
+    /// VRAM) when they ran on the GPU, else `None` (the CPU forms run them).
     pub(super) fn gpu_prefill(
         &self,
         layout: &Layout,
@@ -40,8 +40,8 @@ impl Attention {
         q: &[f32],
         mode: MlaMode,
         lap: &mut Lap<'_>,
-    ) -> Result<Vec<Option<Vec<f32>>>> {
-        let mut out = vec![None; layout.seqs.len()];
+    ) -> Result<Vec<Option<nectar_cuda::MlaOutput>>> {
+        let mut out: Vec<_> = layout.seqs.iter().map(|_| None).collect();
         let Some(gpu) = self.kv_b.gpu().filter(|_| enabled()) else {
             return Ok(out);
         };
@@ -86,7 +86,7 @@ impl Attention {
             let sel: Vec<Option<&[u32]>> = sel[rows.clone()].iter().map(Option::as_deref).collect();
             let qs = &q[rows.start * self.heads * dq..rows.end * self.heads * dq];
             out[s] = Some(
-                gpu.mla_prefill(&keys, self.scale, qs, &pos, &sel)
+                gpu.mla_attention(&keys, self.scale, qs, &pos, &sel)
                     .map_err(gpu_err)?,
             );
             lap.mark(Phase::AttnCore);
@@ -95,4 +95,33 @@ impl Attention {
         }
         Ok(out)
     }
+
+    /// The layer's output straight from the GPU when one sequence's rows are the whole batch,
+    /// its attention ran there and o_proj is in VRAM (a prompt's prefill): o_proj multiplies the
+    /// attention output where it lies (`GpuWeight::mla_project`, the bits of the round trip).
+    /// Otherwise (`Err`) the outputs come down for the host's assembly (`None` per CPU
+    /// sequence).
+    pub(super) fn gpu_outputs(
+        &self,
+        layout: &Layout,
+        dev: Vec<Option<nectar_cuda::MlaOutput>>,
+    ) -> Result<std::result::Result<Vec<f32>, PerSeq>> {
+        let m = layout.rows.len();
+        if let ([Some(attn)], Some(o)) = (dev.as_slice(), self.o.gpu_weight()) {
+            if layout.seqs[0].len() == m {
+                return Ok(Ok(o.mla_project(attn)?));
+            }
+        }
+        let gpu = self.kv_b.gpu();
+        dev.into_iter()
+            .map(|a| match (a, gpu) {
+                (Some(a), Some(g)) => g.mla_download(&a).map(Some).map_err(gpu_err),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Err)
+    }
 }
+
+/// Per sequence, its rows' attention outputs when the GPU ran them.
+pub(super) type PerSeq = Vec<Option<Vec<f32>>>;
