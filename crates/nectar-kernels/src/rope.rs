@@ -30,34 +30,37 @@ impl RopeTable {
     /// (rotated pair i lands at `i` and `dim/2 + i`), as HF and Colibri store it. The angle is the
     /// f32 product `pos · inv_freq[i]`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
-        let half = self.inv_freq.len();
+        Self::rotate(x, &self.sin_cos(pos));
+    }
+
+    /// `(sin, cos)` of each pair's angle `pos · inv_freq[i]` (f32): what [`RopeTable::apply`]
+    /// rotates by, computed once for all the heads of a row.
+    pub fn sin_cos(&self, pos: usize) -> Vec<(f32, f32)> {
+        self.inv_freq
+            .iter()
+            .map(|&f| (pos as f32 * f).sin_cos())
+            .collect()
+    }
+
+    /// Rotates `x` (length `2 · sc.len()`) by the angles of [`RopeTable::sin_cos`]: the bits of
+    /// [`RopeTable::apply`] at that position.
+    pub fn rotate(x: &mut [f32], sc: &[(f32, f32)]) {
+        let half = sc.len();
         assert_eq!(x.len(), 2 * half, "rope: slice length");
-        let mut tmp = [0.0f32; 256];
-        let tmp = if 2 * half <= 256 {
-            &mut tmp[..2 * half]
+        let mut stack = [0.0f32; 256];
+        let mut heap = Vec::new();
+        let tmp = if 2 * half <= stack.len() {
+            &mut stack[..2 * half]
         } else {
-            return self.apply_alloc(x, pos);
+            heap.resize(2 * half, 0.0);
+            &mut heap[..]
         };
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let a = pos as f32 * f;
-            let (s, c) = a.sin_cos();
+        for (i, &(s, c)) in sc.iter().enumerate() {
             let (e, o) = (x[2 * i], x[2 * i + 1]);
             tmp[i] = e * c - o * s;
             tmp[half + i] = o * c + e * s;
         }
         x.copy_from_slice(tmp);
-    }
-
-    fn apply_alloc(&self, x: &mut [f32], pos: usize) {
-        let mut v = x.to_vec();
-        let half = self.inv_freq.len();
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f32 * f).sin_cos();
-            let (e, o) = (x[2 * i], x[2 * i + 1]);
-            v[i] = e * c - o * s;
-            v[half + i] = o * c + e * s;
-        }
-        x.copy_from_slice(&v);
     }
 }
 

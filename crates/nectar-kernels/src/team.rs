@@ -259,6 +259,24 @@ pub fn for_each_chunk_mut<T: Send>(
     });
 }
 
+/// [`for_each_chunk_mut`] over row-sized chunks when there are at least [`PARALLEL_ROWS`] of
+/// them, else in order on this thread: a decode step's few rows are not worth waking the team
+/// for (each region costs every worker a wake-up).
+pub fn for_each_row_mut<T: Send>(
+    data: &mut [T],
+    row: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    assert!(row > 0, "row size 0");
+    match data.len() / row >= PARALLEL_ROWS {
+        true => for_each_chunk_mut(data, row, f),
+        false => data.chunks_mut(row).enumerate().for_each(|(i, r)| f(i, r)),
+    }
+}
+
+/// Rows from which [`for_each_row_mut`] runs on the team.
+pub const PARALLEL_ROWS: usize = 16;
+
 /// A raw pointer that tasks share; each task uses a disjoint part.
 struct SendPtr<T>(*mut T);
 impl<T> SendPtr<T> {
@@ -488,6 +506,20 @@ mod tests {
             }
         });
         assert!(v.iter().enumerate().all(|(i, &x)| x == i / 10 + 1));
+    }
+
+    /// Rows are visited once each with their index, below and above the parallel threshold.
+    #[test]
+    fn rows_cover_the_slice_either_way() {
+        let _team = Team::start(2).unwrap();
+        for rows in [3, PARALLEL_ROWS, 40] {
+            let mut v = vec![0usize; rows * 7];
+            for_each_row_mut(&mut v, 7, |i, r| {
+                assert_eq!(r.len(), 7);
+                r.iter_mut().for_each(|x| *x += i + 1);
+            });
+            assert!(v.iter().enumerate().all(|(j, &x)| x == j / 7 + 1), "{rows} rows");
+        }
     }
 
     /// A task's panic reaches the owner, and the team still works afterwards.

@@ -168,20 +168,21 @@ impl Attention {
             .phases
             .lap(layout.seqs.iter().any(|r| r.len() > ABSORBED_MAX_ROWS));
         // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
+        // Row by row on the compute team (each row alone: the same bits in any order), the
+        // angles once per row for all its heads.
         let qa = self.q_a.forward(h, m)?;
         let mut cq = vec![0.0; qa.len()];
-        for (src, dst) in qa
-            .chunks_exact(self.q_a.rows)
-            .zip(cq.chunks_exact_mut(self.q_a.rows))
-        {
-            rms_norm(src, &self.q_a_norm, LATENT_EPS, dst);
-        }
+        let w = self.q_a.rows;
+        team::for_each_row_mut(&mut cq, w, |i, dst| {
+            rms_norm(&qa[i * w..(i + 1) * w], &self.q_a_norm, LATENT_EPS, dst);
+        });
         let mut q = self.q_b.forward(&cq, m)?;
-        for (row, qr) in layout.rows.iter().zip(q.chunks_exact_mut(hd * dq)) {
+        team::for_each_row_mut(&mut q, hd * dq, |i, qr| {
+            let sc = rope.sin_cos(layout.rows[i].rope);
             for qh in qr.chunks_exact_mut(dq) {
-                rope.apply(&mut qh[self.dn..], row.rope);
+                RopeTable::rotate(&mut qh[self.dn..], &sc);
             }
-        }
+        });
         // Keys: kv_a → [latent (RMSNorm 1e-6) ; k_pe (RoPE)] appended to the cache.
         let kv = self.kv_a.forward(h, m)?;
         let mut latent = vec![0.0; self.rank];

@@ -118,11 +118,13 @@ impl Indexer {
         let head_scale = (self.heads as f32).powf(-0.5);
         w.iter_mut().for_each(|x| *x *= head_scale);
         let hq = self.heads * self.dim;
-        for (j, &i) in need.iter().enumerate() {
-            for qh in q[j * hq..(j + 1) * hq].chunks_exact_mut(self.dim) {
-                rope.apply(&mut qh[..rope.dim()], layout.rows[i].rope);
+        // Row by row on the compute team, the angles once per row for all its heads.
+        team::for_each_row_mut(&mut q, hq, |j, qr| {
+            let sc = rope.sin_cos(layout.rows[need[j]].rope);
+            for qh in qr.chunks_exact_mut(self.dim) {
+                RopeTable::rotate(&mut qh[..rope.dim()], &sc);
             }
-        }
+        });
         lap.mark(Phase::IndexerProj);
         let qk_scale = (self.dim as f32).powf(-0.5);
         // Blocks of rows of one sequence (rows of a sequence are contiguous in the layout), so
