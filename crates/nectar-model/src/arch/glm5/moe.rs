@@ -495,17 +495,24 @@ impl Moe {
                 return Ok(out);
             }
         }
-        let mut ys = vec![0.0f32; m * k * hidden];
+        // Where row i's slot s finds its expert output: (union entry, row of that output).
+        let mut at = vec![(usize::MAX, 0); m * k];
+        for (u, (_, rows)) in union.iter().enumerate() {
+            for (j, &(i, slot)) in rows.iter().enumerate() {
+                at[i * k + slot] = (u, j);
+            }
+        }
+        // Each union entry's output, kept as it arrives (a (row, slot) belongs to one entry,
+        // so an entry's first pair names it).
+        let mut ys: Vec<Vec<f32>> = vec![Vec::new(); union.len()];
         let gather = |rows: &[(usize, usize)]| -> Vec<f32> {
             rows.iter()
                 .flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied())
                 .collect()
         };
-        let mut scatter = |rows: &[(usize, usize)], y: &[f32]| {
-            for (j, &(i, slot)) in rows.iter().enumerate() {
-                ys[(i * k + slot) * hidden..][..hidden]
-                    .copy_from_slice(&y[j * hidden..(j + 1) * hidden]);
-            }
+        let mut scatter = |rows: &[(usize, usize)], y: Vec<f32>| {
+            let (i, slot) = rows[0];
+            ys[at[i * k + slot].0] = y;
         };
         let mut shared = None;
         match &self.experts {
@@ -531,7 +538,7 @@ impl Moe {
                 let sh = ys_union.remove(0);
                 shared = Some(sh?);
                 for ((_, rows), y) in union.iter().zip(ys_union) {
-                    scatter(rows, &y?);
+                    scatter(rows, y?);
                 }
             }
             Experts::Streamed {
@@ -691,10 +698,10 @@ impl Moe {
                             shared = Some(s);
                         }
                         for (rows, y) in ys_ready.into_iter().chain(ys_waiting) {
-                            scatter(rows, &y?);
+                            scatter(rows, y?);
                         }
                         for (rows, y) in copy_rows.into_iter().zip(copied?) {
-                            scatter(rows, &y);
+                            scatter(rows, y);
                         }
                         Ok(())
                     })();
@@ -709,7 +716,7 @@ impl Moe {
                     None => run_gpu()?,
                 };
                 for ((_, rows), y) in gpu_union.iter().zip(gpu_ys) {
-                    scatter(rows, &y);
+                    scatter(rows, y);
                 }
             }
         }
@@ -720,18 +727,29 @@ impl Moe {
             Some(s) => s,
             None => self.shared.forward(x, m)?,
         };
+        for (u, (e, rows)) in union.iter().enumerate() {
+            if ys[u].len() != rows.len() * hidden {
+                return Err(Error::Input(format!(
+                    "layer {layer}: expert {e} gave {} values for {} rows",
+                    ys[u].len(),
+                    rows.len()
+                )));
+            }
+        }
+        // Row by row (on the compute team for a prompt): each row's experts in its selection
+        // order, then the shared expert — the row's bits whatever the other rows.
         let mut out = vec![0.0f32; m * hidden];
-        for (i, r) in routes.iter().enumerate() {
-            let o = &mut out[i * hidden..(i + 1) * hidden];
-            for (slot, &w) in r.weights.iter().enumerate() {
-                for (a, &y) in o.iter_mut().zip(&ys[(i * k + slot) * hidden..][..hidden]) {
+        team::for_each_row_mut(&mut out, hidden.max(1), |i, o| {
+            for (slot, &w) in routes[i].weights.iter().enumerate() {
+                let (u, j) = at[i * k + slot];
+                for (a, &y) in o.iter_mut().zip(&ys[u][j * hidden..][..hidden]) {
                     *a += w * y;
                 }
             }
             for (a, &s) in o.iter_mut().zip(&shared[i * hidden..(i + 1) * hidden]) {
                 *a += s;
             }
-        }
+        });
         Ok(out)
     }
 }
