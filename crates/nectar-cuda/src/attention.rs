@@ -10,6 +10,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::{GpuMat, Job, Kernel};
+use crate::rows::GpuRows;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
@@ -234,6 +235,27 @@ impl Gpu {
         Ok(self.stream.clone_dtoh(&y)?)
     }
 
+    /// [`Gpu::mla_attention`] over queries already in VRAM (`rows × heads × (dn + dr)`, RoPE
+    /// applied: [`Gpu::matmul_keep`] and [`Gpu::rope_heads`]): the same launch, so the same bits
+    /// as the same queries uploaded.
+    pub fn mla_attention_rows(
+        &self,
+        keys: &MlaKeys,
+        scale: f32,
+        q: &GpuRows,
+        pos: &[u32],
+        sel: &[Option<&[u32]>],
+    ) -> Result<MlaOutput> {
+        let (qp, _q_sync) = q.buf.device_ptr(&self.stream);
+        let out = self.mla_launch(keys, scale, (qp, q.len()), pos, sel)?;
+        self.stream.synchronize()?;
+        Ok(MlaOutput {
+            out,
+            rows: pos.len(),
+            width: keys.shape.heads * keys.shape.dv,
+        })
+    }
+
     /// The launch of [`Gpu::mla_prefill`]: its output in VRAM (`None` for no rows).
     fn mla_attend(
         &self,
@@ -243,12 +265,29 @@ impl Gpu {
         pos: &[u32],
         sel: &[Option<&[u32]>],
     ) -> Result<Option<CudaSlice<f32>>> {
+        if q.is_empty() {
+            return self.mla_launch(keys, scale, (0, 0), pos, sel);
+        }
+        let q_dev = self.stream.clone_htod(q)?;
+        let (qp, _q_sync) = q_dev.device_ptr(&self.stream);
+        self.mla_launch(keys, scale, (qp, q.len()), pos, sel)
+    }
+
+    /// The attention kernel over queries at device address `q.0` (`q.1` f32).
+    fn mla_launch(
+        &self,
+        keys: &MlaKeys,
+        scale: f32,
+        (qp, q_len): (u64, usize),
+        pos: &[u32],
+        sel: &[Option<&[u32]>],
+    ) -> Result<Option<CudaSlice<f32>>> {
         let s = keys.shape;
         let m = pos.len();
-        if q.len() != m * s.heads * (s.dn + s.dr) || sel.len() != m {
+        if q_len != m * s.heads * (s.dn + s.dr) || sel.len() != m {
             return Err(Error::Shape(format!(
                 "MLA attention: {} query values and {} selections for {m} rows of {s:?}",
-                q.len(),
+                q_len,
                 sel.len()
             )));
         }
@@ -263,7 +302,6 @@ impl Gpu {
         }
         let (moff, bits) = selection_bitmaps(sel, keys.keys)?;
         let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let q_dev = self.stream.clone_htod(q)?;
         let pos_dev = self.stream.clone_htod(&pos_i)?;
         let moff_dev = self.stream.clone_htod(&moff)?;
         let bits_dev = self.stream.clone_htod(&bits)?;
@@ -276,7 +314,7 @@ impl Gpu {
         };
         let dims = [m, s.heads, s.dn, s.dr, s.dv].map(|d| d as i32);
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&q_dev)
+        b.arg(&qp)
             .arg(&keys.kv)
             .arg(&keys.kpe)
             .arg(&pos_dev)

@@ -18,7 +18,8 @@ const KERNEL_SOURCE: &str = concat!(
     include_str!("attention.cu"),
     include_str!("index.cu"),
     include_str!("swiglu.cu"),
-    include_str!("moe.cu")
+    include_str!("moe.cu"),
+    include_str!("rope.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
@@ -191,6 +192,7 @@ mod tests {
         names.push("swiglu_combine".into());
         names.push("moe_gather".into());
         names.push("moe_combine".into());
+        names.push("rope_heads".into());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

@@ -48,6 +48,8 @@ mod index;
 #[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
+mod rows;
+#[cfg(feature = "cuda")]
 mod swiglu;
 #[cfg(feature = "cuda")]
 mod view;
@@ -66,6 +68,8 @@ pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 pub use index::INDEX_MAX_DIM;
 #[cfg(feature = "cuda")]
 pub use moe::{MoeCombine, NO_PAIR};
+#[cfg(feature = "cuda")]
+pub use rows::{GpuRows, ROPE_MAX_HALF};
 #[cfg(feature = "cuda")]
 pub use swiglu::SwiGluMats;
 #[cfg(feature = "cuda")]

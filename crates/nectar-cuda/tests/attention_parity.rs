@@ -293,3 +293,66 @@ fn o_proj_in_vram_equals_the_host_round_trip() {
     let attn = g.mla_attention(&dev, 0.07, &q, &[3], &[None]).unwrap();
     assert!(g.mla_project(&attn, &wide).is_err());
 }
+
+/// A prompt's queries kept in VRAM (`Gpu::matmul_keep`, `Gpu::rope_heads`) are, bit for bit,
+/// the host's (the model kernel's product downloaded, RoPE by `RopeTable::rotate`), and the
+/// attention over them (`Gpu::mla_attention_rows`) gives the uploaded queries' bits, at row
+/// counts that take the GEMV and the GEMM; angles that do not fit the heads are errors.
+#[test]
+fn queries_kept_in_vram_equal_the_host_queries() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let s = MlaShape {
+        heads: 4,
+        dn: 128,
+        dr: 64,
+        dv: 128,
+    };
+    let dq = s.dn + s.dr;
+    let (f, rank, keys) = (WeightFormat::Int8Row, 96, 320);
+    let (data, scales) = weights(f, s.heads * dq, rank, 31);
+    let w = g
+        .upload(&MatRef::new(f, s.heads * dq, rank, &data, &scales).unwrap())
+        .unwrap();
+    let rope = nectar_kernels::RopeTable::new(s.dr, 10000.0);
+    let mut dev = g.mla_keys(s, keys, &values(keys * s.dr, 32)).unwrap();
+    g.mla_write_kv(&mut dev, 0, &values(keys * s.kv_width(), 33))
+        .unwrap();
+    let bits = |a: &[f32], b: &[f32]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    let mut kernels = (false, false);
+    for m in [5, 300] {
+        let x = values(m * rank, 34 + m as u64);
+        let pos: Vec<u32> = (keys - m..keys).map(|p| p as u32).collect();
+        let mut q = vec![0.0; m * s.heads * dq];
+        if use_gemm(f, s.heads * dq, rank, m) {
+            kernels.1 = true;
+            g.gemm(&w, &x, m, &mut q, Precision::Split3)
+        } else {
+            kernels.0 = true;
+            g.matmul(&w, &x, m, &mut q, Order::MODEL)
+        }
+        .unwrap();
+        let mut sc = Vec::new();
+        for (i, row) in q.chunks_exact_mut(s.heads * dq).enumerate() {
+            let a = rope.sin_cos(pos[i] as usize);
+            for head in row.chunks_exact_mut(dq) {
+                nectar_kernels::RopeTable::rotate(&mut head[s.dn..], &a);
+            }
+            sc.extend(a);
+        }
+        let mut qd = g.matmul_keep(&w, &x, m).unwrap();
+        g.rope_heads(&mut qd, s.heads, s.dn, &sc).unwrap();
+        assert!(bits(&g.download_rows(&qd).unwrap(), &q), "m = {m}: queries differ");
+        let sel = vec![None; m];
+        let want = g.mla_prefill(&dev, 0.07, &q, &pos, &sel).unwrap();
+        let got = g.mla_attention_rows(&dev, 0.07, &qd, &pos, &sel).unwrap();
+        assert!(bits(&g.mla_download(&got).unwrap(), &want), "m = {m}: attention differs");
+        // Angles for another width, or an offset past the head: errors.
+        assert!(g.rope_heads(&mut qd, s.heads, s.dn, &sc[1..]).is_err());
+        assert!(g.rope_heads(&mut qd, s.heads, s.dn + 8, &sc).is_err());
+    }
+    assert_eq!(kernels, (true, true), "both kernels ran");
+}

@@ -518,7 +518,10 @@ mod tests {
                 assert_eq!(r.len(), 7);
                 r.iter_mut().for_each(|x| *x += i + 1);
             });
-            assert!(v.iter().enumerate().all(|(j, &x)| x == j / 7 + 1), "{rows} rows");
+            assert!(
+                v.iter().enumerate().all(|(j, &x)| x == j / 7 + 1),
+                "{rows} rows"
+            );
         }
     }
 

@@ -117,6 +117,11 @@ impl GpuWeight {
         self.gpu.mla_project(attn, &self.mat).map_err(gpu_err)
     }
 
+    /// y = W·x left in VRAM ([`nectar_cuda::Gpu::matmul_keep`]): [`GpuWeight::matmul`]'s bits.
+    pub(crate) fn matmul_keep(&self, x: &[f32], m: usize) -> Result<nectar_cuda::GpuRows> {
+        self.gpu.matmul_keep(&self.mat, x, m).map_err(gpu_err)
+    }
+
     /// Keys `first ..` of `keys` rebuilt in VRAM from `latent` (`m × cols`) by this matrix (an
     /// MLA layer's kv_b), with the kernel [`GpuWeight::matmul`] would use, so the same bits.
     pub(crate) fn rebuild_keys(

@@ -176,7 +176,18 @@ impl Attention {
         team::for_each_row_mut(&mut cq, w, |i, dst| {
             rms_norm(&qa[i * w..(i + 1) * w], &self.q_a_norm, LATENT_EPS, dst);
         });
-        let mut q = self.q_b.forward(&cq, m)?;
+        // A prompt's queries stay in VRAM for the GPU's attention where it runs (then `q` is
+        // empty: nothing below reads it).
+        #[cfg(feature = "cuda")]
+        let q_dev = self.gpu_queries(layout, mode, &cq, rope)?;
+        #[cfg(feature = "cuda")]
+        let on_host = q_dev.is_none();
+        #[cfg(not(feature = "cuda"))]
+        let on_host = true;
+        let mut q = match on_host {
+            true => self.q_b.forward(&cq, m)?,
+            false => Vec::new(),
+        };
         team::for_each_row_mut(&mut q, hd * dq, |i, qr| {
             let sc = rope.sin_cos(layout.rows[i].rope);
             for qh in qr.chunks_exact_mut(dq) {
@@ -208,7 +219,7 @@ impl Attention {
         // sequence), the CPU forms for the other sequences.
         #[cfg(feature = "cuda")]
         let on_gpu = {
-            let dev = self.gpu_prefill(layout, &caches, sel, &q, mode, &mut lap)?;
+            let dev = self.gpu_prefill(layout, &caches, sel, &q, q_dev.as_ref(), mode, &mut lap)?;
             match self.gpu_outputs(layout, dev)? {
                 Ok(projected) => {
                     lap.mark(Phase::OProj);

@@ -30,39 +30,85 @@ fn gpu_err(e: nectar_cuda::Error) -> Error {
 }
 
 impl Attention {
-    /// Per sequence of `layout`: its rows' attention outputs (`rows × heads × dv`, left in
-    /// VRAM) when they ran on the GPU, else `None` (the CPU forms run them).
-    pub(super) fn gpu_prefill(
-        &self,
-        layout: &Layout,
-        caches: &[&LayerCache],
-        sel: &[Option<Vec<u32>>],
-        q: &[f32],
-        mode: MlaMode,
-        lap: &mut Lap<'_>,
-    ) -> Result<Vec<Option<nectar_cuda::MlaOutput>>> {
-        let mut out: Vec<_> = layout.seqs.iter().map(|_| None).collect();
-        let Some(gpu) = self.kv_b.gpu().filter(|_| enabled()) else {
-            return Ok(out);
-        };
+    /// The GPU and head geometry when this layer's prefill attention runs there (kv_b in VRAM,
+    /// the kernel takes the heads, not switched off).
+    fn gpu_attention(&self) -> Option<(&std::sync::Arc<nectar_cuda::Gpu>, nectar_cuda::MlaShape)> {
+        let gpu = self.kv_b.gpu().filter(|_| enabled())?;
         let shape = nectar_cuda::MlaShape {
             heads: self.heads,
             dn: self.dn,
             dr: self.dr,
             dv: self.dv,
         };
-        if !shape.supported() {
-            return Ok(out);
+        shape.supported().then_some((gpu, shape))
+    }
+
+    /// Whether a sequence adding `n` rows takes the GPU's attention (given [`Self::gpu_attention`]).
+    fn gpu_takes(n: usize, mode: MlaMode) -> bool {
+        match mode {
+            MlaMode::Auto => n > ABSORBED_MAX_ROWS,
+            MlaMode::Absorbed => false,
+            MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks { .. } => n > 0,
         }
+    }
+
+    /// A prompt's queries kept in VRAM: when one sequence's rows are the whole batch and its
+    /// attention will run on the GPU with `q_b` there, `q_b`'s product and the queries' RoPE run
+    /// on the GPU and the queries stay for the attention (`None`: the host computes them). The
+    /// same bits: `q_b`'s model kernel, RoPE by the host's angles and operations.
+    pub(super) fn gpu_queries(
+        &self,
+        layout: &Layout,
+        mode: MlaMode,
+        cq: &[f32],
+        rope: &nectar_kernels::RopeTable,
+    ) -> Result<Option<nectar_cuda::GpuRows>> {
+        let m = layout.rows.len();
+        let (Some((gpu, shape)), Some(qb)) = (self.gpu_attention(), self.q_b.gpu_weight()) else {
+            return Ok(None);
+        };
+        let whole = matches!(layout.seqs.as_slice(), [r] if r.len() == m);
+        if !whole
+            || !Self::gpu_takes(m, mode)
+            || !std::sync::Arc::ptr_eq(gpu, qb.gpu())
+            || rope.dim() != shape.dr
+            || shape.dr / 2 > nectar_cuda::ROPE_MAX_HALF
+        {
+            return Ok(None);
+        }
+        let mut q = qb.matmul_keep(cq, m)?;
+        let sc: Vec<(f32, f32)> = layout
+            .rows
+            .iter()
+            .flat_map(|r| rope.sin_cos(r.rope))
+            .collect();
+        gpu.rope_heads(&mut q, shape.heads, shape.dn, &sc)
+            .map_err(gpu_err)?;
+        Ok(Some(q))
+    }
+
+    /// Per sequence of `layout`: its rows' attention outputs (`rows × heads × dv`, left in
+    /// VRAM) when they ran on the GPU, else `None` (the CPU forms run them). `q_dev`: the
+    /// queries [`Self::gpu_queries`] kept in VRAM (then `q` is empty).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gpu_prefill(
+        &self,
+        layout: &Layout,
+        caches: &[&LayerCache],
+        sel: &[Option<Vec<u32>>],
+        q: &[f32],
+        q_dev: Option<&nectar_cuda::GpuRows>,
+        mode: MlaMode,
+        lap: &mut Lap<'_>,
+    ) -> Result<Vec<Option<nectar_cuda::MlaOutput>>> {
+        let mut out: Vec<_> = layout.seqs.iter().map(|_| None).collect();
+        let Some((gpu, shape)) = self.gpu_attention() else {
+            return Ok(out);
+        };
         let dq = self.dn + self.dr;
         for (s, rows) in layout.seqs.iter().enumerate() {
             let n = rows.len();
-            let take = match mode {
-                MlaMode::Auto => n > ABSORBED_MAX_ROWS,
-                MlaMode::Absorbed => false,
-                MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks { .. } => n > 0,
-            };
-            if !take {
+            if !Self::gpu_takes(n, mode) {
                 continue;
             }
             let c = caches[s];
@@ -84,10 +130,15 @@ impl Attention {
                 .map(|r| r.pos as u32)
                 .collect();
             let sel: Vec<Option<&[u32]>> = sel[rows.clone()].iter().map(Option::as_deref).collect();
-            let qs = &q[rows.start * self.heads * dq..rows.end * self.heads * dq];
             out[s] = Some(
-                gpu.mla_attention(&keys, self.scale, qs, &pos, &sel)
-                    .map_err(gpu_err)?,
+                match q_dev {
+                    Some(qd) => gpu.mla_attention_rows(&keys, self.scale, qd, &pos, &sel),
+                    None => {
+                        let qs = &q[rows.start * self.heads * dq..rows.end * self.heads * dq];
+                        gpu.mla_attention(&keys, self.scale, qs, &pos, &sel)
+                    }
+                }
+                .map_err(gpu_err)?,
             );
             lap.mark(Phase::AttnCore);
             self.gpu_rows
