@@ -9,7 +9,7 @@
 //! keys (`attention.cu` states the order).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemv::{GpuMat, Job, Kernel};
+use crate::gemv::{GpuMat, Kernel};
 use crate::rows::GpuRows;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
@@ -217,21 +217,9 @@ impl Gpu {
         let Some(x) = &attn.out else {
             return Ok(Vec::new());
         };
-        let m = attn.rows;
-        let y = self.nan_filled(m * o.rows)?;
         let (xp, _x_sync) = x.device_ptr(&self.stream);
-        let (yp, _y_sync) = y.device_ptr(&self.stream);
-        let v = o.view(&self.stream);
-        let job = Job {
-            w: v.w,
-            s: v.s,
-            x: xp,
-            y: yp,
-        };
-        let kernel = Kernel::model(o.format, o.rows, o.cols, m);
-        // SAFETY: the job's weights are `o` (borrowed, alive), its x the m × heads·dv attention
-        // output (borrowed) and its y m × o.rows of this call's buffer.
-        unsafe { self.launch_jobs((o.format, o.rows, o.cols), m, kernel, &[job])? };
+        // SAFETY: xp is the attention output, rows × width f32, borrowed for this call.
+        let y = unsafe { self.model_product(o, xp, attn.rows)? };
         Ok(self.stream.clone_dtoh(&y)?)
     }
 

@@ -48,8 +48,28 @@ impl Gpu {
             )));
         }
         let x_dev = self.stream.clone_htod(x)?;
-        let y = self.nan_filled(m * w.rows)?;
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
+        // SAFETY: xp holds the m × cols f32 just uploaded, alive for this call.
+        let y = unsafe { self.model_product(w, xp, m)? };
+        Ok(GpuRows {
+            buf: y,
+            rows: m,
+            width: w.rows,
+        })
+    }
+
+    /// `w` times the `m` rows at device address `xp` (`m × cols` f32) by the kernel every
+    /// `m`-row product with `w` gets ([`Kernel::model`]), into a new `m × rows` buffer.
+    ///
+    /// # Safety
+    /// `xp` must address `m × w.cols` f32 of this context, unchanged until the stream passes.
+    pub(crate) unsafe fn model_product(
+        &self,
+        w: &GpuMat,
+        xp: u64,
+        m: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let y = self.nan_filled(m * w.rows)?;
         let (yp, y_sync) = y.device_ptr(&self.stream);
         let v = w.view(&self.stream);
         let job = Job {
@@ -59,15 +79,11 @@ impl Gpu {
             y: yp,
         };
         let kernel = Kernel::model(w.format, w.rows, w.cols, m);
-        // SAFETY: the job's weights are `w` (borrowed, alive), x and y this call's buffers of
-        // m × cols and m × rows f32.
+        // SAFETY: the job's weights are `w` (borrowed, alive), its x this fn's contract, its y
+        // this call's buffer of m × rows f32.
         unsafe { self.launch_jobs((w.format, w.rows, w.cols), m, kernel, &[job])? };
         drop(y_sync);
-        Ok(GpuRows {
-            buf: y,
-            rows: m,
-            width: w.rows,
-        })
+        Ok(y)
     }
 
     /// The rows, downloaded.
