@@ -345,11 +345,17 @@ fn queries_kept_in_vram_equal_the_host_queries() {
         }
         let mut qd = g.matmul_keep(&w, &x, m).unwrap();
         g.rope_heads(&mut qd, s.heads, s.dn, &sc).unwrap();
-        assert!(bits(&g.download_rows(&qd).unwrap(), &q), "m = {m}: queries differ");
+        assert!(
+            bits(&g.download_rows(&qd).unwrap(), &q),
+            "m = {m}: queries differ"
+        );
         let sel = vec![None; m];
         let want = g.mla_prefill(&dev, 0.07, &q, &pos, &sel).unwrap();
         let got = g.mla_attention_rows(&dev, 0.07, &qd, &pos, &sel).unwrap();
-        assert!(bits(&g.mla_download(&got).unwrap(), &want), "m = {m}: attention differs");
+        assert!(
+            bits(&g.mla_download(&got).unwrap(), &want),
+            "m = {m}: attention differs"
+        );
         // Angles for another width, or an offset past the head: errors.
         assert!(g.rope_heads(&mut qd, s.heads, s.dn, &sc[1..]).is_err());
         assert!(g.rope_heads(&mut qd, s.heads, s.dn + 8, &sc).is_err());
