@@ -175,6 +175,39 @@ pub(crate) fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// Dot products in groups of [`DOT4`].
+pub const DOT4: usize = 4;
+
+/// `[dot(a[0], b), …, dot(a[3], b)]`, the same bits as four [`dot`] calls: each product keeps
+/// its own canonical accumulator, in the same order. What differs is that the four chains run
+/// side by side — one `dot` is a single dependent chain of FMAs (its latency, not the FMA
+/// units, sets its speed) — and each slice of `b` is loaded once for the four (the attention's
+/// scores: every head of a row against one key's latent).
+///
+/// # Panics
+/// If a length differs from `b`'s (a caller bug, never a data error).
+#[inline]
+pub fn dot4(a: [&[f32]; DOT4], b: &[f32]) -> [f32; DOT4] {
+    dot4_with(isa_detect(), a, b)
+}
+
+/// [`dot4`] on an explicit path.
+pub(crate) fn dot4_with(isa: Isa, a: [&[f32]; DOT4], b: &[f32]) -> [f32; DOT4] {
+    assert!(
+        a.iter().all(|x| x.len() == b.len()),
+        "dot4: length mismatch"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only constructed after runtime detection of AVX2 and FMA.
+        Isa::Avx2 => unsafe { crate::x86::avx2::dot4(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only constructed after runtime detection of AVX-512F.
+        Isa::Avx512 => unsafe { crate::x86::avx512::dot4(a, b) },
+        _ => a.map(|x| dot_with(isa, x, b)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +231,30 @@ mod tests {
     fn small_known_values() {
         assert_eq!(dot_scalar(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
         assert_eq!(dot(&[], &[]), 0.0);
+    }
+
+    #[test]
+    fn dot4_equals_four_dots_bitwise() {
+        let v = |n: usize, k: u32| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i as u32).wrapping_mul(2654435761) ^ k) % 2001) as f32 / 997.0 - 1.0)
+                .collect()
+        };
+        for n in [0usize, 1, 15, 16, 17, 64, 100, 512, 577] {
+            let (a, b) = ([v(n, 1), v(n, 2), v(n, 3), v(n, 4)], v(n, 5));
+            let a = [&a[0][..], &a[1][..], &a[2][..], &a[3][..]];
+            for isa in Isa::available() {
+                let got = dot4_with(isa, a, &b).map(f32::to_bits);
+                let want = a.map(|x| dot_scalar(x, &b).to_bits());
+                assert_eq!(got, want, "{isa:?} n={n}");
+            }
+        }
+        // The padded tail's signed zero, as `dot` keeps it.
+        let (a, b) = (vec![-1e-30f32; 17], vec![1e-30f32; 17]);
+        for isa in Isa::available() {
+            let got = dot4_with(isa, [&a, &a, &a, &a], &b).map(f32::to_bits);
+            assert_eq!(got, [dot_scalar(&a, &b).to_bits(); 4], "{isa:?}");
+        }
     }
 
     proptest! {

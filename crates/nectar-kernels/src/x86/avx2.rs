@@ -54,6 +54,57 @@ pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     fold(lo, hi)
 }
 
+/// Four canonical dot products against one `b` ([`crate::dot::dot4`]): four (lo, hi) pairs,
+/// each fed exactly as [`dot`] feeds its one.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; every `a[i].len() == b.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    let n = b.len();
+    let full = n / 16 * 16;
+    let pb = b.as_ptr();
+    let pa = a.map(<[f32]>::as_ptr);
+    let mut lo = [_mm256_setzero_ps(); 4];
+    let mut hi = [_mm256_setzero_ps(); 4];
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 16 <= full <= n, so every 8-wide load is in bounds.
+        unsafe {
+            let (yl, yh) = (_mm256_loadu_ps(pb.add(c)), _mm256_loadu_ps(pb.add(c + 8)));
+            for i in 0..4 {
+                lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(pa[i].add(c)), yl, lo[i]);
+                hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(pa[i].add(c + 8)), yh, hi[i]);
+            }
+        }
+        c += 16;
+    }
+    if full < n {
+        let mut tb = [0.0f32; 16];
+        tb[..n - full].copy_from_slice(&b[full..]);
+        for i in 0..4 {
+            let mut ta = [0.0f32; 16];
+            ta[..n - full].copy_from_slice(&a[i][full..]);
+            lo[i] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(ta.as_ptr()),
+                _mm256_loadu_ps(tb.as_ptr()),
+                lo[i],
+            );
+            hi[i] = _mm256_fmadd_ps(
+                _mm256_loadu_ps(ta.as_ptr().add(8)),
+                _mm256_loadu_ps(tb.as_ptr().add(8)),
+                hi[i],
+            );
+        }
+    }
+    [
+        fold(lo[0], hi[0]),
+        fold(lo[1], hi[1]),
+        fold(lo[2], hi[2]),
+        fold(lo[3], hi[3]),
+    ]
+}
+
 /// Folds (lo, hi) = lanes 0..16 in the canonical order.
 #[inline]
 #[target_feature(enable = "avx2,fma")]

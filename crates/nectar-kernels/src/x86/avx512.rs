@@ -87,6 +87,42 @@ pub(crate) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
     fold(acc)
 }
 
+/// Four canonical dot products against one `b` ([`crate::dot::dot4`]): four accumulators,
+/// each fed exactly as [`dot`] feeds its one.
+///
+/// # Safety
+/// The CPU must support AVX-512F; every `a[i].len() == b.len()`.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    let n = b.len();
+    let full = n & !15;
+    let pb = b.as_ptr();
+    let pa = a.map(<[f32]>::as_ptr);
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut c = 0;
+    while c < full {
+        // SAFETY: c + 16 <= full <= n for every slice.
+        unsafe {
+            let y = _mm512_loadu_ps(pb.add(c));
+            for (s, p) in acc.iter_mut().zip(pa) {
+                *s = _mm512_fmadd_ps(_mm512_loadu_ps(p.add(c)), y, *s);
+            }
+        }
+        c += 16;
+    }
+    if full < n {
+        let m = mask(n - full);
+        // SAFETY: masked-off lanes are neither read nor faulted; they load as +0, as in `dot`.
+        unsafe {
+            let y = _mm512_maskz_loadu_ps(m, pb.add(full));
+            for (s, p) in acc.iter_mut().zip(pa) {
+                *s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, p.add(full)), y, *s);
+            }
+        }
+    }
+    [fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3])]
+}
+
 /// Folds 16 canonical lanes: l[j] += l[j+8], l[j] += l[j+4], l[j] += l[j+2], l[0] + l[1].
 #[inline]
 #[target_feature(enable = "avx512f")]

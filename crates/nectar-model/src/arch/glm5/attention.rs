@@ -20,11 +20,10 @@ use crate::blocks::{Linear, Loader};
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::{
-    decode_row, dot, matmul_rows, rms_norm, scaled_add, softmax_in_place, team, RopeTable,
-};
+use nectar_kernels::{rms_norm, team, RopeTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+mod absorbed;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub(super) mod recon;
@@ -263,22 +262,12 @@ impl Attention {
             return Ok(o);
         }
         let mut o = vec![0.0; m * hd * self.dv];
-        // Rows of the absorbed form or the GPU's; the others (a long prompt chunk beside
-        // them) are filled by `reconstructed` and take no room in `by_head`.
+        // Rows of the absorbed form or the GPU's, straight into their rows of `o`; the others
+        // (a long prompt chunk beside them) are filled by `reconstructed`.
         let plain: Vec<usize> = (0..m).filter(|&i| !recon[layout.rows[i].seq]).collect();
         if !plain.is_empty() {
-            let by_head = self.plain_rows(layout, &caches, sel, &q, &plain, &on_gpu)?;
+            self.plain_rows(layout, &caches, sel, &q, &plain, &on_gpu, &mut o)?;
             lap.mark(Phase::AttnCore);
-            // Back to row-major `[row][head][dv]`, the layout o_proj multiplies (one row,
-            // decode's usual case: the two layouts are the same).
-            if m == 1 {
-                return self.o.forward(&by_head, m);
-            }
-            let p = plain.len();
-            for (idx, src) in by_head.chunks_exact(self.dv).enumerate() {
-                let (head, i) = (idx / p, plain[idx % p]);
-                o[(i * hd + head) * self.dv..][..self.dv].copy_from_slice(src);
-            }
         }
         for (s, rows) in layout.seqs.iter().enumerate() {
             if recon[s] {
@@ -298,8 +287,9 @@ impl Attention {
         Ok(o)
     }
 
-    /// The absorbed form's rows and the GPU's (`plain`, ascending row indices), as
-    /// `[head][plain row][dv]`.
+    /// The absorbed form's rows and the GPU's (`plain`, ascending row indices), written into
+    /// their rows of `o` (`[row][head][dv]`).
+    #[allow(clippy::too_many_arguments)]
     fn plain_rows(
         &self,
         layout: &Layout,
@@ -308,38 +298,39 @@ impl Attention {
         q: &[f32],
         plain: &[usize],
         on_gpu: &[Option<Vec<f32>>],
-    ) -> Result<Vec<f32>> {
-        let (p, hd, dq) = (plain.len(), self.heads, self.dn + self.dr);
+        o: &mut [f32],
+    ) -> Result<()> {
+        let (hd, dq, w) = (self.heads, self.dn + self.dr, self.heads * self.dv);
+        let (gpu, cpu): (Vec<usize>, Vec<usize>) = plain
+            .iter()
+            .partition(|&&i| on_gpu[layout.rows[i].seq].is_some());
+        for i in gpu {
+            let row = layout.rows[i];
+            let g = on_gpu[row.seq].as_ref().expect("partitioned on it");
+            let j = i - layout.seqs[row.seq].start;
+            o[i * w..][..w].copy_from_slice(&g[j * w..][..w]);
+        }
+        if cpu.is_empty() {
+            return Ok(());
+        }
         // The absorbed form reads W_UK / W_UV rows of kv_b on the CPU: kv_b keeps its host
         // copy when placed in VRAM (`placement::keeps_host_copy`).
-        let kvb = match plain.iter().any(|&i| on_gpu[layout.rows[i].seq].is_none()) {
-            true => Some(self.kv_b.mat()?),
-            false => None,
-        };
-        // One task per (head, row), on the compute team, head-major (consecutive tasks read
-        // the same head's weights). Each task computes exactly what it would in any order.
-        let mut by_head = vec![0.0; p * hd * self.dv];
-        team::for_each_chunk_mut(&mut by_head, self.dv, |idx, out| {
-            let (head, i) = (idx / p, plain[idx % p]);
-            let row = layout.rows[i];
-            if let Some(g) = &on_gpu[row.seq] {
-                let j = i - layout.seqs[row.seq].start;
-                out.copy_from_slice(&g[(j * hd + head) * self.dv..][..self.dv]);
-                return;
-            }
-            let qh = &q[i * hd * dq + head * dq..][..dq];
-            let kvb = kvb.as_ref().expect("kvb is read when any row is absorbed");
-            self.absorbed(
-                kvb,
-                qh,
-                head,
-                row.pos,
-                caches[row.seq],
-                sel[i].as_deref(),
-                out,
-            );
-        });
-        Ok(by_head)
+        let kvb = self.kv_b.mat()?;
+        let rows: Vec<absorbed::Row<'_>> = cpu
+            .iter()
+            .map(|&i| absorbed::Row {
+                q: &q[i * hd * dq..][..hd * dq],
+                pos: layout.rows[i].pos,
+                cache: caches[layout.rows[i].seq],
+                keys: sel[i].as_deref(),
+            })
+            .collect();
+        let mut out = vec![0.0; cpu.len() * w];
+        absorbed::attend(&self.heads(), self.rank, &kvb, &rows, &mut out);
+        for (&i, r) in cpu.iter().zip(out.chunks_exact(w)) {
+            o[i * w..][..w].copy_from_slice(r);
+        }
+        Ok(())
     }
 
     /// Whether the reconstructed form costs less than the absorbed one for these rows of one
@@ -438,58 +429,4 @@ impl Attention {
             scale: self.scale,
         }
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn absorbed(
-        &self,
-        kvb: &nectar_kernels::MatRef<'_>,
-        qh: &[f32],
-        head: usize,
-        pos: usize,
-        c: &LayerCache,
-        keys: Option<&[u32]>,
-        out: &mut [f32],
-    ) {
-        let (r, dr) = (self.rank, self.dr);
-        let base = head * (self.dn + self.dv);
-        let mut w = vec![0.0f32; r];
-        // q_lat = W_UK[h]ᵀ · q_nope, accumulated over the nope dims in order.
-        let mut q_lat = vec![0.0f32; r];
-        for (j, &a) in qh[..self.dn].iter().enumerate() {
-            decode_row(kvb, base + j, &mut w);
-            scaled_add(&mut q_lat, a, &w);
-        }
-        let q_pe = &qh[self.dn..];
-        let (ts, p) = probs(self.scale, pos, keys, |t| {
-            dot(&q_lat, &c.latent[t * r..(t + 1) * r]) + dot(q_pe, &c.k_pe[t * dr..(t + 1) * dr])
-        });
-        let mut o_lat = vec![0.0f32; r];
-        for (&t, &pt) in ts.iter().zip(&p) {
-            scaled_add(&mut o_lat, pt, &c.latent[t * r..(t + 1) * r]);
-        }
-        // o = W_UV[h] · o_lat: the fused kernel computes each element as the canonical
-        // `dot(decode_row(W, r), o_lat)` without materialising the rows.
-        let rows = base + self.dn..base + self.dn + self.dv;
-        matmul_rows(kvb, rows, &o_lat, out).expect("W_UV rows lie inside kv_b (checked at load)");
-    }
-}
-
-/// Scores → softmax over the selected keys (or all of `0..=pos`).
-fn probs(
-    scale: f32,
-    pos: usize,
-    keys: Option<&[u32]>,
-    score: impl Fn(usize) -> f32,
-) -> (Vec<usize>, Vec<f32>) {
-    let ts: Vec<usize> = match keys {
-        Some(k) => k
-            .iter()
-            .map(|&t| t as usize)
-            .filter(|&t| t <= pos)
-            .collect(),
-        None => (0..=pos).collect(),
-    };
-    let mut p: Vec<f32> = ts.iter().map(|&t| score(t) * scale).collect();
-    softmax_in_place(&mut p);
-    (ts, p)
 }

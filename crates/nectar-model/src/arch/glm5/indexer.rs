@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 /// Rows whose scores (`rows × visible keys` f32) are held at once: 512 rows of a 10k-token
 /// prompt are 20 MB.
 const SCORE_BLOCK: usize = 512;
+/// Keys scored per task on the CPU (128 at GLM-5.2's 128-dim keys: 64 KB of keys per task).
+const KEY_CHUNK: usize = 128;
 
 /// Rows of a block up to which its scores stay on the CPU (decode, MTP, verify).
 #[cfg(feature = "cuda")]
@@ -140,25 +142,31 @@ impl Indexer {
             let t = pos.iter().max().map_or(0, |p| p + 1);
             let keys = &caches[seq].index_k[..t * self.dim];
             let (qb, wb) = (&q[j0 * hq..j1 * hq], &w[j0 * self.heads..j1 * self.heads]);
-            let scores = match self.gpu_scores(keys, qb, wb, &pos, qk_scale)? {
-                Some(s) => s,
-                // One task per row, on the compute team.
-                None => team::map(j1 - j0, |r| {
-                    let (qr, wr) = (&qb[r * hq..][..hq], &wb[r * self.heads..][..self.heads]);
-                    let mut s = vec![0.0f32; t];
-                    for (st, kt) in s
-                        .iter_mut()
-                        .zip(keys[..(pos[r] + 1) * self.dim].chunks_exact(self.dim))
-                    {
-                        *st = index_score(qr, wr, kt, qk_scale);
-                    }
-                    s
-                })
-                .concat(),
+            // Scores `[row][stride]`; a row's keys past its position are never read.
+            let (scores, stride) = match self.gpu_scores(keys, qb, wb, &pos, qk_scale)? {
+                Some(s) => (s, t),
+                // One task per (row, chunk of keys) on the compute team, so that a decode
+                // row's scores use every core; each score is computed alone (the same bits in
+                // any split).
+                None => {
+                    let chunks = t.div_ceil(KEY_CHUNK);
+                    let stride = chunks * KEY_CHUNK;
+                    let mut s = vec![0.0f32; (j1 - j0) * stride];
+                    team::for_each_chunk_mut(&mut s, KEY_CHUNK, |k, out| {
+                        let (r, first) = (k / chunks, (k % chunks) * KEY_CHUNK);
+                        let (qr, wr) = (&qb[r * hq..][..hq], &wb[r * self.heads..][..self.heads]);
+                        let visible = (pos[r] + 1).saturating_sub(first).min(KEY_CHUNK);
+                        let ks = &keys[first * self.dim..(first + visible) * self.dim];
+                        for (st, kt) in out.iter_mut().zip(ks.chunks_exact(self.dim)) {
+                            *st = index_score(qr, wr, kt, qk_scale);
+                        }
+                    });
+                    (s, stride)
+                }
             };
             lap.mark(Phase::IndexerScores);
             let sels = team::map(j1 - j0, |r| {
-                top_k_positions(&scores[r * t..][..pos[r] + 1], self.topk)
+                top_k_positions(&scores[r * stride..][..pos[r] + 1], self.topk)
             });
             for (&i, s) in need[j0..j1].iter().zip(sels) {
                 out[i] = Some(s);
