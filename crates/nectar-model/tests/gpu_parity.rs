@@ -437,6 +437,9 @@ fn experts_copied_from_ram_to_the_gpu_agree_with_the_cpu() {
     );
     assert!(runs.copied > 0 && runs.vram > 0 && runs.cpu > 0, "{runs:?}");
     assert_eq!(copy.experts, runs.copied);
+    // The time each side spent (the shared expert counts on the CPU side when it runs there).
+    assert!(copy.gpu_s > 0.0 && copy.cpu_s > 0.0, "{copy:?}");
+    assert!(copy.cpu_experts >= runs.cpu, "{copy:?} {runs:?}");
     assert_eq!(
         copy.direct, copy.experts,
         "every copy from its registered slot"

@@ -6,8 +6,8 @@
 //! measure, per bucket of rows an expert is applied to (1, 2, 3–4, 5–8, …: [`bucket`]): CPU
 //! seconds per expert, GPU seconds per copied expert, and copy seconds per byte. Cold start
 //! (an estimate missing for the step's bucket): a prompt-sized step (≥ [`COLD_COPY_M`] rows)
-//! copies, a decode-sized one computes on the CPU, and one expert takes the other way to
-//! measure it.
+//! copies everything, a decode-sized one computes on the CPU but one expert, which measures
+//! the copy route.
 // Without the CUDA tier no copy is ever made: the copy side of the totals goes unused.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 use std::sync::Mutex;
@@ -101,16 +101,14 @@ pub fn decide(step: &Step<'_>, costs: &Costs) -> Vec<bool> {
         .get()
         .map(|s| s * step.expert_bytes as f64);
     let (Some(copy), Some(_), Some(_)) = (copy, costs.cpu[b].get(), costs.gpu[b].get()) else {
-        // Cold start: prompt-sized copies, decode-sized stays; one expert measures the other way.
+        // Cold start: prompt-sized copies, decode-sized stays, and one decode-sized expert
+        // measures the copy route. A prompt never measures the CPU: one expert of hundreds of
+        // rows on the CPU took seconds while the GPU finished the rest of the layer in
+        // milliseconds, and the wave waited for it.
         let prompt = step.m >= COLD_COPY_M;
         let mut out = vec![prompt; n];
-        if n >= 2 {
-            if prompt && costs.cpu[b].get().is_none() {
-                out[order[n - 1]] = false;
-            }
-            if !prompt && (copy.is_none() || costs.gpu[b].get().is_none()) {
-                out[order[0]] = true;
-            }
+        if n >= 2 && !prompt && (copy.is_none() || costs.gpu[b].get().is_none()) {
+            out[order[0]] = true;
         }
         return out;
     };
@@ -167,6 +165,14 @@ pub struct CopyStats {
     pub registrations: u64,
     /// See `registrations`.
     pub register_s: f64,
+    /// Experts of streamed layers computed on the CPU instead, and the CPU side's busy seconds
+    /// for them (what the decision weighs against the copies).
+    pub cpu_experts: u64,
+    /// See `cpu_experts`.
+    pub cpu_s: f64,
+    /// Seconds of the copied experts' products on the GPU (each from its staged weights, with
+    /// its input's upload and its output's download).
+    pub gpu_s: f64,
 }
 
 impl CopyStats {
@@ -208,6 +214,9 @@ impl CopyStats {
             "direct": self.direct,
             "registrations": self.registrations,
             "register_s": self.register_s,
+            "gpu_s": self.gpu_s,
+            "cpu_experts": self.cpu_experts,
+            "cpu_s": self.cpu_s,
         })
     }
 }
@@ -241,6 +250,10 @@ impl Offload {
         if experts > 0 {
             let mut c = self.costs.lock().unwrap_or_else(|p| p.into_inner());
             c.cpu[bucket(rows)].add(secs / experts as f64);
+            drop(c);
+            let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            s.cpu_experts += experts as u64;
+            s.cpu_s += secs.max(0.0);
         }
     }
 
@@ -270,6 +283,7 @@ impl Offload {
         s.stage_s += stage_s;
         s.copy_s += copy_s;
         s.exposed_s += exposed_s.min(copy_s);
+        s.gpu_s += gpu_s;
     }
 
     /// One copy went by DMA straight from its registered RAM slot; `registered_s`: the slot
@@ -345,8 +359,11 @@ mod tests {
     #[test]
     fn cold_start_copies_prompts_and_keeps_decode_on_the_cpu_measuring_the_other_way() {
         let c = Costs::default();
-        // Prompt: all copied but the smallest, which measures the CPU.
-        assert_eq!(decide(&step(512, &[3, 40, 12]), &c), [false, true, true]);
+        // Prompt: all copied (the CPU is not measured on prompt-sized experts).
+        assert_eq!(decide(&step(512, &[3, 40, 12]), &c), [true, true, true]);
+        let mut cpu_small = Costs::default();
+        cpu_small.cpu[0].add(1e-3);
+        assert_eq!(decide(&step(512, &[3, 40, 12]), &cpu_small), [true; 3]);
         // Decode: all on the CPU but one, which measures the copy route.
         assert_eq!(decide(&step(1, &[1, 1, 1]), &c), [true, false, false]);
         // A lone candidate just follows the rule.

@@ -15,6 +15,9 @@
 //!    once for every head, four heads at a time ([`scaled_add4`]);
 //! 5. `W_UV` per (row, head).
 //!
+//! Rows with few keys ([`SHORT_KEYS`]: their latents stay in L2 anyway) run as one task per
+//! (row, head) instead ([`one_head`]), one region of the compute team rather than five.
+//!
 //! The bits are the per-head form's: each score is the same `dot + dot` times the scale (`dot4`
 //! keeps each product's own canonical chain), each head's softmax runs over its scores in key
 //! order, and each output element sums its keys in ascending order with the same
@@ -33,6 +36,9 @@ const TILE: usize = 32;
 /// Largest block of scores and probabilities held at once (f32 bytes): rows are taken in
 /// blocks below it.
 const SCORES_MAX_BYTES: usize = 64 << 20;
+/// Keys up to which a block runs as one (row, head) task each ([`one_head`]): their latents
+/// (256 × 2 KB) stay in L2 for every head, and one region costs less than five.
+const SHORT_KEYS: usize = 256;
 /// Heads whose `q_lat` a score task keeps in L1 while it walks a tile's keys.
 const HEAD_BLOCK: usize = 8;
 /// Latent columns per task of the weighted sum: every head's slice of its output and the keys'
@@ -88,9 +94,53 @@ pub(in crate::arch::glm5) fn attend(
             (end, tiles) = (end + 1, t);
         }
         let o = &mut out[first * hd * dv..end * hd * dv];
-        block(g, rank, kvb, &rows[first..end], &keys[first..end], tiles, o);
+        let (rows, keys) = (&rows[first..end], &keys[first..end]);
+        match tiles * TILE <= SHORT_KEYS {
+            // Few keys: one region of (row, head) tasks costs less than the passes' five.
+            true => team::for_each_chunk_mut(o, dv, |idx, oh| {
+                let (i, head) = (idx / hd, idx % hd);
+                one_head(g, rank, kvb, &rows[i], &keys[i], head, oh);
+            }),
+            false => block(g, rank, kvb, rows, keys, tiles, o),
+        }
         first = end;
     }
+}
+
+/// One (row, head) of the absorbed form over the row's `keys`, all in one task: what the
+/// passes of [`block`] compute, operation for operation, for rows with few keys.
+fn one_head(
+    g: &Heads,
+    rank: usize,
+    kvb: &MatRef<'_>,
+    row: &Row<'_>,
+    keys: &[usize],
+    head: usize,
+    out: &mut [f32],
+) {
+    let (dn, dr, dv, dq) = (g.dn, g.dr, g.dv, g.dn + g.dr);
+    let base = head * (dn + dv);
+    let qh = &row.q[head * dq..][..dq];
+    let (mut w, mut q_lat) = (vec![0.0f32; rank], vec![0.0f32; rank]);
+    for (j, &a) in qh[..dn].iter().enumerate() {
+        decode_row(kvb, base + j, &mut w);
+        scaled_add(&mut q_lat, a, &w);
+    }
+    let c = row.cache;
+    let mut p: Vec<f32> = keys
+        .iter()
+        .map(|&t| {
+            (dot(&q_lat, &c.latent[t * rank..][..rank]) + dot(&qh[dn..], &c.k_pe[t * dr..][..dr]))
+                * g.scale
+        })
+        .collect();
+    softmax_in_place(&mut p);
+    let mut o_lat = vec![0.0f32; rank];
+    for (&t, &pt) in keys.iter().zip(&p) {
+        scaled_add(&mut o_lat, pt, &c.latent[t * rank..][..rank]);
+    }
+    matmul_rows(kvb, base + dn..base + dn + dv, &o_lat, out)
+        .expect("W_UV rows lie inside kv_b (checked at load)");
 }
 
 /// [`attend`] for one block of rows, `tiles` tiles of keys per row at most.
@@ -216,43 +266,6 @@ mod tests {
     use nectar_format::quant::quantize_int4_row;
     use nectar_kernels::WeightFormat;
 
-    /// The per-(row, head) form this module replaced: the reference for its bits.
-    fn per_head(g: &Heads, rank: usize, kvb: &MatRef<'_>, row: &Row<'_>, head: usize) -> Vec<f32> {
-        let (dn, dr, dv, dq) = (g.dn, g.dr, g.dv, g.dn + g.dr);
-        let base = head * (dn + dv);
-        let qh = &row.q[head * dq..][..dq];
-        let (mut w, mut q_lat) = (vec![0.0f32; rank], vec![0.0f32; rank]);
-        for (j, &a) in qh[..dn].iter().enumerate() {
-            decode_row(kvb, base + j, &mut w);
-            scaled_add(&mut q_lat, a, &w);
-        }
-        let ts: Vec<usize> = match row.keys {
-            Some(k) => k
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&t| t <= row.pos)
-                .collect(),
-            None => (0..=row.pos).collect(),
-        };
-        let c = row.cache;
-        let mut p: Vec<f32> = ts
-            .iter()
-            .map(|&t| {
-                (dot(&q_lat, &c.latent[t * rank..(t + 1) * rank])
-                    + dot(&qh[dn..], &c.k_pe[t * dr..(t + 1) * dr]))
-                    * g.scale
-            })
-            .collect();
-        softmax_in_place(&mut p);
-        let mut o_lat = vec![0.0f32; rank];
-        for (&t, &pt) in ts.iter().zip(&p) {
-            scaled_add(&mut o_lat, pt, &c.latent[t * rank..(t + 1) * rank]);
-        }
-        let mut out = vec![0.0f32; dv];
-        matmul_rows(kvb, base + dn..base + dn + dv, &o_lat, &mut out).unwrap();
-        out
-    }
-
     fn noise(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
@@ -265,8 +278,19 @@ mod tests {
             .collect()
     }
 
+    fn visible(row: &Row<'_>) -> Vec<usize> {
+        match row.keys {
+            Some(k) => k
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&t| t <= row.pos)
+                .collect(),
+            None => (0..=row.pos).collect(),
+        }
+    }
+
     #[test]
-    fn tiled_form_equals_the_per_head_form_bit_for_bit() {
+    fn passes_equal_the_per_head_form_bit_for_bit() {
         let g = Heads {
             heads: 6,
             dn: 8,
@@ -274,7 +298,7 @@ mod tests {
             dv: 5,
             scale: 0.3,
         };
-        let (rank, len) = (24, 150);
+        let (rank, len) = (24, 600);
         let wrows = g.heads * (g.dn + g.dv);
         let (mut data, mut scales) = (Vec::new(), Vec::new());
         for row in noise(wrows * rank, 1).chunks_exact(rank) {
@@ -333,13 +357,14 @@ mod tests {
         attend(&g, rank, &kvb, &rows, &mut out);
         for (i, row) in rows.iter().enumerate() {
             for head in 0..g.heads {
-                let want = per_head(&g, rank, &kvb, row, head);
+                let mut want = vec![0.0; g.dv];
+                one_head(&g, rank, &kvb, row, &visible(row), head, &mut want);
                 let got = &out[(i * g.heads + head) * g.dv..][..g.dv];
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(got), bits(&want), "row {i} head {head}");
             }
         }
-        // Rows alone give the same bits as in the batch (blocks and groups do not matter).
+        // Rows alone give the same bits as in the batch (short rows alone take `one_head`).
         for (i, row) in rows.iter().enumerate() {
             let mut one = vec![0.0; g.heads * g.dv];
             attend(&g, rank, &kvb, std::slice::from_ref(row), &mut one);
