@@ -14,6 +14,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::GpuMat;
+use crate::rows::GpuRows;
 use crate::swiglu::{at, chain_shape};
 use crate::view::MatView;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
@@ -146,39 +147,10 @@ impl Gpu {
         // SAFETY: x and sh are m × hidden of this call's buffers; the views are the contract.
         unsafe { self.enqueue_swiglu(&[shared], &[(xp, shp)], m)? };
 
-        let y = self.nan_filled(pairs.max(1) * hidden)?;
+        // SAFETY: x_dev holds m × hidden f32 and every row index is < m (checked); the views
+        // are this fn's contract.
+        let y = unsafe { self.enqueue_gathered(xp, hidden, experts, &rows)? };
         let (yp, _y_sync) = y.device_ptr(&self.stream);
-        if pairs > 0 {
-            let rows_dev = self.stream.clone_htod(&rows)?;
-            // SAFETY: written by the gather below before the experts read it.
-            let xg: CudaSlice<f32> = unsafe { self.stream.alloc(pairs * hidden)? };
-            let (rp, _r_sync) = rows_dev.device_ptr(&self.stream);
-            let (gp, _g_sync) = xg.device_ptr(&self.stream);
-            let (p_arg, h_arg) = (pairs as i64, hidden as i64);
-            let func = self.function("moe_gather")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&gp).arg(&xp).arg(&rp).arg(&p_arg).arg(&h_arg);
-            // SAFETY: xg holds pairs × hidden f32, x m × hidden, every row index < m (checked).
-            unsafe { b.launch(grid(pairs * hidden)) }?;
-            let mut offset = Vec::with_capacity(experts.len());
-            let mut next = 0;
-            for (_, r) in experts {
-                offset.push(next);
-                next += r.len();
-            }
-            for n in counts {
-                let (mlps, io): (Vec<[MatView; 3]>, Vec<(u64, u64)>) = experts
-                    .iter()
-                    .zip(&offset)
-                    .filter(|((_, r), _)| r.len() == n)
-                    .map(|((w, _), &o)| (*w, (at(gp, o * hidden), at(yp, o * hidden))))
-                    .unzip();
-                // SAFETY: each (x, y) is n rows of xg / y, disjoint per expert; the views are
-                // this fn's contract.
-                unsafe { self.enqueue_swiglu(&mlps, &io, n)? };
-            }
-        }
-
         let pair_dev = self.stream.clone_htod(combine.pairs)?;
         let weight_dev = self.stream.clone_htod(combine.weights)?;
         let out = self.nan_filled(m * hidden)?;
@@ -194,6 +166,147 @@ impl Gpu {
         // and every pair index is < pairs or NO_PAIR (checked).
         unsafe { b.launch(grid(m * hidden)) }?;
         Ok(self.stream.clone_dtoh(&out)?)
+    }
+}
+
+impl Gpu {
+    /// Queues each routed expert of `experts` over its rows of the `rows × hidden` f32 at
+    /// device address `xp`: the rows gathered (`moe_gather`) expert after expert, then the
+    /// chains of experts with one row count together, first-seen order of the counts (each
+    /// expert's bits are its `swiglu_batch` output over the same rows). Returns the experts'
+    /// outputs, stacked in the order given (`flat` = every expert's rows, concatenated).
+    ///
+    /// # Safety
+    /// `xp` addresses more rows than any index in `flat`, `hidden` f32 each, of this context,
+    /// unchanged until the stream passes; the views as [`Gpu::swiglu_views`].
+    unsafe fn enqueue_gathered(
+        &self,
+        xp: u64,
+        hidden: usize,
+        experts: &[([MatView; 3], &[u32])],
+        flat: &[u32],
+    ) -> Result<CudaSlice<f32>> {
+        let pairs = flat.len();
+        let y = self.nan_filled(pairs.max(1) * hidden)?;
+        if pairs == 0 {
+            return Ok(y);
+        }
+        let (yp, y_sync) = y.device_ptr(&self.stream);
+        let rows_dev = self.stream.clone_htod(flat)?;
+        // SAFETY: written by the gather below before the experts read it.
+        let xg: CudaSlice<f32> = unsafe { self.stream.alloc(pairs * hidden)? };
+        let (rp, _r_sync) = rows_dev.device_ptr(&self.stream);
+        let (gp, _g_sync) = xg.device_ptr(&self.stream);
+        let (p_arg, h_arg) = (pairs as i64, hidden as i64);
+        let func = self.function("moe_gather")?;
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&gp).arg(&xp).arg(&rp).arg(&p_arg).arg(&h_arg);
+        // SAFETY: xg holds pairs × hidden f32; x's rows and the indices are the contract.
+        unsafe { b.launch(grid(pairs * hidden)) }?;
+        let mut counts: Vec<usize> = Vec::new();
+        for (_, r) in experts {
+            if !r.is_empty() && !counts.contains(&r.len()) {
+                counts.push(r.len());
+            }
+        }
+        let mut offset = Vec::with_capacity(experts.len());
+        let mut next = 0;
+        for (_, r) in experts {
+            offset.push(next);
+            next += r.len();
+        }
+        for n in counts {
+            let (mlps, io): (Vec<[MatView; 3]>, Vec<(u64, u64)>) = experts
+                .iter()
+                .zip(&offset)
+                .filter(|((_, r), _)| r.len() == n)
+                .map(|((w, _), &o)| (*w, (at(gp, o * hidden), at(yp, o * hidden))))
+                .unzip();
+            // SAFETY: each (x, y) is n rows of xg / y, disjoint per expert; the views are this
+            // fn's contract.
+            unsafe { self.enqueue_swiglu(&mlps, &io, n)? };
+        }
+        drop(y_sync);
+        Ok(y)
+    }
+
+    /// A MoE layer's input, `m` rows of `width` f32, uploaded once for the experts that run on
+    /// the GPU one batch at a time ([`Gpu::swiglu_rows`]): each then gathers its rows there
+    /// instead of the host gathering, uploading and the GPU taking them again per expert.
+    pub fn upload_rows(&self, x: &[f32], width: usize) -> Result<GpuRows> {
+        if width == 0 || !x.len().is_multiple_of(width) {
+            return Err(Error::Shape(format!(
+                "upload_rows: {} values in rows of {width}",
+                x.len()
+            )));
+        }
+        Ok(GpuRows::new(
+            self.stream.clone_htod(x)?,
+            x.len() / width,
+            width,
+        ))
+    }
+
+    /// [`Gpu::swiglu_rows`] over uploaded matrices.
+    pub fn swiglu_rows_mats(
+        &self,
+        mlps: &[[&GpuMat; 3]],
+        x: &GpuRows,
+        rows: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>> {
+        let views: Vec<[MatView; 3]> = mlps
+            .iter()
+            .map(|w| w.map(|w| w.view(&self.stream)))
+            .collect();
+        // SAFETY: each view is an uploaded matrix borrowed (alive, unchanged) for this call.
+        unsafe { self.swiglu_rows(&views, x, rows) }
+    }
+
+    /// Each `mlps[j]`'s SwiGLU over the rows `rows[j]` of `x` (gathered on the GPU), downloaded:
+    /// the bits of [`Gpu::swiglu_views`] over those rows gathered on the host (the same
+    /// kernels for each row count). Synchronous.
+    ///
+    /// # Safety
+    /// As [`Gpu::swiglu_views`]: each view describes memory of this context holding its
+    /// matrix, unchanged until this call returns.
+    pub unsafe fn swiglu_rows(
+        &self,
+        mlps: &[[MatView; 3]],
+        x: &GpuRows,
+        rows: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some((_, hidden)) = chain_shape(mlps)? else {
+            return Ok(Vec::new());
+        };
+        if rows.len() != mlps.len() || x.width() != hidden {
+            return Err(Error::Shape(format!(
+                "swiglu_rows: {} row lists for {} MLPs, rows of {} for hidden {hidden}",
+                rows.len(),
+                mlps.len(),
+                x.width()
+            )));
+        }
+        let flat: Vec<u32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        if let Some(r) = flat.iter().find(|&&r| r as usize >= x.rows()) {
+            return Err(Error::Shape(format!(
+                "swiglu_rows: row {r} of {}",
+                x.rows()
+            )));
+        }
+        let experts: Vec<([MatView; 3], &[u32])> =
+            mlps.iter().copied().zip(rows.iter().copied()).collect();
+        let (xp, _x_sync) = x.buf.device_ptr(&self.stream);
+        // SAFETY: x holds x.rows() × hidden f32, every index is below x.rows() (checked); the
+        // views are this fn's contract.
+        let y = unsafe { self.enqueue_gathered(xp, hidden, &experts, &flat)? };
+        let y = self.stream.clone_dtoh(&y)?;
+        let mut out = Vec::with_capacity(rows.len());
+        let mut next = 0;
+        for r in rows {
+            out.push(y[next * hidden..(next + r.len()) * hidden].to_vec());
+            next += r.len();
+        }
+        Ok(out)
     }
 }
 

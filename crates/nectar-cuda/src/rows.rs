@@ -19,6 +19,10 @@ pub struct GpuRows {
 }
 
 impl GpuRows {
+    pub(crate) fn new(buf: CudaSlice<f32>, rows: usize, width: usize) -> GpuRows {
+        GpuRows { buf, rows, width }
+    }
+
     /// Rows.
     pub fn rows(&self) -> usize {
         self.rows

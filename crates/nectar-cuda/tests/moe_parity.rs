@@ -5,6 +5,9 @@
 //! row, one launch group) and at 80 rows (experts of many row counts, the GEMV and the
 //! tensor-core GEMM both taken), with a row that uses fewer slots than k. Bad tables are errors.
 //!
+//! Also: experts over a layer input uploaded once (`Gpu::swiglu_rows`) against host-gathered
+//! rows.
+//!
 //! Without a GPU the test prints why and passes, unless `NECTAR_REQUIRE_GPU=1`.
 #![cfg(feature = "cuda")]
 mod common;
@@ -172,4 +175,56 @@ fn a_moe_layer_on_the_gpu_equals_the_per_expert_path() {
             assert!(g.moe_batch(&x[1..], m, &items, sh, combine).is_err());
         }
     }
+}
+
+/// Experts that each gather their rows of a layer input uploaded once (`Gpu::swiglu_rows`, the
+/// VRAM tier's and the copied experts' path under a RAM budget) give, bit for bit, what
+/// `swiglu_batch` gives over the same rows gathered on the host; experts of different row
+/// counts (GEMV and GEMM) in one call, rows in any order and repeated, an expert with no rows.
+#[test]
+fn experts_over_rows_uploaded_once_equal_host_gathered_rows() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let f = WeightFormat::Int4Group { group: 64 };
+    let experts: Vec<[GpuMat; 3]> = (0..4).map(|e| mlp(g, f, 40 + 3 * e as u64)).collect();
+    let mats: Vec<[&GpuMat; 3]> = experts.iter().map(|w| [&w[0], &w[1], &w[2]]).collect();
+    let m = 90;
+    let x = values(m * HIDDEN, 77);
+    let input = g.upload_rows(&x, HIDDEN).unwrap();
+    let lists: [Vec<u32>; 4] = [
+        (0..m as u32).rev().collect(),
+        vec![5, 5, 3],
+        Vec::new(),
+        (0..m as u32).step_by(2).collect(),
+    ];
+    let rows: Vec<&[u32]> = lists.iter().map(Vec::as_slice).collect();
+    assert!(use_gemm(f, INTER, HIDDEN, m), "no expert takes the GEMM");
+    let got = g.swiglu_rows_mats(&mats, &input, &rows).unwrap();
+    for (j, r) in rows.iter().enumerate() {
+        if r.is_empty() {
+            assert!(got[j].is_empty());
+            continue;
+        }
+        let xs: Vec<f32> = r
+            .iter()
+            .flat_map(|&i| x[i as usize * HIDDEN..][..HIDDEN].to_vec())
+            .collect();
+        let want = g
+            .swiglu_batch(&[mats[j]], &[&xs], r.len())
+            .unwrap()
+            .remove(0);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got[j]), bits(&want), "expert {j}");
+    }
+    // A row past the input, a list per MLP missing, an input of the wrong width: errors.
+    assert!(g
+        .swiglu_rows_mats(&mats[..1], &input, &[&[m as u32]])
+        .is_err());
+    assert!(g.swiglu_rows_mats(&mats[..2], &input, &rows[..1]).is_err());
+    let narrow = g.upload_rows(&x[..m * 8], 8).unwrap();
+    assert!(g
+        .swiglu_rows_mats(&mats[..1], &narrow, &rows[1..2])
+        .is_err());
+    assert!(g.upload_rows(&x[..7], 8).is_err());
 }

@@ -84,6 +84,24 @@ impl GpuWeight {
         Ok(out)
     }
 
+    /// `down(silu(gate·x) ⊙ up·x)` for several MLPs, each over its rows of `x`, a MoE layer's
+    /// input already in VRAM ([`nectar_cuda::Gpu::swiglu_rows`]: gathered there): the bits of
+    /// [`GpuWeight::swiglu_many`] over the same rows gathered on the host.
+    pub(crate) fn swiglu_rows(
+        mlps: &[[&GpuWeight; 3]],
+        x: &nectar_cuda::GpuRows,
+        rows: &[&[u32]],
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(first) = mlps.first() else {
+            return Ok(Vec::new());
+        };
+        let mats: Vec<[&GpuMat; 3]> = mlps.iter().map(|w| w.map(|w| &w.mat)).collect();
+        first[0]
+            .gpu
+            .swiglu_rows_mats(&mats, x, rows)
+            .map_err(gpu_err)
+    }
+
     /// A MoE layer's output with its expert work all on the GPU (`nectar_cuda::Gpu::moe_batch`:
     /// `x` up once, each routed expert `([gate, up, down], its rows of x)` gathered and chained
     /// in VRAM, the shared expert, the weighted combine): the bits of running each expert by

@@ -75,7 +75,11 @@ impl CopyTier {
         match *self {}
     }
 
-    pub fn run(&self, _jobs: Vec<(Pending, Vec<f32>, usize)>) -> Result<Vec<Vec<f32>>> {
+    pub fn run(
+        &self,
+        _jobs: Vec<(Pending, Vec<u32>)>,
+        _x: &super::moe::LayerInput<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
         match *self {}
     }
 }
@@ -215,9 +219,13 @@ impl CopyTier {
         s
     }
 
-    /// Copies and computes each `(lease to come, rows × hidden input, rows)` on the GPU;
+    /// Copies and computes each `(lease to come, its rows of the layer's input x)` on the GPU;
     /// outputs in the order given. Every lease is dropped when this returns.
-    pub fn run(&self, jobs: Vec<(Pending, Vec<f32>, usize)>) -> Result<Vec<Vec<f32>>> {
+    pub fn run(
+        &self,
+        jobs: Vec<(Pending, Vec<u32>)>,
+        x: &super::moe::LayerInput<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
         let n = jobs.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -228,12 +236,13 @@ impl CopyTier {
             let _ = free_tx.send(s);
         }
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Staged<'_>>(slots);
-        let mut inputs: Vec<(Vec<f32>, usize)> = Vec::with_capacity(n);
+        let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(n);
         let mut pendings = Vec::with_capacity(n);
-        for (p, x, rows) in jobs {
+        for (p, rows) in jobs {
             pendings.push(p);
-            inputs.push((x, rows));
+            inputs.push(rows);
         }
+        let x = x.on(self.staging.gpu())?;
         std::thread::scope(|s| {
             let producer = s.spawn(move || -> Result<()> {
                 for (job, p) in pendings.into_iter().enumerate() {
@@ -291,18 +300,18 @@ impl CopyTier {
                     // Time waited beyond the lease's own (a read is not the copy's).
                     let exposed_s = (waited.elapsed().as_secs_f64() - st.lease_s).max(0.0);
                     let started = Instant::now();
-                    let (x, rows) = &inputs[st.job];
+                    let rows = &inputs[st.job];
                     // SAFETY: the views address the slot's parts, written by the DMA this
                     // thread just waited for; the slot is not refilled before `release` below
                     // is queued after this MLP (the producer takes it from `free_tx`).
-                    let y = unsafe { gpu.swiglu_views(&[st.views], &[x], *rows) }
+                    let y = unsafe { gpu.swiglu_rows(&[st.views], x, &[rows]) }
                         .map_err(gpu_err)?
                         .pop()
                         .unwrap_or_default();
                     self.staging.release(st.slot).map_err(gpu_err)?;
                     let _ = free_tx.send(st.slot);
                     self.offload.copy_sample(
-                        *rows,
+                        rows.len(),
                         st.bytes,
                         started.elapsed().as_secs_f64(),
                         st.stage_s,

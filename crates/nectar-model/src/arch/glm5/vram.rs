@@ -29,7 +29,11 @@ impl VramExperts {
         match *self {}
     }
 
-    pub fn forward(&self, _jobs: &[(u32, Vec<f32>, usize)]) -> Result<Vec<Vec<f32>>> {
+    pub fn forward(
+        &self,
+        _x: &super::moe::LayerInput,
+        _jobs: &[(u32, Vec<u32>)],
+    ) -> Result<Vec<Vec<f32>>> {
         match *self {}
     }
 }
@@ -92,18 +96,25 @@ impl VramExperts {
         Some([&w[0], &w[1], &w[2]])
     }
 
-    /// The output of each `(expert, rows × hidden input, rows)`, on the GPU with the
-    /// activations kept there: experts of the same row count share one launch for their gate
-    /// and up products and one for their downs.
-    pub fn forward(&self, jobs: &[(u32, Vec<f32>, usize)]) -> Result<Vec<Vec<f32>>> {
-        use crate::blocks::GpuWeight;
-        let mut items = Vec::with_capacity(jobs.len());
-        for (e, x, m) in jobs {
+    /// The output of each `(expert, its rows of the layer's input)`, on the GPU with the
+    /// input uploaded once for the layer and each expert's rows gathered there: experts of the
+    /// same row count share one launch for their gate and up products and one for their downs.
+    pub fn forward(
+        &self,
+        x: &super::moe::LayerInput,
+        jobs: &[(u32, Vec<u32>)],
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut mlps = Vec::with_capacity(jobs.len());
+        for (e, _) in jobs {
             let Some(w) = self.mats(*e) else {
                 return Err(crate::Error::Input(format!("expert {e} is not in VRAM")));
             };
-            items.push((w, x.as_slice(), *m));
+            mlps.push(w);
         }
-        GpuWeight::swiglu_many(&items)
+        let Some(first) = mlps.first() else {
+            return Ok(Vec::new());
+        };
+        let rows: Vec<&[u32]> = jobs.iter().map(|(_, r)| r.as_slice()).collect();
+        crate::blocks::GpuWeight::swiglu_rows(&mlps, x.on(first[0].gpu())?, &rows)
     }
 }
