@@ -8,7 +8,7 @@
 //! query, its selected keys and the block size, never on the batch or the chunking.
 //!
 //! [`RECON_MAX_BYTES`]: super::RECON_MAX_BYTES
-use nectar_kernels::{dot, scaled_add, scaled_add4, ROWS4};
+use nectar_kernels::{dot, dot4, scaled_add, scaled_add4, DOT4, ROWS4};
 
 /// Per-head geometry of the attention cores.
 #[derive(Debug, Clone, Copy)]
@@ -115,7 +115,15 @@ fn weigh(
         let kv = &kvf[(t - first) * stride + base..];
         s.push((dot(&qh[..dn], &kv[..dn]) + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])) * g.scale);
     });
-    let (acc, ml) = st.split_at_mut(dv);
+    weigh_scores(g, s, st)
+}
+
+/// [`weigh`] from the keys' scores `s` (in key order).
+fn weigh_scores(g: &Heads, mut s: Vec<f32>, st: &mut [f32]) -> Option<Vec<f32>> {
+    if s.is_empty() {
+        return None;
+    }
+    let (acc, ml) = st.split_at_mut(g.dv);
     let bmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let m = ml[0].max(bmax);
     if m == f32::NEG_INFINITY {
@@ -189,6 +197,9 @@ pub(in crate::arch::glm5) fn fold_group(
         // Rows that see the whole tile take its values four at a time (`scaled_add4`: each
         // key's values read once for four rows, the same bits); the others key by key.
         let mut whole: Vec<(&mut [f32], Vec<f32>)> = Vec::new();
+        // Rows that see the whole tile, scored four at a time against each key (`dot4`: each
+        // key's slice loaded once for four rows, every score the same canonical chain).
+        let mut spans: Vec<(&Row<'_>, &mut [f32])> = Vec::new();
         for (r, s) in rows.iter().zip(st.chunks_exact_mut(g.state_len())) {
             let keys = match r.listed {
                 Some(k) => {
@@ -199,12 +210,14 @@ pub(in crate::arch::glm5) fn fold_group(
                 None => Keys::Span(t0..t1.min(r.pos + 1).max(t0)),
             };
             match keys {
-                Keys::Span(ref span) if span.end == t1 && span.start == t0 => {
-                    if let Some(p) = weigh(g, r.qh, head, first, k_pe, kvf, &keys, s) {
-                        whole.push((s, p));
-                    }
-                }
+                Keys::Span(ref span) if span.end == t1 && span.start == t0 => spans.push((r, s)),
                 _ => absorb_block(g, r.qh, head, first, k_pe, kvf, keys, s),
+            }
+        }
+        let scores = span_scores(g, head, (first, t0..t1), k_pe, kvf, &spans);
+        for ((_, s), sc) in spans.into_iter().zip(scores) {
+            if let Some(p) = weigh_scores(g, sc, s) {
+                whole.push((s, p));
             }
         }
         let values = &kvf[(t0 - first) * stride + base..];
@@ -231,6 +244,46 @@ pub(in crate::arch::glm5) fn fold_group(
             }
         }
     }
+}
+
+/// The scores of the keys `t0..t1` (all of them) for each of `rows`, four rows per key load
+/// ([`dot4`]; the rest one by one): the same values as [`weigh`]'s, key order.
+fn span_scores(
+    g: &Heads,
+    head: usize,
+    (first, span): (usize, std::ops::Range<usize>),
+    k_pe: &[f32],
+    kvf: &[f32],
+    rows: &[(&Row<'_>, &mut [f32])],
+) -> Vec<Vec<f32>> {
+    let (dn, dr) = (g.dn, g.dr);
+    let (stride, base) = (g.heads * (dn + g.dv), head * (dn + g.dv));
+    let mut out: Vec<Vec<f32>> = vec![Vec::with_capacity(span.len()); rows.len()];
+    let q = |i: usize| rows[i].0.qh;
+    let mut i = 0;
+    while i + DOT4 <= rows.len() {
+        let (nope, rope) = (
+            [0, 1, 2, 3].map(|j| &q(i + j)[..dn]),
+            [0, 1, 2, 3].map(|j| &q(i + j)[dn..]),
+        );
+        for t in span.clone() {
+            let kv = &kvf[(t - first) * stride + base..][..dn];
+            let (a, b) = (dot4(nope, kv), dot4(rope, &k_pe[t * dr..(t + 1) * dr]));
+            for j in 0..DOT4 {
+                out[i + j].push((a[j] + b[j]) * g.scale);
+            }
+        }
+        i += DOT4;
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(i) {
+        for t in span.clone() {
+            let kv = &kvf[(t - first) * stride + base..][..dn];
+            o.push(
+                (dot(&q(i)[..dn], kv) + dot(&q(i)[dn..], &k_pe[t * dr..(t + 1) * dr])) * g.scale,
+            );
+        }
+    }
+    out
 }
 
 /// Whether rebuilding K/V for all `keys` of a sequence costs less arithmetic than the absorbed
