@@ -247,6 +247,9 @@ mod tests {
                 let got = dot4_with(isa, a, &b).map(f32::to_bits);
                 let want = a.map(|x| dot_scalar(x, &b).to_bits());
                 assert_eq!(got, want, "{isa:?} n={n}");
+                // The roles swapped (one query against four keys): a product commutes exactly.
+                let swapped = a.map(|x| dot_with(isa, &b, x).to_bits());
+                assert_eq!(got, swapped, "{isa:?} n={n} swapped");
             }
         }
         // The padded tail's signed zero, as `dot` keeps it.

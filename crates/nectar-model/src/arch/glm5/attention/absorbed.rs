@@ -127,13 +127,19 @@ fn one_head(
         scaled_add(&mut q_lat, a, &w);
     }
     let c = row.cache;
-    let mut p: Vec<f32> = keys
-        .iter()
-        .map(|&t| {
-            (dot(&q_lat, &c.latent[t * rank..][..rank]) + dot(&qh[dn..], &c.k_pe[t * dr..][..dr]))
-                * g.scale
-        })
-        .collect();
+    let lat = |t: usize| &c.latent[t * rank..][..rank];
+    let kpe = |t: usize| &c.k_pe[t * dr..][..dr];
+    // Four keys at a time against the head's query (`dot4`, roles swapped: the same bits).
+    let mut p = Vec::with_capacity(keys.len());
+    let mut quads = keys.chunks_exact(DOT4);
+    for q in &mut quads {
+        let a = dot4([lat(q[0]), lat(q[1]), lat(q[2]), lat(q[3])], &q_lat);
+        let b = dot4([kpe(q[0]), kpe(q[1]), kpe(q[2]), kpe(q[3])], &qh[dn..]);
+        p.extend((0..DOT4).map(|j| (a[j] + b[j]) * g.scale));
+    }
+    for &t in quads.remainder() {
+        p.push((dot(&q_lat, lat(t)) + dot(&qh[dn..], kpe(t))) * g.scale);
+    }
     softmax_in_place(&mut p);
     let mut o_lat = vec![0.0f32; rank];
     for (&t, &pt) in keys.iter().zip(&p) {

@@ -110,11 +110,22 @@ fn weigh(
     let (dn, dv, dr) = (g.dn, g.dv, g.dr);
     let stride = g.heads * (dn + dv);
     let base = head * (dn + dv);
-    let mut s = Vec::with_capacity(keys.len());
-    keys.for_each(|t| {
-        let kv = &kvf[(t - first) * stride + base..];
-        s.push((dot(&qh[..dn], &kv[..dn]) + dot(&qh[dn..], &k_pe[t * dr..(t + 1) * dr])) * g.scale);
-    });
+    let mut ts = Vec::with_capacity(keys.len());
+    keys.for_each(|t| ts.push(t));
+    // Four keys at a time against the row's query (`dot4` with the roles swapped: a product
+    // commutes exactly, so each score is the canonical `dot(q, k)`), four chains side by side.
+    let nope = |t: usize| &kvf[(t - first) * stride + base..][..dn];
+    let rope = |t: usize| &k_pe[t * dr..(t + 1) * dr];
+    let mut s = Vec::with_capacity(ts.len());
+    let mut quads = ts.chunks_exact(DOT4);
+    for q in &mut quads {
+        let a = dot4([nope(q[0]), nope(q[1]), nope(q[2]), nope(q[3])], &qh[..dn]);
+        let b = dot4([rope(q[0]), rope(q[1]), rope(q[2]), rope(q[3])], &qh[dn..]);
+        s.extend((0..DOT4).map(|j| (a[j] + b[j]) * g.scale));
+    }
+    for &t in quads.remainder() {
+        s.push((dot(&qh[..dn], nope(t)) + dot(&qh[dn..], rope(t))) * g.scale);
+    }
     weigh_scores(g, s, st)
 }
 
@@ -510,6 +521,56 @@ mod tests {
             })
             .collect();
         check_group(&g, first, 8, &k_pe, &kvf, &rows);
+    }
+
+    /// A row's scores four keys at a time are the canonical `dot(q, k)` per key, bit for bit
+    /// (quads and a remainder; selected keys out of order of their blocks' rows).
+    #[test]
+    fn keys_scored_four_at_a_time_keep_their_bits() {
+        let g = Heads {
+            heads: 2,
+            dn: 24,
+            dr: 8,
+            dv: 16,
+            scale: 0.3,
+        };
+        let (t, first, dq) = (30, 2, g.dn + g.dr);
+        let stride = g.heads * (g.dn + g.dv);
+        let (k_pe, kvf, qh) = (fill(t * g.dr, 21), fill(t * stride, 22), fill(dq, 23));
+        let listed: Vec<u32> = vec![2, 3, 5, 8, 13, 21, 29];
+        for head in 0..g.heads {
+            let mut got = vec![0.0; g.state_len()];
+            init(&g, &mut got);
+            absorb_block(
+                &g,
+                &qh,
+                head,
+                first,
+                &k_pe,
+                &kvf,
+                Keys::Listed(&listed),
+                &mut got,
+            );
+            let base = head * (g.dn + g.dv);
+            let s: Vec<f32> = listed
+                .iter()
+                .map(|&t| {
+                    let t = t as usize;
+                    let kv = &kvf[(t - first) * stride + base..];
+                    (dot(&qh[..g.dn], &kv[..g.dn]) + dot(&qh[g.dn..], &k_pe[t * g.dr..][..g.dr]))
+                        * g.scale
+                })
+                .collect();
+            let mut want = vec![0.0; g.state_len()];
+            init(&g, &mut want);
+            let p = weigh_scores(&g, s, &mut want).unwrap();
+            for (k, &t) in listed.iter().enumerate() {
+                let v = &kvf[(t as usize - first) * stride + base + g.dn..][..g.dv];
+                scaled_add(&mut want[..g.dv], p[k], v);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "head {head}");
+        }
     }
 
     /// A row with no visible key gets zeros, not NaN.
