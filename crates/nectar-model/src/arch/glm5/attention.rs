@@ -4,7 +4,8 @@
 //! Two exact forms over the same compressed cache:
 //! - **absorbed** (decode, MTP, verify — any sequence adding ≤ 4 rows): the K up-projection is
 //!   folded into the query and the V up-projection into the output, so attention runs directly
-//!   over cached latents. Every row is computed the same way whatever else is in the batch.
+//!   over cached latents ([`absorbed`]: in passes that keep what they re-read in cache). Every
+//!   row is computed the same way whatever else is in the batch.
 //! - **reconstructed** (prefill chunks of > 4 rows, unless a short chunk continues a long
 //!   cache — [`recon::reconstruction_pays`]): K/V are rebuilt for the sequence's keys by kv_b's
 //!   matmul, in blocks of at most [`RECON_MAX_BYTES`], and attention runs per head with a
