@@ -254,12 +254,8 @@ impl Gpu {
         x: &GpuRows,
         rows: &[&[u32]],
     ) -> Result<Vec<Vec<f32>>> {
-        let views: Vec<[MatView; 3]> = mlps
-            .iter()
-            .map(|w| w.map(|w| w.view(&self.stream)))
-            .collect();
         // SAFETY: each view is an uploaded matrix borrowed (alive, unchanged) for this call.
-        unsafe { self.swiglu_rows(&views, x, rows) }
+        unsafe { self.swiglu_rows(&self.mlp_views(mlps), x, rows) }
     }
 
     /// Each `mlps[j]`'s SwiGLU over the rows `rows[j]` of `x` (gathered on the GPU), downloaded:
@@ -299,7 +295,12 @@ impl Gpu {
         // SAFETY: x holds x.rows() × hidden f32, every index is below x.rows() (checked); the
         // views are this fn's contract.
         let y = unsafe { self.enqueue_gathered(xp, hidden, &experts, &flat)? };
-        let y = self.stream.clone_dtoh(&y)?;
+        let mut y = self.stream.clone_dtoh(&y)?;
+        y.truncate(flat.len() * hidden);
+        // One MLP (a copied expert): its output as downloaded, without a copy.
+        if rows.len() == 1 {
+            return Ok(vec![y]);
+        }
         let mut out = Vec::with_capacity(rows.len());
         let mut next = 0;
         for r in rows {

@@ -29,12 +29,16 @@ impl Gpu {
         xs: &[&[f32]],
         m: usize,
     ) -> Result<Vec<Vec<f32>>> {
-        let views: Vec<[MatView; 3]> = mlps
-            .iter()
-            .map(|w| w.map(|w| w.view(&self.stream)))
-            .collect();
         // SAFETY: each view is an uploaded matrix borrowed (alive, unchanged) for this call.
-        unsafe { self.swiglu_views(&views, xs, m) }
+        unsafe { self.swiglu_views(&self.mlp_views(mlps), xs, m) }
+    }
+
+    /// The device views of uploaded MLPs, for the `*_views` / `*_rows` calls (valid while the
+    /// matrices are borrowed).
+    pub(crate) fn mlp_views(&self, mlps: &[SwiGluMats<'_>]) -> Vec<[MatView; 3]> {
+        mlps.iter()
+            .map(|w| w.map(|w| w.view(&self.stream)))
+            .collect()
     }
 
     /// [`Gpu::swiglu_batch`] over matrices at device addresses (an expert staged by

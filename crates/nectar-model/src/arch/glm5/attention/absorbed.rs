@@ -58,6 +58,20 @@ pub(in crate::arch::glm5) struct Row<'a> {
     pub keys: Option<&'a [u32]>,
 }
 
+impl Row<'_> {
+    /// The keys the row attends to: the selection's positions up to `pos`, or all of `0..=pos`.
+    fn visible(&self) -> Vec<usize> {
+        match self.keys {
+            Some(k) => k
+                .iter()
+                .map(|&t| t as usize)
+                .filter(|&t| t <= self.pos)
+                .collect(),
+            None => (0..=self.pos).collect(),
+        }
+    }
+}
+
 /// The absorbed form for `rows`: `out` is `[row][head][dv]`. `kvb` is kv_b (per head `dn`
 /// rows of W_UK, then `dv` rows of W_UV); `rank` the latent width.
 pub(in crate::arch::glm5) fn attend(
@@ -69,18 +83,7 @@ pub(in crate::arch::glm5) fn attend(
 ) {
     let (hd, dv) = (g.heads, g.dv);
     assert_eq!(out.len(), rows.len() * hd * dv, "absorbed: output size");
-    // Each row's keys: the selection's visible positions, or all of `0..=pos`.
-    let keys: Vec<Vec<usize>> = rows
-        .iter()
-        .map(|r| match r.keys {
-            Some(k) => k
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&t| t <= r.pos)
-                .collect(),
-            None => (0..=r.pos).collect(),
-        })
-        .collect();
+    let keys: Vec<Vec<usize>> = rows.iter().map(Row::visible).collect();
     let mut first = 0;
     while first < rows.len() {
         // Rows of the block: at least one, and scores + probabilities within SCORES_MAX_BYTES.
@@ -284,17 +287,6 @@ mod tests {
             .collect()
     }
 
-    fn visible(row: &Row<'_>) -> Vec<usize> {
-        match row.keys {
-            Some(k) => k
-                .iter()
-                .map(|&t| t as usize)
-                .filter(|&t| t <= row.pos)
-                .collect(),
-            None => (0..=row.pos).collect(),
-        }
-    }
-
     #[test]
     fn passes_equal_the_per_head_form_bit_for_bit() {
         let g = Heads {
@@ -364,7 +356,7 @@ mod tests {
         for (i, row) in rows.iter().enumerate() {
             for head in 0..g.heads {
                 let mut want = vec![0.0; g.dv];
-                one_head(&g, rank, &kvb, row, &visible(row), head, &mut want);
+                one_head(&g, rank, &kvb, row, &row.visible(), head, &mut want);
                 let got = &out[(i * g.heads + head) * g.dv..][..g.dv];
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(got), bits(&want), "row {i} head {head}");

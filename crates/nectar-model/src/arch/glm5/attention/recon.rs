@@ -110,20 +110,23 @@ fn weigh(
     let (dn, dv, dr) = (g.dn, g.dv, g.dr);
     let stride = g.heads * (dn + dv);
     let base = head * (dn + dv);
-    let mut ts = Vec::with_capacity(keys.len());
-    keys.for_each(|t| ts.push(t));
     // Four keys at a time against the row's query (`dot4` with the roles swapped: a product
     // commutes exactly, so each score is the canonical `dot(q, k)`), four chains side by side.
     let nope = |t: usize| &kvf[(t - first) * stride + base..][..dn];
     let rope = |t: usize| &k_pe[t * dr..(t + 1) * dr];
-    let mut s = Vec::with_capacity(ts.len());
-    let mut quads = ts.chunks_exact(DOT4);
-    for q in &mut quads {
-        let a = dot4([nope(q[0]), nope(q[1]), nope(q[2]), nope(q[3])], &qh[..dn]);
-        let b = dot4([rope(q[0]), rope(q[1]), rope(q[2]), rope(q[3])], &qh[dn..]);
-        s.extend((0..DOT4).map(|j| (a[j] + b[j]) * g.scale));
-    }
-    for &t in quads.remainder() {
+    let mut s = Vec::with_capacity(keys.len());
+    let (mut quad, mut n) = ([0usize; DOT4], 0);
+    keys.for_each(|t| {
+        quad[n] = t;
+        n += 1;
+        if n == DOT4 {
+            let a = dot4(quad.map(nope), &qh[..dn]);
+            let b = dot4(quad.map(rope), &qh[dn..]);
+            s.extend((0..DOT4).map(|j| (a[j] + b[j]) * g.scale));
+            n = 0;
+        }
+    });
+    for &t in &quad[..n] {
         s.push((dot(&qh[..dn], nope(t)) + dot(&qh[dn..], rope(t))) * g.scale);
     }
     weigh_scores(g, s, st)
