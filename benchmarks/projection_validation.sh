@@ -1,24 +1,55 @@
 #!/usr/bin/env bash
-# `nectar fit --project` against `nectar bench replay` on the very same routes, at three budgets,
-# look-ahead off and on, then prefill (benchmarks/RESULTS.md, "The projection validated on a
-# quiet machine"). Run it on a quiet machine; tabulate with projection_validation.py O TAG.
+# `nectar fit --project` against `nectar bench replay` on the very same routes, at each budget,
+# look-ahead off and on, then (optionally) MTP on and prefill (benchmarks/RESULTS.md, "The
+# projection validated …"). Run it on a quiet machine; tabulate with projection_validation.py.
+# Each replay arm is its own invocation and the arms alternate (off, lookahead, lookahead, off,
+# … for ROUNDS rounds), so a drift in the machine's speed falls on both arms and what finished
+# before a time limit is kept.
 #
-#   nectar synth --layers 4 --out S4                                   # 20.25 GiB
-#   python3 benchmarks/trace_subset.py tests/fixtures/traces/route256 SUB4 0,6,12,18
-#   N=target/release/nectar M=S4 T=SUB4 O=OUT TAG=Q benchmarks/projection_validation.sh
+#   nectar synth --layers 4 [--mtp] --out S4                          # 20.25 GiB (+ 9.7 with --mtp)
+#   python3 benchmarks/trace_subset.py tests/fixtures/traces/route256 SUB4 0,6,12,18 [TOKENS]
+#   N=target/release/nectar M=S4 T=SUB4 O=OUT TAG=Q [TOKENS=256 ROUNDS=2 BUDGETS="2100M 2950M 4250M"
+#     MTP_BUDGETS="2100M" PREFILL=1 DEADLINE=EPOCH_SECONDS] benchmarks/projection_validation.sh
+#   python3 benchmarks/projection_validation.py OUT Q
+#
+# TOKENS must be the decode rows each conversation of T holds (trace_subset.py's TOKENS), so that
+# the projection's hit-rate curve and the replay see the same rows. MTP_BUDGETS needs a synth
+# written with --mtp. DEADLINE stops starting new steps (a device call's time limit).
 set -uo pipefail
 N=${N:?the nectar binary}; M=${M:?the synth container}; T=${T:?the trace subset}; O=${O:?output dir}; TAG=${TAG:-Q}
+TOKENS=${TOKENS:-256}; ROUNDS=${ROUNDS:-2}; BUDGETS=${BUDGETS:-2100M 2950M 4250M}; MTP_BUDGETS=${MTP_BUDGETS:-}
+DEADLINE=${DEADLINE:-0}
 mkdir -p "$O"
 log() { echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg) $*" | tee -a $O/log$TAG; }
-for b in 2100M 2950M 4250M; do
+left() {  # seconds before DEADLINE (a day without one); fails when none are left
+  local s=86400
+  [ "$DEADLINE" -gt 0 ] && s=$((DEADLINE - $(date +%s)))
+  [ $s -gt 5 ] && echo $s
+}
+replay() {  # NAME BUDGET ARGS...
+  local name=$1 b=$2 t; shift 2
+  t=$(left) || { log "skipped replay $name (deadline)"; return; }
+  log "replay $name"
+  timeout $t $N bench replay --model $M --memory-budget $b --trace $T --conversations 1000 --tokens $TOKENS \
+    --raw-seconds 1 --json "$@" > $O/replay$TAG-$name.json 2> $O/replay$TAG-$name.err
+  log "replay $name: exit $?"
+}
+for b in $BUDGETS; do
   for pf in off lookahead; do
+    t=$(left) || break
     log "fit $b $pf"
-    $N fit --model $M --memory-budget $b --project --prefetch $pf --trace $T --json > $O/fit$TAG-$b-$pf.json 2> $O/fit$TAG-$b-$pf.err
+    timeout $t $N fit --model $M --memory-budget $b --project --prefetch $pf --trace $T --json > $O/fit$TAG-$b-$pf.json 2> $O/fit$TAG-$b-$pf.err
   done
-  log "replay $b"
-  $N bench replay --model $M --memory-budget $b --trace $T --conversations 4 --tokens 256 --raw-seconds 1 \
-     --prefetch off,lookahead --json > $O/replay$TAG-$b.json 2> $O/replay$TAG-$b.err
+  for r in $(seq 1 $ROUNDS); do
+    arms="off lookahead"; [ $((r % 2)) = 0 ] && arms="lookahead off"
+    for pf in $arms; do replay $b-$pf-$r $b --prefetch $pf; done
+  done
 done
-log "prefill"
-$N bench replay --model $M --memory-budget 2100M --prompt-rows 512,2048 --json > $O/prefill$TAG.json 2> $O/prefill$TAG.err
+for b in $MTP_BUDGETS; do
+  replay $b-mtp-1 $b --prefetch lookahead --mtp on
+done
+if [ -n "${PREFILL:-}" ]; then
+  b=${BUDGETS%% *}
+  t=$(left) && { log "prefill"; timeout $t $N bench replay --model $M --memory-budget $b --prompt-rows 512,2048 --json > $O/prefill$TAG.json 2> $O/prefill$TAG.err; }
+fi
 log done

@@ -2,7 +2,10 @@
 `nectar fit --project --trace SUB` and `nectar bench replay --trace SUB` see the very same
 routes (benchmarks/RESULTS.md, "The projection validated on a quiet machine").
 
-usage: trace_subset.py SRC_DIR DEST_DIR INDEX[,INDEX...]    e.g. ... 0,6,12,18
+usage: trace_subset.py SRC_DIR DEST_DIR INDEX[,INDEX...] [DECODED]    e.g. ... 0,6,12,18 96
+
+DECODED keeps each conversation's prompt and its first DECODED decode rows, so that a short
+replay (`bench replay --tokens DECODED`) and the projection's hit-rate curve see the same rows.
 """
 import ast
 import json
@@ -41,6 +44,10 @@ def main():
     man = json.load(open(os.path.join(src, "manifest.json")))
     entry = man["traces"]["decode"]
     segs = [entry["segments"][i] for i in picks]
+    if len(sys.argv) > 4:
+        keep = int(sys.argv[4])
+        segs = [dict(s, end=min(s["end"], s["start"] + s["warmup"] + keep)) for s in segs]
+        segs = [dict(s, decoded=s["end"] - s["start"] - s["warmup"]) for s in segs]
     os.makedirs(dest, exist_ok=True)
     out_segs, parts = [], {"experts": [], "tokens": []}
     row = 0
