@@ -203,11 +203,6 @@ fn activations(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Timing plan.
 struct Plan {
     reps: usize,
@@ -234,7 +229,7 @@ fn time_calls(plan: &Plan, copies: usize, mut f: impl FnMut(usize)) -> f64 {
         }
         per_call.push(t.elapsed().as_secs_f64() / n as f64);
     }
-    median(per_call)
+    super::bench_io::median(&per_call)
 }
 
 /// Scalar reference of output row `r` for activation row `x`.
