@@ -9,12 +9,13 @@
 #   nectar synth --layers 4 [--mtp] --out S4                          # 20.25 GiB (+ 9.7 with --mtp)
 #   python3 benchmarks/trace_subset.py tests/fixtures/traces/route256 SUB4 0,6,12,18 [TOKENS]
 #   N=target/release/nectar M=S4 T=SUB4 O=OUT TAG=Q [TOKENS=256 ROUNDS=2 BUDGETS="2100M 2950M 4250M"
-#     MTP_BUDGETS="2100M" PREFILL=1 DEADLINE=EPOCH_SECONDS] benchmarks/projection_validation.sh
+#     MTP_BUDGETS="2100M" PREFILL=1 DEADLINE=EPOCH_SECONDS FITS=before|after] benchmarks/projection_validation.sh
 #   python3 benchmarks/projection_validation.py OUT Q
 #
 # TOKENS must be the decode rows each conversation of T holds (trace_subset.py's TOKENS), so that
 # the projection's hit-rate curve and the replay see the same rows. MTP_BUDGETS needs a synth
-# written with --mtp. DEADLINE stops starting new steps (a device call's time limit).
+# written with --mtp. DEADLINE stops starting new steps (a device call's time limit); FITS=after
+# runs the replays first.
 set -uo pipefail
 N=${N:?the nectar binary}; M=${M:?the synth container}; T=${T:?the trace subset}; O=${O:?output dir}; TAG=${TAG:-Q}
 TOKENS=${TOKENS:-256}; ROUNDS=${ROUNDS:-2}; BUDGETS=${BUDGETS:-2100M 2950M 4250M}; MTP_BUDGETS=${MTP_BUDGETS:-}
@@ -34,16 +35,20 @@ replay() {  # NAME BUDGET ARGS...
     --raw-seconds 1 --json "$@" > $O/replay$TAG-$name.json 2> $O/replay$TAG-$name.err
   log "replay $name: exit $?"
 }
-for b in $BUDGETS; do
+fits() {  # BUDGET
   for pf in off lookahead; do
     t=$(left) || break
-    log "fit $b $pf"
-    timeout $t $N fit --model $M --memory-budget $b --project --prefetch $pf --trace $T --json > $O/fit$TAG-$b-$pf.json 2> $O/fit$TAG-$b-$pf.err
+    log "fit $1 $pf"
+    timeout $t $N fit --model $M --memory-budget $1 --project --prefetch $pf --trace $T --json > $O/fit$TAG-$1-$pf.json 2> $O/fit$TAG-$1-$pf.err
   done
+}
+for b in $BUDGETS; do
+  [ "${FITS:-before}" = before ] && fits $b
   for r in $(seq 1 $ROUNDS); do
     arms="off lookahead"; [ $((r % 2)) = 0 ] && arms="lookahead off"
     for pf in $arms; do replay $b-$pf-$r $b --prefetch $pf; done
   done
+  [ "${FITS:-before}" = after ] && fits $b
 done
 for b in $MTP_BUDGETS; do
   replay $b-mtp-1 $b --prefetch lookahead --mtp on
