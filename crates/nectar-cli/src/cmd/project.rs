@@ -495,15 +495,19 @@ fn overlap(busy: f64, waited: f64, moe_compute: f64, step: f64) -> Option<f64> {
         .then(|| ((busy - waited) / moe_compute).clamp(0.0, 1.0))
 }
 
-/// The disk rate of a projection measured here: the sample of whole-expert reads, or the
-/// calibration decode's own reads when they moved faster — a sample that reads slower than the
-/// disk was then seen to do was taken in a busy moment (on the 2-vCPU guest a 2 s sample read
-/// 0.50–2.39 GB/s over five fits while their 32-step calibrations read 2.19–2.44). As the
-/// read reference, the best the device was seen to do in this fit, and which one it was.
+/// The disk rate of a projection measured here: what the calibration decode's own reads moved
+/// while some read was in flight, when it read enough to tell, else the 2 s sample of
+/// whole-expert reads. The decode's rate is the one a decode gets — its queue depth, its
+/// compute beside it — and it is steadier: on a 2-vCPU guest five samples read 0.50–2.39 GB/s
+/// (one while the disk worked off a 20 GB write, one beside another reader) against 2.19–2.44
+/// in their calibrations; with the container in RAM on 16 cores the sample copied 17.8 GB/s
+/// and the decode's reads 9.8 (its copies share the cores and the memory with its compute),
+/// and a projection from the sample was 1.6× the replay (benchmarks/RESULTS.md, "Look-ahead
+/// where reads are fast").
 fn disk_rate(sample: f64, calibration: Option<f64>) -> (f64, &'static str) {
     match calibration {
-        Some(c) if c > sample => (c, "calibration"),
-        _ => (sample, "sample"),
+        Some(c) => (c, "calibration"),
+        None => (sample, "sample"),
     }
 }
 
@@ -1027,7 +1031,7 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&m["decode_kernel_gbps"]), f(&m["read_gbps"]), f(&m["disk_gbps"]),
         if m["disk_reference"] == "calibration" {
             format!(
-                " (the calibration's reads; a {:.2} GB/s sample read low)",
+                " (the calibration decode's reads; a 2 s sample read {:.2})",
                 f(&m["measured_here"]["disk_sample_gbps"])
             )
         } else {
@@ -1095,11 +1099,12 @@ mod tests {
     use super::{disk_rate, overlap};
 
     #[test]
-    fn the_disk_rate_is_the_best_this_fit_saw() {
-        // A sample taken while the disk was busy elsewhere: the calibration's reads stand.
+    fn the_disk_rate_is_the_calibration_decodes_own() {
+        // A sample taken while the disk was busy elsewhere: the decode's reads stand.
         assert_eq!(disk_rate(0.5, Some(2.29)), (2.29, "calibration"));
-        // The sample is faster (the calibration's queue ran shallower at times): it stands.
-        assert_eq!(disk_rate(2.06, Some(2.01)), (2.06, "sample"));
+        // A sample faster than a decode's reads (copies from RAM beside the compute): the
+        // decode's reads stand too — they are what a decode gets.
+        assert_eq!(disk_rate(17.8, Some(9.8)), (9.8, "calibration"));
         // A calibration that read too little to tell says nothing.
         assert_eq!(disk_rate(1.7, None), (1.7, "sample"));
     }
