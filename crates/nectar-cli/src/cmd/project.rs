@@ -450,7 +450,11 @@ pub fn calibrate(
     // of a few milliseconds on a disk-bound run, and the mean of 32 steps came out 2× apart in
     // two fits minutes apart (RESULTS, "The projection validated on 16 cores"); a few slow
     // steps (a page fault, a thread descheduled) move the median less.
-    let compute = super::bench_io::median(&step_compute);
+    let compute = if step_compute.is_empty() {
+        0.0
+    } else {
+        super::bench_io::median(&step_compute)
+    };
     let l = g.moe_layers as f64;
     let dec = dec_gbps * 1e9;
     let shared = (l * g.expert).min(g.spine_read);
