@@ -20,6 +20,17 @@ def load(path):
         return None  # an arm cut off by a time limit
 
 
+fits = {}
+
+
+def fit(b, pf):
+    """The fit of budget `b` with prefetch `pf` (None when the deadline cut it), read once."""
+    if (b, pf) not in fits:
+        path = f"{O}/fit{TAG}-{b}-{pf}.json"
+        fits[(b, pf)] = json.load(open(path)) if os.path.exists(path) else None
+    return fits[(b, pf)]
+
+
 arms = {}
 for path in sorted(glob.glob(f"{O}/replay{TAG}-*.json")):
     m = re.fullmatch(rf"replay{re.escape(TAG)}-(\w+)-(off|lookahead|mtp)-(\d+)\.json", os.path.basename(path))
@@ -38,8 +49,7 @@ for b in budgets:
         runs = arms.get((b, pf))
         if not runs:
             continue
-        fit = f"{O}/fit{TAG}-{b}-{'off' if pf == 'off' else 'lookahead'}.json"
-        f = json.load(open(fit)) if os.path.exists(fit) else None  # a fit cut by the deadline
+        f = fit(b, "off" if pf == "off" else "lookahead")
         key = "mtp_on" if pf == "mtp" else "mtp_off"
         each = [r["decode_tok_s"] for r in runs]
         meas = statistics.median(each)
@@ -63,11 +73,11 @@ for b in budgets:
               f"| {cells[5]} / {cov:.2f} | {cells[6]} / {lc.get('min_context', '–')} |")
     off, on = arms.get((b, "off")), arms.get((b, "lookahead"))
     if off and on:
-        fits = [f"{O}/fit{TAG}-{b}-{pf}.json" for pf in ("off", "lookahead")]
+        f_off, f_on = fit(b, "off"), fit(b, "lookahead")
         proj = "–"
-        if all(os.path.exists(x) for x in fits):
-            f_off, f_on = (json.load(open(x))["projection"]["decode_tok_s"]["mtp_off"] for x in fits)
-            proj = f"{f_on / f_off:.2f}×"
+        if f_off and f_on:
+            tok = lambda f: f["projection"]["decode_tok_s"]["mtp_off"]
+            proj = f"{tok(f_on) / tok(f_off):.2f}×"
         g = statistics.median(r["decode_tok_s"] for r in on) / statistics.median(r["decode_tok_s"] for r in off)
         # Each run's tok/s × its GB per token ÷ the raw rate read around it: the share of the
         # disk's rate the decode used, which a drifting disk moves less than tok/s.
@@ -86,8 +96,8 @@ if os.path.exists(pre):
     print("|---|---:|---:|---:|---:|---:|")
     for run in runs:
         b, n = run["budget"], run["prompt_tokens"]
-        f = json.load(open(f"{O}/fit{TAG}-{b}-off.json"))
-        proj = f["projection"]["prefill_tok_s"].get(str(n))
+        f = fit(b, "off")
+        proj = f and f["projection"]["prefill_tok_s"].get(str(n))
         if proj is None:
             continue
         print(f"| {b} | {n} | {proj:.2f} | {run['prefill_tok_s']:.2f} | **{proj / run['prefill_tok_s']:.2f}** "

@@ -46,8 +46,8 @@ def main():
     segs = [entry["segments"][i] for i in picks]
     if len(sys.argv) > 4:
         keep = int(sys.argv[4])
-        segs = [dict(s, end=min(s["end"], s["start"] + s["warmup"] + keep)) for s in segs]
-        segs = [dict(s, decoded=s["end"] - s["start"] - s["warmup"]) for s in segs]
+        segs = [dict(s, end=min(s["end"], s["start"] + s["warmup"] + keep), decoded=min(s["decoded"], keep))
+                for s in segs]
     os.makedirs(dest, exist_ok=True)
     out_segs, parts = [], {"experts": [], "tokens": []}
     row = 0

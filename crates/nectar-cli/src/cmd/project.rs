@@ -835,9 +835,11 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
-    // The disk first, in a quiet process: read right after the calibration's model was dropped,
-    // it measured 1.0–1.8 GB/s where it reads 3.1–3.3 (a quiet machine, the same experts,
-    // minutes apart; benchmarks/RESULTS.md, "The projection validated on a quiet machine").
+    // The disk sample first, in a quiet process: read right after the calibration's model was
+    // dropped, it measured 1.0–1.8 GB/s where it reads 3.1–3.3 (a quiet machine, the same
+    // experts, minutes apart; benchmarks/RESULTS.md, "The projection validated on a quiet
+    // machine"). It is the rate projected only without a calibration ([`disk_rate`]); beside one
+    // it is printed as the cross-check that showed a sample 1.8× off what a decode gets.
     let mut disk_direct = None;
     let disk_sample = match (a.disk_gbps, &model_dir) {
         (Some(d), _) => d,
