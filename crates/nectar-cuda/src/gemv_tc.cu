@@ -302,3 +302,265 @@ GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
 GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
 GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
+
+// ---------------------------------------------------------------------------------------------
+// The split-activation tensor GEMV (`Order::Split`, gemv.rs): the same MMAs on the same weight
+// fragments as above, but the activations are split into their three bf16 parts once per launch
+// (`gemv_ts_split`, into a scratch buffer already laid out as the MMA's B fragments) instead of
+// by every warp for every step, and the three parts ride in the MMA's columns — column
+// 3·(token − 2c) + part of column group c = 0 … ⌈M/2⌉ − 1 — so one MMA per 16-column k-step and
+// column group computes every part of two tokens. Per warp-step the loop is then the weight
+// loads, the decode, ⌈M/2⌉ MMAs per k-step and one scale FMA per output: about 1.9 instructions
+// per int4 weight-lane against about 4 for the kernel above (whose activation split and three
+// chained MMAs per k-step dominated its 540 SASS instructions per warp-step, RESULTS 2026-12-02).
+//
+// Split buffer, per job: [step][group][lane][8] u32 — lane (g, t) of group c holds, for k-steps
+// j = 0 … 3, the words b0, b1 of the MMA's B fragment: part g % 3 of token 2c + g / 3 (zero for
+// g ≥ 6 or a token ≥ M) at the k slots tc_split_x assigns (same columns as tc_decode's lo / hi).
+//
+// Accumulation order, for output (row r, token t), part q = 0, 1, 2: each warp w keeps
+// acc_w[q] = 0 and, over its steps s = w, w + 4, … in increasing order: p = 0; p = mma(w_j,
+// x_q,j, p) for the step's k-steps j = 0 … 3 in order; acc_w[q] = fma(scale, p, acc_w[q])
+// (bf16: scale 1). Then v_q = ((acc_0[q] + acc_1[q]) + acc_2[q]) + acc_3[q] and
+// y = (v_2 + v_1) + v_0 (the smallest parts first). An output depends only on its row, its
+// token's activations, the column count and that order — not on M, T, the grid or the other
+// matrices of the launch (an MMA's columns are independent sums).
+
+#define TS_WARPS 4
+
+// One thread per (job, step, group, lane): its 8 B-fragment words.
+extern "C" __global__ void __launch_bounds__(128)
+    gemv_ts_split(const Job* jobs, int cols, int m, int groups, int nsteps, int i4, u64 split) {
+    const u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 per_job = (u64)nsteps * groups * 32;
+    if (idx >= per_job) return;
+    const Job job = jobs[blockIdx.y];
+    const int lane = (int)(idx & 31), g = lane >> 2, t = lane & 3;
+    const int c = (int)((idx >> 5) % groups);
+    const int s = (int)((idx >> 5) / groups);
+    const int part = g % 3, tok = 2 * c + g / 3;
+    const int c0 = s * TC_STEP + 16 * t;
+    float x[16];
+    if (g < 6 && tok < m && c0 < cols) {
+        const float4* X = (const float4*)((const float*)job.x + (u64)tok * cols + c0);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 v = X[q];
+            x[4 * q] = v.x;
+            x[4 * q + 1] = v.y;
+            x[4 * q + 2] = v.z;
+            x[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int q = 0; q < 16; q++) x[q] = 0.0f;
+    }
+    u32 out[8];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int l0, l1, h0, h1;
+        if (i4) {
+            const int base = 8 * (j >> 1) + 2 * (j & 1);
+            l0 = base;
+            l1 = base + 4;
+            h0 = base + 1;
+            h1 = base + 5;
+        } else {
+            l0 = 4 * j;
+            l1 = 4 * j + 1;
+            h0 = 4 * j + 2;
+            h1 = 4 * j + 3;
+        }
+        u32 lo[3], hi[3];
+        split_pair<3>(x[l0], x[l1], lo);
+        split_pair<3>(x[h0], x[h1], hi);
+        out[2 * j] = part == 0 ? lo[0] : part == 1 ? lo[1] : lo[2];
+        out[2 * j + 1] = part == 0 ? hi[0] : part == 1 ? hi[1] : hi[2];
+    }
+    uint4* dst = (uint4*)split + ((u64)blockIdx.y * per_job + idx) * 2;
+    dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+}
+
+template <int F, int T, int G, int S, bool ROW_SCALE>
+__device__ __forceinline__ void gemv_ts(const Job& job, const uint4* split, int rows, int cols,
+                                        int m, int row_bytes, int row_scales, u32 gmagic,
+                                        int gshift) {
+    constexpr int N = TcRaw<F>::N;
+    constexpr bool CODES = F != FMT_BF16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16 * T;
+    const u8* W = (const u8*)job.w;
+    const float* S_ = (const float*)job.s;
+    const u8* wrow[T][2];
+    const float* srow[T][2];
+    float rs[T][2];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // Rows past the end re-read the last row (its bytes exist) and are never stored.
+            const int r = min(row0 + 16 * i + g + 8 * h, rows - 1);
+            wrow[i][h] = W + (u64)r * row_bytes;
+            srow[i][h] = S_ + (u64)r * row_scales;
+            rs[i][h] = CODES && ROW_SCALE ? __ldg(srow[i][h]) : 1.0f;
+        }
+    const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
+    const int nchunks = (nsteps + S - 1) / S;
+
+    float acc[T][G][4];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int c = 0; c < G; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][c][e] = 0.0f;
+
+    // A chunk is S consecutive steps; warp w takes chunks w, w + 4, … and loads the next chunk
+    // while it computes this one.
+    u32 wn[S][T][2][N];
+    float sn[S][T][2];
+    uint4 bn[S][G][2];
+    auto load = [&](int k) {
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+            const int s = k * S + u;
+            const int c0 = s * TC_STEP + 16 * t;
+            const bool in = s < nsteps;
+#pragma unroll
+            for (int i = 0; i < T; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    tc_load_w<F>(wrow[i][h], c0, cols, wn[u][i][h]);
+                    if (CODES && !ROW_SCALE)
+                        sn[u][i][h] = in ? __ldg(srow[i][h] + scale_index(s * TC_STEP, gmagic, gshift)) : 0.0f;
+                    else
+                        sn[u][i][h] = rs[i][h];
+                }
+#pragma unroll
+            for (int c = 0; c < G; c++) {
+                // Lanes of columns no token uses (g ≥ 6, or a token past M) hold zeros: skip
+                // their loads.
+                const bool live = in && g < 3 * min(2, m - 2 * c);
+                const uint4* p = split + ((u64)(s * G + c) * 32 + lane) * 2;
+                bn[u][c][0] = live ? __ldg(p) : make_uint4(0, 0, 0, 0);
+                bn[u][c][1] = live ? __ldg(p + 1) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+
+    if (warp < nchunks) load(warp);
+    for (int k = warp; k < nchunks; k += TS_WARPS) {
+        u32 wc[S][T][2][N];
+        float sc[S][T][2];
+        uint4 bc[S][G][2];
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+#pragma unroll
+            for (int i = 0; i < T; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    sc[u][i][h] = sn[u][i][h];
+#pragma unroll
+                    for (int q = 0; q < N; q++) wc[u][i][h][q] = wn[u][i][h][q];
+                }
+#pragma unroll
+            for (int c = 0; c < G; c++) {
+                bc[u][c][0] = bn[u][c][0];
+                bc[u][c][1] = bn[u][c][1];
+            }
+        }
+        if (k + TS_WARPS < nchunks) load(k + TS_WARPS);
+
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+            // Past the last step: codes of zero and zero activations (nothing to add), skipped.
+            if (S > 1 && k * S + u >= nsteps) break;
+#pragma unroll
+            for (int i = 0; i < T; i++) {
+                u32 lo0[4], hi0[4], lo1[4], hi1[4];
+                tc_decode<F>(wc[u][i][0], lo0, hi0);
+                tc_decode<F>(wc[u][i][1], lo1, hi1);
+#pragma unroll
+                for (int c = 0; c < G; c++) {
+                    const u32 b[8] = {bc[u][c][0].x, bc[u][c][0].y, bc[u][c][0].z, bc[u][c][0].w,
+                                      bc[u][c][1].x, bc[u][c][1].y, bc[u][c][1].z, bc[u][c][1].w};
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
+                        mma_bf16(p, a, b[2 * j], b[2 * j + 1]);
+                    }
+                    acc[i][c][0] = fmaf(sc[u][i][0], p[0], acc[i][c][0]);
+                    acc[i][c][1] = fmaf(sc[u][i][0], p[1], acc[i][c][1]);
+                    acc[i][c][2] = fmaf(sc[u][i][1], p[2], acc[i][c][2]);
+                    acc[i][c][3] = fmaf(sc[u][i][1], p[3], acc[i][c][3]);
+                }
+            }
+        }
+    }
+
+    // Every warp's sums through shared memory; then each output sums its warps, then its parts.
+    __shared__ float red[TS_WARPS][T][G][4][32];
+#pragma unroll
+    for (int i = 0; i < T; i++)
+#pragma unroll
+        for (int c = 0; c < G; c++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[warp][i][c][e][lane] = acc[i][c][e];
+    __syncthreads();
+    float* Y = (float*)job.y;
+    for (int o = threadIdx.x; o < 16 * T * m; o += TS_WARPS * 32) {
+        const int rr = o % (16 * T), tok = o / (16 * T);
+        const int r = row0 + rr;
+        if (r >= rows) continue;
+        const int i = rr >> 4, gi = rr & 7, eh = (rr >> 3) & 1;
+        const int c = tok >> 1;
+        float v[3];
+#pragma unroll
+        for (int q = 0; q < 3; q++) {
+            // D fragment: column n = 2t + (e & 1) of lane (g, t), rows g (+8 for e >= 2).
+            const int n = 3 * (tok & 1) + q;
+            const int ln = gi * 4 + (n >> 1), e = 2 * eh + (n & 1);
+            float a = red[0][i][c][e][ln];
+#pragma unroll
+            for (int w = 1; w < TS_WARPS; w++) a += red[w][i][c][e][ln];
+            v[q] = a;
+        }
+        Y[(u64)tok * rows + r] = (v[2] + v[1]) + v[0];
+    }
+}
+
+// `path` bit 1: one scale per row (int8 / int4 per row). `split`: the job table's split buffers,
+// each `nsteps · G · 32` uint2-pairs long, in job order.
+#define GEMV_TS_ENTRY(NAME, F, T, G, S)                                                           \
+    extern "C" __global__ void __launch_bounds__(TS_WARPS * 32)                                   \
+        NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
+             u32 gmagic, int gshift, int path, u64 split) {                                       \
+        const Job job = jobs[blockIdx.y];                                                         \
+        const int nsteps = (cols + TC_STEP - 1) / TC_STEP;                                        \
+        const uint4* sp = (const uint4*)split + (u64)blockIdx.y * nsteps * G * 32 * 2;            \
+        if (path & 2)                                                                             \
+            gemv_ts<F, T, G, S, true>(job, sp, rows, cols, m, row_bytes, row_scales, gmagic,      \
+                                      gshift);                                                    \
+        else                                                                                      \
+            gemv_ts<F, T, G, S, false>(job, sp, rows, cols, m, row_bytes, row_scales, gmagic,     \
+                                       gshift);                                                   \
+    }
+// `_t4` / `_t2`: row tiles per warp for launches of many rows (fewer as the column groups grow
+// the registers); `_t1` for launches of few rows. T never changes a row's order.
+#define GEMV_TS_FORMAT(FN, F)                                                                     \
+    GEMV_TS_ENTRY(gemv_ts_##FN##_g1_t1, F, 1, 1, 1) GEMV_TS_ENTRY(gemv_ts_##FN##_g1_t4, F, 4, 1, 1)     \
+    GEMV_TS_ENTRY(gemv_ts_##FN##_g2_t1, F, 1, 2, 1) GEMV_TS_ENTRY(gemv_ts_##FN##_g2_t4, F, 4, 2, 1)     \
+    GEMV_TS_ENTRY(gemv_ts_##FN##_g3_t1, F, 1, 3, 1) GEMV_TS_ENTRY(gemv_ts_##FN##_g3_t2, F, 2, 3, 1)     \
+    GEMV_TS_ENTRY(gemv_ts_##FN##_g4_t1, F, 1, 4, 1) GEMV_TS_ENTRY(gemv_ts_##FN##_g4_t2, F, 2, 4, 1)
+GEMV_TS_FORMAT(i4, FMT_I4)
+GEMV_TS_FORMAT(i8, FMT_I8)
+GEMV_TS_FORMAT(bf16, FMT_BF16)
+// Exploration (NECTAR_GEMV_TS=T,S): int4, one column group, S steps per chunk.
+GEMV_TS_ENTRY(gemv_ts_i4_g1_t4_s2, FMT_I4, 4, 1, 2)
+GEMV_TS_ENTRY(gemv_ts_i4_g1_t2_s2, FMT_I4, 2, 1, 2)
+GEMV_TS_ENTRY(gemv_ts_i4_g1_t2_s4, FMT_I4, 2, 1, 4)
+GEMV_TS_ENTRY(gemv_ts_i4_g1_t1_s4, FMT_I4, 1, 1, 4)
+GEMV_TS_ENTRY(gemv_ts_i4_g1_t1_s8, FMT_I4, 1, 1, 8)

@@ -78,6 +78,7 @@ mod with_cuda {
             }
             if tensor {
                 orders.push(Order::Tensor);
+                orders.push(Order::Split);
             }
             for &m in &a.m {
                 for &order in &orders {
