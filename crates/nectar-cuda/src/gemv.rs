@@ -36,10 +36,6 @@ pub enum Order {
     /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
     /// and formats take the `Exact` kernels.
     Tensor,
-    /// The tensor-core GEMV with the activations split into their bf16 parts once per launch
-    /// and the parts in the MMA's columns (`gemv_tc.cu`, `gemv_ts`): the same layouts as
-    /// [`Order::Tensor`], one MMA per k-step for two tokens instead of three per token.
-    Split,
 }
 
 impl Order {
@@ -53,13 +49,12 @@ impl Order {
             Order::Exact => "exact",
             Order::Word => "word",
             Order::Tensor => "tensor",
-            Order::Split => "split",
         }
     }
 
     /// Whether this order runs the tensor-core GEMV where the layout admits it.
     pub fn tensor(self) -> bool {
-        matches!(self, Order::Tensor | Order::Split)
+        self == Order::Tensor
     }
 }
 
@@ -96,16 +91,6 @@ fn rows_per_warp(m: usize) -> u32 {
 /// kv_b's 28,672 rows up (and a token's 16 expert gate/up matrices, 32,768 rows) two were as
 /// fast or faster (int8 expert down 33.3 µs against 41.0).
 const FEW_ROWS: usize = 24_576;
-
-/// Row tiles per warp of [`Order::Split`]'s launches of many rows: four up to two column
-/// groups (M ≤ 4), two beyond (the accumulators grow with the groups).
-fn split_tiles(groups: u32) -> u32 {
-    if groups <= 2 {
-        4
-    } else {
-        2
-    }
-}
 
 /// Integer formats take the word-path kernels (`gemv.cu`).
 fn is_int(format: WeightFormat) -> bool {
@@ -175,8 +160,6 @@ pub struct GemvPlan {
     /// The tensor-core kernels ([`Order::Tensor`] on a layout that admits it) and their row
     /// tiles per warp: for launches of many rows, and of fewer than [`FEW_ROWS`].
     tc: Option<((CudaFunction, u32), (CudaFunction, u32))>,
-    /// The split-activation tensor-core kernels ([`Order::Split`]).
-    ts: Option<SplitPlan>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
     format: WeightFormat,
@@ -184,18 +167,6 @@ pub struct GemvPlan {
     cols: usize,
     m: usize,
     layout: RowLayout,
-}
-
-/// [`Order::Split`]'s kernels for one (format, M): the activation split, and the GEMV for
-/// launches of many rows and of fewer than [`FEW_ROWS`] with their row tiles per warp.
-struct SplitPlan {
-    split: CudaFunction,
-    many: (CudaFunction, u32),
-    few: (CudaFunction, u32),
-    /// Column groups of two tokens each: ⌈M / 2⌉.
-    groups: u32,
-    /// Whether the int4 k-slot order applies (`gemv_ts_split`).
-    i4: bool,
 }
 
 /// How a kernel walks the rows of a `rows × cols` matrix of a format: bytes and scales per row,
@@ -272,13 +243,7 @@ pub(crate) fn kernel_names() -> Vec<String> {
         for tiles in [1, 4] {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
-        for groups in 1..=MAX_M.div_ceil(2) {
-            for tiles in [1, split_tiles(groups as u32)] {
-                v.push(format!("gemv_ts_{base}_g{groups}_t{tiles}"));
-            }
-        }
     }
-    v.push("gemv_ts_split".into());
     v.sort();
     v.dedup();
     v
@@ -327,34 +292,8 @@ impl Gpu {
         }
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
-        let ts = match tc_base(format) {
-            Some(base) if order == Order::Split && tc_layout(format, cols) => {
-                let groups = m.div_ceil(2) as u32;
-                let tiles = split_tiles(groups);
-                let f = |t: u32| self.function(&format!("gemv_ts_{base}_g{groups}_t{t}"));
-                // EXPLORATION (not for merge): NECTAR_GEMV_TS=T,S picks int4 M ≤ 2 variants.
-                let explore = std::env::var("NECTAR_GEMV_TS")
-                    .ok()
-                    .filter(|_| base == "i4" && groups == 1);
-                let many = match explore.as_deref().and_then(|v| v.split_once(',')) {
-                    Some((t, s)) => {
-                        let t: u32 = t.parse().unwrap_or(4);
-                        (self.function(&format!("gemv_ts_i4_g1_t{t}_s{s}"))?, t)
-                    }
-                    None => (f(tiles)?, tiles),
-                };
-                Some(SplitPlan {
-                    split: self.function("gemv_ts_split")?,
-                    many,
-                    few: (f(1)?, 1),
-                    groups,
-                    i4: base == "i4",
-                })
-            }
-            _ => None,
-        };
         let tc = match tc_base(format) {
-            Some(base) if order == Order::Tensor && tc_layout(format, cols) => Some((
+            Some(base) if order.tensor() && tc_layout(format, cols) => Some((
                 (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
                 (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
             )),
@@ -362,7 +301,6 @@ impl Gpu {
         };
         Ok(GemvPlan {
             tc,
-            ts,
             func: self.function(&name)?,
             func_few: if is_int(format) {
                 Some(self.function(&format!("{name}_u4"))?)
@@ -399,10 +337,6 @@ impl Gpu {
             return Err(Error::Shape(format!(
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
-        }
-        if let (Some(ts), true) = (&plan.ts, vector) {
-            // SAFETY: this fn's contract, as below.
-            return unsafe { self.split_launch(plan, ts, jobs, n) };
         }
         if let (Some((many, few)), true) = (&plan.tc, vector) {
             // Several row tiles per warp share each activation split; launches of few rows need
@@ -463,69 +397,6 @@ impl Gpu {
             .arg(&path);
         // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
         // the grid covers every row once and the kernel bounds-checks the last block.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
-
-    /// [`Order::Split`]'s launches: the activations of every job split into a scratch buffer
-    /// (freed in stream order), then the GEMV over it.
-    ///
-    /// # Safety
-    /// As [`Gpu::gemv_launch`] with `vector` true.
-    unsafe fn split_launch(
-        &self,
-        plan: &GemvPlan,
-        ts: &SplitPlan,
-        jobs: u64,
-        n: usize,
-    ) -> Result<()> {
-        let steps = plan.cols.div_ceil(64).max(1);
-        let per_job = steps * ts.groups as usize * 32;
-        // SAFETY: `gemv_ts_split` writes every word of the buffer before the GEMV reads it.
-        let split: CudaSlice<u32> = unsafe { self.stream.alloc(n * per_job * 8)? };
-        let (sp, _s_sync) = split.device_ptr(&self.stream);
-        let (cols, m, groups) = (plan.cols as i32, plan.m as i32, ts.groups as i32);
-        let (nsteps, i4) = (steps as i32, ts.i4 as i32);
-        let cfg = LaunchConfig {
-            grid_dim: ((per_job as u32).div_ceil(128), n as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(&ts.split);
-        b.arg(&jobs)
-            .arg(&cols)
-            .arg(&m)
-            .arg(&groups)
-            .arg(&nsteps)
-            .arg(&i4)
-            .arg(&sp);
-        // SAFETY: each job's x holds m × cols activations (the contract); the buffer holds
-        // n × per_job × 8 words, one thread per 8.
-        unsafe { b.launch(cfg) }?;
-        let (func, tiles) = if plan.rows.saturating_mul(n) < FEW_ROWS {
-            &ts.few
-        } else {
-            &ts.many
-        };
-        let cfg = LaunchConfig {
-            grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
-            block_dim: (TC_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (rows, m) = (plan.rows as i32, plan.m as i32);
-        let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
-        let mut b = self.stream.launch_builder(func);
-        b.arg(&jobs)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&m)
-            .arg(&plan.layout.row_bytes)
-            .arg(&plan.layout.row_scales)
-            .arg(&plan.layout.gmagic)
-            .arg(&plan.layout.gshift)
-            .arg(&path)
-            .arg(&sp);
-        // SAFETY: as `gemv_launch`'s tensor-core launch; the split buffer was written above.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -828,7 +699,7 @@ fn tc_layout(format: WeightFormat, cols: usize) -> bool {
 impl GemvPlan {
     /// Whether launches of this plan run the tensor-core GEMV (on aligned jobs).
     pub fn tensor(&self) -> bool {
-        self.tc.is_some() || self.ts.is_some()
+        self.tc.is_some()
     }
 
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,

@@ -78,7 +78,6 @@ mod with_cuda {
             }
             if tensor {
                 orders.push(Order::Tensor);
-                orders.push(Order::Split);
             }
             for &m in &a.m {
                 for &order in &orders {
