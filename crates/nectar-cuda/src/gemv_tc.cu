@@ -78,28 +78,19 @@ __device__ __forceinline__ u32 tc_unbias_i4(u32 v) {
     return r;
 }
 
-// (v & 0x000f000f) | 0x43004300 in one logic op: the bias word is an operand register, not a
-// second immediate (ptxas otherwise splits the two constants into two LOP3s: 64 extra
-// instructions per warp-step of the int4 kernel). The same bits.
-__device__ __forceinline__ u32 tc_nibbles(u32 v, u32 bias) {
-    u32 r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "n"(0x000f000fu), "r"(bias));
-    return r;
-}
-
 // A-fragment words of one row: lo[j] for slots 2t, 2t+1 of k-step j, hi[j] for 2t+8, 2t+9.
 template <int F>
 __device__ __forceinline__ void tc_decode(const u32 (&raw)[TcRaw<F>::N], u32 (&lo)[4],
-                                          u32 (&hi)[4], u32 bias) {
+                                          u32 (&hi)[4]) {
     if constexpr (F == FMT_I4) {
 #pragma unroll
         for (int w = 0; w < 2; w++) {
             const u32 v = raw[w];
             // Nibbles h and h + 4 under the bf16 of 128 (ulp 1): 128 + n, then minus 136.
-            lo[2 * w] = tc_unbias_i4(tc_nibbles(v, bias));
-            hi[2 * w] = tc_unbias_i4(tc_nibbles(v >> 4, bias));
-            lo[2 * w + 1] = tc_unbias_i4(tc_nibbles(v >> 8, bias));
-            hi[2 * w + 1] = tc_unbias_i4(tc_nibbles(v >> 12, bias));
+            lo[2 * w] = tc_unbias_i4((v & 0x000f000fu) | 0x43004300u);
+            hi[2 * w] = tc_unbias_i4(((v >> 4) & 0x000f000fu) | 0x43004300u);
+            lo[2 * w + 1] = tc_unbias_i4(((v >> 8) & 0x000f000fu) | 0x43004300u);
+            hi[2 * w + 1] = tc_unbias_i4(((v >> 12) & 0x000f000fu) | 0x43004300u);
         }
     } else if constexpr (F == FMT_I8) {
 #pragma unroll
@@ -172,9 +163,6 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
             srow[i][h] = S + (u64)r * row_scales;
         }
     const bool has_x = g < m;
-    // tc_nibbles' bias in a register that ptxas cannot fold back into an immediate: m ≥ 1, so
-    // the shifted sign bit is 0 (a constant it would propagate, then split the LOP3 again).
-    const u32 bias = 0x43004300u | ((u32)m >> 31);
     const float* xrow = X + (u64)(has_x ? g : 0) * cols + 16 * t;
     const int nsteps = (cols + TC_STEP - 1) / TC_STEP;
 
@@ -189,89 +177,81 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 #pragma unroll
         for (int h = 0; h < 2; h++) rs[i][h] = CODES && ROW_SCALE ? __ldg(srow[i][h]) : 1.0f;
 
-    // Two buffers of a step's operands, used in turn: the next step's loads go into one while
-    // the other's products run (no register copies between them).
-    struct Buf {
-        u32 w[T][2][N];
-        float sc[T][2];
-        float x[16];
-    };
-    auto load = [&](Buf& B, int s) {
+    u32 wn[T][2][N];
+    float xn[16];
+    float sn[T][2];
+    auto load = [&](int s) {
         const int c0 = s * TC_STEP + 16 * t;
-        const int si = CODES && !ROW_SCALE ? scale_index(s * TC_STEP, gmagic, gshift) : 0;
 #pragma unroll
         for (int i = 0; i < T; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                tc_load_w<F>(wrow[i][h], c0, cols, B.w[i][h]);
-                B.sc[i][h] = CODES && !ROW_SCALE ? __ldg(srow[i][h] + si) : rs[i][h];
+                tc_load_w<F>(wrow[i][h], c0, cols, wn[i][h]);
+                if (CODES && !ROW_SCALE)
+                    sn[i][h] = __ldg(srow[i][h] + scale_index(s * TC_STEP, gmagic, gshift));
+                else
+                    sn[i][h] = rs[i][h];
             }
         if (has_x && c0 < cols) {
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const float4 v = __ldg((const float4*)(xrow + s * TC_STEP) + q);
-                B.x[4 * q] = v.x;
-                B.x[4 * q + 1] = v.y;
-                B.x[4 * q + 2] = v.z;
-                B.x[4 * q + 3] = v.w;
+                xn[4 * q] = v.x;
+                xn[4 * q + 1] = v.y;
+                xn[4 * q + 2] = v.z;
+                xn[4 * q + 3] = v.w;
             }
         } else {
 #pragma unroll
-            for (int q = 0; q < 16; q++) B.x[q] = 0.0f;
-        }
-    };
-    auto compute = [&](const Buf& B) {
-        u32 b[3][4][2];
-        tc_split_x<F>(B.x, b);
-#pragma unroll
-        for (int i = 0; i < T; i++) {
-            u32 lo0[4], hi0[4], lo1[4], hi1[4];
-            tc_decode<F>(B.w[i][0], lo0, hi0, bias);
-            tc_decode<F>(B.w[i][1], lo1, hi1, bias);
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int part = 2; part >= 0; part--) mma_bf16(p, a, b[part][j][0], b[part][j][1]);
-                if (CODES) {
-                    acc[i][0] = fmaf(B.sc[i][0], p[0], acc[i][0]);
-                    acc[i][1] = fmaf(B.sc[i][0], p[1], acc[i][1]);
-                    acc[i][2] = fmaf(B.sc[i][1], p[2], acc[i][2]);
-                    acc[i][3] = fmaf(B.sc[i][1], p[3], acc[i][3]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[i][e] += p[e];
-                }
-            }
+            for (int q = 0; q < 16; q++) xn[q] = 0.0f;
         }
     };
 
-    // Steps s = warp, warp + 4, …: the next step's loads are in flight during this step's
-    // products. (What bounds this kernel is issue, not bytes in flight: Nsight Compute on the
-    // H200 measured 2.4 instructions per cycle per SM at 8 resident warps, and more steps in
-    // flight were slower every time they were tried — RESULTS 2026-12-04. So the loop is kept
-    // short: no register copies between steps, one LOP3 per nibble pair.)
-    Buf A, B;
-    int s = warp;
-    if (s < nsteps) load(A, s);
-    if constexpr (F == FMT_BF16) {
-        // bf16 steps are 32 bytes per row and lane: a second buffer would spill (ptxas 13.0),
-        // so the loaded step is copied out before the next one loads into it.
-        for (; s < nsteps; s += TC_WARPS) {
-            B = A;
-            if (s + TC_WARPS < nsteps) load(A, s + TC_WARPS);
-            compute(B);
-        }
-    } else {
-        while (s < nsteps) {
-            if (s + TC_WARPS < nsteps) load(B, s + TC_WARPS);
-            compute(A);
-            s += TC_WARPS;
-            if (s >= nsteps) break;
-            if (s + TC_WARPS < nsteps) load(A, s + TC_WARPS);
-            compute(B);
-            s += TC_WARPS;
+    if (warp < nsteps) load(warp);
+    for (int s = warp; s < nsteps; s += TC_WARPS) {
+        u32 wc[T][2][N];
+        float xc[16];
+        float sc[T][2];
+#pragma unroll
+        for (int i = 0; i < T; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                sc[i][h] = sn[i][h];
+#pragma unroll
+                for (int k = 0; k < N; k++) wc[i][h][k] = wn[i][h][k];
+            }
+#pragma unroll
+        for (int q = 0; q < 16; q++) xc[q] = xn[q];
+        // The next step's loads are in flight during this step's products. (Bytes in flight bound
+        // this kernel: int4 keeps 8 per row and step, so int4 launches reach about 0.44 of the
+        // read bandwidth where int8 reaches 0.70 and bf16 0.94 — RESULTS, 2026-12-02.)
+        if (s + TC_WARPS < nsteps) load(s + TC_WARPS);
+
+        u32 b[3][4][2];
+        tc_split_x<F>(xc, b);
+#pragma unroll
+        for (int i = 0; i < T; i++) {
+            u32 lo0[4], hi0[4], lo1[4], hi1[4];
+            tc_decode<F>(wc[i][0], lo0, hi0);
+            tc_decode<F>(wc[i][1], lo1, hi1);
+            {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 a[4] = {lo0[j], lo1[j], hi0[j], hi1[j]};
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int part = 2; part >= 0; part--) mma_bf16(p, a, b[part][j][0], b[part][j][1]);
+                    if (CODES) {
+                        acc[i][0] = fmaf(sc[i][0], p[0], acc[i][0]);
+                        acc[i][1] = fmaf(sc[i][0], p[1], acc[i][1]);
+                        acc[i][2] = fmaf(sc[i][1], p[2], acc[i][2]);
+                        acc[i][3] = fmaf(sc[i][1], p[3], acc[i][3]);
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[i][e] += p[e];
+                    }
+                }
+            }
         }
     }
 
@@ -308,9 +288,9 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
              u32 gmagic, int gshift, int path) {                                                  \
         const Job job = jobs[blockIdx.y];                                                         \
         if (path & 2)                                                                             \
-            gemv_tc<F, T, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift);       \
+            gemv_tc<F, T, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
         else                                                                                      \
-            gemv_tc<F, T, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift);      \
+            gemv_tc<F, T, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
     }
 
 // `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
