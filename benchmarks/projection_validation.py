@@ -2,7 +2,7 @@
 projection validated …"): usage `projection_validation.py DIR TAG`, where DIR holds what
 benchmarks/projection_validation.sh writes: fit{TAG}-BUDGET-PREFETCH.json,
 replay{TAG}-BUDGET-PREFETCH-ROUND.json (one arm each, alternated), optionally
-replay{TAG}-BUDGET-mtp-1.json (MTP on, look-ahead) and prefill{TAG}.json."""
+replay{TAG}-BUDGET-mtp-ROUND.json (MTP on, look-ahead) and prefill{TAG}.json."""
 import glob
 import json
 import os

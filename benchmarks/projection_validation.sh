@@ -14,8 +14,9 @@
 #
 # TOKENS must be the decode rows each conversation of T holds (trace_subset.py's TOKENS), so that
 # the projection's hit-rate curve and the replay see the same rows. MTP_BUDGETS needs a synth
-# written with --mtp. DEADLINE stops starting new steps (a device call's time limit); FITS=after
-# runs the replays first.
+# written with --mtp; a budget in both lists alternates its MTP arm with the other two in every
+# round (the table's MTP row needs that budget's look-ahead fit). DEADLINE stops starting new
+# steps (a device call's time limit); FITS=after runs the replays first.
 set -uo pipefail
 N=${N:?the nectar binary}; M=${M:?the synth container}; T=${T:?the trace subset}; O=${O:?output dir}; TAG=${TAG:-Q}
 TOKENS=${TOKENS:-256}; ROUNDS=${ROUNDS:-2}; BUDGETS=${BUDGETS:-2100M 2950M 4250M}; MTP_BUDGETS=${MTP_BUDGETS:-}
@@ -42,16 +43,25 @@ fits() {  # BUDGET
     timeout $t $N fit --model $M --memory-budget $1 --project --prefetch $pf --trace $T --json > $O/fit$TAG-$1-$pf.json 2> $O/fit$TAG-$1-$pf.err
   done
 }
+listed() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; }  # WORD LIST
 for b in $BUDGETS; do
   [ "${FITS:-before}" = before ] && fits $b
+  # A budget also in MTP_BUDGETS gets the MTP arm (look-ahead, --mtp on) in every round too:
+  # odd rounds run the arms in order, even rounds reversed (off, lookahead, mtp, mtp, …).
+  arms="off lookahead"; listed $b "$MTP_BUDGETS" && arms="off lookahead mtp"
   for r in $(seq 1 $ROUNDS); do
-    arms="off lookahead"; [ $((r % 2)) = 0 ] && arms="lookahead off"
-    for pf in $arms; do replay $b-$pf-$r $b --prefetch $pf; done
+    order=$arms; [ $((r % 2)) = 0 ] && order=$(echo $arms | tr ' ' '\n' | tac | tr '\n' ' ')
+    for a in $order; do
+      case $a in
+        mtp) replay $b-mtp-$r $b --prefetch lookahead --mtp on ;;
+        *) replay $b-$a-$r $b --prefetch $a ;;
+      esac
+    done
   done
   [ "${FITS:-before}" = after ] && fits $b
 done
-for b in $MTP_BUDGETS; do
-  replay $b-mtp-1 $b --prefetch lookahead --mtp on
+for b in $MTP_BUDGETS; do  # MTP budgets without fits or off / look-ahead arms: one run each
+  listed $b "$BUDGETS" || replay $b-mtp-1 $b --prefetch lookahead --mtp on
 done
 if [ -n "${PREFILL:-}" ]; then
   b=${BUDGETS%% *}
