@@ -49,7 +49,8 @@
 //! holds they back off to every 2nd, then every 4th window, and further (up to every 32nd)
 //! while a probe window costs more than [`PROBE_BUDGET`] of the time between probes (its
 //! steps' time beyond what their tokens are worth, and the backlog a probe from γ = 0
-//! absorbs); a change re-probes every window.
+//! absorbs) or while every other γ is expected [`FAR`] below the choice (a verdict that wide
+//! is not what the next probe overturns); a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
 //! estimate (one probe moves it half way), or replace it when they are more than twice off (the
 //! costs changed); a window counts by its median step (descheduled steps only look slower).
@@ -72,6 +73,12 @@ const MAX_BUDGET_PROBE_EVERY: usize = 32;
 /// The share of a shape's time its probes may cost: the probes' time beyond what their
 /// tokens are worth at the chosen γ's rate, plus the rows a probe from γ = 0 absorbs first.
 const PROBE_BUDGET: f64 = 0.05;
+/// A choice every other γ is expected to fall this far below (as a share of the choice's
+/// tokens per second) is far from flipping: its probes back off as far as
+/// [`MAX_BUDGET_PROBE_EVERY`] whatever they cost. On the demo at `--parallel 8` drafting
+/// ran at 0.6–0.7 of plain decoding's rate window after window, and probes every 16th window
+/// still cost 3 % of the time for a verdict that never changed.
+const FAR: f64 = 0.2;
 /// Weight of a new sample in the running mean of MTP absorption and of the other rows' tokens.
 const EMA: f64 = 0.3;
 /// A window's mean cost this many times off the estimate replaces it instead of moving it.
@@ -511,9 +518,18 @@ impl AutoGamma {
             }
             let window_secs = WINDOW as f64 * t / r;
             let budget = (probe_secs / (PROBE_BUDGET * window_secs)).ceil() as usize;
-            let cap = budget
-                .next_power_of_two()
-                .clamp(MAX_PROBE_EVERY, MAX_BUDGET_PROBE_EVERY);
+            let runner_up = expected
+                .iter()
+                .enumerate()
+                .filter(|&(o, _)| o != g)
+                .filter_map(|(_, x)| x.map(|x| x.1))
+                .fold(0.0, f64::max);
+            let cap = match runner_up < r * (1.0 - FAR) {
+                true => MAX_BUDGET_PROBE_EVERY,
+                false => budget
+                    .next_power_of_two()
+                    .clamp(MAX_PROBE_EVERY, MAX_BUDGET_PROBE_EVERY),
+            };
             // A probe window confirms a decision that holds; probes back off by doubling. Only
             // a probe window moves the schedule: in another, a load swing that slowed the γ in
             // force made the (stale) probes look cheap and brought them back every 4th window.
@@ -1079,21 +1095,24 @@ mod tests {
 
     #[test]
     fn probes_that_cost_more_than_their_budget_back_off_further() {
-        // Drafting never pays. Dear probes (each depth costs 0.9 ms more: a probe window loses
-        // 5.4 ms, a third of a window) back off to every 8th window; cheap ones (0.05 ms more a
-        // depth: 0.3 ms) stay at every 4th.
-        for (per_depth_ms, probed_windows) in [(0.9, 4), (0.05, 8)] {
-            let s = schedule(
-                8 + 16 * 40,
-                |_| 0,
-                |g| 1e-3 * (1.0 + per_depth_ms * g as f64),
-            );
+        // Drafting never pays; ms per step at γ = 0..3. Cheap probes (0.05 ms more a depth: a
+        // probe window loses 0.3 ms) stay at every 4th window. Dear ones whose verdict is close
+        // (γ = 1 only 5 % below γ = 0, but γ = 2 and 3 cost 2 and 4 ms more: 6.05 ms, over a
+        // third of a window) back off to every 8th. A verdict that wins by far (every depth
+        // 0.9 ms more: γ = 1 is 47 % below γ = 0) backs off to every 32nd, whatever it costs.
+        for (ms, probed_windows) in [
+            ([1.0, 1.05, 1.1, 1.15], 8),
+            ([1.0, 1.05, 3.0, 5.0], 4),
+            ([1.0, 1.9, 2.8, 3.7], 1),
+        ] {
+            let s = schedule(8 + 16 * 72, |_| 0, |g| 1e-3 * ms[g]);
+            // The last 32 windows.
             let probed = s[8..]
                 .chunks(16)
-                .skip(8)
+                .skip(40)
                 .filter(|w| w.iter().any(|&g| g != 0))
                 .count();
-            assert_eq!(probed, probed_windows, "{per_depth_ms} ms: {s:?}");
+            assert_eq!(probed, probed_windows, "{ms:?}: {s:?}");
         }
     }
 
