@@ -837,9 +837,13 @@ impl Batch {
                 summary: None,
             });
         }
-        // The speculating rows' counters.
-        let step_secs = now.duration_since(t0).as_secs_f64();
-        let verify_secs = now.duration_since(tv).as_secs_f64();
+        // The speculating rows' counters. The step's time runs to here: verifying a row's
+        // drafts samples each of its γ + 1 positions (softmax, penalties, grammar, stops,
+        // detokenising), work a plain row does once; timed only up to the logits, a γ = 1 step
+        // on the demo looked 1.1× as fast as plain decoding while a server at γ = 1 ran 0.9×.
+        let end = Instant::now();
+        let step_secs = end.duration_since(t0).as_secs_f64();
+        let verify_secs = end.duration_since(tv).as_secs_f64();
         let total_absorbed: usize = rounds.iter().map(|r| r.4).sum();
         let (mut auto_rows, mut auto_tokens) = (Vec::new(), 0);
         for (id, want, drafted, accepted, _, kept) in rounds {
