@@ -1,7 +1,7 @@
 """Medians per round band of `benchmarks/mtp_longlived.sh`'s JSON lines: per round, `auto`'s tok/s
 and busy-time tokens per second over `off`'s in the same round, and `auto`'s drafts per step.
 usage: mtp_longlived_bands.py OUT.jsonl   (prints Markdown rows: parallel, rounds, off tok/s,
-auto tok/s, auto ÷ off, busy ÷ off, drafts per step)"""
+auto tok/s, auto ÷ off, busy ÷ off, drafts per step; past 30 rounds also 31–N and 16–N)"""
 import json, sys, statistics as S
 rows=[json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')]
 prev={}
@@ -17,7 +17,8 @@ for r in rows:
     by[(r['parallel'],r['round'],r['mtp'])]=(tps, tok/busy if busy>0 else float('nan'), dr/max(steps,1))
 levels=sorted({k[0] for k in by}); rounds=sorted({k[1] for k in by})
 for p in levels:
-    for lo,hi in [(1,5),(6,15),(16,30)]:
+    longer=[(31,max(rounds)),(16,max(rounds))] if max(rounds)>30 else []
+    for lo,hi in [(1,5),(6,15),(16,30)]+longer:
         rs=[r for r in rounds if lo<=r<=hi and (p,r,'off') in by and (p,r,'auto') in by]
         if not rs: continue
         t=S.median(by[(p,r,'auto')][0]/by[(p,r,'off')][0] for r in rs)

@@ -317,7 +317,7 @@ fn a_row_resuming_drafting_after_a_long_plain_stretch_skips_its_backlog_and_matc
     // only in its probes, each after a stretch of plain steps far longer than the MTP window.
     let b = demo();
     let ps = prompts();
-    let r = Request::new(ps[3].clone(), 240);
+    let r = Request::new(ps[3].clone(), 560);
     let mut batch = Batch::new(BatchOptions::default());
     batch.cost_steps_with(Box::new(|r| 1e-3 * r.tokens as f64));
     admit_auto(&mut batch, 0, &r.prompt_ids, r.max_tokens);

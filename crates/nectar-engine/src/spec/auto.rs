@@ -54,7 +54,7 @@
 //! absorbs) or while every other γ is expected [`FAR`] below the choice (a verdict that wide
 //! is not what the next probe overturns); a change re-probes every window.
 //! Ties go to the smaller γ. A window's samples of a γ weigh n / (n + 1) against the older
-//! estimate (one probe moves it half way), or replace it when they are more than twice off (the
+//! estimate (one probe moves it half way), or replace it when they are more than 1.5× off (the
 //! costs changed); a window counts by its median step (descheduled steps only look slower).
 //! Acceptance counts decay by half per decision down to [`MIN_EVIDENCE`] drafts per depth, so
 //! the choice follows the text as it changes without resting on a few probes' luck. A shape that has not decided yet follows the choice of
@@ -74,7 +74,9 @@ const MAX_PROBE_EVERY: usize = 4;
 const MAX_BUDGET_PROBE_EVERY: usize = 32;
 /// The share of a shape's time its probes may cost: the probes' time beyond what their
 /// tokens are worth at the chosen γ's rate, plus the rows a probe from γ = 0 absorbs first.
-const PROBE_BUDGET: f64 = 0.05;
+/// It is what `auto` gives up against `off` where drafting never pays: at 5 % a server at one
+/// row on the demo ran at 0.95 of `off` (probe windows cost a quarter of a window, every 8th).
+const PROBE_BUDGET: f64 = 0.02;
 /// A choice every other γ is expected to fall this far below (as a share of the choice's
 /// tokens per second) is far from flipping: its probes back off as far as
 /// [`MAX_BUDGET_PROBE_EVERY`] whatever they cost. On the demo at `--parallel 8` drafting
@@ -84,7 +86,9 @@ const FAR: f64 = 0.2;
 /// Weight of a new sample in the running mean of MTP absorption and of the other rows' tokens.
 const EMA: f64 = 0.3;
 /// A window's mean cost this many times off the estimate replaces it instead of moving it.
-const REGIME: f64 = 2.0;
+/// With probes as rare as [`PROBE_BUDGET`] makes them, a change below 2× (drafts going from
+/// 2 to 1.1 ms) moved half way per probe took more probes than a long-lived server gets.
+const REGIME: f64 = 1.5;
 /// Per-decision decay of the acceptance counts.
 const DECAY: f64 = 0.5;
 /// Drafts at a depth that its acceptance keeps through decay: while drafting is off only
@@ -1141,13 +1145,14 @@ mod tests {
     #[test]
     fn probes_that_cost_more_than_their_budget_back_off_further() {
         // Drafting never pays; ms per step at γ = 0..3. Cheap probes (0.05 ms more a depth: a
-        // probe window loses 0.3 ms) stay at every 4th window. Dear ones whose verdict is close
-        // (γ = 1 only 5 % below γ = 0, but γ = 2 and 3 cost 2 and 4 ms more: 6.05 ms, over a
-        // third of a window) back off to every 8th. A verdict that wins by far (every depth
-        // 0.9 ms more: γ = 1 is 47 % below γ = 0) backs off to every 32nd, whatever it costs.
+        // probe window loses 0.3 ms, 2 % of a window) stay at every 4th window. Dear ones whose
+        // verdict is close (γ = 1 only 5 % below γ = 0, but γ = 2 and 3 cost 0.8 and 1 ms more:
+        // 1.85 ms, 12 % of a window) back off to every 8th. A verdict that wins by far (every
+        // depth 0.9 ms more: γ = 1 is 47 % below γ = 0) backs off to every 32nd, whatever it
+        // costs.
         for (ms, probed_windows) in [
             ([1.0, 1.05, 1.1, 1.15], 8),
-            ([1.0, 1.05, 3.0, 5.0], 4),
+            ([1.0, 1.05, 1.8, 2.0], 4),
             ([1.0, 1.9, 2.8, 3.7], 1),
         ] {
             let s = schedule(8 + 16 * 72, |_| 0, |g| 1e-3 * ms[g]);
