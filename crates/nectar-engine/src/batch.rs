@@ -839,8 +839,9 @@ impl Batch {
         }
         // The speculating rows' counters. The step's time runs to here: verifying a row's
         // drafts samples each of its γ + 1 positions (softmax, penalties, grammar, stops,
-        // detokenising), work a plain row does once; timed only up to the logits, a γ = 1 step
-        // on the demo looked 1.1× as fast as plain decoding while a server at γ = 1 ran 0.9×.
+        // detokenising), work a plain row does once; timed only up to the logits, drafting on
+        // the demo looked 4–14 % cheaper than plain decoding in step time while decoding no
+        // faster (benchmarks/RESULTS.md, issue 12).
         let end = Instant::now();
         let step_secs = end.duration_since(t0).as_secs_f64();
         let verify_secs = end.duration_since(tv).as_secs_f64();
