@@ -820,7 +820,8 @@ mod tests {
     #[test]
     fn resuming_drafting_pays_for_the_rows_kept_meanwhile() {
         // First drafting loses (γ = 1 costs 2 ms against 1 ms), so the row decodes at γ = 0
-        // and probes back off to every 4th window; the rows kept meanwhile (up to 64) wait.
+        // and probes back off (to every 32nd window: the verdict wins by far); the rows kept
+        // meanwhile (up to 64) wait.
         // Then γ = 1 costs 1.45 ms: drafting every step would pay a little (1.6 tokens in
         // 1.45 + 1.6 × 0.05 ms = 1.53 ms, against 1 in 1 ms), but resuming first absorbs the
         // rows kept since the last probe, 64 × 0.05 ms = 3.2 ms, 0.2 ms a step over a window,
@@ -831,7 +832,8 @@ mod tests {
                 1e-3 * (1.0 + g as f64)
             });
             assert_eq!(a.current(Shape::ALONE), Some(0));
-            // (Probes move γ = 1's estimate half way each: give them 10 probe windows.)
+            // (A probe more than 1.5× off γ = 1's estimate replaces it, a closer one moves it
+            // half way: give them 60 windows, two probes or more.)
             let s = run_absorbing(&mut a, WINDOW * 60, 5e-5, |g| {
                 1e-3 * if g > 0 { draft_ms } else { 1.0 }
             });
