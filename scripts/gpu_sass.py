@@ -70,13 +70,14 @@ def main():
         sys.exit(__doc__)
     tmp = tempfile.mkdtemp()
     cu, cubin = os.path.join(tmp, "nectar.cu"), os.path.join(tmp, "nectar.cubin")
-    open(cu, "w").write(source())
+    src = source()
+    open(cu, "w").write(src)
     if shutil.which("nvcc") and "NVRTC" not in os.environ:
         out = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-Xptxas", "-v", "-o", cubin, cu],
                              capture_output=True, text=True)
     else:
         ptx = os.path.join(tmp, "nectar.ptx")
-        open(ptx, "wb").write(ptx_by_nvrtc(open(cu).read()))
+        open(ptx, "wb").write(ptx_by_nvrtc(src))
         out = subprocess.run(["ptxas", "-arch=sm_90", "-v", "-o", cubin, ptx], capture_output=True, text=True)
     if out.returncode:
         sys.exit(out.stderr)

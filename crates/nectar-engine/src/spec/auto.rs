@@ -663,6 +663,15 @@ mod tests {
         (*x >> 11) as f64 / (1u64 << 53) as f64
     }
 
+    /// Acceptance where 3 of every 5 drafting rows keep their first draft (α = 0.6, γ ≤ 1).
+    fn three_in_five() -> impl FnMut(usize) -> usize {
+        let mut n = 0usize;
+        move |g| {
+            n += 1;
+            usize::from(g > 0 && n % 5 < 3)
+        }
+    }
+
     /// Feeds one step of `shape` whose `auto` rows each accept `accept(γ)` drafts and which
     /// costs `cost(shape, γ)`; returns the γ it ran at.
     fn step(
@@ -749,11 +758,7 @@ mod tests {
         // drafting for a window.
         let slow = std::cell::Cell::new(1.0);
         let cost = |_: Shape, g: usize| 1e-3 * slow.get() * (1.0 + 0.9 * g as f64);
-        let mut n = 0usize;
-        let mut accept = |g: usize| {
-            n += 1;
-            usize::from(g > 0 && n % 5 < 3)
-        };
+        let mut accept = three_in_five();
         let mut a = AutoGamma::new(1);
         for _ in 0..FIRST_WINDOW + WINDOW * 8 {
             step(&mut a, Shape::ALONE, &mut accept, &cost);
@@ -1031,11 +1036,7 @@ mod tests {
             let cost = |_: Shape, g: usize| {
                 1e-3 * (noisy.borrow_mut())() * if g > 0 { draft_cost } else { 1.0 }
             };
-            let mut n = 0usize;
-            let mut accept = |g: usize| {
-                n += 1;
-                usize::from(g > 0 && n % 5 < 3)
-            };
+            let mut accept = three_in_five();
             let mut a = AutoGamma::new(1);
             let s: Vec<usize> = (0..FIRST_WINDOW + WINDOW * 100)
                 .map(|_| step(&mut a, Shape::ALONE, &mut accept, &cost))
@@ -1069,11 +1070,7 @@ mod tests {
         let cost = |_: Shape, g: usize| {
             1e-3 * (noisy.borrow_mut())() * if g > 0 { draft_cost.get() } else { 1.0 }
         };
-        let mut n = 0usize;
-        let mut accept = |g: usize| {
-            n += 1;
-            usize::from(g > 0 && n % 5 < 3)
-        };
+        let mut accept = three_in_five();
         let mut a = AutoGamma::new(1);
         for _ in 0..FIRST_WINDOW + WINDOW * 30 {
             step(&mut a, Shape::ALONE, &mut accept, &cost);
