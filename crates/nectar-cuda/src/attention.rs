@@ -331,6 +331,12 @@ pub struct MlaOutput {
     width: usize,
 }
 
+impl MlaOutput {
+    pub(crate) fn new(out: Option<CudaSlice<f32>>, rows: usize, width: usize) -> MlaOutput {
+        MlaOutput { out, rows, width }
+    }
+}
+
 /// Per row, the word offset of its selection bitmap (−1: every key up to its position) and the
 /// bitmaps, ⌈keys/32⌉ words each. One word at least, since a zero-length upload is refused.
 fn selection_bitmaps(sel: &[Option<&[u32]>], keys: usize) -> Result<(Vec<i32>, Vec<u32>)> {

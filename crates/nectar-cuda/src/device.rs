@@ -19,7 +19,8 @@ const KERNEL_SOURCE: &str = concat!(
     include_str!("index.cu"),
     include_str!("swiglu.cu"),
     include_str!("moe.cu"),
-    include_str!("rope.cu")
+    include_str!("rope.cu"),
+    include_str!("absorbed.cu")
 );
 
 /// What the device reports about itself (printed by `nectar bench gpu` and the CLI's notices).
@@ -50,6 +51,8 @@ pub struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     info: GpuInfo,
+    /// What the decode attention's KV mirrors hold, and their cap (`absorbed.rs`).
+    pub(crate) mirrors: Arc<crate::absorbed::MirrorLedger>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -132,6 +135,7 @@ impl Gpu {
             stream,
             module,
             info,
+            mirrors: Arc::default(),
         })
     }
 
@@ -153,6 +157,11 @@ impl Gpu {
             gib(i.free_bytes),
             gib(i.total_bytes)
         )
+    }
+
+    /// VRAM the device reports free now.
+    pub fn free_bytes(&self) -> Result<u64> {
+        Ok(self.ctx.mem_get_info()?.0 as u64)
     }
 
     /// The stream every operation of this handle is queued on.
@@ -193,6 +202,7 @@ mod tests {
         names.push("moe_gather".into());
         names.push("moe_combine".into());
         names.push("rope_heads".into());
+        names.extend(crate::absorbed::kernel_names());
         for name in names {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),

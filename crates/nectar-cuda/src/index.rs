@@ -2,9 +2,10 @@
 //! pair of `Σ_h w_h · relu((q_h · key) · qk_scale)`, bit for bit what the CPU computes
 //! (`nectar_kernels::index_score`), so a top-k taken from these scores is the CPU's selection.
 //! The caller takes the top-k on the host from the downloaded scores.
+use crate::absorbed::KvMirror;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `index_head_dim` the kernel takes (`IX_DMAX`).
 pub const INDEX_MAX_DIM: usize = 256;
@@ -29,22 +30,67 @@ impl Gpu {
         pos: &[u32],
         qk_scale: f32,
     ) -> Result<Vec<f32>> {
+        if dim == 0 || !keys.len().is_multiple_of(dim) {
+            return Err(Error::Shape(format!(
+                "indexer scores: {} key values of {dim} dims",
+                keys.len()
+            )));
+        }
+        let keys_dev = self.stream.clone_htod(keys)?;
+        let (kp, _sync) = keys_dev.device_ptr(&self.stream);
+        // SAFETY: kp holds the keys.len() / dim keys of dim f32 just uploaded, alive for the
+        // call.
+        unsafe { self.index_launch((kp, keys.len() / dim), dim, heads, q, w, pos, qk_scale) }
+    }
+
+    /// [`Gpu::index_scores`] over the indexer keys of a sequence's cache mirrored in VRAM
+    /// ([`KvMirror`], synced past every row's position): only the queries, weights and
+    /// positions go up. The same kernel, so the same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn index_scores_mirrored(
+        &self,
+        mirror: &KvMirror,
+        heads: usize,
+        q: &[f32],
+        w: &[f32],
+        pos: &[u32],
+        qk_scale: f32,
+    ) -> Result<Vec<f32>> {
+        let (kp, _sync) = mirror.index.device_ptr(&self.stream);
+        // SAFETY: the mirror holds `synced` rows of `di` indexer-key f32 at kp, alive for the
+        // call (borrowed); index_launch checks every position against that count.
+        unsafe { self.index_launch((kp, mirror.synced()), mirror.di, heads, q, w, pos, qk_scale) }
+    }
+
+    /// The scores' launch over `keys.1` keys of `dim` f32 at device address `keys.0`.
+    ///
+    /// # Safety
+    /// `keys.0` must address at least `keys.1 × dim` f32 of this context, unchanged until the
+    /// call returns.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn index_launch(
+        &self,
+        (kp, t): (u64, usize),
+        dim: usize,
+        heads: usize,
+        q: &[f32],
+        w: &[f32],
+        pos: &[u32],
+        qk_scale: f32,
+    ) -> Result<Vec<f32>> {
         let m = pos.len();
         if dim == 0 || dim > INDEX_MAX_DIM || heads == 0 {
             return Err(Error::Shape(format!(
                 "indexer scores: unsupported {heads} heads of {dim} dims"
             )));
         }
-        if !keys.len().is_multiple_of(dim) || q.len() != m * heads * dim || w.len() != m * heads {
+        if q.len() != m * heads * dim || w.len() != m * heads {
             return Err(Error::Shape(format!(
-                "indexer scores: {} key values, {} query values and {} weights for {m} rows of \
-                 {heads} × {dim}",
-                keys.len(),
+                "indexer scores: {} query values and {} weights for {m} rows of {heads} × {dim}",
                 q.len(),
                 w.len()
             )));
         }
-        let t = keys.len() / dim;
         if let Some(&p) = pos.iter().find(|&&p| p as usize >= t) {
             return Err(Error::Shape(format!(
                 "indexer scores: a row at position {p} with {t} keys"
@@ -65,7 +111,6 @@ impl Gpu {
             ));
         };
         let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let keys_dev = self.stream.clone_htod(keys)?;
         let q_dev = self.stream.clone_htod(q)?;
         let w_dev = self.stream.clone_htod(w)?;
         let pos_dev = self.stream.clone_htod(&pos_i)?;
@@ -79,7 +124,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&func);
         b.arg(&q_dev)
             .arg(&w_dev)
-            .arg(&keys_dev)
+            .arg(&kp)
             .arg(&pos_dev)
             .arg(&mut out)
             .arg(&mi)
@@ -88,8 +133,9 @@ impl Gpu {
             .arg(&ti)
             .arg(&qk_scale);
         // SAFETY: every buffer is a live allocation of this context of the size the kernel
-        // indexes: q m × heads × dim, w m × heads, keys T × dim, pos m, out m × T; every
-        // pos < T and 0 < dim ≤ IX_DMAX (checked above), so no index leaves its buffer.
+        // indexes: q m × heads × dim, w m × heads, keys T × dim (the caller's contract), pos m,
+        // out m × T; every pos < T and 0 < dim ≤ IX_DMAX (checked above), so no index leaves
+        // its buffer.
         unsafe { b.launch(cfg) }?;
         Ok(self.stream.clone_dtoh(&out)?)
     }

@@ -7,7 +7,7 @@
 //! ([`GpuMat`]), run y = W·x for M = 1…8 activation rows per launch — one matrix or a batch of
 //! same-shaped ones (a layer's routed experts) — or for many rows at once on the tensor cores
 //! ([`Gpu::gemm`], prefill), run whole SwiGLU MLPs with their activations kept in VRAM
-//! ([`Gpu::swiglu_batch`]), run the MLA attention of a prefill chunk ([`Gpu::mla_prefill`]) and the DSA indexer's
+//! ([`Gpu::swiglu_batch`]), run the MLA attention of a prefill chunk ([`Gpu::mla_prefill`]) and of decode rows over KV caches mirrored in VRAM ([`Gpu::mla_absorbed`]) and the DSA indexer's
 //! scores ([`Gpu::index_scores`], bit for bit the CPU's), stage weights from pageable host memory into VRAM on a copy stream
 //! ([`copy::Staging`]) and multiply them there ([`Gpu::matmul_views`]), and measure kernels and copies against the device's own copy
 //! bandwidth ([`bench`]).
@@ -29,6 +29,8 @@
 
 pub mod divide;
 
+#[cfg(feature = "cuda")]
+mod absorbed;
 #[cfg(feature = "cuda")]
 mod attention;
 #[cfg(feature = "cuda")]
@@ -54,6 +56,8 @@ mod swiglu;
 #[cfg(feature = "cuda")]
 mod view;
 
+#[cfg(feature = "cuda")]
+pub use absorbed::{AbsorbedKeys, AbsorbedRow, KvMirror, ABSORBED_MAX_DR, ABSORBED_MAX_RANK};
 #[cfg(feature = "cuda")]
 pub use attention::{MlaKeys, MlaOutput, MlaShape, MLA_MAX_DIM};
 #[cfg(feature = "cuda")]

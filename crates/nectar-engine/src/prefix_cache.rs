@@ -51,10 +51,13 @@ impl PrefixCache {
 
     /// Keeps a finished conversation: `tokens` are those `cache` holds (one row each), the
     /// first `prompt_len` of them its request's prompt.
-    pub fn put(&mut self, tokens: Vec<u32>, prompt_len: usize, cache: SeqCache) {
+    pub fn put(&mut self, tokens: Vec<u32>, prompt_len: usize, mut cache: SeqCache) {
         if tokens.is_empty() || tokens.len() != cache.len() || tokens.len() > self.max_tokens {
             return;
         }
+        // A kept conversation holds no VRAM: the running sequences' decode attention needs it,
+        // and a reused one uploads its rows again on its first GPU step.
+        cache.release_device();
         self.entries.push_back((tokens, prompt_len, cache));
         while self.held() > self.max_tokens {
             self.entries.pop_front();

@@ -19,6 +19,23 @@ pub struct LayerCache {
     /// of every row that follows a gap, in increasing order. Rows between two entries sit at
     /// consecutive positions; without entries, row i sits at position i.
     gaps: Vec<(usize, usize)>,
+    /// Its copy in VRAM for the GPU's decode attention (`--features cuda`), made and synced by
+    /// the attention on first use; never cloned (a clone syncs its own).
+    #[cfg(feature = "cuda")]
+    device: DeviceMirror,
+}
+
+/// A [`LayerCache`]'s VRAM mirror (`nectar_cuda::KvMirror`), if it has one. Cloning a cache
+/// leaves the clone without one: the copy would share nothing but its VRAM bill.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Default)]
+struct DeviceMirror(Option<nectar_cuda::KvMirror>);
+
+#[cfg(feature = "cuda")]
+impl Clone for DeviceMirror {
+    fn clone(&self) -> Self {
+        DeviceMirror(None)
+    }
 }
 
 impl LayerCache {
@@ -141,6 +158,8 @@ impl LayerCache {
             index_k,
             len,
             gaps: Vec::new(),
+            #[cfg(feature = "cuda")]
+            device: DeviceMirror::default(),
         })
     }
 
@@ -164,6 +183,40 @@ impl LayerCache {
         }
         self.gaps.retain(|&(i, _)| i < len);
         self.len = len;
+        #[cfg(feature = "cuda")]
+        if let Some(m) = &mut self.device.0 {
+            m.truncate(len);
+        }
+    }
+
+    /// Brings its VRAM mirror (made on first use) up to its rows: latents, rope keys and, on
+    /// layers with an indexer, indexer keys (`nectar_cuda::Gpu::kv_mirror_sync`). Call it where
+    /// every row has all its parts. `Ok(false)`: the mirrors' cap refused it (no mirror now).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn sync_device(&mut self, gpu: &nectar_cuda::Gpu) -> Result<bool> {
+        let n = self.len.max(1);
+        let widths = [self.latent.len(), self.k_pe.len(), self.index_k.len()].map(|l| l / n);
+        gpu.kv_mirror_sync(
+            &mut self.device.0,
+            widths,
+            [&self.latent, &self.k_pe, &self.index_k],
+        )
+        .map_err(|e| Error::Gpu(e.to_string()))
+    }
+
+    /// Its VRAM mirror, once [`Self::sync_device`] made it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(&self) -> Option<&nectar_cuda::KvMirror> {
+        self.device.0.as_ref()
+    }
+
+    /// Frees its VRAM mirror, if any (a cache put aside: the next use on the GPU uploads it
+    /// again).
+    pub fn release_device(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.device.0 = None;
+        }
     }
 
     /// Bytes held by the cache's buffers.
@@ -224,6 +277,15 @@ impl SeqCache {
     /// Bytes held by all buffers.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum::<usize>() + self.mtp.bytes()
+    }
+
+    /// Frees every layer's VRAM mirror ([`LayerCache::release_device`]): the cache is put aside
+    /// (a kept prefix), so its VRAM goes to the sequences that run.
+    pub fn release_device(&mut self) {
+        self.layers
+            .iter_mut()
+            .chain(std::iter::once(&mut self.mtp))
+            .for_each(LayerCache::release_device);
     }
 }
 

@@ -45,6 +45,8 @@ fn max_abs_f64(v: &[f64]) -> f64 {
 }
 
 fn run_variant(variant: &str) {
+    // Decode attention on the GPU at every length (the fixtures' caches are short).
+    nectar_model::arch::glm5::set_gpu_decode_min_keys(0);
     let Some(model) = load_on_gpu(variant) else {
         return;
     };
@@ -97,6 +99,7 @@ fn run_variant(variant: &str) {
     assert_eq!(prompt_argmax, exp.ids("prompt_argmax"));
     check_selections(&exp, &rec, 0..s);
 
+    let prompt_indexer_rows = model.gpu_indexer_rows();
     let mut next = argmax(&logits[(s - 1) * v..s * v]);
     let mut out = vec![next];
     let mut worst = 0.0f64;
@@ -124,6 +127,19 @@ fn run_variant(variant: &str) {
         out.push(next);
     }
     assert_eq!(out, generated, "{variant}: greedy tokens");
+    // Every decode row's attention ran on the GPU (the absorbed form over the mirrored cache).
+    assert_eq!(
+        model.gpu_decode_attention_rows(),
+        ((generated.len() - 1) * model.num_layers()) as u64,
+        "{variant}: decode attention rows on the GPU"
+    );
+    // So did the decode rows' indexer scores (over the mirrored keys: the selections, checked
+    // below, are the CPU's bits) on every full layer.
+    let decode_indexer_rows = model.gpu_indexer_rows() - prompt_indexer_rows;
+    assert!(
+        decode_indexer_rows > 0 && decode_indexer_rows.is_multiple_of((generated.len() - 1) as u64),
+        "{variant}: decode indexer rows on the GPU: {decode_indexer_rows}"
+    );
     eprintln!(
         "{variant}: {}/{} greedy tokens, decode logits max |Δ| / max|logit| = {worst:.3e}",
         out.len(),

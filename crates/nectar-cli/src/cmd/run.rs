@@ -143,6 +143,7 @@ pub fn run(a: RunArgs) -> Result<()> {
                 "spine_host_kept_bytes": p.host_kept,
                 "expert_runs": bundle.model.expert_runs(),
                 "attention_rows": bundle.model.gpu_attention_rows(),
+                "decode_attention_rows": bundle.model.gpu_decode_attention_rows(),
                 "indexer_rows": bundle.model.gpu_indexer_rows(),
                 "copy": bundle.model.copy_stats().map(|c| c.json()),
             });

@@ -135,6 +135,19 @@ impl GpuWeight {
         self.gpu.mla_project(attn, &self.mat).map_err(gpu_err)
     }
 
+    /// The absorbed MLA form of decode rows over their mirrored caches, this matrix being the
+    /// layer's kv_b ([`nectar_cuda::Gpu::mla_absorbed`]); the output stays in VRAM.
+    pub(crate) fn mla_absorbed(
+        &self,
+        shape: nectar_cuda::MlaShape,
+        scale: f32,
+        rows: &[nectar_cuda::AbsorbedRow<'_>],
+    ) -> Result<nectar_cuda::MlaOutput> {
+        self.gpu
+            .mla_absorbed(shape, scale, &self.mat, rows)
+            .map_err(gpu_err)
+    }
+
     /// y = W·x left in VRAM ([`nectar_cuda::Gpu::matmul_keep`]): [`GpuWeight::matmul`]'s bits.
     pub(crate) fn matmul_keep(&self, x: &[f32], m: usize) -> Result<nectar_cuda::GpuRows> {
         self.gpu.matmul_keep(&self.mat, x, m).map_err(gpu_err)

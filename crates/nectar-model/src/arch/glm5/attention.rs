@@ -27,6 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod absorbed;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_decode;
+#[cfg(feature = "cuda")]
+pub use gpu_decode::{gpu_decode_min_keys, set_gpu_decode_min_keys};
 pub(super) mod recon;
 
 use recon::Heads;
@@ -79,6 +83,8 @@ pub struct Attention {
     scale: f32,
     /// Query rows whose attention ran on the GPU ([`gpu`]), since load.
     gpu_rows: AtomicU64,
+    /// Decode / MTP / verify rows whose absorbed form ran on the GPU (`gpu_decode`), since load.
+    gpu_decode_rows: AtomicU64,
     /// Where this layer's prefill time went (the MLP half included), since load.
     pub(super) phases: Phases,
 }
@@ -130,6 +136,7 @@ impl Attention {
             rank,
             scale: ((dn + dr) as f32).powf(-0.5),
             gpu_rows: AtomicU64::new(0),
+            gpu_decode_rows: AtomicU64::new(0),
             phases: Phases::default(),
         })
     }
@@ -137,6 +144,11 @@ impl Attention {
     /// Query rows whose attention ran on the GPU since load (prefill chunks with `kv_b` in VRAM).
     pub fn gpu_rows(&self) -> u64 {
         self.gpu_rows.load(Ordering::Relaxed)
+    }
+
+    /// Decode, MTP and verify rows whose absorbed form ran on the GPU since load.
+    pub fn gpu_decode_rows(&self) -> u64 {
+        self.gpu_decode_rows.load(Ordering::Relaxed)
     }
 
     /// Bytes of weights (including the indexer).
@@ -214,6 +226,16 @@ impl Attention {
         for (i, s) in sel.iter().enumerate() {
             obs.indexer(layer, i, self.indexer.is_some(), s.as_deref());
         }
+        // The absorbed form on the GPU where kv_b is in VRAM (decode, MTP, verify rows), over
+        // caches mirrored there (synced now, hence before the caches are only read).
+        #[cfg(feature = "cuda")]
+        let decoded = match self.gpu_decode(layout, caches, sel, &q, mode)? {
+            gpu_decode::GpuDecode::Projected(o) => {
+                lap.mark(Phase::OProj);
+                return Ok(o);
+            }
+            gpu_decode::GpuDecode::PerSeq(per) => per,
+        };
         let caches: Vec<&LayerCache> = caches.iter().map(|c| &**c).collect();
         // The reconstructed form on the GPU where kv_b is in VRAM (rows × heads × dv per
         // sequence), the CPU forms for the other sequences.
@@ -225,7 +247,11 @@ impl Attention {
                     lap.mark(Phase::OProj);
                     return Ok(projected);
                 }
-                Err(per_seq) => per_seq,
+                Err(per_seq) => per_seq
+                    .into_iter()
+                    .zip(decoded)
+                    .map(|(p, d)| p.or(d))
+                    .collect::<Vec<_>>(),
             }
         };
         #[cfg(not(feature = "cuda"))]

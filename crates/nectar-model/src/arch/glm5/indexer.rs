@@ -19,7 +19,8 @@ const SCORE_BLOCK: usize = 512;
 /// Keys scored per task on the CPU (128 at GLM-5.2's 128-dim keys: 64 KB of keys per task).
 const KEY_CHUNK: usize = 128;
 
-/// Rows of a block up to which its scores stay on the CPU (decode, MTP, verify).
+/// Rows of a block up to which its scores read the keys from the cache's VRAM mirror (decode,
+/// MTP, verify) rather than uploading them.
 #[cfg(feature = "cuda")]
 const GPU_MIN_ROWS: usize = 4;
 
@@ -140,11 +141,12 @@ impl Indexer {
             }
             let pos: Vec<usize> = need[j0..j1].iter().map(|&i| layout.rows[i].pos).collect();
             let t = pos.iter().max().map_or(0, |p| p + 1);
-            let keys = &caches[seq].index_k[..t * self.dim];
             let (qb, wb) = (&q[j0 * hq..j1 * hq], &w[j0 * self.heads..j1 * self.heads]);
+            let gpu = self.gpu_scores(&mut *caches[seq], t, qb, wb, &pos, qk_scale)?;
+            let keys = &caches[seq].index_k[..t * self.dim];
             // Scores `[row][stride]`; a row's keys past its position are never read.
-            let (scores, stride) = match self.gpu_scores(keys, qb, wb, &pos, qk_scale)? {
-                Some(s) => (s, t),
+            let (scores, stride) = match gpu {
+                Some(s) => s,
                 // One task per (row, chunk of keys) on the compute team, so that a decode
                 // row's scores use every core; each score is computed alone (the same bits in
                 // any split).
@@ -177,47 +179,61 @@ impl Indexer {
         Ok(out)
     }
 
-    /// The scores of one block on the GPU (`rows × T`), or `None` where they run on the CPU.
+    /// The scores of one block of rows of one sequence on the GPU, with their row stride, or
+    /// `None` (the CPU scores them): blocks of more than [`GPU_MIN_ROWS`] rows upload the
+    /// sequence's keys (`t` of them); smaller ones (decode, MTP, verify) read them from the
+    /// cache's VRAM mirror, synced here (one key per step), when a row sees at least
+    /// `gpu_decode_min_keys` keys.
     #[cfg(feature = "cuda")]
     fn gpu_scores(
         &self,
-        keys: &[f32],
+        cache: &mut LayerCache,
+        t: usize,
         q: &[f32],
         w: &[f32],
         pos: &[usize],
         qk_scale: f32,
-    ) -> Result<Option<Vec<f32>>> {
+    ) -> Result<Option<(Vec<f32>, usize)>> {
         let Some(gpu) = self.wq_b.gpu().filter(|_| gpu_enabled()) else {
             return Ok(None);
         };
-        // Decode, MTP and verify blocks (a few rows) stay on the CPU: the keys are uploaded per
-        // call, which only pays for many rows.
-        if pos.len() <= GPU_MIN_ROWS || self.dim > nectar_cuda::INDEX_MAX_DIM {
+        if self.dim > nectar_cuda::INDEX_MAX_DIM {
             return Ok(None);
         }
+        let gpu_err = |e: nectar_cuda::Error| crate::error::Error::Gpu(e.to_string());
         let pos32: Vec<u32> = pos.iter().map(|&p| p as u32).collect();
-        let s = gpu
-            .index_scores(keys, self.dim, self.heads, q, w, &pos32, qk_scale)
-            .map_err(|e| crate::error::Error::Gpu(e.to_string()))?;
+        let scored = if pos.len() > GPU_MIN_ROWS {
+            let keys = &cache.index_k[..t * self.dim];
+            let s = gpu.index_scores(keys, self.dim, self.heads, q, w, &pos32, qk_scale);
+            (s.map_err(gpu_err)?, t)
+        } else {
+            let min = super::attention::gpu_decode_min_keys();
+            if pos.iter().all(|&p| p + 1 < min) || !cache.sync_device(gpu)? {
+                return Ok(None);
+            }
+            let m = cache.device().expect("synced above");
+            let s = gpu.index_scores_mirrored(m, self.heads, q, w, &pos32, qk_scale);
+            (s.map_err(gpu_err)?, m.synced())
+        };
         self.gpu_rows
             .fetch_add(pos.len() as u64, AtomicOrdering::Relaxed);
-        Ok(Some(s))
+        Ok(Some(scored))
     }
 
     #[cfg(not(feature = "cuda"))]
     fn gpu_scores(
         &self,
-        _keys: &[f32],
+        _cache: &mut LayerCache,
+        _t: usize,
         _q: &[f32],
         _w: &[f32],
         _pos: &[usize],
         _qk_scale: f32,
-    ) -> Result<Option<Vec<f32>>> {
+    ) -> Result<Option<(Vec<f32>, usize)>> {
         Ok(None)
     }
 }
 
-/// Whether `NECTAR_GPU_INDEXER` leaves the GPU scores on (anything but `off` / `0`), read once.
 #[cfg(feature = "cuda")]
 fn gpu_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -26,6 +26,8 @@ mod streaming;
 mod vram;
 
 pub use attention::MlaMode;
+#[cfg(feature = "cuda")]
+pub use attention::{gpu_decode_min_keys, set_gpu_decode_min_keys};
 pub use config::{eos_list, Config, RawConfig};
 pub use contract::logical_shape;
 pub use indexer::top_k_positions;
@@ -208,6 +210,15 @@ impl Glm5 {
         let main = self.layers.iter().map(|l| &l.attn);
         main.chain(self.mtp.iter().map(|m| &m.layer.attn))
             .map(|a| a.gpu_rows())
+            .sum()
+    }
+
+    /// Decode, MTP and verify rows whose attention (the absorbed form) ran on the GPU since
+    /// load, summed over the layers (the MTP layer included).
+    pub fn gpu_decode_attention_rows(&self) -> u64 {
+        let main = self.layers.iter().map(|l| &l.attn);
+        main.chain(self.mtp.iter().map(|m| &m.layer.attn))
+            .map(|a| a.gpu_decode_rows())
             .sum()
     }
 

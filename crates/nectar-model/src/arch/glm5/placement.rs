@@ -21,9 +21,10 @@
 //! uploaded, and the buffer freed ([`GpuPlan::placement_of`], `Loader::placing`), and the memory
 //! plan counts only the spine left on the CPU (`streaming::plan_inputs`), so a `--memory-budget`
 //! gets that RAM as expert slots. The one exception is each layer's `kv_b_proj`
-//! ([`keeps_host_copy`]): the absorbed attention form (decode) reads its per-head rows on the
-//! CPU, so it keeps its host copy beside the VRAM one (the reconstructed form, prefill, uses the
-//! GPU's). Nothing falls back to a released host copy: a product of a placed matrix that fails
+//! ([`keeps_host_copy`]): the absorbed attention form (decode) runs on the GPU over KV caches
+//! mirrored in VRAM, but a sequence whose mirror does not fit the mirrors' cap runs it on the
+//! CPU, which reads kv_b's per-head rows there — so kv_b keeps its host copy beside the VRAM
+//! one. Nothing falls back to a released host copy: a product of a placed matrix that fails
 //! on the GPU is an error (`Error::Gpu`), and a CPU path that asks for a released copy is
 //! `Error::HostReleased`.
 //!
@@ -149,7 +150,8 @@ pub struct ClassLine {
 }
 
 /// Whether a spine matrix placed in VRAM keeps its host copy: `kv_b_proj`, whose per-head rows
-/// the absorbed attention form reads on the CPU (`attention.rs`).
+/// the absorbed attention form reads on the CPU for sequences whose KV mirror did not fit in
+/// VRAM (`attention/gpu_decode.rs`).
 pub fn keeps_host_copy(name: &str) -> bool {
     name.ends_with(".self_attn.kv_b_proj.weight")
 }
@@ -377,6 +379,9 @@ pub struct GpuPlacement {
     pub host_released: u64,
     /// Bytes of spine matrices in VRAM that keep a host copy too ([`keeps_host_copy`]).
     pub host_kept: u64,
+    /// VRAM the decode attention's KV mirrors may hold together: half of what was free after
+    /// the load.
+    pub kv_mirror_cap: u64,
 }
 
 impl GpuPlacement {
@@ -577,6 +582,13 @@ pub(super) fn apply(
         route = format!(", {}", tier.route());
         model.copy_tier = Some(tier);
     }
+    // The decode attention's KV mirrors (`attention/gpu_decode.rs`) take at most half of what
+    // the plan left free, so the other half stays for the products' and prefill's buffers.
+    p.kv_mirror_cap = gpu
+        .free_bytes()
+        .map_err(|e| crate::Error::Gpu(e.to_string()))?
+        / 2;
+    gpu.set_kv_mirror_cap(p.kv_mirror_cap);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let total: usize = p.vram_experts.iter().map(|x| x.2).sum();
     let staging = match p.staging {
@@ -588,7 +600,8 @@ pub(super) fn apply(
     };
     p.summary = format!(
         "GPU: {} — {} matrices ({:.1} MiB) in VRAM, {} left on the CPU; spine host copies \
-         released: {:.1} MiB; routed experts in VRAM: {} of {}{staging} (budget {:.1} MiB)",
+         released: {:.1} MiB; routed experts in VRAM: {} of {}{staging}; decode KV mirrors up to {:.1} \
+         MiB (budget {:.1} MiB)",
         gpu.describe(),
         p.matrices,
         mib(p.bytes),
@@ -596,6 +609,7 @@ pub(super) fn apply(
         mib(p.host_released),
         p.experts_in_vram(),
         total,
+        mib(p.kv_mirror_cap),
         mib(opened.budget),
     );
     Ok(p)

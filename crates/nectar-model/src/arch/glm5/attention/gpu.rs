@@ -14,7 +14,8 @@ use crate::arch::glm5::phases::{Lap, Phase};
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 
-/// Whether `NECTAR_GPU_ATTENTION` leaves the GPU path on (anything but `off` / `0`), read once.
+/// Whether `NECTAR_GPU_ATTENTION` leaves the GPU paths on (prefill and decode; anything but
+/// `off` / `0`), read once.
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -32,7 +33,9 @@ fn gpu_err(e: nectar_cuda::Error) -> Error {
 impl Attention {
     /// The GPU and head geometry when this layer's prefill attention runs there (kv_b in VRAM,
     /// the kernel takes the heads, not switched off).
-    fn gpu_attention(&self) -> Option<(&std::sync::Arc<nectar_cuda::Gpu>, nectar_cuda::MlaShape)> {
+    pub(super) fn gpu_attention(
+        &self,
+    ) -> Option<(&std::sync::Arc<nectar_cuda::Gpu>, nectar_cuda::MlaShape)> {
         let gpu = self.kv_b.gpu().filter(|_| enabled())?;
         let shape = nectar_cuda::MlaShape {
             heads: self.heads,
