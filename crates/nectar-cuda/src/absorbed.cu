@@ -18,7 +18,8 @@
 //   softmax: the max, e_k = expf(s_k - max), their sum in a fixed tree over the block's 256
 //          threads (thread i sums keys i, i+256, … in order, then pairs by halving), p_k = e_k * (1/sum)
 //          (the CPU: a sequential sum);
-//   o_lat: one fma chain over the row's keys in list order (the CPU: the same order);
+//   o_lat: slice j of 8 sums keys j, j+8, j+16, … of the row's list in order by fma, then the
+//          slices are added ((0+1)+(2+3))+((4+5)+(6+7)) (the CPU: one chain in list order);
 //   out:   lane L sums columns L, L+32, … by fma, then the butterfly xor 16, 8, 4, 2, 1.
 // Each row's result depends only on its query, its keys and the weights, never on the other rows.
 
@@ -26,9 +27,10 @@
 #define ABS_MAX_RANK 512      // latent width the score block stages (GLM-5.x: 512)
 #define ABS_MAX_DR 128        // rope width the score block stages (GLM-5.x: 64)
 #define ABS_SOFTMAX_THREADS 256
-#define ABS_COLS 64           // latent columns per weighted-sum block
+#define ABS_COLS 32           // latent columns per weighted-sum block
 #define ABS_HEADS 8           // heads per weighted-sum block
-#define ABS_CHUNK 256         // keys per weighted-sum stage
+#define ABS_SLICES 8          // key slices per weighted-sum block (ABS_COLS × ABS_SLICES threads)
+#define ABS_CHUNK 256         // keys per weighted-sum stage (a multiple of ABS_SLICES)
 
 // One decode row: its sequence's mirrored cache and the keys it attends.
 struct AbsRow {
@@ -54,6 +56,8 @@ __device__ __forceinline__ void absorbed_qlat(const float* q, const u8* W, const
     const float* qn = q + ((u64)r * heads + h) * (dn + dr);
     const int sidx = IsQuant<F>::V ? scale_index((u32)c, gmagic, gshift) : 0;
     float acc = 0.0f;
+    // Unrolled so that several rows' loads are in flight: each iteration's weight comes from L2.
+#pragma unroll 8
     for (int j = 0; j < dn; j++) {
         const u64 wr = (u64)h * (dn + dv) + j;
         float w = value_at<F>(W + wr * row_bytes, c);
@@ -188,16 +192,20 @@ extern "C" __global__ void __launch_bounds__(ABS_SOFTMAX_THREADS)
     for (int k = tid; k < n; k += ABS_SOFTMAX_THREADS) s[k] = s[k] * inv;
 }
 
-// 4. o_lat: grid (ceil(rank / ABS_COLS), ceil(heads / ABS_HEADS), rows), block ABS_COLS: thread c
-// sums p[h][k] * latent[t_k][c] for ABS_HEADS heads, the probabilities and key indices of
-// ABS_CHUNK keys staged in shared memory at a time.
-extern "C" __global__ void __launch_bounds__(ABS_COLS)
+// 4. o_lat: grid (ceil(rank / ABS_COLS), ceil(heads / ABS_HEADS), rows), block ABS_COLS ×
+// ABS_SLICES: thread (slice, col) sums p[h][k] * latent[t_k][c] for ABS_HEADS heads over the
+// keys k ≡ slice (mod ABS_SLICES) — a warp reads 32 consecutive floats of one key, and eight
+// warps keep loads in flight — with ABS_CHUNK keys' probabilities and indices staged in shared
+// memory at a time; the slices' sums are then added in a fixed tree.
+extern "C" __global__ void __launch_bounds__(ABS_COLS * ABS_SLICES)
     absorbed_weighted(const AbsRow* rows, const int* list, const float* p, float* o_lat,
                       int heads, int rank, int stride) {
     __shared__ float p_s[ABS_HEADS][ABS_CHUNK];
     __shared__ int t_s[ABS_CHUNK];
+    __shared__ float part[ABS_SLICES][ABS_HEADS][ABS_COLS];
     const int r = blockIdx.z, h0 = blockIdx.y * ABS_HEADS, tid = threadIdx.x;
-    const int c = blockIdx.x * ABS_COLS + tid;
+    const int col = tid % ABS_COLS, slice = tid / ABS_COLS;
+    const int c = blockIdx.x * ABS_COLS + col;
     const AbsRow row = rows[r];
     const float* L = (const float*)row.latent;
     float acc[ABS_HEADS];
@@ -206,25 +214,35 @@ extern "C" __global__ void __launch_bounds__(ABS_COLS)
     for (int k0 = 0; k0 < row.nkeys; k0 += ABS_CHUNK) {
         const int n = min(ABS_CHUNK, row.nkeys - k0);
         __syncthreads();
-        for (int i = tid; i < ABS_HEADS * ABS_CHUNK; i += ABS_COLS) {
+        for (int i = tid; i < ABS_HEADS * ABS_CHUNK; i += ABS_COLS * ABS_SLICES) {
             const int hh = i / ABS_CHUNK, kk = i - hh * ABS_CHUNK;
             p_s[hh][kk] = (h0 + hh < heads && kk < n)
                               ? p[((u64)r * heads + h0 + hh) * stride + k0 + kk]
                               : 0.0f;
         }
-        for (int kk = tid; kk < n; kk += ABS_COLS) t_s[kk] = abs_key(row, list, k0 + kk);
+        for (int kk = tid; kk < n; kk += ABS_COLS * ABS_SLICES) t_s[kk] = abs_key(row, list, k0 + kk);
         __syncthreads();
         if (c < rank) {
-            for (int kk = 0; kk < n; kk++) {
+#pragma unroll 4
+            for (int kk = slice; kk < n; kk += ABS_SLICES) {
                 const float l = __ldg(L + (u64)t_s[kk] * rank + c);
 #pragma unroll
                 for (int i = 0; i < ABS_HEADS; i++) acc[i] = fmaf(p_s[i][kk], l, acc[i]);
             }
         }
     }
-    if (c < rank) {
 #pragma unroll
-        for (int i = 0; i < ABS_HEADS; i++)
-            if (h0 + i < heads) o_lat[((u64)r * heads + h0 + i) * rank + c] = acc[i];
+    for (int i = 0; i < ABS_HEADS; i++) part[slice][i][col] = acc[i];
+    __syncthreads();
+    if (slice == 0 && c < rank) {
+#pragma unroll
+        for (int i = 0; i < ABS_HEADS; i++) {
+            if (h0 + i >= heads) break;
+            const float a = __fadd_rn(__fadd_rn(part[0][i][col], part[1][i][col]),
+                                      __fadd_rn(part[2][i][col], part[3][i][col]));
+            const float b = __fadd_rn(__fadd_rn(part[4][i][col], part[5][i][col]),
+                                      __fadd_rn(part[6][i][col], part[7][i][col]));
+            o_lat[((u64)r * heads + h0 + i) * rank + c] = __fadd_rn(a, b);
+        }
     }
 }

@@ -29,8 +29,9 @@ pub const ABSORBED_MAX_RANK: usize = 512;
 pub const ABSORBED_MAX_DR: usize = 128;
 /// Keys per score block (`ABS_KEYS`).
 const SCORE_KEYS: usize = 16;
-/// Latent columns and heads per weighted-sum block (`ABS_COLS`, `ABS_HEADS`).
-const WEIGHTED: (usize, usize) = (64, 8);
+/// Latent columns, heads and key slices per weighted-sum block (`ABS_COLS`, `ABS_HEADS`,
+/// `ABS_SLICES`).
+const WEIGHTED: (usize, usize, usize) = (32, 8, 8);
 
 /// The bytes every mirror of one GPU holds, and their cap.
 #[derive(Debug)]
@@ -427,8 +428,11 @@ impl Gpu {
                 .arg(&h_)
                 .arg(&rank_)
                 .arg(&stride_);
-            let (cols, hb) = WEIGHTED;
-            b.launch(cfg((rank.div_ceil(cols), heads.div_ceil(hb), m), cols))?;
+            let (cols, hb, slices) = WEIGHTED;
+            b.launch(cfg(
+                (rank.div_ceil(cols), heads.div_ceil(hb), m),
+                cols * slices,
+            ))?;
 
             let f = self.function(&format!("absorbed_uv_{sfx}"))?;
             let mut b = self.stream.launch_builder(&f);
