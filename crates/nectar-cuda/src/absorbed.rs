@@ -237,13 +237,18 @@ impl Gpu {
         let full = mirror.as_ref().is_none_or(|m| m.cap < rows);
         if full {
             let old = mirror.as_ref().map_or(0, |m| m.cap);
-            let cap = rows.max(2 * old).max(64);
-            let bytes = (cap * (rank + dr.max(1) + di.max(1)) * 4) as u64;
             let give = mirror.as_ref().map_or(0, |m| m.bytes);
-            if !self.mirrors.take(give, bytes) {
+            let bytes_of = |cap: usize| (cap * (rank + dr.max(1) + di.max(1)) * 4) as u64;
+            // Double; near the cap, an eighth more than needed, so that a mirror the cap cannot
+            // double still grows (and uploads everything again) only every rows/8 steps.
+            let Some((cap, bytes)) = [rows.max(2 * old), rows + rows / 8]
+                .into_iter()
+                .map(|c| (c.max(64), bytes_of(c.max(64))))
+                .find(|&(_, b)| self.mirrors.take(give, b))
+            else {
                 *mirror = None;
                 return Ok(false);
-            }
+            };
             // The old mirror's bytes moved into the new one's above: forget it without giving
             // them back twice.
             if let Some(mut m) = mirror.take() {
@@ -345,6 +350,8 @@ impl Gpu {
                     off
                 }
             };
+            // The guards are dropped at once: with event tracking off they record nothing, and
+            // the mirrors are borrowed (so not freed or written) until this call returns.
             let (lp, _) = DevicePtr::device_ptr(&r.mirror.latent, &self.stream);
             let (pp, _) = DevicePtr::device_ptr(&r.mirror.kpe, &self.stream);
             table.push(AbsRow {

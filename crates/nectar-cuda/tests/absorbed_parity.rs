@@ -141,17 +141,19 @@ fn run(s: MlaShape, rank: usize, format: WeightFormat, seed: u64) {
     let what = format!("{} {s:?} rank {rank}", format.name());
     let dq = s.dn + s.dr;
     let q = |i: u64| values(s.heads * dq, seed ^ (100 + i));
-    // 150 rows synced at once (capacity grows past the first 64), then 10 more one by one.
-    let mut c = cache(160, rank, s.dr, seed ^ 3);
+    // 590 rows synced at once (past the first 64 the buffer grows; past 256 keys the weighted
+    // sum stages more than one chunk and the softmax gives a thread several keys), then 10
+    // more one by one.
+    let mut c = cache(600, rank, s.dr, seed ^ 3);
     let mut mirror: Option<KvMirror> = None;
     assert!(g
         .kv_mirror_sync(
             &mut mirror,
             [rank, s.dr, 0],
-            [&c.latent[..150 * rank], &c.kpe[..150 * s.dr], &[]]
+            [&c.latent[..590 * rank], &c.kpe[..590 * s.dr], &[]]
         )
         .unwrap());
-    for n in 151..=160 {
+    for n in 591..=600 {
         assert!(g
             .kv_mirror_sync(
                 &mut mirror,
@@ -161,27 +163,27 @@ fn run(s: MlaShape, rank: usize, format: WeightFormat, seed: u64) {
             .unwrap());
     }
     let m = mirror.as_ref().unwrap();
-    assert_eq!(m.synced(), 160);
-    let sel: Vec<u32> = (0..160u32).filter(|t| t % 3 != 1).rev().collect();
+    assert_eq!(m.synced(), 600);
+    let sel: Vec<u32> = (0..600u32).filter(|t| t % 3 != 1).rev().collect();
     let mut worst = check(
         s,
         (&kvb, &dev),
         &c,
         m,
         &[
-            (q(0), AbsorbedKeys::Upto(160)),
+            (q(0), AbsorbedKeys::Upto(600)),
             (q(1), AbsorbedKeys::List(&sel)),
             (q(2), AbsorbedKeys::Upto(1)),
-            (q(3), AbsorbedKeys::Upto(159)),
+            (q(3), AbsorbedKeys::Upto(257)),
         ],
         &what,
     );
-    // Roll back to 120 rows and refill 120.. with other values: the mirror must read the new
+    // Roll back to 520 rows and refill 520.. with other values: the mirror must read the new
     // ones, not what it held.
-    mirror.as_mut().unwrap().truncate(120);
-    let other = cache(160, rank, s.dr, seed ^ 9);
-    c.latent[120 * rank..].copy_from_slice(&other.latent[120 * rank..]);
-    c.kpe[120 * s.dr..].copy_from_slice(&other.kpe[120 * s.dr..]);
+    mirror.as_mut().unwrap().truncate(520);
+    let other = cache(600, rank, s.dr, seed ^ 9);
+    c.latent[520 * rank..].copy_from_slice(&other.latent[520 * rank..]);
+    c.kpe[520 * s.dr..].copy_from_slice(&other.kpe[520 * s.dr..]);
     assert!(g
         .kv_mirror_sync(&mut mirror, [rank, s.dr, 0], [&c.latent, &c.kpe, &[]])
         .unwrap());
@@ -190,7 +192,7 @@ fn run(s: MlaShape, rank: usize, format: WeightFormat, seed: u64) {
         (&kvb, &dev),
         &c,
         mirror.as_ref().unwrap(),
-        &[(q(4), AbsorbedKeys::Upto(160))],
+        &[(q(4), AbsorbedKeys::Upto(600))],
         &format!("{what}, after a rollback"),
     ));
     eprintln!("{what}: max |Δ| / max|out| = {worst:.2e}");
@@ -248,6 +250,22 @@ fn the_mirrors_cap_refuses_a_sync_and_frees_what_it_held() {
         before,
         "the dropped mirror gave its bytes back"
     );
+    // Near the cap a mirror that cannot double grows by an eighth: 64 rows, then 100 rows
+    // with room for 112 but not 128.
+    let row_bytes = ((rank + dr + 1) * 4) as u64;
+    let parts = |n: usize| -> [&[f32]; 3] { [&c.latent[..n * rank], &c.kpe[..n * dr], &[]] };
+    assert!(g
+        .kv_mirror_sync(&mut mirror, [rank, dr, 0], parts(10))
+        .unwrap());
+    assert_eq!(mirror.as_ref().unwrap().bytes(), 64 * row_bytes);
+    g.set_kv_mirror_cap(before + 120 * row_bytes);
+    let grown = g.kv_mirror_sync(&mut mirror, [rank, dr, 0], parts(100));
+    g.set_kv_mirror_cap(u64::MAX);
+    assert!(grown.unwrap(), "an eighth more than needed fits");
+    assert_eq!(mirror.as_ref().unwrap().bytes(), 112 * row_bytes);
+    assert_eq!(g.kv_mirror_bytes(), before + 112 * row_bytes);
+    mirror = None;
+    assert_eq!(g.kv_mirror_bytes(), before);
     // Shapes that do not describe a cache are errors, not launches.
     assert!(g
         .kv_mirror_sync(

@@ -469,6 +469,8 @@ impl Batch {
             // Layers the span already ran hold its tokens; the others do not.
             row.cache.truncate(p.start());
         }
+        // Out of the batch, its cache holds no VRAM (the next GPU step uploads it again).
+        row.cache.release_device();
         Some((summary(&row, self.auto.as_ref(), Instant::now()), row.cache))
     }
 
@@ -498,6 +500,7 @@ impl Batch {
             let _ = d.observe(&mut row.cache, &[], &[]);
         }
         if row.hold {
+            row.cache.release_device();
             self.held.push((row.id, row.cache));
             return s;
         }

@@ -220,7 +220,12 @@ impl Attention {
         lap.mark(Phase::AttnProj);
         // DSA: full layers select (and cache their keys); shared layers keep the carried selection.
         if let Some(ix) = &self.indexer {
-            let fresh = ix.run(h, &cq, layout, caches, rope, &mut lap)?;
+            // Decode rows score the keys mirrored in VRAM where the attention mirrors them.
+            #[cfg(feature = "cuda")]
+            let mirrored = self.gpu_decode_possible();
+            #[cfg(not(feature = "cuda"))]
+            let mirrored = false;
+            let fresh = ix.run(h, &cq, layout, caches, rope, mirrored, &mut lap)?;
             sel.clone_from_slice(&fresh);
         }
         for (i, s) in sel.iter().enumerate() {

@@ -82,7 +82,10 @@ impl Indexer {
     /// Appends the indexer keys of all rows to their caches, then returns each row's selection
     /// (`None` = every visible key, the exact dense fallback while `pos + 1 <= index_topk`).
     /// The scores run on the GPU when the indexer's matrices are in VRAM (bit for bit the CPU's,
-    /// so the selection is the same; `NECTAR_GPU_INDEXER=off` keeps them on the CPU).
+    /// so the selection is the same; `NECTAR_GPU_INDEXER=off` keeps them on the CPU); decode
+    /// rows read the keys from the caches' VRAM mirrors where the layer's attention keeps them
+    /// (`mirrored`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
         &self,
         h: &[f32],
@@ -90,6 +93,7 @@ impl Indexer {
         layout: &Layout,
         caches: &mut [&mut LayerCache],
         rope: &RopeTable,
+        mirrored: bool,
         lap: &mut Lap<'_>,
     ) -> Result<Vec<Option<Vec<u32>>>> {
         let m = layout.rows.len();
@@ -142,7 +146,7 @@ impl Indexer {
             let pos: Vec<usize> = need[j0..j1].iter().map(|&i| layout.rows[i].pos).collect();
             let t = pos.iter().max().map_or(0, |p| p + 1);
             let (qb, wb) = (&q[j0 * hq..j1 * hq], &w[j0 * self.heads..j1 * self.heads]);
-            let gpu = self.gpu_scores(&mut *caches[seq], t, qb, wb, &pos, qk_scale)?;
+            let gpu = self.gpu_scores(&mut *caches[seq], t, (qb, wb), &pos, qk_scale, mirrored)?;
             let keys = &caches[seq].index_k[..t * self.dim];
             // Scores `[row][stride]`; a row's keys past its position are never read.
             let (scores, stride) = match gpu {
@@ -182,17 +186,17 @@ impl Indexer {
     /// The scores of one block of rows of one sequence on the GPU, with their row stride, or
     /// `None` (the CPU scores them): blocks of more than [`GPU_MIN_ROWS`] rows upload the
     /// sequence's keys (`t` of them); smaller ones (decode, MTP, verify) read them from the
-    /// cache's VRAM mirror, synced here (one key per step), when a row sees at least
-    /// `gpu_decode_min_keys` keys.
+    /// cache's VRAM mirror, synced here (one key per step), when the layer's attention mirrors
+    /// its caches (`mirrored`) and a row sees at least `gpu_decode_min_keys` keys.
     #[cfg(feature = "cuda")]
     fn gpu_scores(
         &self,
         cache: &mut LayerCache,
         t: usize,
-        q: &[f32],
-        w: &[f32],
+        (q, w): (&[f32], &[f32]),
         pos: &[usize],
         qk_scale: f32,
+        mirrored: bool,
     ) -> Result<Option<(Vec<f32>, usize)>> {
         let Some(gpu) = self.wq_b.gpu().filter(|_| gpu_enabled()) else {
             return Ok(None);
@@ -208,7 +212,7 @@ impl Indexer {
             (s.map_err(gpu_err)?, t)
         } else {
             let min = super::attention::gpu_decode_min_keys();
-            if pos.iter().all(|&p| p + 1 < min) || !cache.sync_device(gpu)? {
+            if !mirrored || pos.iter().all(|&p| p + 1 < min) || !cache.sync_device(gpu)? {
                 return Ok(None);
             }
             let m = cache.device().expect("synced above");
@@ -225,10 +229,10 @@ impl Indexer {
         &self,
         _cache: &mut LayerCache,
         _t: usize,
-        _q: &[f32],
-        _w: &[f32],
+        _qw: (&[f32], &[f32]),
         _pos: &[usize],
         _qk_scale: f32,
+        _mirrored: bool,
     ) -> Result<Option<(Vec<f32>, usize)>> {
         Ok(None)
     }

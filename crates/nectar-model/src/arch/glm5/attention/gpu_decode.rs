@@ -56,6 +56,15 @@ pub(super) enum GpuDecode {
 }
 
 impl Attention {
+    /// Whether this layer's decode rows can take the GPU form (`kv_b` in VRAM, attention on
+    /// the GPU, a latent and rope width the kernels stage), so their caches get mirrors.
+    pub(super) fn gpu_decode_possible(&self) -> bool {
+        self.gpu_attention().is_some()
+            && self.kv_b.gpu_weight().is_some()
+            && self.rank <= nectar_cuda::ABSORBED_MAX_RANK
+            && self.dr <= nectar_cuda::ABSORBED_MAX_DR
+    }
+
     /// The sequences of `layout` that take the absorbed form on the GPU: `kv_b` in VRAM, few
     /// rows (or the absorbed form forced), rows attending at least [`gpu_decode_min_keys`], and
     /// a mirror the cap allows — synced here.
@@ -71,10 +80,7 @@ impl Attention {
         let (Some((gpu, shape)), Some(kvb)) = (self.gpu_attention(), self.kv_b.gpu_weight()) else {
             return Ok(none());
         };
-        if self.rank > nectar_cuda::ABSORBED_MAX_RANK
-            || self.dr > nectar_cuda::ABSORBED_MAX_DR
-            || q.is_empty()
-        {
+        if !self.gpu_decode_possible() || q.is_empty() {
             return Ok(none());
         }
         let (hd, dq) = (self.heads, self.dn + self.dr);
@@ -123,7 +129,21 @@ impl Attention {
                 },
             })
             .collect();
-        let out = kvb.mla_absorbed(shape, self.scale, &rows)?;
+        // A launch that fails (its scratch buffers did not fit, …) leaves these rows to the CPU
+        // form, which kv_b's host copy serves: a request never fails for it.
+        let out = match kvb.mla_absorbed(shape, self.scale, &rows) {
+            Ok(out) => out,
+            Err(e) => {
+                // Said once per process; each later fallback at debug level.
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                match SAID.swap(true, Ordering::Relaxed) {
+                    false => tracing::warn!("decode attention runs on the CPU for a step: {e}"),
+                    true => tracing::debug!("decode attention runs on the CPU for a step: {e}"),
+                }
+                return Ok(none());
+            }
+        };
         self.gpu_decode_rows
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
         if rows.len() == layout.rows.len() {
