@@ -197,7 +197,8 @@ fn the_staging_area_is_counted_shrinks_to_fit_and_is_left_out_when_all_fits() {
 
 /// A spine matrix in VRAM costs no RAM (issue 14 item 3): with a GPU plan the memory plan's
 /// spine terms fall by exactly the bytes of the placed matrices whose host copy is released —
-/// every placed one but `kv_b_proj`, which decode's attention reads on the CPU — and the budget
+/// every placed one but `kv_b_proj`, which decode's attention reads on the CPU when a sequence's
+/// KV mirror does not fit in VRAM — and the budget
 /// gets the RAM back as expert slots. From headers alone, as `fit` plans it.
 #[test]
 fn the_memory_plan_counts_only_the_spine_left_in_ram() {

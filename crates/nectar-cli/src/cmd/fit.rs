@@ -166,7 +166,7 @@ fn render_gpu(g: &GpuPlan, ram_spine: u64) -> String {
     let kept = g.spine_bytes() - g.released_bytes;
     out += &format!(
         "  => RAM spine after VRAM placement: {} (the plan above; {} of host copies released, \
-         {} kept: kv_b, read on the CPU by decode's attention)\n",
+         {} kept: kv_b, for decode attention on the CPU when a KV mirror does not fit)\n",
         human(ram_spine),
         human(g.released_bytes),
         human(kept),

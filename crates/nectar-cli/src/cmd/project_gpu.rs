@@ -9,8 +9,9 @@
 //! run on the GPU beside the CPU's experts (two launches per layer); the RAM cache and the disk
 //! see only the requests for experts not in VRAM — the route trace replayed with those experts
 //! removed, so the hit rate is the RAM tier's own. A spine matrix in VRAM releases its host
-//! copy (all but `kv_b_proj`, which decode's attention reads on the CPU), so the RAM plan counts
-//! only the rest and the budget's expert slots grow by what was released.
+//! copy (all but `kv_b_proj`, which decode's attention reads on the CPU for sequences whose KV
+//! mirror does not fit in VRAM), so the RAM plan counts only the rest and the budget's expert
+//! slots grow by what was released.
 use super::project::Geometry;
 use anyhow::Result;
 use nectar_model::arch::glm5::GpuPlan;
