@@ -17,9 +17,8 @@
 use crate::attention::{MlaOutput, MlaShape};
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemv::{GpuMat, RowLayout};
+use crate::gemv::{format_base, GpuMat, RowLayout};
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
-use nectar_kernels::WeightFormat;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -170,16 +169,6 @@ struct AbsRow {
 // SAFETY: `AbsRow` is `repr(C)` plain data laid out as `struct AbsRow` in `absorbed.cu` (two
 // u64, two i32: 24 bytes, 8-aligned on both sides).
 unsafe impl DeviceRepr for AbsRow {}
-
-fn suffix(format: WeightFormat) -> &'static str {
-    match format {
-        WeightFormat::F32 => "f32",
-        WeightFormat::Bf16 => "bf16",
-        WeightFormat::F16 => "f16",
-        WeightFormat::Int8Row => "i8",
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => "i4",
-    }
-}
 
 /// Every kernel [`Gpu::mla_absorbed`] launches (for the compile test).
 #[cfg(test)]
@@ -377,7 +366,7 @@ impl Gpu {
         let mut out = self.stream.alloc_zeros::<f32>(m * width)?;
         let [h_, dn_, dr_, dv_, rank_, stride_] =
             [heads, dn, dr, dv, rank, stride].map(|d| d as i32);
-        let sfx = suffix(kv_b.format);
+        let sfx = format_base(kv_b.format);
         let cfg = |grid: (usize, usize, usize), block: usize| LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
             block_dim: (block as u32, 1, 1),

@@ -203,16 +203,22 @@ impl RowLayout {
     }
 }
 
+/// A format's name in the kernels' entry points (`FMT_*` in `gemv.cu`): `f32`, `bf16`, `f16`,
+/// `i8`, `i4` (per row or grouped alike).
+pub(crate) fn format_base(format: WeightFormat) -> &'static str {
+    match format {
+        WeightFormat::F32 => "f32",
+        WeightFormat::Bf16 => "bf16",
+        WeightFormat::F16 => "f16",
+        WeightFormat::Int8Row => "i8",
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => "i4",
+    }
+}
+
 fn kernel_name(format: WeightFormat, m: usize, order: Order) -> String {
-    let (base, quant) = match format {
-        WeightFormat::F32 => ("f32", false),
-        WeightFormat::Bf16 => ("bf16", false),
-        WeightFormat::F16 => ("f16", false),
-        WeightFormat::Int8Row => ("i8", true),
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => ("i4", true),
-    };
+    let base = format_base(format);
     let order = if order.tensor() { Order::Exact } else { order };
-    if quant {
+    if is_int(format) {
         format!("gemv_{base}_{}_m{m}", order.name())
     } else {
         format!("gemv_{base}_m{m}")

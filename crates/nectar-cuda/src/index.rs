@@ -14,6 +14,23 @@ const TILE: usize = 16;
 /// Threads per block (`IX_THREADS`).
 const BLOCK_THREADS: u32 = 256;
 
+/// The query side of an indexer-score launch: `m = pos.len()` rows, row `i` with queries `q[i]`
+/// (`heads × dim`, RoPE applied) and head weights `w[i]` (`heads`, already scaled), at position
+/// `pos[i]`, scored against keys `0 ..= pos[i]` with `qk_scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexRows<'a> {
+    /// Indexer heads.
+    pub heads: usize,
+    /// `m × heads × dim` queries.
+    pub q: &'a [f32],
+    /// `m × heads` head weights.
+    pub w: &'a [f32],
+    /// Each row's position.
+    pub pos: &'a [u32],
+    /// `index_head_dim^-½`.
+    pub qk_scale: f32,
+}
+
 impl Gpu {
     /// The indexer scores (`m × T`, row-major) of `m` rows against the `T` keys `keys`
     /// (`T × dim`): row `i` (queries `q[i]`, `heads × dim`; head weights `w[i]`, `heads`, already
@@ -38,28 +55,30 @@ impl Gpu {
         }
         let keys_dev = self.stream.clone_htod(keys)?;
         let (kp, _sync) = keys_dev.device_ptr(&self.stream);
+        let rows = IndexRows {
+            heads,
+            q,
+            w,
+            pos,
+            qk_scale,
+        };
         // SAFETY: kp holds the keys.len() / dim keys of dim f32 just uploaded, alive for the
         // call.
-        unsafe { self.index_launch((kp, keys.len() / dim), dim, heads, q, w, pos, qk_scale) }
+        unsafe { self.index_launch((kp, keys.len() / dim), dim, rows) }
     }
 
     /// [`Gpu::index_scores`] over the indexer keys of a sequence's cache mirrored in VRAM
     /// ([`KvMirror`], synced past every row's position): only the queries, weights and
     /// positions go up. The same kernel, so the same bits.
-    #[allow(clippy::too_many_arguments)]
     pub fn index_scores_mirrored(
         &self,
         mirror: &KvMirror,
-        heads: usize,
-        q: &[f32],
-        w: &[f32],
-        pos: &[u32],
-        qk_scale: f32,
+        rows: IndexRows<'_>,
     ) -> Result<Vec<f32>> {
         let (kp, _sync) = mirror.index.device_ptr(&self.stream);
         // SAFETY: the mirror holds `synced` rows of `di` indexer-key f32 at kp, alive for the
         // call (borrowed); index_launch checks every position against that count.
-        unsafe { self.index_launch((kp, mirror.synced()), mirror.di, heads, q, w, pos, qk_scale) }
+        unsafe { self.index_launch((kp, mirror.synced()), mirror.di, rows) }
     }
 
     /// The scores' launch over `keys.1` keys of `dim` f32 at device address `keys.0`.
@@ -67,17 +86,19 @@ impl Gpu {
     /// # Safety
     /// `keys.0` must address at least `keys.1 × dim` f32 of this context, unchanged until the
     /// call returns.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn index_launch(
         &self,
         (kp, t): (u64, usize),
         dim: usize,
-        heads: usize,
-        q: &[f32],
-        w: &[f32],
-        pos: &[u32],
-        qk_scale: f32,
+        rows: IndexRows<'_>,
     ) -> Result<Vec<f32>> {
+        let IndexRows {
+            heads,
+            q,
+            w,
+            pos,
+            qk_scale,
+        } = rows;
         let m = pos.len();
         if dim == 0 || dim > INDEX_MAX_DIM || heads == 0 {
             return Err(Error::Shape(format!(

@@ -69,7 +69,7 @@ pub use gemm::{use_gemm, GemmPlan, Precision};
 #[cfg(feature = "cuda")]
 pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
 #[cfg(feature = "cuda")]
-pub use index::INDEX_MAX_DIM;
+pub use index::{IndexRows, INDEX_MAX_DIM};
 #[cfg(feature = "cuda")]
 pub use moe::{MoeCombine, NO_PAIR};
 #[cfg(feature = "cuda")]

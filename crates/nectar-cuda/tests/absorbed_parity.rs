@@ -8,7 +8,7 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::{gpu, values, weights, FORMATS};
-use nectar_cuda::{AbsorbedKeys, AbsorbedRow, KvMirror, MlaShape};
+use nectar_cuda::{AbsorbedKeys, AbsorbedRow, IndexRows, KvMirror, MlaShape};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 use std::sync::Mutex;
 
@@ -293,9 +293,14 @@ fn indexer_scores_over_a_mirror_equal_the_uploaded_keys_bit_for_bit() {
     let q = values(pos.len() * heads * dim, 13);
     let w = values(pos.len() * heads, 14);
     let scale = (dim as f32).powf(-0.5);
-    let got = g
-        .index_scores_mirrored(m, heads, &q, &w, &pos, scale)
-        .unwrap();
+    let rows = IndexRows {
+        heads,
+        q: &q,
+        w: &w,
+        pos: &pos,
+        qk_scale: scale,
+    };
+    let got = g.index_scores_mirrored(m, rows).unwrap();
     let want = g
         .index_scores(&index_k, dim, heads, &q, &w, &pos, scale)
         .unwrap();
@@ -307,7 +312,11 @@ fn indexer_scores_over_a_mirror_equal_the_uploaded_keys_bit_for_bit() {
         "the same kernel over the same keys"
     );
     // A position the mirror does not hold is an error, not a launch.
-    assert!(g
-        .index_scores_mirrored(m, heads, &q[..heads * dim], &w[..heads], &[300], scale)
-        .is_err());
+    let beyond = IndexRows {
+        q: &q[..heads * dim],
+        w: &w[..heads],
+        pos: &[300],
+        ..rows
+    };
+    assert!(g.index_scores_mirrored(m, beyond).is_err());
 }

@@ -1,6 +1,6 @@
 //! Building blocks shared by architectures: weight-backed linears and the tensor loader.
 #[cfg(feature = "cuda")]
-mod gpu;
+pub(crate) mod gpu;
 mod linear;
 mod loader;
 

@@ -216,7 +216,14 @@ impl Indexer {
                 return Ok(None);
             }
             let m = cache.device().expect("synced above");
-            let s = gpu.index_scores_mirrored(m, self.heads, q, w, &pos32, qk_scale);
+            let rows = nectar_cuda::IndexRows {
+                heads: self.heads,
+                q,
+                w,
+                pos: &pos32,
+                qk_scale,
+            };
+            let s = gpu.index_scores_mirrored(m, rows);
             (s.map_err(gpu_err)?, m.synced())
         };
         self.gpu_rows

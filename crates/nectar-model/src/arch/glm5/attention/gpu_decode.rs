@@ -59,10 +59,21 @@ impl Attention {
     /// Whether this layer's decode rows can take the GPU form (`kv_b` in VRAM, attention on
     /// the GPU, a latent and rope width the kernels stage), so their caches get mirrors.
     pub(super) fn gpu_decode_possible(&self) -> bool {
-        self.gpu_attention().is_some()
-            && self.kv_b.gpu_weight().is_some()
-            && self.rank <= nectar_cuda::ABSORBED_MAX_RANK
-            && self.dr <= nectar_cuda::ABSORBED_MAX_DR
+        self.gpu_decode_parts().is_some()
+    }
+
+    /// The GPU, head geometry and VRAM kv_b of [`Self::gpu_decode_possible`].
+    fn gpu_decode_parts(
+        &self,
+    ) -> Option<(
+        &std::sync::Arc<nectar_cuda::Gpu>,
+        nectar_cuda::MlaShape,
+        &crate::blocks::gpu::GpuWeight,
+    )> {
+        let (gpu, shape) = self.gpu_attention()?;
+        let fits =
+            self.rank <= nectar_cuda::ABSORBED_MAX_RANK && self.dr <= nectar_cuda::ABSORBED_MAX_DR;
+        Some((gpu, shape, self.kv_b.gpu_weight()?)).filter(|_| fits)
     }
 
     /// The sequences of `layout` that take the absorbed form on the GPU: `kv_b` in VRAM, few
@@ -77,35 +88,36 @@ impl Attention {
         mode: MlaMode,
     ) -> Result<GpuDecode> {
         let none = || GpuDecode::PerSeq(vec![None; layout.seqs.len()]);
-        let (Some((gpu, shape)), Some(kvb)) = (self.gpu_attention(), self.kv_b.gpu_weight()) else {
+        let Some((gpu, shape, kvb)) = self.gpu_decode_parts().filter(|_| !q.is_empty()) else {
             return Ok(none());
         };
-        if !self.gpu_decode_possible() || q.is_empty() {
-            return Ok(none());
-        }
         let (hd, dq) = (self.heads, self.dn + self.dr);
         let min_keys = gpu_decode_min_keys();
         // Each row's keys: its DSA selection up to its position, or every key up to it.
-        let keys: Vec<Option<Vec<u32>>> = (0..layout.rows.len())
-            .map(|i| {
-                let pos = layout.rows[i].pos;
-                sel[i].as_ref().map(|k| {
-                    k.iter()
-                        .copied()
-                        .filter(|&t| t as usize <= pos)
-                        .collect::<Vec<u32>>()
-                })
-            })
-            .collect();
-        let attended = |i: usize| keys[i].as_ref().map_or(layout.rows[i].pos + 1, Vec::len);
+        let keys_of = |i: usize| {
+            let pos = layout.rows[i].pos;
+            sel[i]
+                .as_ref()
+                .map(|k| k.iter().copied().filter(|&t| t as usize <= pos).collect())
+        };
         let mut taken = vec![false; layout.seqs.len()];
+        // Built only for the rows of sequences that take this form (a prompt chunk's rows never
+        // do: their selections stay unfiltered and uncopied).
+        let mut keys: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
         for (s, rows) in layout.seqs.iter().enumerate() {
             let few = match mode {
                 MlaMode::Auto => rows.len() <= ABSORBED_MAX_ROWS,
                 MlaMode::Absorbed => true,
                 MlaMode::Reconstructed | MlaMode::ReconstructedInBlocks { .. } => false,
             };
-            if rows.is_empty() || !few || rows.clone().all(|i| attended(i) < min_keys) {
+            if rows.is_empty() || !few {
+                continue;
+            }
+            for i in rows.clone() {
+                keys[i] = keys_of(i);
+            }
+            let attended = |i: usize| keys[i].as_ref().map_or(layout.rows[i].pos + 1, Vec::len);
+            if rows.clone().all(|i| attended(i) < min_keys) {
                 continue;
             }
             // A no-op when the indexer synced it for this step already.
