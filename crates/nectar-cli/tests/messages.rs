@@ -105,7 +105,7 @@ fn an_error_cause_is_printed_once() {
 }
 
 #[test]
-fn run_json_reports_where_prefill_time_went() {
+fn run_json_reports_where_prefill_and_decode_time_went() {
     // A tiny synth selects from index_topk = 16: a 40-token prompt runs the indexer's scores.
     let d = tempfile::tempdir().unwrap();
     let m = d.path().join("s");
@@ -125,12 +125,29 @@ fn run_json_reports_where_prefill_time_went() {
         "--prompt-ids",
         &ids,
         "--max-tokens",
-        "2",
+        "4",
         "--no-usage-save",
         "--json",
     ]);
     assert!(ok, "{err}");
-    let p = &json(&out)["stats"]["prefill_phases_s"];
+    let j = json(&out);
+    // The decode steps' phases are kept apart from the prompt's: their layers' attention and
+    // MLP halves ran, and they add up to no more than the decode's own time.
+    let d = &j["stats"]["decode_phases_s"];
+    assert!(d["attn_proj"].as_f64().unwrap() > 0.0, "{d}");
+    assert!(d["mlp"].as_f64().unwrap() > 0.0, "{d}");
+    let sum: f64 = d
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    let decode_s = j["stats"]["decode_s"].as_f64().unwrap();
+    assert!(
+        sum <= decode_s * 1.000_001 + 1e-9,
+        "{sum} > {decode_s}: {d}"
+    );
+    let p = &j["stats"]["prefill_phases_s"];
     for k in [
         "attn_proj",
         "indexer_keys",

@@ -127,13 +127,19 @@ pub fn run(a: RunArgs) -> Result<()> {
         if bundle.model.prefetch != Prefetch::Off {
             out["stats"]["prefetch"] = prefetch_json(&bundle, residency.as_ref());
         }
-        // Where the prompt's time went (docs/gpu.md, "Prefill phases"): seconds per phase of
-        // the layers' prefill forwards, and `other`, the rest of the prefill time.
-        let phases = bundle.model.prefill_phases();
-        if phases.total() > 0.0 {
-            let mut p = serde_json::to_value(phases)?;
-            p["other"] = json!((gen.prefill.as_secs_f64() - phases.total()).max(0.0));
-            out["stats"]["prefill_phases_s"] = p;
+        // Where the prompt's and the decode's time went (docs/gpu.md, "Prefill and decode
+        // phases"): seconds per phase of the layers' forwards of each kind, and `other`, the
+        // rest of that kind's time.
+        let model = &bundle.model;
+        for (key, phases, wall) in [
+            ("prefill_phases_s", model.prefill_phases(), gen.prefill),
+            ("decode_phases_s", model.decode_phases(), gen.decode),
+        ] {
+            if phases.total() > 0.0 {
+                let mut p = serde_json::to_value(phases)?;
+                p["other"] = json!((wall.as_secs_f64() - phases.total()).max(0.0));
+                out["stats"][key] = p;
+            }
         }
         if let Some(p) = bundle.model.gpu_placement() {
             // Where the routed experts ran (docs/gpu.md): VRAM tier, copied from RAM, CPU.
@@ -447,6 +453,8 @@ fn json_output(
             "forced_tokens": gen.forced_tokens,
             "prefill_tok_s": gen.prefill_tok_s(),
             "decode_tok_s": gen.decode_tok_s(),
+            "prefill_s": gen.prefill.as_secs_f64(),
+            "decode_s": gen.decode.as_secs_f64(),
             "threads": rayon::current_num_threads(),
             "isa": nectar_kernels::isa(),
         }

@@ -35,7 +35,7 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
-pub use phases::PrefillPhases;
+pub use phases::PhaseSeconds;
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
     auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
@@ -234,11 +234,20 @@ impl Glm5 {
 
     /// Wall seconds per phase of the prefill chunks' layer forwards since load, summed over the
     /// layers (the MTP layer included).
-    pub fn prefill_phases(&self) -> PrefillPhases {
+    pub fn prefill_phases(&self) -> PhaseSeconds {
+        self.phases(true)
+    }
+
+    /// The same for the other forwards: decode, MTP draft and verify steps.
+    pub fn decode_phases(&self) -> PhaseSeconds {
+        self.phases(false)
+    }
+
+    fn phases(&self, prefill: bool) -> PhaseSeconds {
         let main = self.layers.iter().map(|l| &l.attn);
         main.chain(self.mtp.iter().map(|m| &m.layer.attn))
-            .map(|a| a.phases.seconds())
-            .fold(PrefillPhases::default(), |a, b| a + b)
+            .map(|a| a.phases.seconds(prefill))
+            .fold(PhaseSeconds::default(), |a, b| a + b)
     }
 
     /// Totals of the experts copied from RAM to the GPU (`None` without a copy route).

@@ -1,7 +1,8 @@
-//! Where prefill time goes: wall seconds per phase of the layers' forwards, summed over the
-//! forwards that carry a prefill chunk (a sequence adding more than `ABSORBED_MAX_ROWS` rows;
-//! decode and verify steps are not counted). `nectar run --json` reports them as
-//! `stats.prefill_phases_s` (docs/gpu.md, "Prefill phases").
+//! Where prefill and decode time go: wall seconds per phase of the layers' forwards, kept apart
+//! for the forwards that carry a prefill chunk (a sequence adding more than
+//! `ABSORBED_MAX_ROWS` rows) and for the others (decode, MTP and verify steps). `nectar run
+//! --json` reports them as `stats.prefill_phases_s` and `stats.decode_phases_s` (docs/gpu.md,
+//! "Prefill and decode phases").
 //!
 //! Each layer's attention holds one [`Phases`]; a forward walks it with a [`Lap`], which charges
 //! the time since its previous mark to the phase it names, so the phases of one forward add up
@@ -35,33 +36,36 @@ pub(super) enum Phase {
 
 const PHASES: usize = Phase::Mlp as usize + 1;
 
-/// Accumulated nanoseconds per phase, since load.
+/// Accumulated nanoseconds per phase since load: `[0]` prefill forwards, `[1]` the others.
 #[derive(Debug, Default)]
 pub(super) struct Phases {
-    ns: [AtomicU64; PHASES],
-    /// Whether the forward now running is timed (set by the attention half, read by the MLP).
-    timing: AtomicBool,
+    ns: [[AtomicU64; PHASES]; 2],
+    /// Whether the forward now running carries a prefill chunk (set by the attention half,
+    /// read by the MLP half).
+    prefill: AtomicBool,
 }
 
 impl Phases {
-    /// A lap over a forward: timed when `prefill`, else every mark is free.
+    /// A lap over a forward, charged to the prefill phases when `prefill`, else to the decode
+    /// phases. (A mark reads the clock once: ~20 ns, against micro- to milliseconds a phase.)
     pub(super) fn lap(&self, prefill: bool) -> Lap<'_> {
-        self.timing.store(prefill, Ordering::Relaxed);
+        self.prefill.store(prefill, Ordering::Relaxed);
         Lap {
-            phases: self,
-            last: prefill.then(Instant::now),
+            ns: &self.ns[usize::from(!prefill)],
+            last: Instant::now(),
         }
     }
 
-    /// A lap continuing the attention half's choice (the MLP half of the same layer).
+    /// A lap continuing the attention half's kind (the MLP half of the same layer).
     pub(super) fn resume(&self) -> Lap<'_> {
-        self.lap(self.timing.load(Ordering::Relaxed))
+        self.lap(self.prefill.load(Ordering::Relaxed))
     }
 
-    /// Seconds per phase.
-    pub(super) fn seconds(&self) -> PrefillPhases {
-        let s = |p: Phase| self.ns[p as usize].load(Ordering::Relaxed) as f64 * 1e-9;
-        PrefillPhases {
+    /// Seconds per phase of the prefill forwards (`prefill`) or of the others.
+    pub(super) fn seconds(&self, prefill: bool) -> PhaseSeconds {
+        let ns = &self.ns[usize::from(!prefill)];
+        let s = |p: Phase| ns[p as usize].load(Ordering::Relaxed) as f64 * 1e-9;
+        PhaseSeconds {
             attn_proj: s(Phase::AttnProj),
             indexer_keys: s(Phase::IndexerKeys),
             indexer_proj: s(Phase::IndexerProj),
@@ -77,27 +81,28 @@ impl Phases {
 
 /// The running timer of one forward.
 pub(super) struct Lap<'a> {
-    phases: &'a Phases,
-    last: Option<Instant>,
+    ns: &'a [AtomicU64; PHASES],
+    last: Instant,
 }
 
 impl Lap<'_> {
     /// Charges the time since the previous mark to `p`.
     pub(super) fn mark(&mut self, p: Phase) {
-        if let Some(t) = self.last {
-            let now = Instant::now();
-            let ns = u64::try_from((now - t).as_nanos()).unwrap_or(u64::MAX);
-            self.phases.ns[p as usize].fetch_add(ns, Ordering::Relaxed);
-            self.last = Some(now);
-        }
+        let now = Instant::now();
+        let ns = u64::try_from((now - self.last).as_nanos()).unwrap_or(u64::MAX);
+        self.ns[p as usize].fetch_add(ns, Ordering::Relaxed);
+        self.last = now;
     }
 }
 
-/// Wall seconds per phase of the prefill chunks' layer forwards, summed over the layers (the
-/// MTP layer included) since load. What is not here (embedding, the layers' input norms and
-/// residual adds, the final norm and lm_head, sampling) is the prefill time less their sum.
+/// Wall seconds per phase of one kind of layer forward (prefill chunks, or decode / MTP /
+/// verify steps), summed over the layers (the MTP layer included) since load. What is not here
+/// (embedding, the layers' input norms and residual adds, the final norm and lm_head, the MTP
+/// head's own norms and projections, sampling) is that kind's time less their sum. On the GPU,
+/// launches run asynchronously: a phase is charged when its results come back to the host (the
+/// decode attention's absorbed form on the GPU lands in `o_proj`, whose download ends it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct PrefillPhases {
+pub struct PhaseSeconds {
     /// q_a, q_b, kv_a with their norms and RoPE, and the cache append.
     pub attn_proj: f64,
     /// The indexer keys: wk, LayerNorm, RoPE, cache append.
@@ -118,7 +123,7 @@ pub struct PrefillPhases {
     pub mlp: f64,
 }
 
-impl PrefillPhases {
+impl PhaseSeconds {
     /// The sum of the phases.
     pub fn total(&self) -> f64 {
         self.attn_proj
@@ -133,10 +138,10 @@ impl PrefillPhases {
     }
 }
 
-impl std::ops::Add for PrefillPhases {
-    type Output = PrefillPhases;
-    fn add(self, o: PrefillPhases) -> PrefillPhases {
-        PrefillPhases {
+impl std::ops::Add for PhaseSeconds {
+    type Output = PhaseSeconds;
+    fn add(self, o: PhaseSeconds) -> PhaseSeconds {
+        PhaseSeconds {
             attn_proj: self.attn_proj + o.attn_proj,
             indexer_keys: self.indexer_keys + o.indexer_keys,
             indexer_proj: self.indexer_proj + o.indexer_proj,
@@ -155,21 +160,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_timed_laps_charge_their_phase() {
+    fn laps_charge_their_kind_and_phase() {
         let p = Phases::default();
-        let mut off = p.lap(false);
+        let mut decode = p.lap(false);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        off.mark(Phase::Mlp);
-        assert_eq!(p.seconds(), PrefillPhases::default());
-        let mut on = p.lap(true);
+        decode.mark(Phase::Mlp);
+        assert_eq!(p.seconds(true), PhaseSeconds::default());
+        let d = p.seconds(false);
+        assert!(d.mlp >= 0.002, "{d:?}");
+        assert_eq!(d.total(), d.mlp);
+        let mut prefill = p.lap(true);
         std::thread::sleep(std::time::Duration::from_millis(2));
-        on.mark(Phase::KvB);
-        let s = p.seconds();
+        prefill.mark(Phase::KvB);
+        let s = p.seconds(true);
         assert!(s.kv_b >= 0.002, "{s:?}");
         assert_eq!(s.total(), s.kv_b);
-        // The MLP half follows the attention half's choice.
+        assert_eq!(
+            p.seconds(false),
+            d,
+            "a prefill lap left the decode phases alone"
+        );
+        // The MLP half follows the attention half's kind.
         let mut mlp = p.resume();
         mlp.mark(Phase::Mlp);
-        assert!(p.seconds().mlp > 0.0);
+        assert!(p.seconds(true).mlp > 0.0);
+        assert_eq!(p.seconds(false), d);
     }
 }
