@@ -202,6 +202,8 @@ mod tests {
         names.push("moe_gather".into());
         names.push("moe_combine".into());
         names.push("rope_heads".into());
+        names.push("dsa_index_scores".into());
+        names.push("dsa_index_scores_few".into());
         names.extend(crate::absorbed::kernel_names());
         for name in names {
             assert!(

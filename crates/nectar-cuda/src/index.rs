@@ -11,6 +11,10 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 pub const INDEX_MAX_DIM: usize = 256;
 /// Query rows and keys per block (`IX_R`, `IX_K`).
 const TILE: usize = 16;
+/// Rows up to which `dsa_index_scores_few` scores (`IX_FEW` in index.cu), and its keys per
+/// block (`IX_FK`; its 8 warps × 32 lanes are `BLOCK_THREADS`).
+const FEW_ROWS: usize = 4;
+const FEW_KEYS: usize = 8;
 /// Threads per block (`IX_THREADS`).
 const BLOCK_THREADS: u32 = 256;
 
@@ -136,11 +140,21 @@ impl Gpu {
         let w_dev = self.stream.clone_htod(w)?;
         let pos_dev = self.stream.clone_htod(&pos_i)?;
         let mut out = self.stream.alloc_zeros::<f32>(m * t)?;
-        let func = self.function("dsa_index_scores")?;
-        let cfg = LaunchConfig {
-            grid_dim: (t.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1),
-            block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+        // Few rows (decode, MTP, verify): a warp per key, a lane per head (index.cu).
+        let (func, cfg) = if m <= FEW_ROWS {
+            let cfg = LaunchConfig {
+                grid_dim: (t.div_ceil(FEW_KEYS) as u32, 1, 1),
+                block_dim: (BLOCK_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (self.function("dsa_index_scores_few")?, cfg)
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (t.div_ceil(TILE) as u32, m.div_ceil(TILE) as u32, 1),
+                block_dim: (BLOCK_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (self.function("dsa_index_scores")?, cfg)
         };
         let mut b = self.stream.launch_builder(&func);
         b.arg(&q_dev)

@@ -64,13 +64,19 @@ fn indexer_scores_are_the_cpus_bits() {
     }
     let mut n = 0;
     // (heads, dim, keys, rows): GLM-5.2 continuing a cache, a whole prompt, the fixtures'
-    // geometry, a ragged dim, one row.
+    // geometry, a ragged dim, one row; then the few-row kernel (≤ 4 rows: decode, MTP, verify)
+    // at GLM-5.2's geometry after a long prompt, with more heads than one pass of 32 takes,
+    // and a ragged dim.
     for (heads, dim, keys, m) in [
         (32, 128, 300, 37),
         (32, 128, 64, 64),
         (4, 32, 1000, 33),
         (3, 20, 45, 17),
         (4, 32, 5, 1),
+        (32, 128, 8191, 1),
+        (32, 128, 3001, 4),
+        (40, 64, 203, 3),
+        (3, 20, 45, 2),
     ] {
         n += check(heads, dim, keys, m, (keys * 131 + m) as u64);
     }
