@@ -291,10 +291,12 @@ pub fn top_k_positions(scores: &[f32], k: usize) -> Vec<u32> {
 /// An integer that orders as the score does in [`top_k_positions`]: ascending with the f32
 /// value, −0.0 equal to +0.0, NaN equal to −∞.
 fn order_key(s: f32) -> u32 {
-    let s = match s {
-        s if s.is_nan() => f32::NEG_INFINITY,
-        s if s == 0.0 => 0.0,
-        s => s,
+    let s = if s.is_nan() {
+        f32::NEG_INFINITY
+    } else if s == 0.0 {
+        0.0 // −0.0 too
+    } else {
+        s
     };
     let b = s.to_bits();
     if b & 0x8000_0000 != 0 {
