@@ -824,6 +824,14 @@ pub struct FitArgs {
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
     pub prefetch: String,
+    /// With --project: also project decode after a context of this many tokens (an agent's
+    /// long prompt). Adds, per decoded row, the CPU attention work that grows with the keys a
+    /// row sees — the absorbed form over min(N, index_topk) keys on every layer, the indexer's
+    /// scores of all N keys and its top-k on each full-indexer layer — timed here on the
+    /// model's own code at its dimensions (scaled by --cores), beyond the short context the
+    /// calibration decodes at.
+    #[arg(long, value_name = "TOKENS")]
+    pub context: Option<usize>,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
     #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
     pub acceptance: f64,

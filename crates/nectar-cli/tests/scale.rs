@@ -37,6 +37,28 @@ fn glm52_32g(extra: &[&str]) -> serde_json::Value {
 }
 
 #[test]
+fn fit_projects_decode_after_a_long_context() {
+    // GLM-5.2's attention at 8,192 tokens of context (timed here on the model's own code):
+    // slower than after a short prompt, the indexer's share present past its top 2,048.
+    let long = glm52_32g(&["--context", "8192"]);
+    let c = &long["context"];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    assert_eq!(c["tokens"], 8192, "{c}");
+    assert!(f(&c["attention_ms_per_row"]) > 0.0, "{c}");
+    assert!(f(&c["index_ms_per_indexer_layer"]) > 0.0, "{c}");
+    for k in ["mtp_off", "mtp_on"] {
+        assert!(
+            f(&c["decode_tok_s"][k]) < f(&long["decode_tok_s"][k]),
+            "{k}: {c} against {}",
+            long["decode_tok_s"]
+        );
+    }
+    // Below the top k the indexer does not select: no share of its own.
+    let short = glm52_32g(&["--context", "1000"]);
+    assert_eq!(f(&short["context"]["index_ms_per_indexer_layer"]), 0.0);
+}
+
+#[test]
 fn bench_policy_reports_every_kind_and_slot_count_against_belady() {
     let (ok, out, err) = nectar(&["bench", "policy", "--slots", "12,16", "--json"]);
     assert!(ok, "{err}");
@@ -344,6 +366,8 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     let ahead = project(&["--layer-overhead-ms", "2"]);
     // Compute beyond the weights lengthens the serial part of every forward.
     assert!(tok(&slow) < tok(&base), "{slow} {base}");
+    // Without --context, no long-context figure.
+    assert!(base.get("context").is_none(), "{base}");
     assert_eq!(slow["layer_overhead_ms"], 2.0);
     // Look-ahead (the default) reads part of the misses behind attention: faster, never
     // above the overlap ceiling, and it pays with a few wasted reads.

@@ -329,6 +329,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         gpu_gbps: None,
         gpu_product_us: None,
         prefetch: "lookahead".into(),
+        context: None,
         acceptance: DEFAULT_ACCEPTANCE,
         trace: None,
         io_threads: 3,

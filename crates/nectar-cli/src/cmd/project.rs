@@ -41,8 +41,9 @@ use crate::args::FitArgs;
 use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
-    expert_layouts, kv_bytes_per_token, measure_attention_gflops, plan_memory, prompt_transients,
-    AttnShape, Config, LoadOptions, MemoryPlan, Prefetch,
+    expert_layouts, kv_bytes_per_token, measure_attention_gflops, measure_decode_context,
+    plan_memory, prompt_transients, AttnShape, Config, LoadOptions, MemoryPlan, Prefetch,
+    CONTEXT_BASE_KEYS,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -975,7 +976,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             }
         },
     };
-    let out = project(
+    let mut out = project(
         &geom,
         &machine,
         Slots {
@@ -987,6 +988,14 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         a.prefetch == "lookahead",
         gpu.as_ref(),
     );
+    if let Some(n) = a.context {
+        let cost = measure_decode_context(&geom.attn, n, 3);
+        let per_row =
+            cost.per_row_s(&geom.attn) * a.cores.map_or(1.0, |c| threads as f64 / c.max(1) as f64);
+        out["context"] = at_context(&out, n, per_row, a.acceptance);
+        out["context"]["attend_ms_per_layer"] = json!(cost.attend_s * 1e3);
+        out["context"]["index_ms_per_indexer_layer"] = json!(cost.index_s * 1e3);
+    }
     let full = json!({
         "geometry": geom.source,
         "budget": budget,
@@ -1013,6 +1022,33 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         "projection": out,
     });
     Ok(full)
+}
+
+/// Decode after a `tokens`-token context: each decoded row also pays `per_row_s` of attention
+/// beyond the calibration's short context (a verify forward with MTP on has two rows). The
+/// time is added, not overlapped: reads that look-ahead starts during the longer attention are
+/// not credited, so the figure errs low when the disk is the bound.
+fn at_context(
+    projection: &serde_json::Value,
+    tokens: usize,
+    per_row_s: f64,
+    acceptance: f64,
+) -> serde_json::Value {
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    let (off, on) = (
+        f(&projection["decode_tok_s"]["mtp_off"]),
+        f(&projection["decode_tok_s"]["mtp_on"]),
+    );
+    let tau = 1.0 + acceptance;
+    json!({
+        "tokens": tokens,
+        "base_keys": CONTEXT_BASE_KEYS,
+        "attention_ms_per_row": per_row_s * 1e3,
+        "decode_tok_s": {
+            "mtp_off": 1.0 / (1.0 / off + per_row_s),
+            "mtp_on": tau / (tau / on + 2.0 * per_row_s),
+        },
+    })
 }
 
 /// The text report of a [`compute`] result.
@@ -1070,6 +1106,18 @@ pub fn render(full: &serde_json::Value) -> String {
         "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",
         f(&o["overlap_ceiling_tok_s"])
     );
+    if let Some(c) = o["context"].as_object() {
+        s += &format!(
+            "  decode after {} tokens of context: {:.2} tok/s (MTP off), {:.2} (MTP on): {:.1} ms \
+             more attention per token ({:.2} ms per layer, {:.2} more per indexer layer)\n",
+            c["tokens"],
+            f(&c["decode_tok_s"]["mtp_off"]),
+            f(&c["decode_tok_s"]["mtp_on"]),
+            f(&c["attention_ms_per_row"]),
+            f(&c["attend_ms_per_layer"]),
+            f(&c["index_ms_per_indexer_layer"]),
+        );
+    }
     if let Some(g) = o["gpu"].as_object() {
         s += &format!(
             "  GPU ({} of VRAM): spine {} in {:.0} products per forward ({} of RAM released to \
@@ -1102,7 +1150,21 @@ pub fn render(full: &serde_json::Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{disk_rate, overlap};
+    use super::{at_context, disk_rate, overlap};
+    use serde_json::json;
+
+    #[test]
+    fn a_long_context_adds_its_attention_to_every_decoded_row() {
+        // 10 tok/s off and 15 on (τ = 1.5: 0.1 s per verify forward and draft); 10 ms more
+        // per row: 0.11 s per token off, 0.12 per forward of two rows on.
+        let p = json!({"decode_tok_s": {"mtp_off": 10.0, "mtp_on": 15.0}});
+        let c = at_context(&p, 8192, 0.01, 0.5);
+        let f = |k: &str| c["decode_tok_s"][k].as_f64().unwrap();
+        assert!((f("mtp_off") - 1.0 / 0.11).abs() < 1e-9, "{c}");
+        assert!((f("mtp_on") - 1.5 / 0.12).abs() < 1e-9, "{c}");
+        assert_eq!(c["tokens"], 8192);
+        assert!((c["attention_ms_per_row"].as_f64().unwrap() - 10.0).abs() < 1e-9);
+    }
 
     #[test]
     fn the_disk_rate_is_the_calibration_decodes_own() {

@@ -24,7 +24,7 @@ use crate::observer::Observer;
 use nectar_kernels::{rms_norm, team, RopeTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-mod absorbed;
+pub(super) mod absorbed;
 #[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]

@@ -150,24 +150,7 @@ impl Indexer {
             // Scores `[row][stride]`; a row's keys past its position are never read.
             let (scores, stride) = match gpu {
                 Some(s) => s,
-                // One task per (row, chunk of keys) on the compute team, so that a decode
-                // row's scores use every core; each score is computed alone (the same bits in
-                // any split).
-                None => {
-                    let chunks = t.div_ceil(KEY_CHUNK);
-                    let stride = chunks * KEY_CHUNK;
-                    let mut s = vec![0.0f32; (j1 - j0) * stride];
-                    team::for_each_chunk_mut(&mut s, KEY_CHUNK, |k, out| {
-                        let (r, first) = (k / chunks, (k % chunks) * KEY_CHUNK);
-                        let (qr, wr) = (&qb[r * hq..][..hq], &wb[r * self.heads..][..self.heads]);
-                        let visible = (pos[r] + 1).saturating_sub(first).min(KEY_CHUNK);
-                        let ks = &keys[first * self.dim..(first + visible) * self.dim];
-                        for (st, kt) in out.iter_mut().zip(ks.chunks_exact(self.dim)) {
-                            *st = index_score(qr, wr, kt, qk_scale);
-                        }
-                    });
-                    (s, stride)
-                }
+                None => cpu_scores((qb, wb), self.heads, keys, self.dim, &pos, qk_scale),
             };
             lap.mark(Phase::IndexerScores);
             let sels = team::map(j1 - j0, |r| {
@@ -253,6 +236,36 @@ fn gpu_enabled() -> bool {
             Ok("off" | "0")
         )
     })
+}
+
+/// The scores of `pos.len()` rows (queries `q`: `heads × dim` each, head weights `w`:
+/// `heads` each) against `keys` (`dim` each; row `r` sees keys `0..=pos[r]`), as `[row][stride]`
+/// with their stride: one task per (row, chunk of [`KEY_CHUNK`] keys) on the compute team, so
+/// that a decode row's scores use every core; each score is computed alone (the same bits in
+/// any split). Keys past a row's position are left at 0 and never read.
+pub(super) fn cpu_scores(
+    (q, w): (&[f32], &[f32]),
+    heads: usize,
+    keys: &[f32],
+    dim: usize,
+    pos: &[usize],
+    qk_scale: f32,
+) -> (Vec<f32>, usize) {
+    let hq = heads * dim;
+    let t = pos.iter().max().map_or(0, |p| p + 1);
+    let chunks = t.div_ceil(KEY_CHUNK);
+    let stride = chunks * KEY_CHUNK;
+    let mut s = vec![0.0f32; pos.len() * stride];
+    team::for_each_chunk_mut(&mut s, KEY_CHUNK, |k, out| {
+        let (r, first) = (k / chunks, (k % chunks) * KEY_CHUNK);
+        let (qr, wr) = (&q[r * hq..][..hq], &w[r * heads..][..heads]);
+        let visible = (pos[r] + 1).saturating_sub(first).min(KEY_CHUNK);
+        let ks = &keys[first * dim..(first + visible) * dim];
+        for (st, kt) in out.iter_mut().zip(ks.chunks_exact(dim)) {
+            *st = index_score(qr, wr, kt, qk_scale);
+        }
+    });
+    (s, stride)
 }
 
 /// Positions of the `k` best scores (higher score first, then lower position; NaN last),

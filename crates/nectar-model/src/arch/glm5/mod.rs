@@ -10,6 +10,7 @@ mod attention;
 mod config;
 mod contract;
 mod copied;
+mod decode_cost;
 mod indexer;
 mod inventory;
 mod layer;
@@ -30,6 +31,9 @@ pub use attention::MlaMode;
 pub use attention::{gpu_decode_min_keys, set_gpu_decode_min_keys};
 pub use config::{eos_list, Config, RawConfig};
 pub use contract::logical_shape;
+pub use decode_cost::{
+    measure as measure_decode_context, ContextCost, BASE_KEYS as CONTEXT_BASE_KEYS,
+};
 pub use indexer::top_k_positions;
 pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
