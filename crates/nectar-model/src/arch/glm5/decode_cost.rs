@@ -7,7 +7,7 @@
 //! `index_topk`, the indexer scores every key ([`super::indexer::cpu_scores`]) and selects the
 //! top k ([`super::indexer::top_k_positions`]). `nectar fit --project --context N` adds what
 //! this costs beyond the short context its calibration decoded at (benchmarks/RESULTS.md
-//! validates it against decode after long prompts).
+//! checks it against decode after long prompts).
 use super::attention::absorbed::{self, Row};
 use super::attention::recon::Heads;
 use super::indexer::{cpu_scores, top_k_positions};
