@@ -27,6 +27,29 @@
 #define IX_DMAX 256            // largest index_head_dim (index.rs checks)
 #define IX_LD (IX_DMAX + 1)    // shared row stride: a column walk hits 16 different banks
 
+// q · key in the canonical order above (both rows in shared memory, `dim` floats each).
+__device__ __forceinline__ float ix_dot(const float* q, const float* key, int dim) {
+    float l[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) l[j] = 0.0f;
+    for (int c0 = 0; c0 < dim; c0 += 16) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            const int c = c0 + j;
+            const float a = c < dim ? q[c] : 0.0f;
+            const float b = c < dim ? key[c] : 0.0f;
+            l[j] = fmaf(a, b, l[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) l[j] = __fadd_rn(l[j], l[j + 8]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) l[j] = __fadd_rn(l[j], l[j + 4]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) l[j] = __fadd_rn(l[j], l[j + 2]);
+    return __fadd_rn(l[0], l[1]);
+}
+
 extern "C" __global__ void __launch_bounds__(IX_THREADS) dsa_index_scores(
     const float* __restrict__ q, const float* __restrict__ w, const float* __restrict__ keys,
     const int* __restrict__ pos, float* __restrict__ out, int m, int heads, int dim, int T,
@@ -60,39 +83,20 @@ extern "C" __global__ void __launch_bounds__(IX_THREADS) dsa_index_scores(
             qs[rr * IX_LD + d] = ii < m ? q[((long)ii * heads + h) * dim + d] : 0.0f;
         }
         __syncthreads();
-        float l[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) l[j] = 0.0f;
-        for (int c0 = 0; c0 < dim; c0 += 16) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int c = c0 + j;
-                const float a = c < dim ? qs[r * IX_LD + c] : 0.0f;
-                const float b = c < dim ? ks[k * IX_LD + c] : 0.0f;
-                l[j] = fmaf(a, b, l[j]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) l[j] = __fadd_rn(l[j], l[j + 8]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) l[j] = __fadd_rn(l[j], l[j + 4]);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) l[j] = __fadd_rn(l[j], l[j + 2]);
-        const float d = __fadd_rn(l[0], l[1]);
+        const float d = ix_dot(qs + r * IX_LD, ks + k * IX_LD, dim);
         const float x = fmaxf(__fmul_rn(d, qk_scale), 0.0f);
         if (live) s = __fadd_rn(s, __fmul_rn(w[(long)i * heads + h], x));
     }
     if (live) out[(long)i * T + t] = s;
 }
 
-// The same scores for few rows (decode, MTP and verify steps: index.rs sends m <= IX_FEW here).
+// The same scores for few rows (decode, MTP and verify steps: index.rs sends m <= FEW_ROWS here).
 // The tiled kernel above computes a 16-row tile per key tile, so one row left 15 of 16
 // threads idle (0.35 ms per layer step after an 8k prompt on the H200, more than the CPU's 16
 // cores took). Here warp kk of a block owns key t0 + kk and lane hl head h0 + hl of each pass
 // of IX_FH heads: each lane takes its head's dot product in the canonical order above, the
 // products w_h · relu(·) go to shared memory, and lane 0 adds them into the score in increasing
 // h — the same operations in the same order, so the same bits as the tiled kernel and the CPU.
-#define IX_FEW 4
 #define IX_FK 8    // keys per block: one warp each
 #define IX_FH 32   // heads per pass: one lane each
 
@@ -126,25 +130,7 @@ extern "C" __global__ void __launch_bounds__(IX_FK * IX_FH) dsa_index_scores_few
             }
             __syncthreads();
             const int h = h0 + hl;
-            float l[16];
-#pragma unroll
-            for (int j = 0; j < 16; ++j) l[j] = 0.0f;
-            for (int c0 = 0; c0 < dim; c0 += 16) {
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    const int c = c0 + j;
-                    const float a = c < dim ? qs[hl * IX_LD + c] : 0.0f;
-                    const float b = c < dim ? ks[kk * IX_LD + c] : 0.0f;
-                    l[j] = fmaf(a, b, l[j]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 8; ++j) l[j] = __fadd_rn(l[j], l[j + 8]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) l[j] = __fadd_rn(l[j], l[j + 4]);
-#pragma unroll
-            for (int j = 0; j < 2; ++j) l[j] = __fadd_rn(l[j], l[j + 2]);
-            const float d = __fadd_rn(l[0], l[1]);
+            const float d = ix_dot(qs + hl * IX_LD, ks + kk * IX_LD, dim);
             const float x = fmaxf(__fmul_rn(d, qk_scale), 0.0f);
             ps[kk][hl] = h < heads ? __fmul_rn(w[(long)i * heads + h], x) : 0.0f;
             __syncwarp();

@@ -11,7 +11,7 @@ use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 pub const INDEX_MAX_DIM: usize = 256;
 /// Query rows and keys per block (`IX_R`, `IX_K`).
 const TILE: usize = 16;
-/// Rows up to which `dsa_index_scores_few` scores (`IX_FEW` in index.cu), and its keys per
+/// Rows up to which `dsa_index_scores_few` scores, and its keys per
 /// block (`IX_FK`; its 8 warps × 32 lanes are `BLOCK_THREADS`).
 const FEW_ROWS: usize = 4;
 const FEW_KEYS: usize = 8;

@@ -9,9 +9,8 @@
 //! this costs beyond the short context its calibration decoded at (benchmarks/RESULTS.md
 //! checks it against decode after long prompts).
 use super::attention::absorbed::{self, Row};
-use super::attention::recon::Heads;
 use super::indexer::{cpu_scores, top_k_positions};
-use super::prefill_cost::AttnShape;
+use super::prefill_cost::{fill, AttnShape};
 use crate::cache::LayerCache;
 use nectar_kernels::{MatRef, WeightFormat};
 use std::time::Instant;
@@ -39,15 +38,6 @@ impl ContextCost {
 /// The context a short calibration decode runs at: what [`ContextCost`] is measured beyond.
 pub const BASE_KEYS: usize = 32;
 
-/// Deterministic values in [-0.25, 0.25).
-fn fill(n: usize, seed: usize) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 1999) as f32 - 999.0) / 4000.0
-        })
-        .collect()
-}
-
 /// Times the context-dependent attention of one decode row at `context` keys on `shape`, best
 /// of `passes` (each pass times the row at `context` and at [`BASE_KEYS`] back to back). kv_b is
 /// int4 with groups of 64, as the model's containers store it; the values are random (the
@@ -66,13 +56,7 @@ pub fn measure(
     // One byte per 64-byte line: every line of the buffer passes through the caches.
     let flush =
         || std::hint::black_box(evict.iter().step_by(64).map(|&b| u64::from(b)).sum::<u64>());
-    let g = Heads {
-        heads: shape.heads,
-        dn: shape.dn,
-        dr: shape.dr,
-        dv: shape.dv,
-        scale: ((shape.dn + shape.dr) as f32).powf(-0.5),
-    };
+    let g = shape.heads();
     let context = context.max(BASE_KEYS);
     let (rank, dq) = (shape.rank, g.dn + g.dr);
     let kv_rows = g.heads * (g.dn + g.dv);

@@ -78,6 +78,17 @@ impl AttnShape {
         }
     }
 
+    /// The per-head geometry of the attention cores, with the model's softmax scale.
+    pub(super) fn heads(&self) -> Heads {
+        Heads {
+            heads: self.heads,
+            dn: self.dn,
+            dr: self.dr,
+            dv: self.dv,
+            scale: ((self.dn + self.dr) as f32).powf(-0.5),
+        }
+    }
+
     /// Blocks of keys a `p`-token span from position 0 rebuilds K/V in (each at most the
     /// buffer the model allows). A fresh span always runs the reconstructed form
     /// (`recon::reconstruction_pays`: its rebuild costs what the absorbed form's projections
@@ -110,6 +121,15 @@ impl AttnShape {
     }
 }
 
+/// `n` deterministic probe values in [-0.25, 0.25) (the work timed does not depend on them).
+pub(super) fn fill(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 1999) as f32 - 999.0) / 4000.0
+        })
+        .collect()
+}
+
 /// Heads the rate probe computes (each head is the same work; the keys keep the model's full
 /// per-key stride, so their cache behaviour is the model's).
 const PROBE_HEADS: usize = 8;
@@ -117,21 +137,8 @@ const PROBE_HEADS: usize = 8;
 /// GFLOP/s of the reconstructed form's core on this machine's compute team: `rows` causal
 /// queries over as many keys, head-major as the model runs it, best of `passes`.
 pub fn measure_gflops(shape: &AttnShape, rows: usize, passes: usize) -> f64 {
-    let g = Heads {
-        heads: shape.heads,
-        dn: shape.dn,
-        dr: shape.dr,
-        dv: shape.dv,
-        scale: ((shape.dn + shape.dr) as f32).powf(-0.5),
-    };
+    let g = shape.heads();
     let dq = g.dn + g.dr;
-    let fill = |n: usize, seed: usize| -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) % 1999) as f32 - 999.0) / 4000.0
-            })
-            .collect()
-    };
     let q = fill(rows * g.heads * dq, 1);
     let kvf = fill(rows * g.heads * (g.dn + g.dv), 2);
     let k_pe = fill(rows * g.dr, 3);
