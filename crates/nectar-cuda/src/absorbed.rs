@@ -355,6 +355,13 @@ impl Gpu {
             list.push(0);
         }
         let stride = rows.iter().map(|r| r.keys.len()).max().unwrap_or(0).max(1);
+        if kv_b.packed() {
+            // The absorbed kernels read single weights where rows are stored.
+            return Err(Error::Shape(
+                "MLA absorbed: kv_b must be uploaded in its stored layout (Gpu::upload_stored)"
+                    .into(),
+            ));
+        }
         let lay = RowLayout::new(kv_b.format, kv_b.rows, kv_b.cols)?;
         let view = kv_b.view(&self.stream);
         let table_dev = self.stream.clone_htod(&table)?;

@@ -14,7 +14,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemm::Precision;
-use crate::gemv::{Job, Order};
+use crate::gemv::{packs, Job, Order};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use nectar_kernels::{decode_row, dot_scalar, MatRef, WeightFormat};
@@ -265,16 +265,34 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
                 s: sp + (i * sc * 4) as u64,
                 x: xp + (j * m * cols * 4) as u64,
                 y: yp + (j * m * rows * 4) as u64,
+                packed: 0,
             }
         })
         .collect();
+    // The model's layout: int4 packed as `Gpu::upload` holds it.
+    let mut jobs = jobs;
+    let _packed = match case.order.tensor() && packs(f, rows, cols) {
+        true => Some(pack_all(gpu, f, (rows, cols), &mut jobs, (wb, sc))?),
+        false => None,
+    };
     let vector = plan.vector_ok(&jobs);
+    // SAFETY: the jobs' activations are this function's x buffer.
+    let digits = match vector {
+        true => unsafe { gpu.digits_for(&plan, &mut jobs)? },
+        false => None,
+    };
     let table = gpu.stream.clone_htod(&jobs)?;
     let (tp, _) = table.device_ptr(&gpu.stream);
     let job_bytes = std::mem::size_of::<Job>() as u64;
-    let launch = |copy: usize| {
+    let launch = |copy: usize| -> Result<()> {
+        // The int4 GEMV's activation split is part of every product the model runs.
+        if let Some(d) = &digits {
+            // SAFETY: made by `digits_for` for this plan over this function's x.
+            unsafe { gpu.resplit(&plan, d)? };
+        }
         // SAFETY: the table's jobs point into this function's buffers with the plan's shape
-        // (copy `copy` of each matrix, each item's own x and y); alignment checked above.
+        // (copy `copy` of each matrix, each item's own x or its digits, and y); alignment
+        // checked above.
         unsafe { gpu.gemv_launch(&plan, tp + (copy * batch) as u64 * job_bytes, batch, vector) }
     };
 
@@ -474,40 +492,58 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
     let (sp, _) = s_dev.device_ptr(&gpu.stream);
     let (xp, _) = x_dev.device_ptr(&gpu.stream);
     let (yp, _) = y_dev.device_ptr_mut(&gpu.stream);
-    // One job per copy, for the whole m (GEMM) and per chunk of 8 rows (GEMV).
+    // One job per copy (the model's layout: int4 packed as `Gpu::upload` holds it), for the
+    // whole m (GEMM) and per chunk of 8 rows (GEMV).
+    let mut mats: Vec<Job> = (0..copies)
+        .map(|c| Job {
+            w: wp + (c * wb) as u64,
+            s: sp + (c * sc * 4) as u64,
+            ..Job::default()
+        })
+        .collect();
+    let _packed = match packs(f, rows, cols) {
+        true => Some(pack_all(gpu, f, (rows, cols), &mut mats, (wb, sc))?),
+        false => None,
+    };
     let job = |c: usize, i0: usize| Job {
-        w: wp + (c * wb) as u64,
-        s: sp + (c * sc * 4) as u64,
         x: xp + (i0 * cols * 4) as u64,
         y: yp + (i0 * rows * 4) as u64,
+        ..mats[c]
     };
     let chunks: Vec<usize> = (0..m).step_by(crate::MAX_M).collect();
     let gemm_jobs: Vec<Job> = (0..copies).map(|c| job(c, 0)).collect();
-    let gemv_jobs: Vec<Job> = (0..copies)
-        .flat_map(|c| chunks.iter().map(move |&i0| (c, i0)))
-        .map(|(c, i0)| job(c, i0))
-        .collect();
     let vec = plan.vector_flags(&gemm_jobs);
     let gemm_table = gpu.stream.clone_htod(&gemm_jobs)?;
-    let gemv_table = gpu.stream.clone_htod(&gemv_jobs)?;
     let (gt, _) = gemm_table.device_ptr(&gpu.stream);
-    let (vt, _) = gemv_table.device_ptr(&gpu.stream);
     let job_bytes = std::mem::size_of::<Job>() as u64;
     let gemm = |copy: usize| {
         // SAFETY: job `copy` points at copy `copy` of the weights, x (m × cols) and y (m ×
         // rows) of this function, the plan's shape; `vector_flags` checked alignment.
         unsafe { gpu.gemm_launch(&plan, gt + copy as u64 * job_bytes, 1, vec) }
     };
-    let mut gemv_plans = Vec::new();
+    // Per chunk: its plan, its jobs' table (one per copy) and the int4 GEMV's digits.
+    let mut gemv_chunks = Vec::new();
     for &i0 in &chunks {
-        gemv_plans.push(gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::MODEL)?);
+        let p = gpu.gemv_plan(f, rows, cols, crate::MAX_M.min(m - i0), Order::MODEL)?;
+        let mut jobs: Vec<Job> = (0..copies).map(|c| job(c, i0)).collect();
+        let vector = p.vector_ok(&jobs);
+        // SAFETY: the jobs' activations are rows of this function's x.
+        let digits = match vector {
+            true => unsafe { gpu.digits_for(&p, &mut jobs)? },
+            false => None,
+        };
+        let table = gpu.stream.clone_htod(&jobs)?;
+        gemv_chunks.push((p, table, vector, digits));
     }
-    let gemv_vector = gemv_plans[0].vector_ok(&gemv_jobs);
     let gemv = |copy: usize| -> Result<()> {
-        for (k, p) in gemv_plans.iter().enumerate() {
-            let at = (copy * chunks.len() + k) as u64 * job_bytes;
-            // SAFETY: as above, for rows i0 … i0 + 8 of x and y.
-            unsafe { gpu.gemv_launch(p, vt + at, 1, gemv_vector)? };
+        for (p, table, vector, digits) in &gemv_chunks {
+            if let Some(d) = digits {
+                // SAFETY: made by `digits_for` for this plan over this function's x.
+                unsafe { gpu.resplit(p, d)? };
+            }
+            let (tp, _) = table.device_ptr(&gpu.stream);
+            // SAFETY: as above, for rows i0 … i0 + 8 of x (or their digits) and y.
+            unsafe { gpu.gemv_launch(p, tp + copy as u64 * job_bytes, 1, *vector)? };
         }
         Ok(())
     };
@@ -885,4 +921,29 @@ pub fn slot_copies(
         copy_s,
         overlapped_s,
     })
+}
+
+/// Packs each job's int4 matrix (`rows × cols`, `wb` weight bytes and `sc` scales, stored)
+/// into new buffers in [`Gpu::upload`]'s layout and points the job there.
+fn pack_all(
+    gpu: &Gpu,
+    f: WeightFormat,
+    (rows, cols): (usize, usize),
+    jobs: &mut [Job],
+    (wb, sc): (usize, usize),
+) -> Result<(CudaSlice<u8>, CudaSlice<f32>)> {
+    let mut w: CudaSlice<u8> = gpu.stream.alloc_zeros((jobs.len() * wb).max(1))?;
+    let mut s: CudaSlice<f32> = gpu.stream.alloc_zeros((jobs.len() * sc).max(1))?;
+    {
+        let (wp, _w_sync) = w.device_ptr_mut(&gpu.stream);
+        let (sp, _s_sync) = s.device_ptr_mut(&gpu.stream);
+        for (i, j) in jobs.iter_mut().enumerate() {
+            let dst = (wp + (i * wb) as u64, sp + (i * sc * 4) as u64);
+            // SAFETY: each job's weights and scales hold a stored matrix of this shape (the
+            // caller's buffers), `dst` its own slice of the new ones.
+            unsafe { gpu.q_pack(f, rows, cols, (j.w, j.s), dst)? };
+            (j.w, j.s, j.packed) = (dst.0, dst.1, 1);
+        }
+    }
+    Ok((w, s))
 }

@@ -590,6 +590,8 @@ impl Staging {
                 cols: m.cols,
                 w: addrs[2 * k],
                 s: addrs[2 * k + 1],
+                // As in RAM: the int4 GEMV reads the stored layout to the same bits.
+                packed: false,
             })
             .collect();
         Ok((views, t))

@@ -15,6 +15,7 @@ const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv.cu"),
     include_str!("gemm.cu"),
     include_str!("gemv_tc.cu"),
+    include_str!("gemv_q.cu"),
     include_str!("attention.cu"),
     include_str!("index.cu"),
     include_str!("swiglu.cu"),
@@ -195,7 +196,10 @@ mod tests {
         }
         let ptx = compile((9, 0)).unwrap_or_else(|e| panic!("{e}")).to_src();
         let mut names = kernel_names();
-        assert_eq!(names.len(), 3 * MAX_M + 2 * 2 * 2 * MAX_M + 3 * 2);
+        assert_eq!(
+            names.len(),
+            3 * MAX_M + 2 * 2 * 2 * MAX_M + 2 * 2 + 3 * 4 + 2
+        );
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());
         names.push("swiglu_combine".into());

@@ -166,17 +166,32 @@ __device__ __forceinline__ void gemm_tile(const Job& job, int rows, int cols, in
     const float* srow_p = S + (u64)wrow * row_scales;
     const float* xrow_p = X + (u64)xtok * cols;
     const bool wvec = (vec & 1) != 0, xvec = (vec & 2) != 0;
+    const bool packed = job.packed != 0;
 
     u32 raw[RN];
     float xv[8];
     float sc = 0.0f;
     auto load = [&](int kt) {
         const int k0 = kt + 16 * lh;
-        if (wvec && k0 + 16 <= cols)
-            load_raw_vec<F>(wrow_p, k0, raw);
-        else
-            load_raw_slow<F>(wrow_p, k0, cols, raw);
-        if (CODES) sc = k0 < cols ? __ldg(srow_p + scale_index(k0, gmagic, gshift)) : 0.0f;
+        bool stored = true;
+        if constexpr (F == FMT_I4) {
+            if (packed && k0 < cols) {
+                // Packed int4 (gemv_q.cu): cols % 64 == 0, so a piece is whole or past the end
+                // (where the stored path below reads nothing).
+                const uint2 v = __ldg((const uint2*)(W + q_packed_byte(wrow, k0, cols)));
+                raw[0] = v.x;
+                raw[1] = v.y;
+                sc = __ldg(S + q_packed_scale(wrow, scale_index(k0, gmagic, gshift), row_scales));
+                stored = false;
+            }
+        }
+        if (stored) {
+            if (wvec && k0 + 16 <= cols)
+                load_raw_vec<F>(wrow_p, k0, raw);
+            else
+                load_raw_slow<F>(wrow_p, k0, cols, raw);
+            if (CODES) sc = k0 < cols ? __ldg(srow_p + scale_index(k0, gmagic, gshift)) : 0.0f;
+        }
         const int c0 = kt + 8 * lq;
         if (xvec && c0 + 8 <= cols) {
             const float4 a = __ldg((const float4*)(xrow_p + c0));

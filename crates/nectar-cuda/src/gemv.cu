@@ -33,13 +33,26 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// One matrix of a launch (blockIdx.y): device addresses of W, S, x and y.
+// One matrix of a launch (blockIdx.y): device addresses of W, S, x and y, and W's layout:
+// packed != 0 only for int4 matrices in gemv_q.cu's packed layout, which only gemv_q and the
+// GEMM read (gemv.rs never gives such a job to the kernels of this file).
 struct Job {
     u64 w;
     u64 s;
     u64 x;
     u64 y;
+    u64 packed;
 };
+
+// gemv_q.cu's packed int4 layout (described there): the byte offset of row r's 8 bytes of
+// columns c … c + 15 (c % 16 == 0), and the index of row r's scale j.
+__device__ __forceinline__ u64 q_packed_byte(int r, int c, int cols) {
+    return (((u64)(r >> 4) * (cols >> 6) + (c >> 6)) * 32 + (r & 7) * 4 + ((c >> 4) & 3)) * 16 +
+           ((r >> 3) & 1) * 8;
+}
+__device__ __forceinline__ u64 q_packed_scale(int r, int j, int row_scales) {
+    return (((u64)(r >> 4) * row_scales + j) * 8 + (r & 7)) * 2 + ((r >> 3) & 1);
+}
 
 #define FMT_F32 0
 #define FMT_BF16 1

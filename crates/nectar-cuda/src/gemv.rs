@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 use crate::gemm::{use_gemm, Precision};
 use crate::view::MatView;
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use nectar_kernels::{MatRef, WeightFormat};
 
@@ -31,10 +32,12 @@ pub enum Order {
     /// instructions per weight; a different rounding of the same sum). Float formats and the
     /// scalar path ignore it.
     Word,
-    /// The tensor-core GEMV (`gemv_tc.cu`) for int4, int8 and bf16 weights whose layout admits
-    /// it ([`GemvPlan::tensor`]): codes and bf16 weights exact, activations in three bf16
-    /// parts, f32 sums per 16-column step; its cost hardly grows with M up to 8. Other layouts
-    /// and formats take the `Exact` kernels.
+    /// The tensor-core GEMVs where the layout admits them ([`GemvPlan::tensor`]): int8 and
+    /// bf16 on `gemv_tc.cu` (weights exact, activations in three bf16 parts, f32 sums per
+    /// 16-column step), int4 on the integer tensor cores (`gemv_q.cu`: codes exact,
+    /// activations as four 7-bit digits per 64-column step, exact integer sums); their cost
+    /// hardly grows with M up to 8. Other layouts and formats take the `Exact` kernels. A
+    /// packed int4 matrix ([`Gpu::upload`]) takes the int4 one whatever the order.
     Tensor,
 }
 
@@ -64,12 +67,68 @@ const TC_THREADS: u32 = 128;
 /// The tensor-core GEMV's base name for a format, if it has one.
 fn tc_base(format: WeightFormat) -> Option<&'static str> {
     match format {
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => Some("i4"),
         WeightFormat::Int8Row => Some("i8"),
         WeightFormat::Bf16 => Some("bf16"),
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => None,
         WeightFormat::F32 | WeightFormat::F16 => None,
     }
 }
+
+fn is_int4(format: WeightFormat) -> bool {
+    matches!(
+        format,
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. }
+    )
+}
+
+/// Whether [`Gpu::upload`] packs a matrix (`gemv_q.cu`'s layout): int4 the int4 GEMV takes,
+/// whole 16-row tiles and 64-column steps.
+pub fn packs(format: WeightFormat, rows: usize, cols: usize) -> bool {
+    is_int4(format)
+        && tc_layout(format, cols)
+        && rows > 0
+        && rows.is_multiple_of(16)
+        && cols.is_multiple_of(64)
+}
+
+/// The int4 GEMV's kernels (`gemv_q.cu`) for a plan's column groups (two tokens each): one,
+/// two and four row tiles per warp, which never changes a row's bits.
+struct QKernels {
+    tiles: [(CudaFunction, u32); 3],
+    groups: usize,
+}
+
+impl QKernels {
+    /// Row tiles per warp for `rows` rows over `cols` columns in `n` matrices: one for launches
+    /// of few rows (they need the blocks), four for many long rows, else two. Measured on the
+    /// H200 (RESULTS, "The int4 GEMV on the integer tensor cores", packed, M = 1): a token's 16
+    /// expert gate/up matrices 2048 × 6144 read at 0.81 with four against 0.68 with two; its 8
+    /// down matrices 6144 × 2048 at 0.69 with two against 0.61 with four; q_b 16384 × 2048 at
+    /// 0.46 with two against 0.41 with four and ~0.38 with one; o_proj 6144 × 16384 faster with
+    /// one than with two.
+    fn pick(&self, rows: usize, cols: usize, n: usize) -> (&CudaFunction, u32) {
+        let (f, t) = match rows.saturating_mul(n) {
+            r if r < FEW_ROWS / 2 => &self.tiles[0],
+            r if r >= FEW_ROWS && cols >= 4096 => &self.tiles[2],
+            _ => &self.tiles[1],
+        };
+        (f, *t)
+    }
+}
+
+/// One source of the int4 GEMV's activation digits (`struct QSrc`, `gemv_q.cu`): `m × cols`
+/// f32 activations at `x`, their digits written at `q`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QSrc {
+    /// Activations.
+    pub x: u64,
+    /// Their digits ([`GemvPlan::digit_bytes`]).
+    pub q: u64,
+}
+
+// SAFETY: `QSrc` is `repr(C)` plain data (two u64), laid out as `struct QSrc` in `gemv_q.cu`.
+unsafe impl DeviceRepr for QSrc {}
 
 /// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`; the integer
 /// kernels' `GEMV_WORDS` lines use the same).
@@ -112,9 +171,12 @@ pub struct Job {
     pub x: u64,
     /// `m × rows` f32 outputs.
     pub y: u64,
+    /// 1 where the weights are int4 in the packed layout of [`Gpu::upload`] (`gemv_q.cu`),
+    /// which only the int4 GEMV and the GEMM read; 0: the stored layout.
+    pub packed: u64,
 }
 
-// SAFETY: `Job` is `repr(C)` plain data (four u64), laid out as `struct Job` in `gemv.cu`.
+// SAFETY: `Job` is `repr(C)` plain data (five u64), laid out as `struct Job` in `gemv.cu`.
 unsafe impl DeviceRepr for Job {}
 
 /// A weight matrix resident on the GPU, in its stored format.
@@ -128,6 +190,8 @@ pub struct GpuMat {
     pub cols: usize,
     data: CudaSlice<u8>,
     scales: CudaSlice<f32>,
+    /// Whether `data` and `scales` are in the packed int4 layout ([`packs`]).
+    packed: bool,
     /// Bytes of the stored weights and scales uploaded (the placeholder allocations of a
     /// format without scales are not counted: a `--gpu-memory` plan made from the headers
     /// then equals what is placed).
@@ -140,6 +204,11 @@ impl GpuMat {
         self.payload
     }
 
+    /// Whether it is held in the packed int4 layout ([`Gpu::upload`]).
+    pub fn packed(&self) -> bool {
+        self.packed
+    }
+
     /// Its device addresses, for the batch runner ([`Gpu::run_views`]).
     pub(crate) fn view(&self, stream: &CudaStream) -> MatView {
         let (w, _) = self.data.device_ptr(stream);
@@ -150,6 +219,7 @@ impl GpuMat {
             cols: self.cols,
             w,
             s,
+            packed: self.packed,
         }
     }
 }
@@ -162,6 +232,8 @@ pub struct GemvPlan {
     tc: Option<((CudaFunction, u32), (CudaFunction, u32))>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
+    /// The int4 GEMV on the integer tensor cores ([`Order::Tensor`] on int4 layouts it takes).
+    q: Option<QKernels>,
     format: WeightFormat,
     rows: usize,
     cols: usize,
@@ -245,11 +317,18 @@ pub(crate) fn kernel_names() -> Vec<String> {
             }
         }
     }
-    for base in ["i4", "i8", "bf16"] {
+    for base in ["i8", "bf16"] {
         for tiles in [1, 4] {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
+    for tiles in [1, 2, 4] {
+        for groups in 1..=4 {
+            v.push(format!("gemv_q_t{tiles}_g{groups}"));
+        }
+    }
+    v.push("q_split".into());
+    v.push("q_pack".into());
     v.sort();
     v.dedup();
     v
@@ -260,8 +339,37 @@ pub(crate) fn shape_i32(what: &str, v: usize) -> Result<i32> {
 }
 
 impl Gpu {
-    /// Copies a validated weight matrix to the device.
+    /// Copies a validated weight matrix to the device, int4 in the packed layout where it
+    /// [`packs`] (the int4 GEMV reads it at ~0.8 of HBM bandwidth against ~0.6 stored; the GEMM
+    /// reads both, and both give the same bits). Kernels that read single weights in place
+    /// (the absorbed attention's kv_b) need [`Gpu::upload_stored`].
     pub fn upload(&self, w: &MatRef<'_>) -> Result<GpuMat> {
+        if !packs(w.format, w.rows, w.cols) {
+            return self.upload_stored(w);
+        }
+        w.validate()?;
+        let stored = self.upload_stored(w)?;
+        let mut data: CudaSlice<u8> = self.stream.alloc_zeros(w.data.len())?;
+        let mut scales: CudaSlice<f32> = self.stream.alloc_zeros(w.scales.len())?;
+        {
+            let (sw, _a) = stored.data.device_ptr(&self.stream);
+            let (ss, _b) = stored.scales.device_ptr(&self.stream);
+            let (dw, _c) = data.device_ptr_mut(&self.stream);
+            let (ds, _d) = scales.device_ptr_mut(&self.stream);
+            // SAFETY: `stored` holds the validated matrix, `data` / `scales` its sizes; the
+            // stored copy is freed only after the stream has run the kernel.
+            unsafe { self.q_pack(w.format, w.rows, w.cols, (sw, ss), (dw, ds))? };
+        }
+        Ok(GpuMat {
+            data,
+            scales,
+            packed: true,
+            ..stored
+        })
+    }
+
+    /// Copies a validated weight matrix to the device in its stored layout.
+    pub fn upload_stored(&self, w: &MatRef<'_>) -> Result<GpuMat> {
         w.validate()?;
         // Zero-length device allocations are not allowed: float formats get one unused scale.
         let data = if w.data.is_empty() {
@@ -280,8 +388,55 @@ impl Gpu {
             cols: w.cols,
             data,
             scales,
+            packed: false,
             payload: w.data.len() + w.scales.len() * 4,
         })
+    }
+
+    /// Packs the stored int4 matrix at `src` (weights, scales) into `dst` (`gemv_q.cu`'s
+    /// layout; the format and shape must [`packs`]).
+    ///
+    /// # Safety
+    /// `src` holds a matrix of this format and shape, `dst` room for its weights and scales,
+    /// all memory of this context unused by anything else until the stream reaches this point.
+    pub(crate) unsafe fn q_pack(
+        &self,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        src: (u64, u64),
+        dst: (u64, u64),
+    ) -> Result<()> {
+        if !packs(format, rows, cols) {
+            return Err(Error::Shape(format!(
+                "pack: a {rows} × {cols} {} matrix has no packed layout",
+                format.name()
+            )));
+        }
+        let layout = RowLayout::new(format, rows, cols)?;
+        let n = rows * cols / 16;
+        let cfg = LaunchConfig {
+            grid_dim: (shape_i32("pack threads", n.div_ceil(256))? as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (r, c) = (rows as i32, cols as i32);
+        let f = self.function("q_pack")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&src.0)
+            .arg(&src.1)
+            .arg(&r)
+            .arg(&c)
+            .arg(&layout.row_bytes)
+            .arg(&layout.row_scales)
+            .arg(&layout.gmagic)
+            .arg(&layout.gshift)
+            .arg(&dst.0)
+            .arg(&dst.1);
+        // SAFETY: one thread per 16-column piece of the shape checked above; the buffers are
+        // this fn's contract.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
     }
 
     /// Prepares the kernel for `m` (1…[`MAX_M`]) activation rows of a `rows × cols` matrix.
@@ -298,8 +453,19 @@ impl Gpu {
         }
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
+        let q = match is_int4(format) && order.tensor() && tc_layout(format, cols) {
+            true => {
+                let groups = m.div_ceil(2);
+                let f = |t: u32| self.function(&format!("gemv_q_t{t}_g{groups}"));
+                Some(QKernels {
+                    tiles: [(f(1)?, 1), (f(2)?, 2), (f(4)?, 4)],
+                    groups,
+                })
+            }
+            false => None,
+        };
         let tc = match tc_base(format) {
-            Some(base) if order.tensor() && tc_layout(format, cols) => Some((
+            Some(base) if q.is_none() && order.tensor() && tc_layout(format, cols) => Some((
                 (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
                 (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
             )),
@@ -307,6 +473,7 @@ impl Gpu {
         };
         Ok(GemvPlan {
             tc,
+            q,
             func: self.function(&name)?,
             func_few: if is_int(format) {
                 Some(self.function(&format!("{name}_u4"))?)
@@ -327,8 +494,10 @@ impl Gpu {
     /// # Safety
     /// `jobs` must hold `n` [`Job`]s in device memory of this context, and each must hold device addresses of this context with the plan's
     /// shape: `rows × row_bytes` weight bytes, `rows × row_scales` scales (quantised formats),
-    /// `m × cols` activations and `m × rows` writable outputs; `vector` may be true only if every
-    /// weight and activation address is 16-byte aligned (see [`GemvPlan::vector_ok`]).
+    /// `m × cols` activations and `m × rows` writable outputs; `vector` may be true only if
+    /// [`GemvPlan::vector_ok`] said so for these jobs. With `vector` on an int4 plan
+    /// ([`GemvPlan::digit_bytes`] > 0) each job's `x` holds instead the digits [`Gpu::q_split`]
+    /// wrote of its activations; without it no job may be packed.
     pub unsafe fn gemv_launch(
         &self,
         plan: &GemvPlan,
@@ -343,6 +512,30 @@ impl Gpu {
             return Err(Error::Shape(format!(
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
+        }
+        if let (Some(q), true) = (&plan.q, vector) {
+            let (f, tiles) = q.pick(plan.rows, plan.cols, n);
+            let cfg = LaunchConfig {
+                grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
+                block_dim: (TC_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
+            let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&jobs)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&m)
+                .arg(&plan.layout.row_bytes)
+                .arg(&plan.layout.row_scales)
+                .arg(&plan.layout.gmagic)
+                .arg(&plan.layout.gshift)
+                .arg(&path);
+            // SAFETY: as below; every job's x holds the digits of `q_split` for this plan (this
+            // fn's contract) and `vector` the weights' and scales' alignment.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
         }
         if let (Some((many, few)), true) = (&plan.tc, vector) {
             // Several row tiles per warp share each activation split; launches of few rows need
@@ -403,6 +596,35 @@ impl Gpu {
             .arg(&path);
         // SAFETY: the caller guarantees the jobs' buffers match the plan (this fn's contract);
         // the grid covers every row once and the kernel bounds-checks the last block.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Queues the int4 GEMV's activation digits for `plan` (`q_split`, `gemv_q.cu`): each of
+    /// the `n` sources in the device table at `srcs` gets [`GemvPlan::digit_bytes`] at its `q`.
+    ///
+    /// # Safety
+    /// `srcs` holds `n` [`QSrc`]s of this context: `m × cols` f32 at each `x`, room for the
+    /// digits at each `q` (16-byte aligned), unused by anything else until the stream gets here.
+    pub unsafe fn q_split(&self, plan: &GemvPlan, srcs: u64, n: usize) -> Result<()> {
+        let Some(q) = &plan.q else {
+            return Err(Error::Shape("q_split: not an int4 GEMV plan".into()));
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        let warps = plan.cols.div_ceil(64) * 2 * q.groups;
+        let cfg = LaunchConfig {
+            grid_dim: (warps.div_ceil(4) as u32, shape_i32("sources", n)? as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (m, cols, groups) = (plan.m as i32, plan.cols as i32, q.groups as i32);
+        let f = self.function("q_split")?;
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&srcs).arg(&m).arg(&cols).arg(&groups);
+        // SAFETY: one warp per (step, token slot) of each source; the buffers are this fn's
+        // contract.
         unsafe { b.launch(cfg) }?;
         Ok(())
     }
@@ -605,11 +827,11 @@ impl Gpu {
         let jobs: Vec<Job> = items
             .iter()
             .enumerate()
-            .map(|(j, (v, _))| Job {
-                w: v.w,
-                s: v.s,
-                x: xp + (j * m * cols * 4) as u64,
-                y: yp + (j * m * rows * 4) as u64,
+            .map(|(j, (v, _))| {
+                v.job(
+                    xp + (j * m * cols * 4) as u64,
+                    yp + (j * m * rows * 4) as u64,
+                )
             })
             .collect();
         // SAFETY: each job's x is its item's rows of this call's upload, its y the caller's
@@ -638,6 +860,11 @@ impl Gpu {
         }
         match kernel {
             Kernel::Gemv(order) => {
+                // A packed int4 matrix has one GEMV, the integer tensor-core one.
+                let order = match jobs.iter().any(|j| j.packed != 0) {
+                    true => Order::Tensor,
+                    false => order,
+                };
                 for i0 in (0..m).step_by(MAX_M) {
                     let mc = MAX_M.min(m - i0);
                     let plan = self.gemv_plan(format, rows, cols, mc, order)?;
@@ -650,10 +877,24 @@ impl Gpu {
                         })
                         .collect();
                     let vector = plan.vector_ok(&chunk);
+                    if chunk.iter().any(|j| j.packed != 0) && !(vector && plan.digit_bytes() > 0) {
+                        return Err(Error::Shape(format!(
+                            "gemv: packed {rows} × {cols} {} weights need the int4 GEMV",
+                            format.name()
+                        )));
+                    }
+                    let mut chunk = chunk;
+                    // The int4 GEMV reads digits of the activations: one split per distinct x.
+                    // SAFETY: the chunk's activations are this fn's contract.
+                    let _digits = match vector {
+                        true => unsafe { self.digits_for(&plan, &mut chunk)? },
+                        false => None,
+                    };
                     let table = self.stream.clone_htod(&chunk)?;
                     let (tp, _t_sync) = table.device_ptr(&self.stream);
                     // SAFETY: every job holds the plan's shape and rows i0 .. i0 + mc of its
-                    // x and y (this fn's contract); `vector_ok` checked the alignment.
+                    // x and y (this fn's contract), its x the digits where `_digits` split
+                    // them; `vector_ok` checked the alignment.
                     unsafe { self.gemv_launch(&plan, tp, chunk.len(), vector)? };
                 }
             }
@@ -668,6 +909,64 @@ impl Gpu {
             }
         }
         Ok(())
+    }
+}
+
+/// Activation digits for the int4 GEMV ([`Gpu::digits_for`]): the buffer and its sources.
+pub(crate) struct Digits {
+    _buf: CudaSlice<u8>,
+    srcs: CudaSlice<QSrc>,
+    n: usize,
+}
+
+impl Gpu {
+    /// Points each job's `x` at digits of its activations for the int4 GEMV (one set per
+    /// distinct x) and queues their split; `None` (jobs unchanged) for plans without it. Keep
+    /// the result until the GEMV has run; [`Gpu::resplit`] queues the split again.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_jobs`] for `jobs`' activations.
+    pub(crate) unsafe fn digits_for(
+        &self,
+        plan: &GemvPlan,
+        jobs: &mut [Job],
+    ) -> Result<Option<Digits>> {
+        let d = plan.digit_bytes();
+        if d == 0 {
+            return Ok(None);
+        }
+        let mut xs: Vec<u64> = jobs.iter().map(|j| j.x).collect();
+        xs.sort_unstable();
+        xs.dedup();
+        // SAFETY: `q_split` writes every byte of every source's digits before the GEMV reads.
+        let buf: CudaSlice<u8> = unsafe { self.stream.alloc(xs.len() * d)? };
+        let (bp, b_sync) = buf.device_ptr(&self.stream);
+        let at = |x: u64| bp + (xs.binary_search(&x).unwrap_or(0) * d) as u64;
+        let srcs: Vec<QSrc> = xs.iter().map(|&x| QSrc { x, q: at(x) }).collect();
+        for j in jobs.iter_mut() {
+            j.x = at(j.x);
+        }
+        drop(b_sync);
+        let digits = Digits {
+            srcs: self.stream.clone_htod(&srcs)?,
+            n: srcs.len(),
+            _buf: buf,
+        };
+        // SAFETY: each source's x is a job's activations (this fn's contract), its q `d` bytes
+        // of the buffer (16-byte aligned: `d` is a multiple of 16).
+        unsafe { self.resplit(plan, &digits)? };
+        Ok(Some(digits))
+    }
+
+    /// Queues the split of [`Gpu::digits_for`] again (the activations changed, or a benchmark
+    /// repeats the product).
+    ///
+    /// # Safety
+    /// As [`Gpu::digits_for`]; `digits` was made for `plan`.
+    pub(crate) unsafe fn resplit(&self, plan: &GemvPlan, digits: &Digits) -> Result<()> {
+        let (sp, _s_sync) = digits.srcs.device_ptr(&self.stream);
+        // SAFETY: the table's sources are this fn's contract.
+        unsafe { self.q_split(plan, sp, digits.n) }
     }
 }
 
@@ -703,9 +1002,17 @@ fn tc_layout(format: WeightFormat, cols: usize) -> bool {
 }
 
 impl GemvPlan {
-    /// Whether launches of this plan run the tensor-core GEMV (on aligned jobs).
+    /// Whether launches of this plan run a tensor-core GEMV (on aligned jobs).
     pub fn tensor(&self) -> bool {
-        self.tc.is_some()
+        self.tc.is_some() || self.q.is_some()
+    }
+
+    /// Bytes of one source's activation digits for the int4 GEMV (`q_split`), 0 for plans
+    /// without it.
+    pub fn digit_bytes(&self) -> usize {
+        self.q
+            .as_ref()
+            .map_or(0, |q| self.cols.div_ceil(64) * q.groups * 576)
     }
 
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
@@ -725,6 +1032,10 @@ impl GemvPlan {
     /// Whether `jobs` may take the vector path: the layout admits it and every weight and
     /// activation address is 16-byte aligned.
     pub fn vector_ok(&self, jobs: &[Job]) -> bool {
+        if self.q.is_some() {
+            // The int4 GEMV reads digits, not x: the weights' and scales' alignment only.
+            return jobs.iter().all(|j| j.w % 16 == 0 && j.s % 8 == 0);
+        }
         self.vector_layout() && jobs.iter().all(|j| j.w % 16 == 0 && j.x % 16 == 0)
     }
 
@@ -764,12 +1075,17 @@ mod tests {
             (WeightFormat::Bf16, 40, false),
         ] {
             assert_eq!(
-                tc_layout(f, cols) && tc_base(f).is_some(),
+                tc_layout(f, cols) && (tc_base(f).is_some() || is_int4(f)),
                 takes,
                 "{f:?} × {cols}"
             );
         }
         assert!(tc_base(WeightFormat::F16).is_none() && tc_base(WeightFormat::F32).is_none());
+        // int4 takes the integer tensor cores (`gemv_q.cu`), packed where whole tiles allow.
+        assert!(tc_base(g(64)).is_none() && tc_base(WeightFormat::Int4Row).is_none());
+        assert!(packs(g(64), 2048, 6144) && packs(WeightFormat::Int4Row, 16, 64));
+        assert!(!packs(g(64), 2040, 6144) && !packs(g(64), 16, 6112) && !packs(g(32), 16, 64));
+        assert!(!packs(WeightFormat::Int8Row, 16, 64) && !packs(g(64), 0, 64));
         assert_eq!(Order::MODEL, Order::Tensor);
     }
 }

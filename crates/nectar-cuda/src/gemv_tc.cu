@@ -1,6 +1,6 @@
-// The tensor-core GEMV: y[t] = W · x[t] for M = 1..8 activation rows (tokens), over int4, int8
-// and bf16 weights in their stored bytes, on mma.sync.m16n8k16 (bf16 inputs, f32 accumulation)
-// with the weight rows as the MMA's 16 rows and the tokens as its 8 columns — so the cost of a
+// The tensor-core GEMV: y[t] = W · x[t] for M = 1..8 activation rows (tokens), over int8 and
+// bf16 weights in their stored bytes (int4 has its own, gemv_q.cu), on mma.sync.m16n8k16 (bf16
+// inputs, f32 accumulation) with the weight rows as the MMA's 16 rows and the tokens as its 8 columns — so the cost of a
 // launch hardly depends on M up to 8, where the f32 kernels (gemv.cu) pay one FMA per weight
 // and token. Compiled by NVRTC after gemv.cu and gemm.cu (Job, FMT_*, scale_index, split_pair,
 // mma_bf16 come from there).
@@ -9,18 +9,12 @@
 // warp). The columns are walked in steps of 64; warp w takes steps w, w + TC_WARPS, … (split-K
 // inside the block), and the warps' sums are added at the end through shared memory. In a
 // step, lane (g = lane / 4, t = lane % 4) reads 16 consecutive values of rows g and g + 8 of
-// each tile, columns 64·s + 16·t … +16 (int4: 8 bytes, int8: 16, bf16: 32), and the 16
-// activations of token g at the same columns (tokens ≥ M read as zero). The values go to the
-// MMA's k slots so that A (weights) and B (activations) agree:
-//   int8 / bf16: k-step j (0..3) takes values 4j, 4j+1 (slots 2t, 2t+1) and 4j+2, 4j+3
-//                (slots 2t+8, 2t+9);
-//   int4:        the codes of a 32-bit word pair as (c_h, c_h+4) after one mask, so k-step j
-//                takes (c0,c4)+(c1,c5), (c2,c6)+(c3,c7) of the thread's first word, then the
-//                same of its second.
-// A 64-column step therefore lies in one scale group when the group is a multiple of 64 (row
-// formats always), which gemv.rs requires of this path.
+// each tile, columns 64·s + 16·t … +16 (int8: 16 bytes, bf16: 32), and the 16 activations of
+// token g at the same columns (tokens ≥ M read as zero). The values go to the MMA's k slots so
+// that A (weights) and B (activations) agree: k-step j (0..3) takes values 4j, 4j+1 (slots 2t,
+// 2t+1) and 4j+2, 4j+3 (slots 2t+8, 2t+9).
 //
-// Precision: codes (int4, int8) and bf16 weights are exact in bf16; activations are split into
+// Precision: int8 codes and bf16 weights are exact in bf16; activations are split into
 // three bf16 parts x = x0 + x1 + x2 (gemm.cu's split_pair, exact to ~2^-24·|x|); the products
 // w·x_i are exact and the tensor core adds them in f32 (aligned to the largest addend).
 //
@@ -39,7 +33,6 @@
 
 // u32 words per lane, row and step (16 values).
 template <int F> struct TcRaw;
-template <> struct TcRaw<FMT_I4> { enum { N = 2 }; };
 template <> struct TcRaw<FMT_I8> { enum { N = 4 }; };
 template <> struct TcRaw<FMT_BF16> { enum { N = 8 }; };
 
@@ -67,32 +60,15 @@ __device__ __forceinline__ void tc_load_w(const u8* row, int c0, int cols,
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) raw[i] = F == FMT_I4 ? 0x88888888u : 0u;
+        for (int i = 0; i < N; i++) raw[i] = 0u;
     }
-}
-
-// (a - 136, b - 136) on a bf16x2 of (128 + n) values: the signed int4 codes, exactly.
-__device__ __forceinline__ u32 tc_unbias_i4(u32 v) {
-    u32 r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3f803f80u), "r"(0xc308c308u));
-    return r;
 }
 
 // A-fragment words of one row: lo[j] for slots 2t, 2t+1 of k-step j, hi[j] for 2t+8, 2t+9.
 template <int F>
 __device__ __forceinline__ void tc_decode(const u32 (&raw)[TcRaw<F>::N], u32 (&lo)[4],
                                           u32 (&hi)[4]) {
-    if constexpr (F == FMT_I4) {
-#pragma unroll
-        for (int w = 0; w < 2; w++) {
-            const u32 v = raw[w];
-            // Nibbles h and h + 4 under the bf16 of 128 (ulp 1): 128 + n, then minus 136.
-            lo[2 * w] = tc_unbias_i4((v & 0x000f000fu) | 0x43004300u);
-            hi[2 * w] = tc_unbias_i4(((v >> 4) & 0x000f000fu) | 0x43004300u);
-            lo[2 * w + 1] = tc_unbias_i4(((v >> 8) & 0x000f000fu) | 0x43004300u);
-            hi[2 * w + 1] = tc_unbias_i4(((v >> 12) & 0x000f000fu) | 0x43004300u);
-        }
-    } else if constexpr (F == FMT_I8) {
+    if constexpr (F == FMT_I8) {
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float c[4];
@@ -116,19 +92,7 @@ template <int F>
 __device__ __forceinline__ void tc_split_x(const float (&x)[16], u32 (&b)[3][4][2]) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int l0, l1, h0, h1;
-        if constexpr (F == FMT_I4) {
-            const int base = 8 * (j >> 1) + 2 * (j & 1);
-            l0 = base;
-            l1 = base + 4;
-            h0 = base + 1;
-            h1 = base + 5;
-        } else {
-            l0 = 4 * j;
-            l1 = 4 * j + 1;
-            h0 = 4 * j + 2;
-            h1 = 4 * j + 3;
-        }
+        const int l0 = 4 * j, l1 = 4 * j + 1, h0 = 4 * j + 2, h1 = 4 * j + 3;
         u32 lo[3], hi[3];
         split_pair<3>(x[l0], x[l1], lo);
         split_pair<3>(x[h0], x[h1], hi);
@@ -222,9 +186,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
             }
 #pragma unroll
         for (int q = 0; q < 16; q++) xc[q] = xn[q];
-        // The next step's loads are in flight during this step's products. (What bounds int4
-        // here is instruction issue, not bytes in flight: Nsight Compute measured 2.4 issued
-        // per cycle per SM and 606 per warp-step — RESULTS, 2026-12-04.)
+        // The next step's loads are in flight during this step's products.
         if (s + TC_WARPS < nsteps) load(s + TC_WARPS);
 
         u32 b[3][4][2];
@@ -281,7 +243,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
     }
 }
 
-// `path` bit 1: one scale per row (int8 / int4 per row).
+// `path` bit 1: one scale per row (int8).
 #define GEMV_TC_ENTRY(NAME, F, T)                                                                 \
     extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
         NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
@@ -296,8 +258,6 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 // `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
 // `_t1`: one (launches of few rows, which need the blocks). T changes which warp computes a
 // row, never a row's order: both give identical results.
-GEMV_TC_ENTRY(gemv_tc_i4_t1, FMT_I4, 1)
-GEMV_TC_ENTRY(gemv_tc_i4_t4, FMT_I4, 4)
 GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
 GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)

@@ -67,7 +67,7 @@ pub use error::{Error, Result};
 #[cfg(feature = "cuda")]
 pub use gemm::{use_gemm, GemmPlan, Precision};
 #[cfg(feature = "cuda")]
-pub use gemv::{GemvPlan, GpuMat, Job, Order, MAX_M};
+pub use gemv::{packs, GemvPlan, GpuMat, Job, Order, QSrc, MAX_M};
 #[cfg(feature = "cuda")]
 pub use index::{IndexRows, INDEX_MAX_DIM};
 #[cfg(feature = "cuda")]

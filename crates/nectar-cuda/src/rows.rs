@@ -4,7 +4,7 @@
 //! ([`Gpu::mla_attention_rows`]): 201 MB each way per layer at 4,096 rows of GLM-5.2.
 use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::gemv::{GpuMat, Job, Kernel};
+use crate::gemv::{GpuMat, Kernel};
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest rotary half-width the RoPE kernel takes (`ROPE_MAX_HALF` in `rope.cu`).
@@ -75,13 +75,7 @@ impl Gpu {
     ) -> Result<CudaSlice<f32>> {
         let y = self.nan_filled(m * w.rows)?;
         let (yp, y_sync) = y.device_ptr(&self.stream);
-        let v = w.view(&self.stream);
-        let job = Job {
-            w: v.w,
-            s: v.s,
-            x: xp,
-            y: yp,
-        };
+        let job = w.view(&self.stream).job(xp, yp);
         let kernel = Kernel::model(w.format, w.rows, w.cols, m);
         // SAFETY: the job's weights are `w` (borrowed, alive), its x this fn's contract, its y
         // this call's buffer of m × rows f32.

@@ -135,12 +135,7 @@ impl Gpu {
         // SAFETY: as just said.
         let gu: CudaSlice<f32> = unsafe { self.stream.alloc(2 * n * m * inter)? };
         let (gp, _g_sync) = gu.device_ptr(&self.stream);
-        let job = |v: MatView, x: u64, y: u64| Job {
-            w: v.w,
-            s: v.s,
-            x,
-            y,
-        };
+        let job = |v: MatView, x: u64, y: u64| v.job(x, y);
         let gates: Vec<Job> = (0..n)
             .map(|j| job(mlps[j][0], io[j].0, at(gp, j * m * inter)))
             .collect();

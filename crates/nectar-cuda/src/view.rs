@@ -5,7 +5,7 @@
 //! staged expert computes the same bits as the same expert held in VRAM.
 use crate::device::Gpu;
 use crate::error::Result;
-use crate::gemv::{Kernel, Order};
+use crate::gemv::{Job, Kernel, Order};
 use nectar_kernels::WeightFormat;
 
 /// A weight matrix in its stored format at device addresses this crate does not own.
@@ -21,6 +21,22 @@ pub struct MatView {
     pub w: u64,
     /// Device address of `rows × row_scales` f32 scales (any address for float formats).
     pub s: u64,
+    /// Whether weights and scales are int4 in the packed layout ([`Gpu::upload`]); false: as
+    /// stored (a matrix copied from RAM as it is there).
+    pub packed: bool,
+}
+
+impl MatView {
+    /// A launch's job over this matrix with activations at `x` and outputs at `y`.
+    pub(crate) fn job(&self, x: u64, y: u64) -> Job {
+        Job {
+            w: self.w,
+            s: self.s,
+            x,
+            y,
+            packed: self.packed as u64,
+        }
+    }
 }
 
 impl Gpu {

@@ -137,7 +137,7 @@ fn run(s: MlaShape, rank: usize, format: WeightFormat, seed: u64) {
     let Some(g) = gpu() else { return };
     let (data, scales) = weights(format, s.heads * (s.dn + s.dv), rank, seed);
     let kvb = MatRef::new(format, s.heads * (s.dn + s.dv), rank, &data, &scales).unwrap();
-    let dev = g.upload(&kvb).unwrap();
+    let dev = g.upload_stored(&kvb).unwrap();
     let what = format!("{} {s:?} rank {rank}", format.name());
     let dq = s.dn + s.dr;
     let q = |i: u64| values(s.heads * dq, seed ^ (100 + i));

@@ -242,3 +242,85 @@ fn opening_never_panics() {
     }
     assert!(matches!(Gpu::open(1 << 20), Err(Error::Unavailable(_))));
 }
+
+/// int4 in the packed layout (`Gpu::upload`, `gemv_q.cu`) and as stored (`Gpu::upload_stored`,
+/// what a copied expert is) give the same bits through the int4 GEMV and the GEMM, and within
+/// tolerance of the CPU; activations of wide range (a step's largest |x| sets its digits'
+/// exponent, so small values beside outliers and all-zero steps are exercised).
+#[test]
+fn packed_and_stored_int4_give_identical_bits() {
+    let Some(gpu) = gpu() else { return };
+    let g = |group| WeightFormat::Int4Group { group };
+    for (k, &(format, rows, cols)) in [
+        (g(64), 48, 6144),
+        (g(128), 16, 256),
+        (WeightFormat::Int4Row, 80, 192),
+        (g(64), 2048, 512),
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(nectar_cuda::packs(format, rows, cols));
+        let seed = 40 + k as u64;
+        let (data, scales) = weights(format, rows, cols, seed);
+        let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+        let stored = gpu.upload_stored(&w).unwrap();
+        assert!(gpu.upload(&w).unwrap().packed() && !stored.packed());
+        for m in (1..=MAX_M).chain([9, 33]) {
+            let mut x = activations(m * cols, 77 + m as u64);
+            for (i, v) in x.iter_mut().enumerate() {
+                match i % 211 {
+                    0 => *v *= 1e3,
+                    1..=5 => *v *= 1e-6,
+                    _ => {}
+                }
+            }
+            // One all-zero 64-column step per token.
+            for t in 0..m {
+                x[t * cols + 64..t * cols + 128].fill(0.0);
+            }
+            let what = format!("{} {rows}x{cols} m={m}", format.name());
+            let (y_p, _) = compare(
+                gpu,
+                format,
+                rows,
+                cols,
+                m,
+                &x,
+                seed,
+                "gemv packed",
+                |d, y| {
+                    assert!(d.packed());
+                    gpu.matmul(d, &x, m, y, Order::MODEL).unwrap()
+                },
+            );
+            let mut y_s = vec![f32::NAN; m * rows];
+            gpu.matmul(&stored, &x, m, &mut y_s, Order::MODEL).unwrap();
+            assert!(
+                y_p.iter()
+                    .zip(&y_s)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "gemv packed != stored: {what}"
+            );
+            let split3 = nectar_cuda::Precision::Split3;
+            let (y_p, _) = compare(
+                gpu,
+                format,
+                rows,
+                cols,
+                m,
+                &x,
+                seed,
+                "gemm packed",
+                |d, y| gpu.gemm(d, &x, m, y, split3).unwrap(),
+            );
+            gpu.gemm(&stored, &x, m, &mut y_s, split3).unwrap();
+            assert!(
+                y_p.iter()
+                    .zip(&y_s)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "gemm packed != stored: {what}"
+            );
+        }
+    }
+}

@@ -636,7 +636,11 @@ fn a_released_host_copy_is_a_typed_error() {
     let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.1).sin()).collect();
     let want = l.forward(&x, 1).unwrap();
     let bytes = l.bytes();
-    l.place_on_gpu(&gpu, true).unwrap();
+    let copy = nectar_model::blocks::GpuCopy {
+        release_host: true,
+        stored_layout: false,
+    };
+    l.place_on_gpu(&gpu, copy).unwrap();
     assert!(l.on_gpu());
     assert_eq!((l.bytes(), l.host_bytes()), (bytes, 0));
     let err = l.mat().unwrap_err();

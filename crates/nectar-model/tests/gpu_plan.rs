@@ -259,7 +259,10 @@ fn the_memory_plan_counts_only_the_spine_left_in_ram() {
         assert_eq!(cpu - part, attn - kv_b_placed, "{}", dir.display());
         for (name, _) in &c.spine {
             let want = p.spine.contains(name).then(|| !keeps_host_copy(name));
-            assert_eq!(p.placement_of(name), want, "{name}");
+            let copy = p.placement_of(name);
+            assert_eq!(copy.map(|c| c.release_host), want, "{name}");
+            // kv_b keeps its stored layout in VRAM (the absorbed kernels read single weights).
+            assert_eq!(copy.map(|c| c.stored_layout), want.map(|r| !r), "{name}");
         }
         // Under a budget the RAM released becomes LRU slots: the CPU plan's minimum (one slot
         // per sparse layer) holds more with the spine in VRAM.

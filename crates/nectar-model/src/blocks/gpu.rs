@@ -16,10 +16,16 @@ fn gpu_err(e: nectar_cuda::Error) -> Error {
 }
 
 impl GpuWeight {
-    pub(crate) fn upload(gpu: &Arc<Gpu>, w: &MatRef<'_>) -> Result<Self> {
+    /// `stored_layout`: as stored, for kernels that read single weights in place (the
+    /// absorbed attention's kv_b); else int4 packed where it can be (`Gpu::upload`).
+    pub(crate) fn upload(gpu: &Arc<Gpu>, w: &MatRef<'_>, stored_layout: bool) -> Result<Self> {
+        let mat = match stored_layout {
+            true => gpu.upload_stored(w),
+            false => gpu.upload(w),
+        };
         Ok(GpuWeight {
             gpu: gpu.clone(),
-            mat: gpu.upload(w).map_err(gpu_err)?,
+            mat: mat.map_err(gpu_err)?,
         })
     }
 

@@ -81,19 +81,19 @@ impl Linear {
     }
 
     /// Copies the matrix to `gpu`; later [`Linear::forward`] calls run there. With
-    /// `release_host` the host copy is dropped once uploaded, so the matrix costs no RAM (the
-    /// caller then never asks for [`Linear::mat`], which would fail). Returns the device bytes
-    /// used.
+    /// `copy.release_host` the host copy is dropped once uploaded, so the matrix costs no RAM
+    /// (the caller then never asks for [`Linear::mat`], which would fail). Returns the device
+    /// bytes used.
     #[cfg(feature = "cuda")]
     pub fn place_on_gpu(
         &mut self,
         gpu: &std::sync::Arc<nectar_cuda::Gpu>,
-        release_host: bool,
+        copy: super::GpuCopy,
     ) -> Result<usize> {
-        let w = super::gpu::GpuWeight::upload(gpu, &self.mat()?)?;
+        let w = super::gpu::GpuWeight::upload(gpu, &self.mat()?, copy.stored_layout)?;
         let bytes = w.device_bytes();
         self.gpu = Some(std::sync::Arc::new(w));
-        if release_host {
+        if copy.release_host {
             // An owned buffer is freed here (a shared one when its last holder goes); a map
             // view only drops its handle. Loaders read matrices to release into owned buffers.
             self.data = Bytes::Owned(std::sync::Arc::new(Vec::new()));

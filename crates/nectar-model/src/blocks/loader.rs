@@ -5,10 +5,20 @@ use crate::error::Result;
 use nectar_format::{quant, Bytes, Catalog, DType, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 
+/// How a matrix goes to VRAM ([`PlaceRule`], [`super::Linear::place_on_gpu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuCopy {
+    /// Release the host copy once uploaded.
+    pub release_host: bool,
+    /// Keep the stored layout (kernels that read single weights in place need it) instead of
+    /// int4's packed one (`nectar_cuda::Gpu::upload`).
+    pub stored_layout: bool,
+}
+
 /// Where `--gpu-memory` puts a matrix as it is loaded, by checkpoint name: `None` keeps it on
-/// the CPU; `Some(release)` uploads it to VRAM, releasing its host copy when `release`.
+/// the CPU; `Some(copy)` uploads it to VRAM as `copy` says.
 #[cfg(feature = "cuda")]
-pub type PlaceRule<'a> = &'a dyn Fn(&str) -> Option<bool>;
+pub type PlaceRule<'a> = &'a dyn Fn(&str) -> Option<GpuCopy>;
 
 /// Loads named tensors from a catalog with shape and dtype checks.
 #[derive(Clone, Copy)]
@@ -112,13 +122,13 @@ impl<'a> Loader<'a> {
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         #[cfg(feature = "cuda")]
         if let Some((gpu, rule)) = self.place {
-            if let Some(release) = rule(name) {
+            if let Some(copy) = rule(name) {
                 let host = Loader {
-                    owned: self.owned || release,
+                    owned: self.owned || copy.release_host,
                     ..Self::new(self.cat)
                 };
                 let mut l = host.linear(name, rows, cols)?;
-                l.place_on_gpu(gpu, release)?;
+                l.place_on_gpu(gpu, copy)?;
                 return Ok(l);
             }
         }

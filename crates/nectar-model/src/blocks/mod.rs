@@ -9,6 +9,6 @@ pub use gpu::open_gpu;
 #[cfg(feature = "cuda")]
 pub(crate) use gpu::GpuWeight;
 pub use linear::{Embedding, Linear};
-pub use loader::Loader;
 #[cfg(feature = "cuda")]
 pub use loader::PlaceRule;
+pub use loader::{GpuCopy, Loader};

@@ -335,7 +335,11 @@ impl Moe {
                 let mut bytes = 0;
                 for &e in ids {
                     for l in v[e as usize].linears_mut() {
-                        bytes += l.place_on_gpu(gpu, false)? as u64;
+                        let copy = crate::blocks::GpuCopy {
+                            release_host: false,
+                            stored_layout: false,
+                        };
+                        bytes += l.place_on_gpu(gpu, copy)? as u64;
                     }
                 }
                 Ok((3 * ids.len(), bytes, 3 * (v.len() - ids.len())))

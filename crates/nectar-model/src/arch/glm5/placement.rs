@@ -179,10 +179,17 @@ pub struct GpuPlan {
 }
 
 impl GpuPlan {
-    /// Where spine matrix `name` goes: `None` stays on the CPU; `Some(release)` in VRAM, its
-    /// host copy released when `release`.
-    pub fn placement_of(&self, name: &str) -> Option<bool> {
-        self.spine.contains(name).then(|| !keeps_host_copy(name))
+    /// Where spine matrix `name` goes: `None` stays on the CPU; `Some(copy)` in VRAM, its host
+    /// copy released but for [`keeps_host_copy`] — kv_b, which also keeps its stored layout in
+    /// VRAM, where the absorbed attention kernels read its single weights.
+    pub fn placement_of(&self, name: &str) -> Option<crate::blocks::GpuCopy> {
+        self.spine.contains(name).then(|| {
+            let rows_read = keeps_host_copy(name);
+            crate::blocks::GpuCopy {
+                release_host: !rows_read,
+                stored_layout: rows_read,
+            }
+        })
     }
 
     /// Bytes of the spine placed.
@@ -473,7 +480,7 @@ pub(super) fn placing<'a>(
 pub(super) fn placing<'a>(
     _ld: crate::blocks::Loader<'a>,
     opened: &'a Opened,
-    _rule: &'a dyn Fn(&str) -> Option<bool>,
+    _rule: &'a dyn Fn(&str) -> Option<crate::blocks::GpuCopy>,
 ) -> crate::blocks::Loader<'a> {
     match *opened {}
 }

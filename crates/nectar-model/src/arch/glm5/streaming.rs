@@ -196,7 +196,7 @@ pub(super) fn plan_inputs(
     let in_vram_only = |name: &str| {
         let matrix = name.strip_suffix(".qs").unwrap_or(name);
         !matrix.ends_with("embed_tokens.weight")
-            && gpu.is_some_and(|g| g.placement_of(matrix) == Some(true))
+            && gpu.is_some_and(|g| g.placement_of(matrix).is_some_and(|c| c.release_host))
     };
     let mut spine: std::collections::BTreeMap<&str, u64> = Default::default();
     for e in cat.tensors() {

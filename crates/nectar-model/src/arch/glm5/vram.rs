@@ -64,7 +64,7 @@ impl VramExperts {
         for &e in ids {
             let p = |m: &str| format!("model.layers.{layer}.mlp.experts.{e}.{m}_proj.weight");
             let mut up = |name: String, rows, cols| -> Result<GpuWeight> {
-                let w = GpuWeight::upload(gpu, &ld.linear(&name, rows, cols)?.mat()?)?;
+                let w = GpuWeight::upload(gpu, &ld.linear(&name, rows, cols)?.mat()?, false)?;
                 bytes += w.device_bytes() as u64;
                 Ok(w)
             };
