@@ -283,12 +283,17 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
     };
     let table = gpu.stream.clone_htod(&jobs)?;
     let (tp, _) = table.device_ptr(&gpu.stream);
+    let srcs = digits
+        .as_ref()
+        .map(|d| gpu.stream.clone_htod(&d.srcs))
+        .transpose()?;
     let job_bytes = std::mem::size_of::<Job>() as u64;
     let launch = |copy: usize| -> Result<()> {
         // The int4 GEMV's activation split is part of every product the model runs.
-        if let Some(d) = &digits {
-            // SAFETY: made by `digits_for` for this plan over this function's x.
-            unsafe { gpu.resplit(&plan, d)? };
+        if let Some(s) = &srcs {
+            let (sp, _) = s.device_ptr(&gpu.stream);
+            // SAFETY: the sources `digits_for` made for this plan over this function's x.
+            unsafe { gpu.q_split(&plan, sp, s.len())? };
         }
         // SAFETY: the table's jobs point into this function's buffers with the plan's shape
         // (copy `copy` of each matrix, each item's own x or its digits, and y); alignment
@@ -533,13 +538,18 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
             false => None,
         };
         let table = gpu.stream.clone_htod(&jobs)?;
-        gemv_chunks.push((p, table, vector, digits));
+        let srcs = digits
+            .as_ref()
+            .map(|d| gpu.stream.clone_htod(&d.srcs))
+            .transpose()?;
+        gemv_chunks.push((p, table, vector, digits, srcs));
     }
     let gemv = |copy: usize| -> Result<()> {
-        for (p, table, vector, digits) in &gemv_chunks {
-            if let Some(d) = digits {
-                // SAFETY: made by `digits_for` for this plan over this function's x.
-                unsafe { gpu.resplit(p, d)? };
+        for (p, table, vector, _digits, srcs) in &gemv_chunks {
+            if let Some(s) = srcs {
+                let (sp, _) = s.device_ptr(&gpu.stream);
+                // SAFETY: the sources `digits_for` made for this plan over this function's x.
+                unsafe { gpu.q_split(p, sp, s.len())? };
             }
             let (tp, _) = table.device_ptr(&gpu.stream);
             // SAFETY: as above, for rows i0 … i0 + 8 of x (or their digits) and y.

@@ -515,26 +515,31 @@ impl Gpu {
         }
         if let (Some(q), true) = (&plan.q, vector) {
             let (f, tiles) = q.pick(plan.rows, plan.cols, n);
-            let cfg = LaunchConfig {
-                grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
-                block_dim: (TC_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
             let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&jobs)
-                .arg(&rows)
-                .arg(&cols)
-                .arg(&m)
-                .arg(&plan.layout.row_bytes)
-                .arg(&plan.layout.row_scales)
-                .arg(&plan.layout.gmagic)
-                .arg(&plan.layout.gshift)
-                .arg(&path);
+            let l = &plan.layout;
+            let mut args: [*mut std::ffi::c_void; 9] = [
+                &jobs as *const u64 as *mut _,
+                &rows as *const i32 as *mut _,
+                &cols as *const i32 as *mut _,
+                &m as *const i32 as *mut _,
+                &l.row_bytes as *const i32 as *mut _,
+                &l.row_scales as *const i32 as *mut _,
+                &l.gmagic as *const u32 as *mut _,
+                &l.gshift as *const i32 as *mut _,
+                &path as *const i32 as *mut _,
+            ];
             // SAFETY: as below; every job's x holds the digits of `q_split` for this plan (this
-            // fn's contract) and `vector` the weights' and scales' alignment.
-            unsafe { b.launch(cfg) }?;
+            // fn's contract) and `vector` the weights' and scales' alignment; the arguments
+            // are `gemv_q_*`'s, in order, alive for the call.
+            unsafe {
+                self.launch_dependent(
+                    f,
+                    ((plan.rows as u32).div_ceil(16 * tiles), n as u32),
+                    TC_THREADS,
+                    &mut args,
+                )
+            }?;
             return Ok(());
         }
         if let (Some((many, few)), true) = (&plan.tc, vector) {
@@ -886,12 +891,26 @@ impl Gpu {
                     let mut chunk = chunk;
                     // The int4 GEMV reads digits of the activations: one split per distinct x.
                     // SAFETY: the chunk's activations are this fn's contract.
-                    let _digits = match vector {
+                    let digits = match vector {
                         true => unsafe { self.digits_for(&plan, &mut chunk)? },
                         false => None,
                     };
-                    let table = self.stream.clone_htod(&chunk)?;
+                    // One upload: the job table, then the split's sources.
+                    let srcs = digits.as_ref().map_or(&[][..], |d| &d.srcs[..]);
+                    let words: Vec<u64> = chunk
+                        .iter()
+                        .flat_map(|j| [j.w, j.s, j.x, j.y, j.packed])
+                        .chain(srcs.iter().flat_map(|q| [q.x, q.q]))
+                        .collect();
+                    let table = self.stream.clone_htod(&words)?;
                     let (tp, _t_sync) = table.device_ptr(&self.stream);
+                    if !srcs.is_empty() {
+                        let sp = tp + (chunk.len() * std::mem::size_of::<Job>()) as u64;
+                        // SAFETY: the sources point at the chunk's activations and at the
+                        // digits `digits_for` made room for (16-byte aligned: the digit bytes
+                        // are a multiple of 16).
+                        unsafe { self.q_split(&plan, sp, srcs.len())? };
+                    }
                     // SAFETY: every job holds the plan's shape and rows i0 .. i0 + mc of its
                     // x and y (this fn's contract), its x the digits where `_digits` split
                     // them; `vector_ok` checked the alignment.
@@ -915,14 +934,15 @@ impl Gpu {
 /// Activation digits for the int4 GEMV ([`Gpu::digits_for`]): the buffer and its sources.
 pub(crate) struct Digits {
     _buf: CudaSlice<u8>,
-    srcs: CudaSlice<QSrc>,
-    n: usize,
+    /// Where each distinct activation's digits go, for [`Gpu::q_split`]'s table.
+    pub(crate) srcs: Vec<QSrc>,
 }
 
 impl Gpu {
-    /// Points each job's `x` at digits of its activations for the int4 GEMV (one set per
-    /// distinct x) and queues their split; `None` (jobs unchanged) for plans without it. Keep
-    /// the result until the GEMV has run; [`Gpu::resplit`] queues the split again.
+    /// Points each job's `x` at room for the digits of its activations for the int4 GEMV (one
+    /// set per distinct x); `None` (jobs unchanged) for plans without it. The caller queues
+    /// [`Gpu::q_split`] over the result's sources right before the GEMV (so that the GEMV
+    /// launches as the split's dependent) and keeps the result until the GEMV has run.
     ///
     /// # Safety
     /// As [`Gpu::launch_jobs`] for `jobs`' activations.
@@ -947,26 +967,53 @@ impl Gpu {
             j.x = at(j.x);
         }
         drop(b_sync);
-        let digits = Digits {
-            srcs: self.stream.clone_htod(&srcs)?,
-            n: srcs.len(),
-            _buf: buf,
-        };
-        // SAFETY: each source's x is a job's activations (this fn's contract), its q `d` bytes
-        // of the buffer (16-byte aligned: `d` is a multiple of 16).
-        unsafe { self.resplit(plan, &digits)? };
-        Ok(Some(digits))
+        Ok(Some(Digits { _buf: buf, srcs }))
     }
 
-    /// Queues the split of [`Gpu::digits_for`] again (the activations changed, or a benchmark
-    /// repeats the product).
+    /// Queues `f` on the compute stream as a programmatic dependent launch where the device
+    /// has them (sm_90+): its blocks may start while the kernel before it (`q_split`) runs and
+    /// wait for it at `griddepcontrol.wait` (`gemv_q.cu`), which hides most of the split's
+    /// launch latency. Elsewhere an ordinary launch.
     ///
     /// # Safety
-    /// As [`Gpu::digits_for`]; `digits` was made for `plan`.
-    pub(crate) unsafe fn resplit(&self, plan: &GemvPlan, digits: &Digits) -> Result<()> {
-        let (sp, _s_sync) = digits.srcs.device_ptr(&self.stream);
-        // SAFETY: the table's sources are this fn's contract.
-        unsafe { self.q_split(plan, sp, digits.n) }
+    /// `args` are `f`'s parameters in order, each pointing at a value of its type.
+    unsafe fn launch_dependent(
+        &self,
+        f: &CudaFunction,
+        (gx, gy): (u32, u32),
+        threads: u32,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        // SAFETY: an all-zero attribute value is valid plain data; the field set is the one
+        // the attribute id reads.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: gx,
+            gridDimY: gy,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.info().compute_capability.0 >= 9),
+        };
+        // SAFETY: `f` is a kernel of this context's module, `args` its parameters (this fn's
+        // contract), the stream this context's.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        Ok(())
     }
 }
 

@@ -6,8 +6,9 @@
 // Why integers: a code widens to a u8 with one mask (even nibbles) or a shift and a mask (odd
 // nibbles), where the bf16 tensor-core GEMV (gemv_tc.cu) spent a mask, an or and an FMA per two
 // codes and three MMAs per 16 columns; that kernel issued ~600 instructions per 2 KB of weights
-// and read HBM at 0.44 of the copy rate. This one issues ~200 and, on the packed layout below,
-// reads expert batches at ~0.8 (RESULTS, "The int4 GEMV on the integer tensor cores").
+// and read a token's 16 expert gate/up matrices at 0.44 of the HBM read rate. This one issues
+// ~200 and, on the packed layout below, reads them at 0.81 (0.71 with the activation split's
+// launch; RESULTS, "The int4 GEMV on the integer tensor cores").
 //
 // Activations (q_split, one warp per 64-column step and token, once per launch): an exponent E
 // per (token, step) with max|x| < 2^E; xi = rint(x · 2^(26-E)) (|xi| < 2^26, exact to 2^(E-27),
@@ -46,6 +47,20 @@ extern "C" __global__ void q_pack(const u8* W, const float* S, int rows, int col
         s[q_packed_scale(r, j, row_scales)] = S[(u64)r * row_scales + j];
 }
 
+// Programmatic dependent launch (sm_90+; gemv.rs launches the GEMV with it after q_split): the
+// GEMV's blocks start while the split runs, issue their first weight loads, and wait for the
+// split's digits only where they read them. Elsewhere both are no-ops.
+__device__ __forceinline__ void q_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void q_wait_primary() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // One source of q_split: activations (m × cols f32) and where their digits go.
 struct QSrc {
     u64 x;
@@ -61,6 +76,7 @@ __device__ __forceinline__ u64 q_digit_bytes(int nsteps, int G) { return (u64)ns
 extern "C" __global__ void __launch_bounds__(128)
     q_split(const QSrc* srcs, int m, int cols, int G) {
     __shared__ signed char dg[4][4][64];  // [warp][digit plane][column]
+    q_launch_dependents();
     const QSrc src = srcs[blockIdx.y];
     const float* X = (const float*)src.x;
     const int nsteps = (cols + 63) >> 6;
@@ -174,7 +190,7 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
     float sn[T][2];
     uint4 xn[G];
     float4 en[G];
-    auto load = [&](int s) {
+    auto load_w = [&](int s) {
         const int c0 = s * 64 + 16 * t;
 #pragma unroll
         for (int i = 0; i < T; i++) {
@@ -203,13 +219,19 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
                 }
             }
         }
+    };
+    auto load_x = [&](int s) {
+        // L2 loads, not the read-only path: with a dependent launch the digits are written
+        // while this grid runs (griddepcontrol.wait makes them visible).
 #pragma unroll
         for (int q = 0; q < G; q++) {
-            xn[q] = __ldg(xq + ((u64)s * G + q) * 32 + lane);
-            en[q] = __ldg(xe + ((u64)s * G + q) * 4 + t);
+            xn[q] = __ldcg(xq + ((u64)s * G + q) * 32 + lane);
+            en[q] = __ldcg(xe + ((u64)s * G + q) * 4 + t);
         }
     };
-    if (warp < nsteps) load(warp);
+    if (warp < nsteps) load_w(warp);
+    q_wait_primary();
+    if (warp < nsteps) load_x(warp);
     for (int s = warp; s < nsteps; s += Q_WARPS) {
         uint4 wc[T];
         float sc[T][2];
@@ -227,7 +249,10 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
             ec[q] = en[q];
         }
         // The next step's loads are in flight during this step's products.
-        if (s + Q_WARPS < nsteps) load(s + Q_WARPS);
+        if (s + Q_WARPS < nsteps) {
+            load_w(s + Q_WARPS);
+            load_x(s + Q_WARPS);
+        }
 #pragma unroll
         for (int i = 0; i < T; i++) {
             // Words .x / .z: rows g / g + 8, columns 16t … +7; .y / .w: 16t + 8 … +15. Even
