@@ -95,8 +95,11 @@ extern "C" __global__ void __launch_bounds__(128)
     float mx = fmaxf(fabsf(x0), fabsf(x1));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    // A NaN or infinite activation makes its step's scale NaN, so the token's outputs are NaN
+    // (as the CPU's sums are) instead of digits of garbage.
+    const bool bad = __any_sync(0xffffffffu, !(fabsf(x0) <= 3.4e38f) || !(fabsf(x1) <= 3.4e38f));
     int E = 0;
-    if (mx > 0.0f) frexpf(mx, &E);
+    if (mx > 0.0f && !bad) frexpf(mx, &E);
     const float up = ldexpf(1.0f, 26 - E);
     // Offset 64 · (1 + 2^7 + 2^14 + 2^21): each 7-bit field minus 64 is a balanced digit.
     const int b0 = __float2int_rn(x0 * up) + 0x8102040, b1 = __float2int_rn(x1 * up) + 0x8102040;
@@ -118,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(128)
         // Lane p writes plane p's {2^(E-26+7p), -8·Σd·2^(E-26+7p)}.
         const int p = lane, gc = 4 * (tok & 1) + p;
         const int sp = p == 0 ? sum[0] : p == 1 ? sum[1] : p == 2 ? sum[2] : sum[3];
-        const float pw = ldexpf(1.0f, E - 26 + 7 * p);
+        const float pw = bad ? __int_as_float(0x7fc00000) : ldexpf(1.0f, E - 26 + 7 * p);
         float* e = xe + (u64)(s * G + q) * 16;
         e[gc * 2] = pw;
         e[gc * 2 + 1] = -8.0f * (float)sp * pw;

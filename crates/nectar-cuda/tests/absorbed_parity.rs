@@ -195,6 +195,18 @@ fn run(s: MlaShape, rank: usize, format: WeightFormat, seed: u64) {
         &[(q(4), AbsorbedKeys::Upto(600))],
         &format!("{what}, after a rollback"),
     ));
+    // kv_b in the int4 GEMV's packed layout is refused, not read as stored.
+    if nectar_cuda::packs(format, kvb.rows, kvb.cols) {
+        let packed = g.upload(&kvb).unwrap();
+        let q5 = q(5);
+        let row = [AbsorbedRow {
+            q: &q5,
+            mirror: mirror.as_ref().unwrap(),
+            keys: AbsorbedKeys::Upto(600),
+        }];
+        let err = g.mla_absorbed(s, 1.0, &packed, &row).unwrap_err();
+        assert!(err.to_string().contains("stored layout"), "{what}: {err}");
+    }
     eprintln!("{what}: max |Δ| / max|out| = {worst:.2e}");
 }
 

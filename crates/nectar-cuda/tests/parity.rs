@@ -324,3 +324,26 @@ fn packed_and_stored_int4_give_identical_bits() {
         }
     }
 }
+
+/// A NaN or infinite activation gives its token NaN outputs through the int4 GEMV (the CPU's
+/// sums are not finite either), and leaves the launch's other token alone.
+#[test]
+fn a_non_finite_activation_poisons_only_its_own_token() {
+    let Some(gpu) = gpu() else { return };
+    let (format, rows, cols) = (WeightFormat::Int4Group { group: 64 }, 32, 256);
+    let (data, scales) = weights(format, rows, cols, 5);
+    let w = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+    let dev = gpu.upload(&w).unwrap();
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = activations(2 * cols, 6);
+        let clean = x.clone();
+        x[cols + 100] = bad;
+        let mut y = vec![0.0; 2 * rows];
+        gpu.matmul(&dev, &x, 2, &mut y, Order::MODEL).unwrap();
+        assert!(y[rows..].iter().all(|v| v.is_nan()), "{bad}: token 1");
+        let mut want = vec![0.0; 2 * rows];
+        gpu.matmul(&dev, &clean, 2, &mut want, Order::MODEL)
+            .unwrap();
+        assert_eq!(y[..rows], want[..rows], "{bad}: token 0");
+    }
+}
