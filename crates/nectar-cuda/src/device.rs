@@ -9,8 +9,8 @@ use std::time::Instant;
 
 /// The kernel source, compiled at run time by NVRTC for the device found: the GEMV kernels
 /// (`gemv.cu`), the tensor-core GEMM (`gemm.cu`, which uses gemv.cu's definitions), then the
-/// tensor-core GEMV (`gemv_tc.cu`, which uses both), then MLA attention (`attention.cu`), the DSA
-/// indexer's scores (`index.cu`) and the SwiGLU combine (`swiglu.cu`).
+/// tensor-core GEMVs (`gemv_tc.cu` and int4's `gemv_q.cu`, which use both), then MLA attention
+/// (`attention.cu`), the DSA indexer's scores (`index.cu`) and the SwiGLU combine (`swiglu.cu`).
 const KERNEL_SOURCE: &str = concat!(
     include_str!("gemv.cu"),
     include_str!("gemm.cu"),

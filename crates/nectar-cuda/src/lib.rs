@@ -16,8 +16,10 @@
 //!
 //! The one decision a newcomer would question: **results are not bit-identical to the CPU
 //! kernels.** The model's products ([`Order::MODEL`]) run on the tensor cores even at one
-//! activation row (`gemv_tc.cu`: codes and bf16 weights exact, activations in three bf16 parts,
-//! f32 sums in a stated order), so that 2–8 rows cost what one does; the f32 kernels
+//! activation row (`gemv_q.cu` for int4: codes exact, activations as four 7-bit digits per
+//! 64-column step, exact integer sums; `gemv_tc.cu` for int8 and bf16: weights exact,
+//! activations in three bf16 parts, f32 sums in a stated order), so that 2–8 rows cost about
+//! what one does; the f32 kernels
 //! (`gemv.cu`) dequantise every weight to the CPU's value but sum in another fixed order. So
 //! parity is by tolerance ([`within_tolerance`]): a bound on reordering error relative to
 //! Σ|wⱼ·xⱼ|. Each row's result is still independent of M and of what else shares the launch.
