@@ -295,23 +295,30 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn trimming_returns_freed_heap_pages() {
-        // Many small blocks (below the mmap threshold, so they live in the heap), touched,
-        // then all freed except the last, which pins the top of the heap: only a trim of the
-        // interior frees the rest.
-        let blocks: Vec<Vec<u8>> = (0..2048).map(|_| vec![1u8; 16 << 10]).collect();
-        let keep = vec![1u8; 16 << 10];
-        drop(blocks);
-        let before = rss_bytes().unwrap();
-        assert!(
-            trim_heap(),
-            "32 MiB of freed heap blocks were there to release"
-        );
-        let after = rss_bytes().unwrap();
-        std::hint::black_box(&keep);
-        assert!(
-            after + (16 << 20) <= before,
-            "RSS {before} -> {after} after a trim"
-        );
+        // RSS is the whole process's: the crate's other tests allocate and free beside this
+        // one (CI saw a 12.8 MiB drop once where 16 were asked), so the experiment gets three
+        // tries and passes on the first that shows the release.
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            // Many small blocks (below the mmap threshold, so they live in the heap), touched,
+            // then all freed except the last, which pins the top of the heap: only a trim of
+            // the interior frees the rest.
+            let blocks: Vec<Vec<u8>> = (0..2048).map(|_| vec![1u8; 16 << 10]).collect();
+            let keep = vec![1u8; 16 << 10];
+            drop(blocks);
+            let before = rss_bytes().unwrap();
+            assert!(
+                trim_heap(),
+                "32 MiB of freed heap blocks were there to release"
+            );
+            let after = rss_bytes().unwrap();
+            std::hint::black_box(&keep);
+            if after + (16 << 20) <= before {
+                return;
+            }
+            seen.push((before, after));
+        }
+        panic!("RSS (before, after) a trim, three tries: {seen:?}");
     }
 
     /// The real sampler sees memory we touch: 64 MiB written page by page raises RSS by about
