@@ -91,28 +91,19 @@ pub fn packs(format: WeightFormat, rows: usize, cols: usize) -> bool {
         && cols.is_multiple_of(64)
 }
 
-/// The int4 GEMV's kernels (`gemv_q.cu`) for a plan's column groups (two tokens each): one,
-/// two and four row tiles per warp, which never changes a row's bits.
-struct QKernels {
-    tiles: [(CudaFunction, u32); 3],
-    groups: usize,
-}
-
-impl QKernels {
-    /// Row tiles per warp for `rows` rows over `cols` columns in `n` matrices: one for launches
-    /// of few rows (they need the blocks), four for many long rows, else two. Measured on the
-    /// H200 (RESULTS, "The int4 GEMV on the integer tensor cores", packed, M = 1): a token's 16
-    /// expert gate/up matrices 2048 × 6144 read at 0.81 with four against 0.68 with two; its 8
-    /// down matrices 6144 × 2048 at 0.69 with two against 0.61 with four; q_b 16384 × 2048 at
-    /// 0.46 with two against 0.41 with four and ~0.38 with one; o_proj 6144 × 16384 faster with
-    /// one than with two.
-    fn pick(&self, rows: usize, cols: usize, n: usize) -> (&CudaFunction, u32) {
-        let (f, t) = match rows.saturating_mul(n) {
-            r if r < FEW_ROWS / 2 => &self.tiles[0],
-            r if r >= FEW_ROWS && cols >= 4096 => &self.tiles[2],
-            _ => &self.tiles[1],
-        };
-        (f, *t)
+/// Row tiles per warp of the int4 GEMV (`gemv_q.cu`, kernels `gemv_q_t{1,2,4}_g*`; which one
+/// runs never changes a row's bits) for `rows` rows over `cols` columns in `n` matrices: one
+/// for launches of few rows (they need the blocks), four for many long rows, else two.
+/// Measured on the H200 (RESULTS, "The int4 GEMV on the integer tensor cores", packed, M = 1):
+/// a token's 16 expert gate/up matrices 2048 × 6144 read at 0.81 with four against 0.68 with
+/// two; its 8 down matrices 6144 × 2048 at 0.69 with two against 0.61 with four; q_b 16384 ×
+/// 2048 at 0.46 with two against 0.41 with four. Launches of fewer than 12,288 rows (a lone
+/// o_proj or expert gate) take one, as the bf16 GEMV's did; one against two was not compared.
+fn q_tiles(rows: usize, cols: usize, n: usize) -> u32 {
+    match rows.saturating_mul(n) {
+        r if r < FEW_ROWS / 2 => 1,
+        r if r >= FEW_ROWS && cols >= 4096 => 4,
+        _ => 2,
     }
 }
 
@@ -129,6 +120,14 @@ pub struct QSrc {
 
 // SAFETY: `QSrc` is `repr(C)` plain data (two u64), laid out as `struct QSrc` in `gemv_q.cu`.
 unsafe impl DeviceRepr for QSrc {}
+
+impl QSrc {
+    /// Its u64 words in `struct QSrc`'s order (see [`Job::words`]).
+    fn words(&self) -> [u64; 2] {
+        [self.x, self.q]
+    }
+}
+const _: () = assert!(std::mem::size_of::<QSrc>() == 2 * 8);
 
 /// Rows one warp computes at `m` activation rows (`ROWS_PER_WARP` in `gemv.cu`; the integer
 /// kernels' `GEMV_WORDS` lines use the same).
@@ -178,6 +177,14 @@ pub struct Job {
 
 // SAFETY: `Job` is `repr(C)` plain data (five u64), laid out as `struct Job` in `gemv.cu`.
 unsafe impl DeviceRepr for Job {}
+
+impl Job {
+    /// Its u64 words in `struct Job`'s order (a table shared with other records in one upload).
+    fn words(&self) -> [u64; 5] {
+        [self.w, self.s, self.x, self.y, self.packed]
+    }
+}
+const _: () = assert!(std::mem::size_of::<Job>() == 5 * 8);
 
 /// A weight matrix resident on the GPU, in its stored format.
 #[derive(Debug)]
@@ -232,8 +239,9 @@ pub struct GemvPlan {
     tc: Option<((CudaFunction, u32), (CudaFunction, u32))>,
     /// The integer formats' kernel for launches of fewer than [`FEW_ROWS`] rows.
     func_few: Option<CudaFunction>,
-    /// The int4 GEMV on the integer tensor cores ([`Order::Tensor`] on int4 layouts it takes).
-    q: Option<QKernels>,
+    /// The int4 GEMV on the integer tensor cores ([`Order::Tensor`] on int4 layouts it takes):
+    /// its column groups (two tokens each), `ceil(m / 2)`.
+    q_groups: Option<usize>,
     format: WeightFormat,
     rows: usize,
     cols: usize,
@@ -349,8 +357,14 @@ impl Gpu {
         }
         w.validate()?;
         let stored = self.upload_stored(w)?;
-        let mut data: CudaSlice<u8> = self.stream.alloc_zeros(w.data.len())?;
-        let mut scales: CudaSlice<f32> = self.stream.alloc_zeros(w.scales.len())?;
+        // SAFETY: `q_pack` below writes every byte of both (each 16-column piece and each
+        // row's every scale) before anything reads them.
+        let (mut data, mut scales): (CudaSlice<u8>, CudaSlice<f32>) = unsafe {
+            (
+                self.stream.alloc(w.data.len())?,
+                self.stream.alloc(w.scales.len())?,
+            )
+        };
         {
             let (sw, _a) = stored.data.device_ptr(&self.stream);
             let (ss, _b) = stored.scales.device_ptr(&self.stream);
@@ -453,27 +467,20 @@ impl Gpu {
         }
         let name = kernel_name(format, m, order);
         let layout = RowLayout::new(format, rows, cols)?;
-        let q = match is_int4(format) && order.tensor() && tc_layout(format, cols) {
-            true => {
-                let groups = m.div_ceil(2);
-                let f = |t: u32| self.function(&format!("gemv_q_t{t}_g{groups}"));
-                Some(QKernels {
-                    tiles: [(f(1)?, 1), (f(2)?, 2), (f(4)?, 4)],
-                    groups,
-                })
-            }
-            false => None,
-        };
+        let q_groups =
+            (is_int4(format) && order.tensor() && tc_layout(format, cols)).then(|| m.div_ceil(2));
         let tc = match tc_base(format) {
-            Some(base) if q.is_none() && order.tensor() && tc_layout(format, cols) => Some((
-                (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
-                (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
-            )),
+            Some(base) if q_groups.is_none() && order.tensor() && tc_layout(format, cols) => {
+                Some((
+                    (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
+                    (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
+                ))
+            }
             _ => None,
         };
         Ok(GemvPlan {
             tc,
-            q,
+            q_groups,
             func: self.function(&name)?,
             func_few: if is_int(format) {
                 Some(self.function(&format!("{name}_u4"))?)
@@ -513,8 +520,9 @@ impl Gpu {
                 "gemv: {n} jobs in one launch (at most 65535)"
             )));
         }
-        if let (Some(q), true) = (&plan.q, vector) {
-            let (f, tiles) = q.pick(plan.rows, plan.cols, n);
+        if let (Some(groups), true) = (plan.q_groups, vector) {
+            let tiles = q_tiles(plan.rows, plan.cols, n);
+            let f = self.function(&format!("gemv_q_t{tiles}_g{groups}"))?;
             let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
             let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
             let l = &plan.layout;
@@ -534,7 +542,7 @@ impl Gpu {
             // are `gemv_q_*`'s, in order, alive for the call.
             unsafe {
                 self.launch_dependent(
-                    f,
+                    &f,
                     ((plan.rows as u32).div_ceil(16 * tiles), n as u32),
                     TC_THREADS,
                     &mut args,
@@ -612,19 +620,19 @@ impl Gpu {
     /// `srcs` holds `n` [`QSrc`]s of this context: `m × cols` f32 at each `x`, room for the
     /// digits at each `q` (16-byte aligned), unused by anything else until the stream gets here.
     pub unsafe fn q_split(&self, plan: &GemvPlan, srcs: u64, n: usize) -> Result<()> {
-        let Some(q) = &plan.q else {
+        let Some(groups) = plan.q_groups else {
             return Err(Error::Shape("q_split: not an int4 GEMV plan".into()));
         };
         if n == 0 {
             return Ok(());
         }
-        let warps = plan.cols.div_ceil(64) * 2 * q.groups;
+        let warps = plan.cols.div_ceil(64) * 2 * groups;
         let cfg = LaunchConfig {
             grid_dim: (warps.div_ceil(4) as u32, shape_i32("sources", n)? as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (m, cols, groups) = (plan.m as i32, plan.cols as i32, q.groups as i32);
+        let (m, cols, groups) = (plan.m as i32, plan.cols as i32, groups as i32);
         let f = self.function("q_split")?;
         let mut b = self.stream.launch_builder(&f);
         b.arg(&srcs).arg(&m).arg(&cols).arg(&groups);
@@ -899,8 +907,8 @@ impl Gpu {
                     let srcs = digits.as_ref().map_or(&[][..], |d| &d.srcs[..]);
                     let words: Vec<u64> = chunk
                         .iter()
-                        .flat_map(|j| [j.w, j.s, j.x, j.y, j.packed])
-                        .chain(srcs.iter().flat_map(|q| [q.x, q.q]))
+                        .flat_map(Job::words)
+                        .chain(srcs.iter().flat_map(QSrc::words))
                         .collect();
                     let table = self.stream.clone_htod(&words)?;
                     let (tp, _t_sync) = table.device_ptr(&self.stream);
@@ -1051,15 +1059,14 @@ fn tc_layout(format: WeightFormat, cols: usize) -> bool {
 impl GemvPlan {
     /// Whether launches of this plan run a tensor-core GEMV (on aligned jobs).
     pub fn tensor(&self) -> bool {
-        self.tc.is_some() || self.q.is_some()
+        self.tc.is_some() || self.q_groups.is_some()
     }
 
     /// Bytes of one source's activation digits for the int4 GEMV (`q_split`), 0 for plans
     /// without it.
     pub fn digit_bytes(&self) -> usize {
-        self.q
-            .as_ref()
-            .map_or(0, |q| self.cols.div_ceil(64) * q.groups * 576)
+        self.q_groups
+            .map_or(0, |groups| self.cols.div_ceil(64) * groups * 576)
     }
 
     /// Whether the layout admits the 16-byte vector path at all: whole 16-byte chunks per row,
@@ -1079,7 +1086,7 @@ impl GemvPlan {
     /// Whether `jobs` may take the vector path: the layout admits it and every weight and
     /// activation address is 16-byte aligned.
     pub fn vector_ok(&self, jobs: &[Job]) -> bool {
-        if self.q.is_some() {
+        if self.q_groups.is_some() {
             // The int4 GEMV reads digits, not x: the weights' and scales' alignment only.
             return jobs.iter().all(|j| j.w % 16 == 0 && j.s % 8 == 0);
         }

@@ -5,7 +5,7 @@
 #![cfg(feature = "cuda")]
 mod common;
 use common::{compare, gpu, random_bytes, weights, FORMATS};
-use nectar_cuda::{Error, Gpu, Order, MAX_M};
+use nectar_cuda::{Error, Gpu, GpuMat, Order, MAX_M};
 use nectar_kernels::{MatRef, WeightFormat};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -243,6 +243,9 @@ fn opening_never_panics() {
     assert!(matches!(Gpu::open(1 << 20), Err(Error::Unavailable(_))));
 }
 
+/// A product of one uploaded matrix into its output.
+type Product<'a> = dyn Fn(&GpuMat, &mut [f32]) + 'a;
+
 /// int4 in the packed layout (`Gpu::upload`, `gemv_q.cu`) and as stored (`Gpu::upload_stored`,
 /// what a copied expert is) give the same bits through the int4 GEMV and the GEMM, and within
 /// tolerance of the CPU; activations of wide range (a step's largest |x| sets its digits'
@@ -280,47 +283,24 @@ fn packed_and_stored_int4_give_identical_bits() {
                 x[t * cols + 64..t * cols + 128].fill(0.0);
             }
             let what = format!("{} {rows}x{cols} m={m}", format.name());
-            let (y_p, _) = compare(
-                gpu,
-                format,
-                rows,
-                cols,
-                m,
-                &x,
-                seed,
-                "gemv packed",
-                |d, y| {
-                    assert!(d.packed());
-                    gpu.matmul(d, &x, m, y, Order::MODEL).unwrap()
-                },
-            );
-            let mut y_s = vec![f32::NAN; m * rows];
-            gpu.matmul(&stored, &x, m, &mut y_s, Order::MODEL).unwrap();
-            assert!(
-                y_p.iter()
-                    .zip(&y_s)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "gemv packed != stored: {what}"
-            );
             let split3 = nectar_cuda::Precision::Split3;
-            let (y_p, _) = compare(
-                gpu,
-                format,
-                rows,
-                cols,
-                m,
-                &x,
-                seed,
-                "gemm packed",
-                |d, y| gpu.gemm(d, &x, m, y, split3).unwrap(),
-            );
-            gpu.gemm(&stored, &x, m, &mut y_s, split3).unwrap();
-            assert!(
-                y_p.iter()
-                    .zip(&y_s)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "gemm packed != stored: {what}"
-            );
+            let gemv = |d: &GpuMat, y: &mut [f32]| gpu.matmul(d, &x, m, y, Order::MODEL).unwrap();
+            let gemm = |d: &GpuMat, y: &mut [f32]| gpu.gemm(d, &x, m, y, split3).unwrap();
+            let products: [(&str, &Product); 2] = [("gemv", &gemv), ("gemm", &gemm)];
+            for (kernel, product) in products {
+                let (y_p, _) = compare(gpu, format, rows, cols, m, &x, seed, kernel, |d, y| {
+                    assert!(d.packed());
+                    product(d, y)
+                });
+                let mut y_s = vec![f32::NAN; m * rows];
+                product(&stored, &mut y_s);
+                assert!(
+                    y_p.iter()
+                        .zip(&y_s)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{kernel} packed != stored: {what}"
+                );
+            }
         }
     }
 }
