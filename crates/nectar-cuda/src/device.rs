@@ -41,8 +41,11 @@ pub struct GpuInfo {
     pub multiprocessors: usize,
     /// L2 cache, bytes.
     pub l2_bytes: usize,
-    /// Time NVRTC took to compile the kernels, milliseconds.
+    /// Time NVRTC took to compile the kernels (or loading them from the cache took),
+    /// milliseconds.
     pub compile_ms: f64,
+    /// Whether the kernels came from the on-disk cache (`ptx_cache.rs`) instead of NVRTC.
+    pub kernels_cached: bool,
 }
 
 /// An opened GPU: its context, the stream every Nectar kernel and copy is queued on, and the
@@ -62,12 +65,16 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
+/// NVRTC's options for compute capability `cc`: fmad stays on (the kernels' FMAs are explicit
+/// anyway); no fast math: the dequantisation and the sums are IEEE f32 as documented.
+fn options(cc: (i32, i32)) -> Vec<String> {
+    vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)]
+}
+
 /// Compiles the kernels to PTX for compute capability `cc` (needs NVRTC, not a GPU).
 pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
     let opts = CompileOptions {
-        // fmad stays on (the kernels' FMAs are explicit anyway); no fast math: the
-        // dequantisation and the sums are IEEE f32 as documented.
-        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        options: options(cc),
         ..Default::default()
     };
     compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| match e {
@@ -76,6 +83,29 @@ pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
         }
         e => Error::Compile(format!("{e:?}")),
     })
+}
+
+/// The kernels for compute capability `cc` in `ctx`: the cached PTX of this source, options and
+/// NVRTC (`ptx_cache.rs`), or NVRTC's output, which is then cached. A cached file the driver
+/// refuses is compiled over. Returns whether the cache served them.
+fn load_kernels(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(Arc<CudaModule>, bool)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (`Gpu::open` checked); the call writes two ints.
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let (opts, version) = (options(cc).join(" "), format!("nvrtc {major}.{minor}"));
+    let file = crate::ptx_cache::dir()
+        .map(|d| crate::ptx_cache::path(&d, &[KERNEL_SOURCE, &opts, &version]));
+    if let Some(ptx) = file.as_deref().and_then(crate::ptx_cache::load) {
+        if let Ok(module) = ctx.load_module(Ptx::from_src(ptx)) {
+            return Ok((module, true));
+        }
+    }
+    let ptx = compile(cc)?;
+    if let Some(f) = &file {
+        // Best effort: without a cache the next start compiles again.
+        let _ = crate::ptx_cache::store(f, &ptx.to_src());
+    }
+    Ok((ctx.load_module(ptx)?, false))
 }
 
 /// Maps a driver error during probing to [`Error::Unavailable`]: no device, no driver and a
@@ -117,7 +147,7 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         let cc = ctx.compute_capability()?;
         let started = Instant::now();
-        let module = ctx.load_module(compile(cc)?)?;
+        let (module, kernels_cached) = load_kernels(&ctx, cc)?;
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let (free_bytes, total_bytes) = ctx.mem_get_info()?;
         let info = GpuInfo {
@@ -130,6 +160,7 @@ impl Gpu {
                 as usize,
             l2_bytes: ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize,
             compile_ms,
+            kernels_cached,
         };
         Ok(Gpu {
             ctx,
@@ -198,7 +229,7 @@ mod tests {
         let mut names = kernel_names();
         assert_eq!(
             names.len(),
-            3 * MAX_M + 2 * 2 * 2 * MAX_M + 2 * 2 + 3 * 4 + 2
+            3 * MAX_M + 2 * 2 * 2 * MAX_M + 2 * 2 + 6 * 4 + 2
         );
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());

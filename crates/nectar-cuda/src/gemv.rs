@@ -91,19 +91,31 @@ pub fn packs(format: WeightFormat, rows: usize, cols: usize) -> bool {
         && cols.is_multiple_of(64)
 }
 
-/// Row tiles per warp of the int4 GEMV (`gemv_q.cu`, kernels `gemv_q_t{1,2,4}_g*`; which one
-/// runs never changes a row's bits) for `rows` rows over `cols` columns in `n` matrices: one
-/// for launches of few rows (they need the blocks), four for many long rows, else two.
-/// Measured on the H200 (RESULTS, "The int4 GEMV on the integer tensor cores", packed, M = 1):
-/// a token's 16 expert gate/up matrices 2048 × 6144 read at 0.81 with four against 0.68 with
-/// two; its 8 down matrices 6144 × 2048 at 0.69 with two against 0.61 with four; q_b 16384 ×
-/// 2048 at 0.46 with two against 0.41 with four. Launches of fewer than 12,288 rows (a lone
-/// o_proj or expert gate) take one, as the bf16 GEMV's did; one against two was not compared.
-fn q_tiles(rows: usize, cols: usize, n: usize) -> u32 {
-    match rows.saturating_mul(n) {
-        r if r < FEW_ROWS / 2 => 1,
-        r if r >= FEW_ROWS && cols >= 4096 => 4,
-        _ => 2,
+/// The int4 GEMV kernel for `rows × cols` matrices, `n` per launch, `groups` token pairs
+/// (`gemv_q.cu`, `gemv_q_t{tiles}_g{groups}_w{warps}`): `(tiles, warps)`.
+///
+/// Warps per block split a row's 64-column steps, so they are part of the accumulation order
+/// and follow from `cols` alone: 4 up to 4,096 columns, 8 up to 12,288, else 16 (more warps give
+/// a launch of few long rows the loads in flight it lacks; with short rows their partial sums
+/// cost more than they bring). Row tiles per warp never change a row's bits and follow the
+/// launch. Measured on the H200 against the 4-warp kernels of before (RESULTS, "The int4 GEMV's
+/// warps per block"; packed, after the activation split, ÷ the read reference, M = 1):
+/// - 16 warps, o_proj 6144 × 16384: 0.58 against 0.36 (2 tiles from M = 5 on: 4 spill there);
+/// - 8 warps at 6,144 columns: a lone 2048 × 6144 (q_a) 0.16 against 0.11, a shared expert's
+///   gate and up 0.30 against 0.20, kv_a 576 × 6144 0.049 against 0.031; a token's 16 expert
+///   gate/up matrices 0.76 against 0.79 (and 0.46 against 0.54 at M = 3–6: one layer still
+///   gains, its lone matrices more than the batch loses);
+/// - 4 warps at 2,048 columns and fewer: 2 tiles at M ≤ 4 (expert down × 8: 0.63; 4 warps
+///   beat 8 there), 4 from M = 5 on where the launch has the rows (down × 8 at M = 8: 0.35
+///   against 0.28, q_b 0.30 against 0.24); launches of few rows one tile (indexer wq_b).
+fn q_kernel(rows: usize, cols: usize, n: usize, groups: usize) -> (u32, u32) {
+    let launch_rows = rows.saturating_mul(n);
+    match cols {
+        c if c > 12_288 => (if groups <= 2 { 4 } else { 2 }, 16),
+        c if c > 4096 => (if launch_rows >= FEW_ROWS { 4 } else { 1 }, 8),
+        _ if launch_rows < FEW_ROWS / 2 => (1, 4),
+        _ if groups > 2 => (4, 4),
+        _ => (2, 4),
     }
 }
 
@@ -330,10 +342,12 @@ pub(crate) fn kernel_names() -> Vec<String> {
             v.push(format!("gemv_tc_{base}_t{tiles}"));
         }
     }
-    for tiles in [1, 2, 4] {
-        for groups in 1..=4 {
-            v.push(format!("gemv_q_t{tiles}_g{groups}"));
+    for groups in 1..=4 {
+        for (tiles, warps) in [(1, 4), (2, 4), (4, 4), (1, 8), (4, 8)] {
+            v.push(format!("gemv_q_t{tiles}_g{groups}_w{warps}"));
         }
+        let tiles = if groups <= 2 { 4 } else { 2 };
+        v.push(format!("gemv_q_t{tiles}_g{groups}_w16"));
     }
     v.push("q_split".into());
     v.push("q_pack".into());
@@ -521,8 +535,8 @@ impl Gpu {
             )));
         }
         if let (Some(groups), true) = (plan.q_groups, vector) {
-            let tiles = q_tiles(plan.rows, plan.cols, n);
-            let f = self.function(&format!("gemv_q_t{tiles}_g{groups}"))?;
+            let (tiles, warps) = q_kernel(plan.rows, plan.cols, n, groups);
+            let f = self.function(&format!("gemv_q_t{tiles}_g{groups}_w{warps}"))?;
             let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);
             let path: i32 = if plan.layout.row_scales == 1 { 2 } else { 0 };
             let l = &plan.layout;
@@ -544,7 +558,7 @@ impl Gpu {
                 self.launch_dependent(
                     &f,
                     ((plan.rows as u32).div_ceil(16 * tiles), n as u32),
-                    TC_THREADS,
+                    32 * warps,
                     &mut args,
                 )
             }?;
@@ -1141,5 +1155,33 @@ mod tests {
         assert!(!packs(g(64), 2040, 6144) && !packs(g(64), 16, 6112) && !packs(g(32), 16, 64));
         assert!(!packs(WeightFormat::Int8Row, 16, 64) && !packs(g(64), 0, 64));
         assert_eq!(Order::MODEL, Order::Tensor);
+    }
+
+    /// The int4 GEMV's warps per block are in its accumulation order: they follow from the
+    /// column count alone, whatever the launch (rows, matrices, tokens), and every kernel the
+    /// rule picks is compiled.
+    #[test]
+    fn the_int4_gemv_warps_follow_the_columns_alone() {
+        let names = kernel_names();
+        for cols in [64, 512, 2048, 4096, 4160, 6144, 12_288, 12_352, 16_384] {
+            let mut warps = Vec::new();
+            for rows in [16, 576, 2048, 6144, 16_384, 28_672] {
+                for n in [1, 2, 8, 16] {
+                    for groups in 1..=MAX_M / 2 {
+                        let (t, w) = q_kernel(rows, cols, n, groups);
+                        let name = format!("gemv_q_t{t}_g{groups}_w{w}");
+                        assert!(names.contains(&name), "{name} is not compiled");
+                        warps.push(w);
+                    }
+                }
+            }
+            warps.dedup();
+            assert_eq!(warps.len(), 1, "{cols} columns: warps {warps:?}");
+        }
+        assert_eq!(q_kernel(6144, 16_384, 1, 1), (4, 16));
+        assert_eq!(q_kernel(2048, 6144, 16, 1), (4, 8));
+        assert_eq!(q_kernel(2048, 6144, 1, 1), (1, 8));
+        assert_eq!(q_kernel(6144, 2048, 8, 1), (2, 4));
+        assert_eq!(q_kernel(6144, 2048, 8, 4), (4, 4));
     }
 }

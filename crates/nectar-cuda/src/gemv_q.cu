@@ -18,11 +18,12 @@
 //
 // Per (row, column) and 64-column step: P = Σ_k n_k·d_k over the step's codes n = code + 8, exact
 // in s32 (two k32 MMAs chained), f = (P − 8·Σ_k d_k) · 2^(E-26+7p) (exact in f32: |P − 8Σd| <
-// 2^24), acc_c = fma(scale, f, acc_c), steps in increasing order per warp (warp w takes steps
-// w, w+4, …), the warps' sums added in warp order ((a0 + a1) + a2) + a3; then a token's output
-// y = ((A3 + A2) + A1) + A0 over its four digit columns. An output depends only on its row, its
-// token's activations and the column count — not on M, the row tiles per warp, the layout
-// (packed or stored) or the other matrices of the launch.
+// 2^24), acc_c = fma(scale, f, acc_c), steps in increasing order per warp (warp w of W takes
+// steps w, w + W, …), the warps' sums added in warp order (((a0 + a1) + a2) + …); then a token's
+// output y = ((A3 + A2) + A1) + A0 over its four digit columns. W (4, 8 or 16 warps per block)
+// follows from the column count alone (gemv.rs `q_kernel`), so an output depends only on its
+// row, its token's activations and the column count — not on M, the row tiles per warp, the
+// layout (packed or stored) or the other matrices of the launch.
 //
 // Layouts (Job.packed): stored — rows of row_bytes, scales row-major (what the RAM slab holds,
 // so copied experts need no conversion); packed (`q_pack`, at upload; rows % 16 == 0, cols % 64
@@ -31,7 +32,6 @@
 // of row r at ((tile·row_scales + j)·8 + g)·2 + h (g = r % 8, h = r / 8 % 2): one coalesced
 // 512-byte load per tile and step instead of sixteen 32-byte pieces.
 
-#define Q_WARPS 4
 
 // Packs one stored int4 matrix (rows % 16 == 0, cols % 64 == 0) into `w` / `s`: thread i moves
 // row i / (cols / 16)'s 8 bytes of 16 columns, and the scales whose first column is there.
@@ -152,15 +152,17 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], u32 a0, u32 a1, u32 a2, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Block: Q_WARPS warps over 16·T rows (T row tiles per warp), split over the 64-column steps.
-// Job.x holds the job's digits (q_split's layout for its G).
-template <int T, int G, bool ROW_SCALE, bool PACKED>
+// Block: W warps over 16·T rows (T row tiles per warp), split over the 64-column steps (warp w
+// takes steps w, w + W, …, in increasing order, one step of loads ahead). W is part of the
+// accumulation order, T is not. Job.x holds the job's digits (q_split's layout for G).
+template <int T, int G, int W, bool ROW_SCALE, bool PACKED>
 __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m, int row_bytes,
-                                       int row_scales, u32 gmagic, int gshift) {
+                                       int row_scales, u32 gmagic, int gshift,
+                                       float (*red)[G][4][32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int tile0 = blockIdx.x * T, row0 = tile0 * 16;
-    const u8* W = (const u8*)job.w;
+    const u8* Wt = (const u8*)job.w;
     const float* S = (const float*)job.s;
     const int nsteps = (cols + 63) >> 6;
     const uint4* xq = (const uint4*)job.x;
@@ -193,49 +195,49 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
     float sn[T][2];
     uint4 xn[G];
     float4 en[G];
-    auto load_w = [&](int s) {
+    auto load_w = [&](int s, uint4 (&wv)[T], float (&sv)[T][2]) {
         const int c0 = s * 64 + 16 * t;
 #pragma unroll
         for (int i = 0; i < T; i++) {
             if constexpr (PACKED) {
-                wn[i] = __ldg((const uint4*)W + ((u64)tile[i] * nsteps + s) * 32 + lane);
+                wv[i] = __ldg((const uint4*)Wt + ((u64)tile[i] * nsteps + s) * 32 + lane);
             } else {
                 uint2 a = make_uint2(0x88888888u, 0x88888888u), b = a;
                 if (c0 < cols) {
-                    a = __ldg((const uint2*)(W + (u64)row[i][0] * row_bytes + c0 / 2));
-                    b = __ldg((const uint2*)(W + (u64)row[i][1] * row_bytes + c0 / 2));
+                    a = __ldg((const uint2*)(Wt + (u64)row[i][0] * row_bytes + c0 / 2));
+                    b = __ldg((const uint2*)(Wt + (u64)row[i][1] * row_bytes + c0 / 2));
                 }
-                wn[i] = make_uint4(a.x, a.y, b.x, b.y);
+                wv[i] = make_uint4(a.x, a.y, b.x, b.y);
             }
             if (ROW_SCALE) {
-                sn[i][0] = rs[i][0];
-                sn[i][1] = rs[i][1];
+                sv[i][0] = rs[i][0];
+                sv[i][1] = rs[i][1];
             } else {
                 const int j = (int)scale_index((u32)(s * 64), gmagic, gshift);
                 if constexpr (PACKED) {
                     const float2 v = __ldg((const float2*)S + ((u64)tile[i] * row_scales + j) * 8 + g);
-                    sn[i][0] = v.x;
-                    sn[i][1] = v.y;
+                    sv[i][0] = v.x;
+                    sv[i][1] = v.y;
                 } else {
-                    sn[i][0] = __ldg(S + (u64)row[i][0] * row_scales + j);
-                    sn[i][1] = __ldg(S + (u64)row[i][1] * row_scales + j);
+                    sv[i][0] = __ldg(S + (u64)row[i][0] * row_scales + j);
+                    sv[i][1] = __ldg(S + (u64)row[i][1] * row_scales + j);
                 }
             }
         }
     };
-    auto load_x = [&](int s) {
+    auto load_x = [&](int s, uint4 (&xv)[G], float4 (&ev)[G]) {
         // L2 loads, not the read-only path: with a dependent launch the digits are written
         // while this grid runs (griddepcontrol.wait makes them visible).
 #pragma unroll
         for (int q = 0; q < G; q++) {
-            xn[q] = __ldcg(xq + ((u64)s * G + q) * 32 + lane);
-            en[q] = __ldcg(xe + ((u64)s * G + q) * 4 + t);
+            xv[q] = __ldcg(xq + ((u64)s * G + q) * 32 + lane);
+            ev[q] = __ldcg(xe + ((u64)s * G + q) * 4 + t);
         }
     };
-    if (warp < nsteps) load_w(warp);
+    if (warp < nsteps) load_w(warp, wn, sn);
     q_wait_primary();
-    if (warp < nsteps) load_x(warp);
-    for (int s = warp; s < nsteps; s += Q_WARPS) {
+    if (warp < nsteps) load_x(warp, xn, en);
+    for (int s = warp; s < nsteps; s += W) {
         uint4 wc[T];
         float sc[T][2];
         uint4 xc[G];
@@ -251,10 +253,11 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
             xc[q] = xn[q];
             ec[q] = en[q];
         }
-        // The next step's loads are in flight during this step's products.
-        if (s + Q_WARPS < nsteps) {
-            load_w(s + Q_WARPS);
-            load_x(s + Q_WARPS);
+        // The next step's loads are in flight during this step's products (two steps ahead
+        // measured slower at every shape: more registers, fewer blocks; RESULTS).
+        if (s + W < nsteps) {
+            load_w(s + W, wn, sn);
+            load_x(s + W, xn, en);
         }
 #pragma unroll
         for (int i = 0; i < T; i++) {
@@ -284,8 +287,8 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
     }
 
     // The warps' sums, one row tile at a time, added in warp order by warp 0; then each token's
-    // digit columns (odd t holds planes 2, 3 of its token, even t planes 0, 1).
-    __shared__ float red[Q_WARPS - 1][G][4][32];
+    // digit columns (odd t holds planes 2, 3 of its token, even t planes 0, 1). `red`: W − 1
+    // warps' partial sums (the entry's shared memory, one array for every instance).
     float* Y = (float*)job.y;
 #pragma unroll
     for (int i = 0; i < T; i++) {
@@ -305,7 +308,7 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
                 for (int e = 0; e < 4; e++) {
                     v[e] = acc[i][q][e];
 #pragma unroll
-                    for (int w = 0; w < Q_WARPS - 1; w++) v[e] += red[w][q][e][lane];
+                    for (int w = 0; w < W - 1; w++) v[e] += red[w][q][e][lane];
                 }
                 const float hi0 = __shfl_down_sync(0xffffffffu, v[1] + v[0], 1);
                 const float hi1 = __shfl_down_sync(0xffffffffu, v[3] + v[2], 1);
@@ -319,21 +322,30 @@ __device__ __forceinline__ void gemv_q(const Job& job, int rows, int cols, int m
     }
 }
 
-// `path` bit 1: one scale per row. Job.packed picks the layout per job.
-#define GEMV_Q_ENTRY(T, G)                                                                         \
-    extern "C" __global__ void __launch_bounds__(Q_WARPS * 32)                                     \
-        gemv_q_t##T##_g##G(const Job* jobs, int rows, int cols, int m, int row_bytes,              \
-                           int row_scales, u32 gmagic, int gshift, int path) {                     \
+// `path` bit 1: one scale per row. Job.packed picks the layout per job. Kernel
+// gemv_q_t{T}_g{G}_w{W}: W * 32 threads (the kernels gemv.rs `q_kernel` picks).
+#define GEMV_Q_ENTRY(T, G, W)                                                                      \
+    extern "C" __global__ void __launch_bounds__(W * 32)                                           \
+        gemv_q_t##T##_g##G##_w##W(const Job* jobs, int rows, int cols, int m, int row_bytes,       \
+                                  int row_scales, u32 gmagic, int gshift, int path) {              \
+        __shared__ float red[W - 1][G][4][32];                                                     \
         const Job job = jobs[blockIdx.y];                                                          \
         if (path & 2) {                                                                            \
-            if (job.packed) gemv_q<T, G, true, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
-            else gemv_q<T, G, true, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
+            if (job.packed) gemv_q<T, G, W, true, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift, red); \
+            else gemv_q<T, G, W, true, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift, red); \
         } else {                                                                                   \
-            if (job.packed) gemv_q<T, G, false, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
-            else gemv_q<T, G, false, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
+            if (job.packed) gemv_q<T, G, W, false, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift, red); \
+            else gemv_q<T, G, W, false, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift, red); \
         }                                                                                          \
     }
-#define GEMV_Q_TILES(T) GEMV_Q_ENTRY(T, 1) GEMV_Q_ENTRY(T, 2) GEMV_Q_ENTRY(T, 3) GEMV_Q_ENTRY(T, 4)
-GEMV_Q_TILES(1)
-GEMV_Q_TILES(2)
-GEMV_Q_TILES(4)
+#define GEMV_Q_GROUPS(T, W) \
+    GEMV_Q_ENTRY(T, 1, W) GEMV_Q_ENTRY(T, 2, W) GEMV_Q_ENTRY(T, 3, W) GEMV_Q_ENTRY(T, 4, W)
+GEMV_Q_GROUPS(1, 4)
+GEMV_Q_GROUPS(2, 4)
+GEMV_Q_GROUPS(4, 4)
+GEMV_Q_GROUPS(1, 8)
+GEMV_Q_GROUPS(4, 8)
+GEMV_Q_ENTRY(4, 1, 16)
+GEMV_Q_ENTRY(4, 2, 16)
+GEMV_Q_ENTRY(2, 3, 16)
+GEMV_Q_ENTRY(2, 4, 16)

@@ -52,6 +52,8 @@ mod index;
 #[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
+mod ptx_cache;
+#[cfg(feature = "cuda")]
 mod rows;
 #[cfg(feature = "cuda")]
 mod swiglu;

@@ -171,8 +171,13 @@ mod with_cuda {
             .context("expert copies from registered slots")?;
         if !a.json {
             println!(
-                "GPU: {} — NVRTC compile {:.0} ms",
+                "GPU: {} — kernels {} in {:.0} ms",
                 gpu.describe(),
+                if info.kernels_cached {
+                    "loaded from the cache"
+                } else {
+                    "compiled by NVRTC"
+                },
                 info.compile_ms
             );
             println!(
@@ -344,7 +349,7 @@ mod with_cuda {
                 json!({
                     "gpu": {"name": info.name, "cc": [info.compute_capability.0, info.compute_capability.1],
                             "sms": info.multiprocessors, "l2_bytes": info.l2_bytes,
-                            "total_bytes": info.total_bytes, "compile_ms": info.compile_ms},
+                            "total_bytes": info.total_bytes, "compile_ms": info.compile_ms, "kernels_cached": info.kernels_cached},
                     "d2d": {"bytes": copy_bytes, "gbps_median": copy_gbps, "gbps_best": copy_best},
                     "read": {"bytes": copy_bytes, "gbps_median": read_gbps},
                     "limit_gbps": limit,

@@ -14,8 +14,13 @@ pub fn gpu() -> Option<&'static Gpu> {
     GPU.get_or_init(|| match Gpu::open(0) {
         Ok(g) => {
             eprintln!(
-                "GPU: {}, kernels compiled in {:.0} ms",
+                "GPU: {}, kernels {} in {:.0} ms",
                 g.describe(),
+                if g.info().kernels_cached {
+                    "from the cache"
+                } else {
+                    "compiled"
+                },
                 g.info().compile_ms
             );
             Some(g)
