@@ -377,6 +377,58 @@ fn fill_device(gpu: &Gpu, bytes: usize, seed: u64) -> Result<CudaSlice<u8>> {
     Ok(d)
 }
 
+/// A product as the model calls it ([`Gpu::matmul`]: activations from host memory, outputs back
+/// into it, waited for), `m` rows of one `rows × cols` matrix of format `f`: the host's wall
+/// time per call, median of `trials` runs of `calls`. The calls rotate through copies of the
+/// matrix spanning at least `arena_bytes`, so the weights stream from HBM as in a decode step;
+/// what the wall time holds beyond the kernels' own time is the product's fixed cost
+/// (allocations, uploads, launches, the download and the wait).
+pub fn round_trip(
+    gpu: &Gpu,
+    (f, rows, cols, m): (WeightFormat, usize, usize, usize),
+    arena_bytes: usize,
+    (calls, trials): (usize, usize),
+) -> Result<Timing> {
+    let raw = random_bytes(rows * f.row_bytes(cols), 0x0072_7472_6970);
+    let w = match f {
+        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &raw),
+        _ => raw,
+    };
+    let s: Vec<f32> = random_bytes(rows * f.row_scales(cols), 0x73)
+        .iter()
+        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
+        .collect();
+    let mat = MatRef::new(f, rows, cols, &w, &s)?;
+    let copies = arena_bytes.div_ceil((w.len() + 4 * s.len()).max(1)).max(2);
+    let mats = (0..copies)
+        .map(|_| gpu.upload(&mat))
+        .collect::<Result<Vec<_>>>()?;
+    let x: Vec<f32> = random_bytes(2 * m * cols, 0x78)
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
+        .collect();
+    let mut y = vec![0.0f32; m * rows];
+    for w in &mats {
+        gpu.matmul(w, &x, m, &mut y, Order::MODEL)?;
+    }
+    let mut per_call = Vec::with_capacity(trials.max(1));
+    let mut i = 0;
+    for _ in 0..trials.max(1) {
+        let start = std::time::Instant::now();
+        for _ in 0..calls.max(1) {
+            gpu.matmul(&mats[i % copies], &x, m, &mut y, Order::MODEL)?;
+            i += 1;
+        }
+        per_call.push(start.elapsed().as_secs_f64() / calls.max(1) as f64);
+    }
+    per_call.sort_by(f64::total_cmp);
+    Ok(Timing {
+        median_s: per_call[per_call.len() / 2],
+        best_s: per_call[0],
+        trials: per_call.len(),
+    })
+}
+
 /// Deterministic pseudo-random bytes (splitmix64), fast enough for hundreds of megabytes.
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut s = seed;

@@ -28,7 +28,7 @@ mod with_cuda {
     use super::*;
     use anyhow::Context;
     use nectar_cuda::bench::{
-        d2d_copy, gemm_case, gemv_case, h2d, read_ref, registered_copies, slot_copies,
+        d2d_copy, gemm_case, gemv_case, h2d, read_ref, registered_copies, round_trip, slot_copies,
         staged_copies, GemmCase, GemmResult, GemvCase, GemvResult, StagedCopies,
     };
     use nectar_cuda::copy::StageConfig;
@@ -281,6 +281,46 @@ mod with_cuda {
             }
             results.push(r);
         }
+        // Products as the model calls them: what a decode step pays per product beyond its
+        // kernels (the cases above, events only).
+        let mut trips = Vec::new();
+        let g64 = WeightFormat::Int4Group { group: 64 };
+        for (name, shape) in [
+            ("attn.q_a", (g64, 2048, 6144, 1)),
+            ("attn.o_proj", (g64, 6144, 16384, 1)),
+        ] {
+            if a.filter.as_deref().is_some_and(|f| !name.contains(f)) {
+                continue;
+            }
+            let t = round_trip(&gpu, shape, arena, (100, if a.quick { 5 } else { 9 }))
+                .with_context(|| format!("round trip {name}"))?;
+            let kernel = results.iter().find(|r| {
+                let c = &r.case;
+                c.name == name
+                    && (c.format, c.rows, c.cols, c.m) == shape
+                    && c.batch == 1
+                    && c.order == Order::MODEL
+            });
+            let kernel_us = kernel.map(|r| r.timing.median_s * 1e6);
+            if !a.json {
+                println!(
+                    "round trip {name} {} {}×{} m={} (Gpu::matmul: x from the host, y back, waited for): {:.1} µs per call{}",
+                    shape.0.name(),
+                    shape.1,
+                    shape.2,
+                    shape.3,
+                    t.median_s * 1e6,
+                    kernel_us.map_or(String::new(), |k| format!(
+                        "; its kernels {k:.1} µs, so {:.1} µs of fixed cost",
+                        t.median_s * 1e6 - k
+                    ))
+                );
+            }
+            trips.push(json!({
+                "name": name, "format": shape.0.name(), "rows": shape.1, "cols": shape.2, "m": shape.3,
+                "host_us": t.median_s * 1e6, "best_us": t.best_s * 1e6, "kernel_us": kernel_us,
+            }));
+        }
         if !a.json {
             println!(
                 "{:<12} {:<9} {:>5} {:<6} {:>9} {:>8} {:>12} {:>8} {:>5} {:>9}",
@@ -373,6 +413,7 @@ mod with_cuda {
                             "copy_ms": slots.copy_s * 1e3, "compute_ms": slots.compute_s * 1e3,
                             "overlapped_ms": slots.overlapped_s * 1e3, "hidden_fraction": slots.hidden()},
                     "cases": cases,
+                    "round_trips": trips,
                     "gemm_cases": gemm_cases,
                 })
             );
