@@ -57,6 +57,8 @@ pub struct Gpu {
     info: GpuInfo,
     /// What the decode attention's KV mirrors hold, and their cap (`absorbed.rs`).
     pub(crate) mirrors: Arc<crate::absorbed::MirrorLedger>,
+    /// Buffers of host-in, host-out GEMV products (`round_trip.rs`).
+    pub(crate) scratch: std::sync::Mutex<crate::round_trip::Scratch>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -168,6 +170,7 @@ impl Gpu {
             module,
             info,
             mirrors: Arc::default(),
+            scratch: Default::default(),
         })
     }
 

@@ -135,7 +135,7 @@ unsafe impl DeviceRepr for QSrc {}
 
 impl QSrc {
     /// Its u64 words in `struct QSrc`'s order (see [`Job::words`]).
-    fn words(&self) -> [u64; 2] {
+    pub(crate) fn words(&self) -> [u64; 2] {
         [self.x, self.q]
     }
 }
@@ -192,7 +192,7 @@ unsafe impl DeviceRepr for Job {}
 
 impl Job {
     /// Its u64 words in `struct Job`'s order (a table shared with other records in one upload).
-    fn words(&self) -> [u64; 5] {
+    pub(crate) fn words(&self) -> [u64; 5] {
         [self.w, self.s, self.x, self.y, self.packed]
     }
 }
@@ -799,6 +799,11 @@ impl Gpu {
         if m == 0 || rows == 0 || cols == 0 {
             y.fill(0.0);
             return Ok(());
+        }
+        // Decode and verify products: one upload, one download, buffers kept between calls.
+        if let (Kernel::Gemv(order), true) = (kernel, m <= MAX_M) {
+            // SAFETY: this fn's contract; shapes checked above.
+            return unsafe { self.gemv_round_trip(items, m, order, y) };
         }
         // SAFETY: every element is written below before it is read (a NaN fill proves it: an
         // unwritten element would come back NaN, which the parity tests reject).

@@ -54,6 +54,8 @@ mod moe;
 #[cfg(feature = "cuda")]
 mod ptx_cache;
 #[cfg(feature = "cuda")]
+mod round_trip;
+#[cfg(feature = "cuda")]
 mod rows;
 #[cfg(feature = "cuda")]
 mod swiglu;
