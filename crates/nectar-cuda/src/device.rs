@@ -41,10 +41,10 @@ pub struct GpuInfo {
     pub multiprocessors: usize,
     /// L2 cache, bytes.
     pub l2_bytes: usize,
-    /// Time NVRTC took to compile the kernels (or loading them from the cache took),
+    /// Time building and loading the kernels took (or loading them from the cache),
     /// milliseconds.
     pub compile_ms: f64,
-    /// Whether the kernels came from the on-disk cache (`ptx_cache.rs`) instead of NVRTC.
+    /// Whether the kernels came from the on-disk cache (`kernel_cache.rs`) instead of NVRTC.
     pub kernels_cached: bool,
 }
 
@@ -87,27 +87,88 @@ pub(crate) fn compile(cc: (i32, i32)) -> Result<Ptx> {
     })
 }
 
-/// The kernels for compute capability `cc` in `ctx`: the cached PTX of this source, options and
-/// NVRTC (`ptx_cache.rs`), or NVRTC's output, which is then cached. A cached file the driver
-/// refuses is compiled over. Returns whether the cache served them.
+/// NVRTC's options for machine code (a CUBIN) of compute capability `cc`: [`options`]' choices,
+/// for the real architecture, its optimisation passes spread over the cores (`--split-compile=0`).
+fn cubin_options(cc: (i32, i32)) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+        "--split-compile=0".into(),
+    ]
+}
+
+/// Builds the kernels' machine code for compute capability `cc` (needs NVRTC, not a GPU), so
+/// the driver loads it without translating PTX (a minute on the H200's host; `kernel_cache.rs`).
+pub(crate) fn compile_cubin(cc: (i32, i32)) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(KERNEL_SOURCE)
+        .map_err(|_| Error::Compile("the kernel source holds a NUL byte".into()))?;
+    let nvrtc = |what: &str, e: result::NvrtcError| Error::Compile(format!("{what}: {e:?}"));
+    let prog = result::create_program(&src, None).map_err(|e| nvrtc("nvrtcCreateProgram", e))?;
+    // SAFETY: `prog` was created above from `src`, which outlives it, and is destroyed once, at
+    // the end; the size query writes one usize and the image call fills exactly that many bytes.
+    let built = unsafe {
+        let built = match result::compile_program(prog, &cubin_options(cc)) {
+            Ok(()) => {
+                let mut n = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut n)
+                    .result()
+                    .and_then(|()| {
+                        let mut image = vec![0u8; n];
+                        sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| image)
+                    })
+                    .map_err(|e| nvrtc("nvrtcGetCUBIN", e))
+            }
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(Error::Compile(format!("{e:?}: {log}")))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        built
+    };
+    match built {
+        Ok(image) if !image.is_empty() => Ok(image),
+        Ok(_) => Err(Error::Compile("NVRTC returned an empty CUBIN".into())),
+        Err(e) => Err(e),
+    }
+}
+
+/// The kernels for compute capability `cc` in `ctx`: the cached machine code of this source,
+/// options and NVRTC (`kernel_cache.rs`), or NVRTC's build of it, which is then cached. A cached
+/// file the driver refuses is built over; where NVRTC cannot build machine code for the device,
+/// the PTX path (the driver translates it). Returns whether the cache served them.
 fn load_kernels(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(Arc<CudaModule>, bool)> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: NVRTC is loaded (`Gpu::open` checked); the call writes two ints.
     let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    let (opts, version) = (options(cc).join(" "), format!("nvrtc {major}.{minor}"));
-    let file = crate::ptx_cache::dir()
-        .map(|d| crate::ptx_cache::path(&d, &[KERNEL_SOURCE, &opts, &version]));
-    if let Some(ptx) = file.as_deref().and_then(crate::ptx_cache::load) {
-        if let Ok(module) = ctx.load_module(Ptx::from_src(ptx)) {
+    let (opts, version) = (
+        cubin_options(cc).join(" "),
+        format!("nvrtc {major}.{minor}"),
+    );
+    let file = crate::kernel_cache::dir()
+        .map(|d| crate::kernel_cache::path(&d, &[KERNEL_SOURCE, &opts, &version]));
+    if let Some(image) = file.as_deref().and_then(crate::kernel_cache::load) {
+        if let Ok(module) = ctx.load_module(Ptx::from_binary(image)) {
             return Ok((module, true));
         }
     }
-    let ptx = compile(cc)?;
+    let image = match compile_cubin(cc) {
+        Ok(image) => image,
+        Err(_) => return Ok((ctx.load_module(compile(cc)?)?, false)),
+    };
     if let Some(f) = &file {
-        // Best effort: without a cache the next start compiles again.
-        let _ = crate::ptx_cache::store(f, &ptx.to_src());
+        // Best effort: without a cache the next start builds again.
+        let _ = crate::kernel_cache::store(f, &image);
     }
-    Ok((ctx.load_module(ptx)?, false))
+    Ok((ctx.load_module(Ptx::from_binary(image))?, false))
 }
 
 /// Maps a driver error during probing to [`Error::Unavailable`]: no device, no driver and a
@@ -221,6 +282,23 @@ mod tests {
 
     /// NVRTC needs no GPU: where it is installed (`LD_LIBRARY_PATH`), the source must compile
     /// for Hopper and export every kernel the host side launches.
+    /// NVRTC builds the Hopper machine code the driver loads without translating (an ELF image).
+    #[test]
+    fn kernels_build_to_machine_code() {
+        // SAFETY: only probes for the library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: NVRTC (libnvrtc.so) not on the library path");
+            return;
+        }
+        let image = compile_cubin((9, 0)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            &image[..4],
+            b"\x7fELF",
+            "{} bytes, not a CUBIN",
+            image.len()
+        );
+    }
+
     #[test]
     fn kernels_compile_and_export_every_entry_point() {
         // SAFETY: only probes for the library.

@@ -50,9 +50,9 @@ mod gemv;
 #[cfg(feature = "cuda")]
 mod index;
 #[cfg(feature = "cuda")]
-mod moe;
+mod kernel_cache;
 #[cfg(feature = "cuda")]
-mod ptx_cache;
+mod moe;
 #[cfg(feature = "cuda")]
 mod round_trip;
 #[cfg(feature = "cuda")]

@@ -1,20 +1,22 @@
-//! The compiled kernels kept on disk. NVRTC compiles the whole kernel source in seconds, not
-//! milliseconds (about 16 s on one core of a 2-vCPU guest, RESULTS "NVRTC once per kernel
-//! source"), and every `nectar run` or `serve` with a GPU paid it at start. The PTX it produced
-//! is stored under the cache directory, named by a digest of everything that decides it (the
-//! source, the options, NVRTC's version), so a later start loads it and a changed source or
-//! toolkit compiles afresh. The driver caches PTX → SASS itself.
+//! The compiled kernels kept on disk. A GPU's kernels are built from the CUDA source at run
+//! time, and that took a minute on the H200's host the first time (NVRTC 1.1 s, then the driver
+//! translating 12.7 MB of PTX to machine code: 61 s; RESULTS "Kernels cached on disk"), paid
+//! again wherever the driver's own cache was empty — a fresh container, a new driver — and NVRTC's
+//! second again at every start. Now NVRTC builds the machine code (a CUBIN for the device's
+//! architecture) and it is stored under the cache directory, named by a digest of everything
+//! that decides it (the source, the options, NVRTC's version), so a later start loads it in
+//! milliseconds and a changed source or toolkit builds afresh.
 //!
-//! A file is `nectar-ptx 1 <sha256 of the PTX>\n` then the PTX: a truncated or altered file
-//! fails the digest and is compiled over. Written to a temporary name and renamed, so a reader
-//! never sees half a file; any I/O error only costs the compile (the cache is an optimisation).
-//! Directory: `NECTAR_CACHE_DIR` (empty: no cache), else `$XDG_CACHE_HOME/nectar`, else
-//! `~/.cache/nectar`.
+//! A file is `nectar-kernels 1 <sha256 of the image>\n` then the image: a truncated or altered
+//! file fails the digest and is built over. Written to a temporary name and renamed, so a
+//! reader never sees half a file; any I/O error only costs the build (the cache is an
+//! optimisation). Directory: `NECTAR_CACHE_DIR` (empty: no cache), else
+//! `$XDG_CACHE_HOME/nectar`, else `~/.cache/nectar`.
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &str = "nectar-ptx 1 ";
+const MAGIC: &[u8] = b"nectar-kernels 1 ";
 
 /// Where compiled kernels are kept (`None`: caching is off or there is no home).
 pub(crate) fn dir() -> Option<PathBuf> {
@@ -36,35 +38,39 @@ fn dir_from(
     }
 }
 
-/// The cache file for PTX compiled from `parts` (source, options, compiler version).
+/// The cache file for kernels built from `parts` (source, options, compiler version).
 pub(crate) fn path(dir: &Path, parts: &[&str]) -> PathBuf {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_le_bytes());
         h.update(p.as_bytes());
     }
-    dir.join(format!("kernels-{}.ptx", hex(&h.finalize()[..16])))
+    dir.join(format!("kernels-{}.bin", hex(&h.finalize()[..16])))
 }
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// The PTX stored at `path`, if the file is whole (its digest matches).
-pub(crate) fn load(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let (head, ptx) = text.split_once('\n')?;
-    let digest = head.strip_prefix(MAGIC)?;
-    (digest == hex(&Sha256::digest(ptx.as_bytes()))).then(|| ptx.to_string())
+/// The image stored at `path`, if the file is whole (its digest matches).
+pub(crate) fn load(path: &Path) -> Option<Vec<u8>> {
+    let file = std::fs::read(path).ok()?;
+    let rest = file.strip_prefix(MAGIC)?;
+    let nl = rest.iter().position(|&b| b == b'\n')?;
+    let (digest, image) = (&rest[..nl], &rest[nl + 1..]);
+    (digest == hex(&Sha256::digest(image)).as_bytes()).then(|| image.to_vec())
 }
 
-/// Stores `ptx` at `path` (best effort: an error leaves no file behind but its temporary one's
-/// removal, and the next start compiles again).
-pub(crate) fn store(path: &Path, ptx: &str) -> std::io::Result<()> {
+/// Stores `image` at `path` (best effort: an error leaves no file behind but its temporary
+/// one's removal, and the next start builds again).
+pub(crate) fn store(path: &Path, image: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let body = format!("{MAGIC}{}\n{ptx}", hex(&Sha256::digest(ptx.as_bytes())));
+    let mut body = MAGIC.to_vec();
+    body.extend_from_slice(hex(&Sha256::digest(image)).as_bytes());
+    body.push(b'\n');
+    body.extend_from_slice(image);
     let written = std::fs::write(&tmp, body).and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -77,22 +83,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stored_ptx_loads_back_and_a_damaged_one_does_not() {
+    fn a_stored_image_loads_back_and_a_damaged_one_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let p = path(dir.path(), &["source", "options", "13.0"]);
         assert_eq!(load(&p), None, "nothing stored yet");
-        store(&p, ".version 9.0\n.target sm_90\n").unwrap();
-        assert_eq!(load(&p).as_deref(), Some(".version 9.0\n.target sm_90\n"));
-        // Truncated, or changed after writing: compiled over, never loaded.
-        let text = std::fs::read_to_string(&p).unwrap();
-        std::fs::write(&p, &text[..text.len() - 3]).unwrap();
+        let image: Vec<u8> = (0..=255u8).cycle().take(5000).collect();
+        store(&p, &image).unwrap();
+        assert_eq!(load(&p).as_deref(), Some(&image[..]));
+        // Truncated, or changed after writing: built over, never loaded.
+        let file = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &file[..file.len() - 3]).unwrap();
         assert_eq!(load(&p), None);
-        std::fs::write(&p, text.replace("sm_90", "sm_80")).unwrap();
+        let mut flipped = file.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        std::fs::write(&p, &flipped).unwrap();
         assert_eq!(load(&p), None);
         std::fs::write(&p, "garbage").unwrap();
         assert_eq!(load(&p), None);
         // No temporary file is left behind.
-        store(&p, "x").unwrap();
+        store(&p, b"x").unwrap();
+        assert_eq!(load(&p).as_deref(), Some(&b"x"[..]));
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
     }
