@@ -160,15 +160,18 @@ fn load_kernels(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<(Arc<CudaModul
             return Ok((module, true));
         }
     }
-    let image = match compile_cubin(cc) {
-        Ok(image) => image,
-        Err(_) => return Ok((ctx.load_module(compile(cc)?)?, false)),
-    };
-    if let Some(f) = &file {
-        // Best effort: without a cache the next start builds again.
-        let _ = crate::kernel_cache::store(f, &image);
+    let built = compile_cubin(cc).and_then(|image| {
+        let module = ctx.load_module(Ptx::from_binary(image.clone()))?;
+        if let Some(f) = &file {
+            // Best effort: without a cache the next start builds again.
+            let _ = crate::kernel_cache::store(f, &image);
+        }
+        Ok(module)
+    });
+    match built {
+        Ok(module) => Ok((module, false)),
+        Err(_) => Ok((ctx.load_module(compile(cc)?)?, false)),
     }
-    Ok((ctx.load_module(Ptx::from_binary(image))?, false))
 }
 
 /// Maps a driver error during probing to [`Error::Unavailable`]: no device, no driver and a
