@@ -814,11 +814,13 @@ pub struct FitArgs {
     #[arg(long)]
     pub calibrate: Option<PathBuf>,
     /// With --project and --gpu-memory: weight GB/s of the GPU's kernels at M = 1 on the card
-    /// projected (the int4 GEMV reads about 0.35–0.4 of HBM bandwidth today, docs/gpu.md).
+    /// projected (the int4 GEMV reads 0.15–0.76 of HBM bandwidth by shape on an H200,
+    /// docs/gpu.md; `nectar bench gpu` measures it).
     #[arg(long)]
     pub gpu_gbps: Option<f64>,
     /// With --project and --gpu-memory: one GPU product's round trip beyond its weight reads
-    /// (launch, activation copies over PCIe, synchronisation), microseconds.
+    /// (launch, activation copies over PCIe, synchronisation), microseconds (`nectar bench gpu`
+    /// prints it as a round trip's fixed cost: about 30 on an H200).
     #[arg(long)]
     pub gpu_product_us: Option<f64>,
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
