@@ -55,8 +55,9 @@ static void new_kernel(int rows, int cols, int n, int G, int& T, int& W) {
     long r = (long)rows * n;
     if (cols > 12288) { T = G <= 2 ? 4 : 2; W = 16; }
     else if (cols > 4096) { T = r >= 24576 ? 4 : 1; W = 8; }
-    else if (G > 2 || cols <= 1024) { T = 4; W = 4; }
-    else { T = r < 24576 / 2 ? 1 : 2; W = 4; }
+    else if (r < 24576 / 2) { T = 1; W = 4; }
+    else if (G > 2) { T = 4; W = 4; }
+    else { T = 2; W = 4; }
 }
 
 int main(int argc, char** argv) {
