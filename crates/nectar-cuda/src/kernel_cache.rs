@@ -10,7 +10,7 @@
 //! A file is `nectar-kernels 1 <sha256 of the image>\n` then the image: a truncated or altered
 //! file fails the digest and is built over. Written to a temporary name and renamed, so a
 //! reader never sees half a file; any I/O error only costs the build (the cache is an
-//! optimisation). Directory: `NECTAR_CACHE_DIR` (empty: no cache), else
+//! optimisation). The [`KEEP`] most recently used builds stay; older ones are removed. Directory: `NECTAR_CACHE_DIR` (empty: no cache), else
 //! `$XDG_CACHE_HOME/nectar`, else `~/.cache/nectar`.
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
@@ -58,8 +58,21 @@ pub(crate) fn load(path: &Path) -> Option<Vec<u8>> {
     let rest = file.strip_prefix(MAGIC)?;
     let nl = rest.iter().position(|&b| b == b'\n')?;
     let (digest, image) = (&rest[..nl], &rest[nl + 1..]);
-    (digest == hex(&Sha256::digest(image)).as_bytes()).then(|| image.to_vec())
+    let whole = digest == hex(&Sha256::digest(image)).as_bytes();
+    if whole {
+        // Used now: the pruning in `store` keeps the most recently used builds.
+        let _ = std::fs::File::options()
+            .append(true)
+            .open(path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    }
+    whole.then(|| image.to_vec())
 }
+
+/// Builds kept per cache directory: every kernel source a user ran (each upgrade of Nectar, each
+/// architecture of a machine with several GPUs) adds one of about 5 MB; the least recently
+/// used beyond this many are removed when a new one is stored.
+const KEEP: usize = 8;
 
 /// Stores `image` at `path` (best effort: an error leaves no file behind but its temporary
 /// one's removal, and the next start builds again).
@@ -75,7 +88,29 @@ pub(crate) fn store(path: &Path, image: &[u8]) -> std::io::Result<()> {
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    written
+    written?;
+    prune(dir, KEEP);
+    Ok(())
+}
+
+/// Removes all but the `keep` most recently used builds (`kernels-*.bin`) in `dir`; best effort.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut builds: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("kernels-") && name.ends_with(".bin")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    builds.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, p) in builds.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +140,41 @@ mod tests {
         assert_eq!(load(&p).as_deref(), Some(&b"x"[..]));
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn only_the_most_recently_used_builds_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |i: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + i);
+        let first = path(dir.path(), &["first"]);
+        store(&first, b"image").unwrap();
+        // KEEP + 2 older builds (copies of a whole one, so they load).
+        let paths: Vec<PathBuf> = (0..KEEP as u64 + 2)
+            .map(|i| {
+                let p = path(dir.path(), &[&i.to_string()]);
+                std::fs::copy(&first, &p).unwrap();
+                let f = std::fs::File::options().append(true).open(&p).unwrap();
+                f.set_modified(at(i)).unwrap();
+                p
+            })
+            .collect();
+        // The oldest build is used again: it becomes the newest.
+        assert!(load(&paths[0]).is_some());
+        std::fs::remove_file(&first).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not a build").unwrap();
+        store(&path(dir.path(), &["new"]), b"image").unwrap();
+        let kept: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
+        // KEEP builds remain: the new one, the one just loaded, and the newest others.
+        let mut want = vec![false; KEEP + 2];
+        want[0] = true;
+        for w in want.iter_mut().skip(4) {
+            *w = true;
+        }
+        assert_eq!(kept, want);
+        assert!(
+            dir.path().join("notes.txt").exists(),
+            "other files are left alone"
+        );
     }
 
     #[test]
