@@ -107,7 +107,7 @@ fn prune(dir: &Path, keep: usize) {
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
-    builds.sort_by(|a, b| b.0.cmp(&a.0));
+    builds.sort_by_key(|b| std::cmp::Reverse(b.0));
     for (_, p) in builds.into_iter().skip(keep) {
         let _ = std::fs::remove_file(p);
     }
