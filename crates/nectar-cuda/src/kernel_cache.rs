@@ -1,17 +1,19 @@
 //! The compiled kernels kept on disk. A GPU's kernels are built from the CUDA source at run
-//! time, and that took a minute on the H200's host the first time (NVRTC 1.1 s, then the driver
-//! translating 12.7 MB of PTX to machine code: 61 s; RESULTS "Kernels cached on disk"), paid
-//! again wherever the driver's own cache was empty — a fresh container, a new driver — and NVRTC's
-//! second again at every start. Now NVRTC builds the machine code (a CUBIN for the device's
-//! architecture) and it is stored under the cache directory, named by a digest of everything
-//! that decides it (the source, the options, NVRTC's version), so a later start loads it in
-//! milliseconds and a changed source or toolkit builds afresh.
+//! time. Built as PTX, that took 62.5 s in the first process of a fresh H200 machine (NVRTC,
+//! then the driver translating 12.7 MB of PTX to machine code), again wherever the driver's own
+//! cache was empty — a fresh container, a new driver — and NVRTC's 1.1 s at every start. Now
+//! NVRTC builds the machine code itself (a CUBIN for the device's architecture: 19.7 s on a fresh
+//! machine, 1.1 s warm; RESULTS "Kernels cached on disk") and it is stored under the cache
+//! directory, named by a digest of everything that decides it (the source, the options, NVRTC's
+//! version), so a later start loads it in about 20 ms and a changed source or toolkit builds
+//! afresh.
 //!
 //! A file is `nectar-kernels 1 <sha256 of the image>\n` then the image: a truncated or altered
 //! file fails the digest and is built over. Written to a temporary name and renamed, so a
 //! reader never sees half a file; any I/O error only costs the build (the cache is an
-//! optimisation). The [`KEEP`] most recently used builds stay; older ones are removed. Directory: `NECTAR_CACHE_DIR` (empty: no cache), else
-//! `$XDG_CACHE_HOME/nectar`, else `~/.cache/nectar`.
+//! optimisation). The [`KEEP`] most recently used builds stay; older ones are removed.
+//! Directory: `NECTAR_CACHE_DIR` (empty: no cache), else `$XDG_CACHE_HOME/nectar`, else
+//! `~/.cache/nectar`.
 use sha2::{Digest, Sha256};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
