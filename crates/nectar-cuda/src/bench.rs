@@ -14,7 +14,7 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemm::Precision;
-use crate::gemv::{packs, Job, Order};
+use crate::gemv::{packs, GpuMat, Job, Order};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 use nectar_kernels::{decode_row, dot_scalar, MatRef, WeightFormat};
@@ -377,46 +377,71 @@ fn fill_device(gpu: &Gpu, bytes: usize, seed: u64) -> Result<CudaSlice<u8>> {
     Ok(d)
 }
 
-/// A product as the model calls it ([`Gpu::matmul`]: activations from host memory, outputs back
-/// into it, waited for), `m` rows of one `rows × cols` matrix of format `f`: the host's wall
-/// time per call, median of `trials` runs of `calls`. The calls rotate through copies of the
-/// matrix spanning at least `arena_bytes`, so the weights stream from HBM as in a decode step;
-/// what the wall time holds beyond the kernels' own time is the product's fixed cost
-/// (allocations, uploads, launches, the download and the wait).
+/// Products as the model calls them ([`Gpu::matmul`]: activations from host memory, outputs
+/// back into it, waited for): `m` rows of one `× cols` activation block times matrices of
+/// `shapes` (format, rows) — one by one, or (`together`) in one round trip
+/// ([`Gpu::matmul_each`], a layer's q_a and kv_a). The host's wall time per call of the set,
+/// median of `trials` runs of `calls`. The calls rotate through copies of the matrices spanning
+/// at least `arena_bytes`, so the weights stream from HBM as in a decode step; what the wall
+/// time holds beyond the kernels' own time is the fixed cost (allocations, uploads, launches,
+/// the download and the wait).
 pub fn round_trip(
     gpu: &Gpu,
-    (f, rows, cols, m): (WeightFormat, usize, usize, usize),
+    (shapes, cols, m, together): (&[(WeightFormat, usize)], usize, usize, bool),
     arena_bytes: usize,
     (calls, trials): (usize, usize),
 ) -> Result<Timing> {
-    let raw = random_bytes(rows * f.row_bytes(cols), 0x0072_7472_6970);
-    let w = match f {
-        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &raw),
-        _ => raw,
-    };
-    let s: Vec<f32> = random_bytes(rows * f.row_scales(cols), 0x73)
-        .iter()
-        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
-        .collect();
-    let mat = MatRef::new(f, rows, cols, &w, &s)?;
-    let copies = arena_bytes.div_ceil((w.len() + 4 * s.len()).max(1)).max(2);
-    let mats = (0..copies)
-        .map(|_| gpu.upload(&mat))
+    let mut set_bytes = 0;
+    let mut host = Vec::new();
+    for (k, &(f, rows)) in shapes.iter().enumerate() {
+        let raw = random_bytes(rows * f.row_bytes(cols), 0x0072_7472_6970 + k as u64);
+        let w = match f {
+            WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &raw),
+            _ => raw,
+        };
+        let s: Vec<f32> = random_bytes(rows * f.row_scales(cols), 0x73)
+            .iter()
+            .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
+            .collect();
+        set_bytes += w.len() + 4 * s.len();
+        host.push((f, rows, w, s));
+    }
+    let copies = arena_bytes.div_ceil(set_bytes.max(1)).max(2);
+    let sets = (0..copies)
+        .map(|_| {
+            host.iter()
+                .map(|(f, rows, w, s)| gpu.upload(&MatRef::new(*f, *rows, cols, w, s)?))
+                .collect::<Result<Vec<_>>>()
+        })
         .collect::<Result<Vec<_>>>()?;
     let x: Vec<f32> = random_bytes(2 * m * cols, 0x78)
         .chunks_exact(2)
         .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
         .collect();
-    let mut y = vec![0.0f32; m * rows];
-    for w in &mats {
-        gpu.matmul(w, &x, m, &mut y, Order::MODEL)?;
+    let mut ys: Vec<Vec<f32>> = shapes
+        .iter()
+        .map(|&(_, rows)| vec![0.0; m * rows])
+        .collect();
+    let call = |set: &Vec<GpuMat>, ys: &mut Vec<Vec<f32>>| -> Result<()> {
+        if together {
+            let mats: Vec<&GpuMat> = set.iter().collect();
+            *ys = gpu.matmul_each(&mats, &x, m, Order::MODEL)?;
+        } else {
+            for (w, y) in set.iter().zip(ys.iter_mut()) {
+                gpu.matmul(w, &x, m, y, Order::MODEL)?;
+            }
+        }
+        Ok(())
+    };
+    for set in &sets {
+        call(set, &mut ys)?;
     }
     let mut per_call = Vec::with_capacity(trials.max(1));
     let mut i = 0;
     for _ in 0..trials.max(1) {
         let start = std::time::Instant::now();
         for _ in 0..calls.max(1) {
-            gpu.matmul(&mats[i % copies], &x, m, &mut y, Order::MODEL)?;
+            call(&sets[i % copies], &mut ys)?;
             i += 1;
         }
         per_call.push(start.elapsed().as_secs_f64() / calls.max(1) as f64);

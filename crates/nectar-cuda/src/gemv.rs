@@ -668,6 +668,39 @@ impl Gpu {
         self.run_into(w, x, m, Kernel::Gemv(order), y)
     }
 
+    /// y_i = W_i·x for matrices of any shapes over one `m × cols` activation block (projections
+    /// of one hidden state), in one round trip for `m ≤ MAX_M` (`round_trip.rs`: one upload, the
+    /// launches, one download, one wait) instead of one per matrix. Each product's kernels, so
+    /// its bits, are [`Gpu::matmul`]'s. Returns each matrix's `m × rows` output.
+    pub fn matmul_each(
+        &self,
+        mats: &[&GpuMat],
+        x: &[f32],
+        m: usize,
+        order: Order,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut ys: Vec<Vec<f32>> = mats.iter().map(|w| vec![0.0; m * w.rows]).collect();
+        let plain = |w: &GpuMat| w.rows > 0 && w.cols > 0 && Some(x.len()) == m.checked_mul(w.cols);
+        if !(1..=MAX_M).contains(&m) || !mats.iter().all(|w| plain(w)) {
+            // Shapes to check or nothing to launch: each product on its own says which.
+            for (w, y) in mats.iter().zip(&mut ys) {
+                self.matmul(w, x, m, y, order)?;
+            }
+            return Ok(ys);
+        }
+        let views: Vec<[(MatView, &[f32]); 1]> =
+            mats.iter().map(|w| [(w.view(&self.stream), x)]).collect();
+        let mut groups: Vec<crate::round_trip::Group<'_, '_>> = views
+            .iter()
+            .zip(&mut ys)
+            .map(|(items, y)| crate::round_trip::Group { items, order, y })
+            .collect();
+        // SAFETY: each view addresses an uploaded matrix, borrowed (alive, unchanged) here;
+        // every x holds m × its cols values and every y m × its rows (checked above).
+        unsafe { self.gemv_round_trip_groups(&mut groups, m)? };
+        Ok(ys)
+    }
+
     /// One product written straight into the caller's `y` (no intermediate host buffer).
     fn run_into(
         &self,

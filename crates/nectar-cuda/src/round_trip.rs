@@ -32,6 +32,22 @@ fn aligned(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN) * ALIGN
 }
 
+/// Products of one shape in a round trip: `items` (weights, `m × cols` activations each) and
+/// where item j's `m × rows` outputs go, at `y[j·m·rows ..]`.
+pub(crate) struct Group<'a, 'x> {
+    pub items: &'a [(MatView, &'x [f32])],
+    pub order: Order,
+    pub y: &'a mut [f32],
+}
+
+/// Where one group's sections lie in the regions, bytes from their starts.
+struct Sections {
+    x: usize,
+    table: usize,
+    digits: usize,
+    y: usize,
+}
+
 impl Gpu {
     /// [`Gpu::run_views_into`] for a GEMV of `m ≤ MAX_M` rows: item j's `m × rows` outputs at
     /// `y[j·m·rows ..]` (shapes already checked by the caller, nothing empty).
@@ -45,26 +61,62 @@ impl Gpu {
         order: Order,
         y: &mut [f32],
     ) -> Result<()> {
-        let (first, _) = items[0];
-        let (format, rows, cols, n) = (first.format, first.rows, first.cols, items.len());
-        // A packed int4 matrix has one GEMV, the integer tensor-core one (as `launch_jobs`).
-        let order = match items.iter().any(|(v, _)| v.packed) {
-            true => Order::Tensor,
-            false => order,
-        };
-        let plan = self.gemv_plan(format, rows, cols, m, order)?;
-        let (x_len, y_len) = (m * cols, m * rows);
-        let digit_bytes = plan.digit_bytes();
-        // Device region: x | table (jobs, then the split's sources) | digits | y.
-        let table_bytes = n * (std::mem::size_of::<Job>() + std::mem::size_of::<QSrc>());
-        let x_at = 0;
-        let table_at = x_at + aligned(n * x_len * 4);
-        let digits_at = table_at + aligned(table_bytes);
-        let y_at = digits_at + aligned(n * digit_bytes);
-        let dev_bytes = y_at + n * y_len * 4;
-        // Host region: what goes up (x | table, as on the device), then what comes back (y).
-        let up_bytes = digits_at;
-        let host_bytes = up_bytes + n * y_len * 4;
+        // SAFETY: this fn's contract.
+        unsafe { self.gemv_round_trip_groups(&mut [Group { items, order, y }], m) }
+    }
+
+    /// Several groups of GEMV products, each of its own shape, `m ≤ MAX_M` rows each, in one
+    /// round trip: one upload, the groups' launches in order, one download, one wait (each
+    /// group's shapes already checked, nothing empty). Each product's kernels are those it gets
+    /// alone, so its bits too.
+    ///
+    /// # Safety
+    /// As [`Gpu::run_views`], for every group's items.
+    pub(crate) unsafe fn gemv_round_trip_groups(
+        &self,
+        groups: &mut [Group<'_, '_>],
+        m: usize,
+    ) -> Result<()> {
+        let mut plans = Vec::with_capacity(groups.len());
+        for g in groups.iter() {
+            let (first, _) = g.items[0];
+            // A packed int4 matrix has one GEMV, the integer tensor-core one (`launch_jobs`).
+            let order = match g.items.iter().any(|(v, _)| v.packed) {
+                true => Order::Tensor,
+                false => g.order,
+            };
+            plans.push(self.gemv_plan(first.format, first.rows, first.cols, m, order)?);
+        }
+        // Device region: every group's x and table (jobs, then the split's sources) | their
+        // digits | their outputs. The host region mirrors the first part (what goes up), then
+        // holds the outputs (what comes back).
+        let table_bytes = std::mem::size_of::<Job>() + std::mem::size_of::<QSrc>();
+        let mut at = 0;
+        let mut sections: Vec<Sections> = Vec::with_capacity(groups.len());
+        for g in groups.iter() {
+            let n = g.items.len();
+            let x = at;
+            let table = x + aligned(n * m * g.items[0].0.cols * 4);
+            at = table + aligned(n * table_bytes);
+            sections.push(Sections {
+                x,
+                table,
+                digits: 0,
+                y: 0,
+            });
+        }
+        let up_bytes = at;
+        for ((g, plan), sec) in groups.iter().zip(&plans).zip(&mut sections) {
+            sec.digits = at;
+            at += aligned(g.items.len() * plan.digit_bytes());
+        }
+        let y_start = at;
+        for (g, sec) in groups.iter().zip(&mut sections) {
+            sec.y = at;
+            at += aligned(g.y.len() * 4);
+        }
+        let (dev_bytes, y_bytes) = (at, at - y_start);
+        let host_bytes = up_bytes + y_bytes;
 
         let mut scratch = self
             .scratch
@@ -89,83 +141,91 @@ impl Gpu {
             unreachable!("both regions were just made large enough");
         };
         let (base, _dev_sync) = dev.device_ptr(&self.stream);
-        let mut jobs: Vec<Job> = items
-            .iter()
-            .enumerate()
-            .map(|(j, (v, _))| {
-                v.job(
-                    base + (x_at + j * x_len * 4) as u64,
-                    base + (y_at + j * y_len * 4) as u64,
-                )
-            })
-            .collect();
-        let vector = plan.vector_ok(&jobs);
-        if items.iter().any(|(v, _)| v.packed) && !(vector && digit_bytes > 0) {
-            return Err(Error::Shape(format!(
-                "gemv: packed {rows} × {cols} {} weights need the int4 GEMV",
-                format.name()
-            )));
-        }
-        // The int4 GEMV reads digits of each item's activations (`launch_jobs`: one split per
-        // distinct x; here every item has its own).
-        let srcs: Vec<QSrc> = match vector && digit_bytes > 0 {
-            true => jobs
-                .iter_mut()
-                .enumerate()
-                .map(|(j, job)| {
-                    let q = base + (digits_at + j * digit_bytes) as u64;
-                    let src = QSrc { x: job.x, q };
-                    job.x = q;
-                    src
-                })
-                .collect(),
-            false => Vec::new(),
-        };
         let h = host.as_mut_slice()?;
-        let xs = as_words::<f32>(&mut h[x_at..table_at]);
-        for (j, (_, x)) in items.iter().enumerate() {
-            xs[j * x_len..(j + 1) * x_len].copy_from_slice(x);
-        }
-        let words = jobs
-            .iter()
-            .flat_map(Job::words)
-            .chain(srcs.iter().flat_map(QSrc::words));
-        for (slot, w) in as_words::<u64>(&mut h[table_at..digits_at])
-            .iter_mut()
-            .zip(words)
-        {
-            *slot = w;
+        // Each group's jobs and digit sources, its activations and table written for the upload.
+        let mut launches = Vec::with_capacity(groups.len());
+        for ((g, plan), sec) in groups.iter().zip(&plans).zip(&sections) {
+            let (first, _) = g.items[0];
+            let (rows, cols, n) = (first.rows, first.cols, g.items.len());
+            let (x_len, y_len, digit_bytes) = (m * cols, m * rows, plan.digit_bytes());
+            let mut jobs: Vec<Job> = g
+                .items
+                .iter()
+                .enumerate()
+                .map(|(j, (v, _))| {
+                    v.job(
+                        base + (sec.x + j * x_len * 4) as u64,
+                        base + (sec.y + j * y_len * 4) as u64,
+                    )
+                })
+                .collect();
+            let vector = plan.vector_ok(&jobs);
+            if g.items.iter().any(|(v, _)| v.packed) && !(vector && digit_bytes > 0) {
+                return Err(Error::Shape(format!(
+                    "gemv: packed {rows} × {cols} {} weights need the int4 GEMV",
+                    first.format.name()
+                )));
+            }
+            // The int4 GEMV reads digits of each item's activations (`launch_jobs`: one split
+            // per distinct x; here every item has its own).
+            let srcs: Vec<QSrc> = match vector && digit_bytes > 0 {
+                true => jobs
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(j, job)| {
+                        let q = base + (sec.digits + j * digit_bytes) as u64;
+                        let src = QSrc { x: job.x, q };
+                        job.x = q;
+                        src
+                    })
+                    .collect(),
+                false => Vec::new(),
+            };
+            let xs = as_words::<f32>(&mut h[sec.x..sec.table]);
+            for (j, (_, x)) in g.items.iter().enumerate() {
+                xs[j * x_len..(j + 1) * x_len].copy_from_slice(x);
+            }
+            let words = jobs
+                .iter()
+                .flat_map(Job::words)
+                .chain(srcs.iter().flat_map(QSrc::words));
+            let table = &mut h[sec.table..sec.table + aligned(n * table_bytes)];
+            for (slot, w) in as_words::<u64>(table).iter_mut().zip(words) {
+                *slot = w;
+            }
+            launches.push((n, vector, !srcs.is_empty()));
         }
         let stream = self.stream.cu_stream();
         // SAFETY: the host region is page-locked and holds `up_bytes`; the device region holds
         // `dev_bytes` ≥ `up_bytes`; both stay alive and untouched until the wait below.
         unsafe {
             cudarc::driver::result::memcpy_htod_async(base, &h[..up_bytes], stream)?;
-            // 0xff bytes are a NaN: an output the GEMV failed to write comes back NaN.
-            cudarc::driver::result::memset_d8_async(
-                base + y_at as u64,
-                0xff,
-                n * y_len * 4,
-                stream,
-            )?;
+            // 0xff bytes are a NaN: an output a GEMV failed to write comes back NaN.
+            cudarc::driver::result::memset_d8_async(base + y_start as u64, 0xff, y_bytes, stream)?;
         }
-        let tp = base + table_at as u64;
-        if !srcs.is_empty() {
-            let sp = tp + (n * std::mem::size_of::<Job>()) as u64;
-            // SAFETY: the sources point at the uploaded activations and at the digits' room.
-            unsafe { self.q_split(&plan, sp, n)? };
+        for ((plan, sec), (n, vector, split)) in plans.iter().zip(&sections).zip(launches) {
+            let tp = base + sec.table as u64;
+            if split {
+                let sp = tp + (n * std::mem::size_of::<Job>()) as u64;
+                // SAFETY: the sources point at the uploaded activations and the digits' room.
+                unsafe { self.q_split(plan, sp, n)? };
+            }
+            // SAFETY: every job holds the plan's shape, its x (or digits) and y in the region;
+            // `vector_ok` checked the alignment.
+            unsafe { self.gemv_launch(plan, tp, n, vector)? };
         }
-        // SAFETY: every job holds the plan's shape, its x (or digits) and y in the region;
-        // `vector_ok` checked the alignment.
-        unsafe { self.gemv_launch(&plan, tp, n, vector)? };
         let down = &mut h[up_bytes..host_bytes];
         // SAFETY: the outputs' bytes in the device region, into page-locked memory; waited for
         // before they are read.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(down, base + y_at as u64, stream)?;
+            cudarc::driver::result::memcpy_dtoh_async(down, base + y_start as u64, stream)?;
         }
         self.stream.synchronize()?;
-        y.copy_from_slice(&as_words::<f32>(down)[..y.len()]);
+        for (g, sec) in groups.iter_mut().zip(&sections) {
+            let at = sec.y - y_start;
+            let len = g.y.len();
+            g.y.copy_from_slice(&as_words::<f32>(&mut down[at..at + len * 4])[..len]);
+        }
         Ok(())
     }
 }

@@ -327,3 +327,48 @@ fn a_non_finite_activation_poisons_only_its_own_token() {
         assert_eq!(y[..rows], want[..rows], "{bad}: token 0");
     }
 }
+
+/// Projections of one hidden state in one round trip (`matmul_each`: q_a and kv_a) give each
+/// product the bits it gets alone, whatever the shapes and formats beside it.
+#[test]
+fn products_sharing_an_input_give_their_own_bits_in_one_round_trip() {
+    let Some(gpu) = gpu() else { return };
+    let g64 = WeightFormat::Int4Group { group: 64 };
+    let cols = 512;
+    let shapes = [
+        (g64, 256),
+        (WeightFormat::Bf16, 80),
+        (WeightFormat::Int8Row, 48),
+        (g64, 2048),
+        (WeightFormat::Int4Row, 40),
+    ];
+    let mats: Vec<GpuMat> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, &(f, rows))| {
+            let (data, scales) = weights(f, rows, cols, 90 + k as u64);
+            gpu.upload(&MatRef::new(f, rows, cols, &data, &scales).unwrap())
+                .unwrap()
+        })
+        .collect();
+    let refs: Vec<&GpuMat> = mats.iter().collect();
+    for m in [1, 2, 3, 8, 9] {
+        let x = activations(m * cols, 300 + m as u64);
+        let together = gpu.matmul_each(&refs, &x, m, Order::MODEL).unwrap();
+        for ((w, y), &(f, rows)) in mats.iter().zip(&together).zip(&shapes) {
+            let mut alone = vec![0.0; m * rows];
+            gpu.matmul(w, &x, m, &mut alone, Order::MODEL).unwrap();
+            assert!(y.iter().all(|v| v.is_finite()), "{} m={m}", f.name());
+            assert_eq!(*y, alone, "{} {rows}x{cols} m={m}", f.name());
+        }
+    }
+    // A matrix of other width than x: an error naming the shapes, as a lone product's is.
+    let (data, scales) = weights(g64, 16, 256, 7);
+    let narrow = gpu
+        .upload(&MatRef::new(g64, 16, 256, &data, &scales).unwrap())
+        .unwrap();
+    let x = activations(cols, 1);
+    assert!(gpu
+        .matmul_each(&[&mats[0], &narrow], &x, 1, Order::MODEL)
+        .is_err());
+}

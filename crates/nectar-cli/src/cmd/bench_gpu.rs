@@ -282,33 +282,66 @@ mod with_cuda {
             results.push(r);
         }
         // Products as the model calls them: what a decode step pays per product beyond its
-        // kernels (the cases above, events only).
+        // kernels (the cases above, events only); and a layer's q_a and kv_a, one by one and in
+        // one round trip (`Gpu::matmul_each`, as the model runs them).
         let mut trips = Vec::new();
         let g64 = WeightFormat::Int4Group { group: 64 };
-        for (name, shape) in [
-            ("attn.q_a", (g64, 2048, 6144, 1)),
-            ("attn.o_proj", (g64, 6144, 16384, 1)),
-        ] {
+        // (name, matrices (format, rows), cols, in one round trip)
+        type TripSet<'a> = (&'a str, &'a [(WeightFormat, usize)], usize, bool);
+        let trip_sets: [TripSet<'_>; 4] = [
+            ("attn.q_a", &[(g64, 2048)], 6144, false),
+            ("attn.o_proj", &[(g64, 6144)], 16384, false),
+            (
+                "attn.q_a+kv_a",
+                &[(g64, 2048), (WeightFormat::Bf16, 576)],
+                6144,
+                false,
+            ),
+            (
+                "attn.q_a+kv_a",
+                &[(g64, 2048), (WeightFormat::Bf16, 576)],
+                6144,
+                true,
+            ),
+        ];
+        for (name, shapes, cols, together) in trip_sets {
             if a.filter.as_deref().is_some_and(|f| !name.contains(f)) {
                 continue;
             }
-            let t = round_trip(&gpu, shape, arena, (100, if a.quick { 5 } else { 9 }))
-                .with_context(|| format!("round trip {name}"))?;
-            let kernel = results.iter().find(|r| {
-                let c = &r.case;
-                c.name == name
-                    && (c.format, c.rows, c.cols, c.m) == shape
-                    && c.batch == 1
-                    && c.order == Order::MODEL
-            });
-            let kernel_us = kernel.map(|r| r.timing.median_s * 1e6);
+            let t = round_trip(
+                &gpu,
+                (shapes, cols, 1, together),
+                arena,
+                (100, if a.quick { 5 } else { 9 }),
+            )
+            .with_context(|| format!("round trip {name}"))?;
+            // Kernel time from the cases above where the set is one measured matrix.
+            let kernel_us = match shapes {
+                [(f, rows)] => results
+                    .iter()
+                    .find(|r| {
+                        let c = &r.case;
+                        c.name == name
+                            && (c.format, c.rows, c.cols, c.m) == (*f, *rows, cols, 1)
+                            && c.batch == 1
+                            && c.order == Order::MODEL
+                    })
+                    .map(|r| r.timing.median_s * 1e6),
+                _ => None,
+            };
+            let what = shapes
+                .iter()
+                .map(|(f, rows)| format!("{} {rows}×{cols}", f.name()))
+                .collect::<Vec<_>>()
+                .join(" + ");
+            let how = match (shapes.len(), together) {
+                (1, _) => "",
+                (_, false) => ", one round trip each",
+                (_, true) => ", one round trip together",
+            };
             if !a.json {
                 println!(
-                    "round trip {name} {} {}×{} m={} (Gpu::matmul: x from the host, y back, waited for): {:.1} µs per call{}",
-                    shape.0.name(),
-                    shape.1,
-                    shape.2,
-                    shape.3,
+                    "round trip {name} {what} m=1 (Gpu::matmul: x from the host, y back, waited for{how}): {:.1} µs per call{}",
                     t.median_s * 1e6,
                     kernel_us.map_or(String::new(), |k| format!(
                         "; its kernels {k:.1} µs, so {:.1} µs of fixed cost",
@@ -317,7 +350,7 @@ mod with_cuda {
                 );
             }
             trips.push(json!({
-                "name": name, "format": shape.0.name(), "rows": shape.1, "cols": shape.2, "m": shape.3,
+                "name": name, "matrices": what, "cols": cols, "m": 1, "together": together,
                 "host_us": t.median_s * 1e6, "best_us": t.best_s * 1e6, "kernel_us": kernel_us,
             }));
         }

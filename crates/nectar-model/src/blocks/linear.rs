@@ -80,6 +80,32 @@ impl Linear {
         Ok(y)
     }
 
+    /// [`Linear::forward`] of several matrices over the same `x` (a layer's projections of one
+    /// hidden state): where all are on one GPU, one round trip instead of one each; the same
+    /// bits as calling each.
+    pub fn forward_each<const N: usize>(
+        ls: [&Linear; N],
+        x: &[f32],
+        m: usize,
+    ) -> Result<[Vec<f32>; N]> {
+        #[cfg(feature = "cuda")]
+        if let Some(ws) = ls
+            .iter()
+            .map(|l| l.gpu.as_deref())
+            .collect::<Option<Vec<_>>>()
+        {
+            let ys = super::gpu::GpuWeight::matmul_each(&ws, x, m)?;
+            return ys.try_into().map_err(|_| {
+                crate::error::Error::Gpu("a round trip returned another number of outputs".into())
+            });
+        }
+        let mut out: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
+        for (y, l) in out.iter_mut().zip(ls) {
+            *y = l.forward(x, m)?;
+        }
+        Ok(out)
+    }
+
     /// Copies the matrix to `gpu`; later [`Linear::forward`] calls run there. With
     /// `copy.release_host` the host copy is dropped once uploaded, so the matrix costs no RAM
     /// (the caller then never asks for [`Linear::mat`], which would fail). Returns the device

@@ -182,7 +182,8 @@ impl Attention {
         // Queries: q_a → RMSNorm(1e-6) → q_b, then RoPE on the last dr dims of each head.
         // Row by row on the compute team (each row alone: the same bits in any order), the
         // angles once per row for all its heads.
-        let qa = self.q_a.forward(h, m)?;
+        // q_a and kv_a both project h: one GPU round trip for the two where both are there.
+        let [qa, kv] = Linear::forward_each([&self.q_a, &self.kv_a], h, m)?;
         let mut cq = vec![0.0; qa.len()];
         let w = self.q_a.rows;
         team::for_each_row_mut(&mut cq, w, |i, dst| {
@@ -207,7 +208,6 @@ impl Attention {
             }
         });
         // Keys: kv_a → [latent (RMSNorm 1e-6) ; k_pe (RoPE)] appended to the cache.
-        let kv = self.kv_a.forward(h, m)?;
         let mut latent = vec![0.0; self.rank];
         for (row, kvr) in layout.rows.iter().zip(kv.chunks_exact(self.rank + self.dr)) {
             rms_norm(&kvr[..self.rank], &self.kv_a_norm, LATENT_EPS, &mut latent);
