@@ -8,9 +8,10 @@
 //! copy from page-locked memory into one device region that also holds the digits and the
 //! outputs, and the outputs come back in one copy: six driver calls and the wait. Measured on
 //! the H200 (RESULTS, "A product's round trip"): 6–8 µs less per product (q_a 45.6 → 39.8 µs,
-//! o_proj 62.8 → 55.2); about 30 µs per product stay (launches, copies, the wait). The
-//! kernels, their launch order and so the bits are those of the general path
-//! (`Gpu::launch_jobs`).
+//! o_proj 62.8 → 55.2); about 30 µs per product stay (launches, copies, the wait). Products of
+//! one hidden state (a layer's q_a and kv_a: `Gpu::matmul_each`) share one round trip: 60–65 µs
+//! for the pair against 75–81 one by one. The kernels, their launch order and so the bits are
+//! those of the general path (`Gpu::launch_jobs`).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::{Job, Order, QSrc};
