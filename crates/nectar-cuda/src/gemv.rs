@@ -42,6 +42,15 @@ pub enum Order {
 }
 
 impl Order {
+    /// The order jobs run in when any of their weights are `packed`: a packed int4 matrix has
+    /// one GEMV, the integer tensor-core one.
+    pub(crate) fn for_packed(self, packed: bool) -> Order {
+        match packed {
+            true => Order::Tensor,
+            false => self,
+        }
+    }
+
     /// The order the model's products use (its GPU matrices and copied experts): one place,
     /// so a staged expert and a VRAM matrix always compute the same bits.
     pub const MODEL: Order = Order::Tensor;
@@ -697,7 +706,7 @@ impl Gpu {
             .collect();
         // SAFETY: each view addresses an uploaded matrix, borrowed (alive, unchanged) here;
         // every x holds m × its cols values and every y m × its rows (checked above).
-        unsafe { self.gemv_round_trip_groups(&mut groups, m)? };
+        unsafe { self.gemv_round_trip(&mut groups, m)? };
         Ok(ys)
     }
 
@@ -835,8 +844,9 @@ impl Gpu {
         }
         // Decode and verify products: one upload, one download, buffers kept between calls.
         if let (Kernel::Gemv(order), true) = (kernel, m <= MAX_M) {
+            let group = crate::round_trip::Group { items, order, y };
             // SAFETY: this fn's contract; shapes checked above.
-            return unsafe { self.gemv_round_trip(items, m, order, y) };
+            return unsafe { self.gemv_round_trip(&mut [group], m) };
         }
         // SAFETY: every element is written below before it is read (a NaN fill proves it: an
         // unwritten element would come back NaN, which the parity tests reject).
@@ -925,11 +935,7 @@ impl Gpu {
         }
         match kernel {
             Kernel::Gemv(order) => {
-                // A packed int4 matrix has one GEMV, the integer tensor-core one.
-                let order = match jobs.iter().any(|j| j.packed != 0) {
-                    true => Order::Tensor,
-                    false => order,
-                };
+                let order = order.for_packed(jobs.iter().any(|j| j.packed != 0));
                 for i0 in (0..m).step_by(MAX_M) {
                     let mc = MAX_M.min(m - i0);
                     let plan = self.gemv_plan(format, rows, cols, mc, order)?;
@@ -942,12 +948,7 @@ impl Gpu {
                         })
                         .collect();
                     let vector = plan.vector_ok(&chunk);
-                    if chunk.iter().any(|j| j.packed != 0) && !(vector && plan.digit_bytes() > 0) {
-                        return Err(Error::Shape(format!(
-                            "gemv: packed {rows} × {cols} {} weights need the int4 GEMV",
-                            format.name()
-                        )));
-                    }
+                    plan.takes_packed(chunk.iter().any(|j| j.packed != 0), vector)?;
                     let mut chunk = chunk;
                     // The int4 GEMV reads digits of the activations: one split per distinct x.
                     // SAFETY: the chunk's activations are this fn's contract.
@@ -1109,6 +1110,21 @@ fn tc_layout(format: WeightFormat, cols: usize) -> bool {
 }
 
 impl GemvPlan {
+    /// Refuses jobs over `packed` weights that this plan would not run on the int4 GEMV
+    /// (`vector`: [`GemvPlan::vector_ok`] of the jobs) — the only kernel that reads packed
+    /// weights.
+    pub(crate) fn takes_packed(&self, packed: bool, vector: bool) -> Result<()> {
+        if packed && !(vector && self.digit_bytes() > 0) {
+            return Err(Error::Shape(format!(
+                "gemv: packed {} × {} {} weights need the int4 GEMV",
+                self.rows,
+                self.cols,
+                self.format.name()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether launches of this plan run a tensor-core GEMV (on aligned jobs).
     pub fn tensor(&self) -> bool {
         self.tc.is_some() || self.q_groups.is_some()

@@ -50,30 +50,15 @@ struct Sections {
 }
 
 impl Gpu {
-    /// [`Gpu::run_views_into`] for a GEMV of `m ≤ MAX_M` rows: item j's `m × rows` outputs at
-    /// `y[j·m·rows ..]` (shapes already checked by the caller, nothing empty).
-    ///
-    /// # Safety
-    /// As [`Gpu::run_views`].
-    pub(crate) unsafe fn gemv_round_trip(
-        &self,
-        items: &[(MatView, &[f32])],
-        m: usize,
-        order: Order,
-        y: &mut [f32],
-    ) -> Result<()> {
-        // SAFETY: this fn's contract.
-        unsafe { self.gemv_round_trip_groups(&mut [Group { items, order, y }], m) }
-    }
-
-    /// Several groups of GEMV products, each of its own shape, `m ≤ MAX_M` rows each, in one
-    /// round trip: one upload, the groups' launches in order, one download, one wait (each
-    /// group's shapes already checked, nothing empty). Each product's kernels are those it gets
-    /// alone, so its bits too.
+    /// Groups of GEMV products, each of its own shape, `m ≤ MAX_M` rows each, in one round
+    /// trip: one upload, the groups' launches in order, one download, one wait (each group's
+    /// shapes already checked, nothing empty). [`Gpu::run_views_into`] sends one group,
+    /// [`Gpu::matmul_each`] one per matrix. Each product's kernels are those it gets alone, so
+    /// its bits too.
     ///
     /// # Safety
     /// As [`Gpu::run_views`], for every group's items.
-    pub(crate) unsafe fn gemv_round_trip_groups(
+    pub(crate) unsafe fn gemv_round_trip(
         &self,
         groups: &mut [Group<'_, '_>],
         m: usize,
@@ -81,11 +66,7 @@ impl Gpu {
         let mut plans = Vec::with_capacity(groups.len());
         for g in groups.iter() {
             let (first, _) = g.items[0];
-            // A packed int4 matrix has one GEMV, the integer tensor-core one (`launch_jobs`).
-            let order = match g.items.iter().any(|(v, _)| v.packed) {
-                true => Order::Tensor,
-                false => g.order,
-            };
+            let order = g.order.for_packed(g.items.iter().any(|(v, _)| v.packed));
             plans.push(self.gemv_plan(first.format, first.rows, first.cols, m, order)?);
         }
         // Device region: every group's x and table (jobs, then the split's sources) | their
@@ -161,12 +142,7 @@ impl Gpu {
                 })
                 .collect();
             let vector = plan.vector_ok(&jobs);
-            if g.items.iter().any(|(v, _)| v.packed) && !(vector && digit_bytes > 0) {
-                return Err(Error::Shape(format!(
-                    "gemv: packed {rows} × {cols} {} weights need the int4 GEMV",
-                    first.format.name()
-                )));
-            }
+            plan.takes_packed(g.items.iter().any(|(v, _)| v.packed), vector)?;
             // The int4 GEMV reads digits of each item's activations (`launch_jobs`: one split
             // per distinct x; here every item has its own).
             let srcs: Vec<QSrc> = match vector && digit_bytes > 0 {
