@@ -59,29 +59,28 @@ impl GpuWeight {
     }
 
     /// y_i = W_i·x for matrices on one GPU over one activation block (projections of one
-    /// hidden state), in one round trip where every product takes the GEMV (`m ≤ 8`:
-    /// [`nectar_cuda::Gpu::matmul_each`]); else each by [`GpuWeight::matmul`]. The bits of each
-    /// product alone either way.
-    pub(crate) fn matmul_each(ws: &[&GpuWeight], x: &[f32], m: usize) -> Result<Vec<Vec<f32>>> {
-        let one_pass = ws.first().is_some_and(|w0| {
-            ws.iter()
-                .all(|w| Arc::ptr_eq(&w.gpu, &w0.gpu) && !w.takes_gemm(m))
-        });
-        match (one_pass, ws.first()) {
-            (true, Some(w0)) => {
-                let mats: Vec<&GpuMat> = ws.iter().map(|w| &w.mat).collect();
-                w0.gpu
-                    .matmul_each(&mats, x, m, Order::MODEL)
-                    .map_err(gpu_err)
-            }
-            _ => ws
-                .iter()
-                .map(|w| {
-                    let mut y = vec![0.0; m * w.mat.rows];
-                    w.matmul(x, m, &mut y).map(|()| y)
-                })
-                .collect(),
+    /// hidden state) in one round trip ([`nectar_cuda::Gpu::matmul_each`]), with the bits of
+    /// each [`GpuWeight::matmul`]; `None` (nothing ran) where that cannot hold — matrices on
+    /// different GPUs, or one that takes the GEMM at `m` rows.
+    pub(crate) fn matmul_each(
+        ws: &[&GpuWeight],
+        x: &[f32],
+        m: usize,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let Some(w0) = ws.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        if !ws
+            .iter()
+            .all(|w| Arc::ptr_eq(&w.gpu, &w0.gpu) && !w.takes_gemm(m))
+        {
+            return Ok(None);
         }
+        let mats: Vec<&GpuMat> = ws.iter().map(|w| &w.mat).collect();
+        w0.gpu
+            .matmul_each(&mats, x, m, Order::MODEL)
+            .map(Some)
+            .map_err(gpu_err)
     }
 
     /// `down(silu(gate·x) ⊙ up·x)` for several MLPs (`([gate, up, down], x, rows of x)`) on the

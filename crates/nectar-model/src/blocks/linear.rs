@@ -81,8 +81,8 @@ impl Linear {
     }
 
     /// [`Linear::forward`] of several matrices over the same `x` (a layer's projections of one
-    /// hidden state): where all are on one GPU, one round trip instead of one each; the same
-    /// bits as calling each.
+    /// hidden state): where all are on one GPU and take the GEMV, one round trip instead of one
+    /// each; the same bits as calling each, which is what happens otherwise.
     pub fn forward_each<const N: usize>(
         ls: [&Linear; N],
         x: &[f32],
@@ -94,10 +94,13 @@ impl Linear {
             .map(|l| l.gpu.as_deref())
             .collect::<Option<Vec<_>>>()
         {
-            let ys = super::gpu::GpuWeight::matmul_each(&ws, x, m)?;
-            return ys.try_into().map_err(|_| {
-                crate::error::Error::Gpu("a round trip returned another number of outputs".into())
-            });
+            if let Some(ys) = super::gpu::GpuWeight::matmul_each(&ws, x, m)? {
+                return ys.try_into().map_err(|_| {
+                    crate::error::Error::Gpu(
+                        "a round trip returned another number of outputs".into(),
+                    )
+                });
+            }
         }
         let mut out: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
         for (y, l) in out.iter_mut().zip(ls) {
