@@ -220,20 +220,9 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
     let copies = arena_bytes.div_ceil(per_launch.max(1)).max(2);
     let mats = copies * batch;
     // Host data for one batch: random codes, positive scales, activations in [-1, 1).
-    let host_w = random_bytes(batch * wb, 0x77_6569_6768);
-    let host_s: Vec<f32> = random_bytes(batch * sc, 0x73_6361_6c65)
-        .iter()
-        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
-        .collect();
-    let host_x: Vec<f32> = random_bytes(batch * m * cols * 2, 0x78)
-        .chunks_exact(2)
-        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
-        .collect();
-    let host_w = match f {
-        // Random bf16/f16/f32 bit patterns include NaN and infinities: draw values instead.
-        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &host_w),
-        _ => host_w,
-    };
+    let host_w = random_weights(f, batch * wb, 0x77_6569_6768);
+    let host_s = random_scales(batch * sc, 0x73_6361_6c65);
+    let host_x = random_activations(batch * m * cols, 0x78);
     // Every copy of the batch holds the same bytes (the cache cannot tell).
     let mut w_dev: CudaSlice<u8> = gpu.stream.alloc_zeros((mats * wb).max(1))?;
     let mut s_dev: CudaSlice<f32> = gpu.stream.alloc_zeros((mats * sc).max(1))?;
@@ -394,15 +383,8 @@ pub fn round_trip(
     let mut set_bytes = 0;
     let mut host = Vec::new();
     for (k, &(f, rows)) in shapes.iter().enumerate() {
-        let raw = random_bytes(rows * f.row_bytes(cols), 0x0072_7472_6970 + k as u64);
-        let w = match f {
-            WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &raw),
-            _ => raw,
-        };
-        let s: Vec<f32> = random_bytes(rows * f.row_scales(cols), 0x73)
-            .iter()
-            .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
-            .collect();
+        let w = random_weights(f, rows * f.row_bytes(cols), 0x0072_7472_6970 + k as u64);
+        let s = random_scales(rows * f.row_scales(cols), 0x73);
         set_bytes += w.len() + 4 * s.len();
         host.push((f, rows, w, s));
     }
@@ -414,10 +396,7 @@ pub fn round_trip(
                 .collect::<Result<Vec<_>>>()
         })
         .collect::<Result<Vec<_>>>()?;
-    let x: Vec<f32> = random_bytes(2 * m * cols, 0x78)
-        .chunks_exact(2)
-        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
-        .collect();
+    let x = random_activations(m * cols, 0x78);
     let mut ys: Vec<Vec<f32>> = shapes
         .iter()
         .map(|&(_, rows)| vec![0.0; m * rows])
@@ -467,6 +446,32 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// `bytes` of random weights of format `f`: codes as drawn, or for the float formats (whose
+/// random bit patterns include NaN and infinities) finite values in [-1, 1).
+fn random_weights(f: WeightFormat, bytes: usize, seed: u64) -> Vec<u8> {
+    let raw = random_bytes(bytes, seed);
+    match f {
+        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &raw),
+        _ => raw,
+    }
+}
+
+/// `n` positive random scales in [1e-3, 2e-3).
+fn random_scales(n: usize, seed: u64) -> Vec<f32> {
+    random_bytes(n, seed)
+        .iter()
+        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
+        .collect()
+}
+
+/// `n` random activations in [-1, 1).
+fn random_activations(n: usize, seed: u64) -> Vec<f32> {
+    random_bytes(2 * n, seed)
+        .chunks_exact(2)
+        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
+        .collect()
 }
 
 /// Replaces random bytes by finite float weights in [-1, 1) of format `f`, same byte length.
@@ -545,19 +550,9 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
     let wb = rows * f.row_bytes(cols);
     let sc = rows * f.row_scales(cols);
     let copies = arena_bytes.div_ceil((wb + sc * 4).max(1)).max(2);
-    let host_w = random_bytes(wb, 0x6765_6d6d);
-    let host_w = match f {
-        WeightFormat::F32 | WeightFormat::Bf16 | WeightFormat::F16 => float_bytes(f, &host_w),
-        _ => host_w,
-    };
-    let host_s: Vec<f32> = random_bytes(sc, 0x73_6361_6c65)
-        .iter()
-        .map(|&b| 1e-3 * (1.0 + b as f32 / 256.0))
-        .collect();
-    let host_x: Vec<f32> = random_bytes(m * cols * 2, 0x78)
-        .chunks_exact(2)
-        .map(|p| u16::from_le_bytes([p[0], p[1]]) as f32 / 32768.0 - 1.0)
-        .collect();
+    let host_w = random_weights(f, wb, 0x6765_6d6d);
+    let host_s = random_scales(sc, 0x73_6361_6c65);
+    let host_x = random_activations(m * cols, 0x78);
     let mut w_dev: CudaSlice<u8> = gpu.stream.alloc_zeros((copies * wb).max(1))?;
     let mut s_dev: CudaSlice<f32> = gpu.stream.alloc_zeros((copies * sc).max(1))?;
     for c in 0..copies {
