@@ -156,12 +156,16 @@ fn run_json_reports_where_prefill_and_decode_time_went() {
         "kv_b",
         "attn_core",
         "o_proj",
+        "mlp_route",
         "mlp",
+        "mlp_combine",
         "other",
     ] {
         assert!(p[k].as_f64().unwrap() >= 0.0, "{k}: {p}");
     }
     // Rows past index_topk were scored, and the MLP halves ran.
     assert!(p["indexer_scores"].as_f64().unwrap() > 0.0, "{p}");
-    assert!(p["mlp"].as_f64().unwrap() > 0.0, "{p}");
+    for k in ["mlp_route", "mlp", "mlp_combine"] {
+        assert!(p[k].as_f64().unwrap() > 0.0, "{k}: {p}");
+    }
 }

@@ -178,7 +178,7 @@ impl Gpu {
     /// An attention output of [`Gpu::mla_attention`], downloaded (`rows × heads × dv`).
     pub fn mla_download(&self, attn: &MlaOutput) -> Result<Vec<f32>> {
         match &attn.out {
-            Some(o) => Ok(self.stream.clone_dtoh(o)?),
+            Some(o) => self.to_host(o),
             None => Ok(Vec::new()),
         }
     }
@@ -220,7 +220,7 @@ impl Gpu {
         let (xp, _x_sync) = x.device_ptr(&self.stream);
         // SAFETY: xp is the attention output, rows × width f32, borrowed for this call.
         let y = unsafe { self.model_product(o, xp, attn.rows)? };
-        Ok(self.stream.clone_dtoh(&y)?)
+        self.to_host(&y)
     }
 
     /// [`Gpu::mla_attention`] over queries already in VRAM (`rows × heads × (dn + dr)`, RoPE
@@ -256,7 +256,7 @@ impl Gpu {
         if q.is_empty() {
             return self.mla_launch(keys, scale, (0, 0), pos, sel);
         }
-        let q_dev = self.stream.clone_htod(q)?;
+        let q_dev = self.to_device(q)?;
         let (qp, _q_sync) = q_dev.device_ptr(&self.stream);
         self.mla_launch(keys, scale, (qp, q.len()), pos, sel)
     }

@@ -59,6 +59,8 @@ pub struct Gpu {
     pub(crate) mirrors: Arc<crate::absorbed::MirrorLedger>,
     /// Buffers of host-in, host-out GEMV products (`round_trip.rs`).
     pub(crate) scratch: std::sync::Mutex<crate::round_trip::Scratch>,
+    /// The page-locked buffer of large activation copies (`bounce.rs`).
+    pub(crate) bounce: std::sync::Mutex<crate::bounce::Bounce>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -235,6 +237,7 @@ impl Gpu {
             info,
             mirrors: Arc::default(),
             scratch: Default::default(),
+            bounce: Default::default(),
         })
     }
 

@@ -864,7 +864,7 @@ impl Gpu {
         // SAFETY: the views are this fn's contract; `yp` holds n × m × rows f32.
         unsafe { self.launch_views(items, m, kernel, yp)? };
         drop(_y_sync);
-        self.stream.memcpy_dtoh(&y_dev, y)?;
+        self.to_host_into(&y_dev, y)?;
         Ok(())
     }
 
@@ -889,8 +889,8 @@ impl Gpu {
         let (rows, cols) = (first.rows, first.cols);
         // One activation buffer for the batch (each item's rows apart); a lone item's x as is.
         let x_dev = match items {
-            [(_, x)] => self.stream.clone_htod(*x)?,
-            _ => self.stream.clone_htod(
+            [(_, x)] => self.to_device(x)?,
+            _ => self.to_device(
                 &items
                     .iter()
                     .flat_map(|(_, x)| *x)

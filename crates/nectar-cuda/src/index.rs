@@ -57,7 +57,7 @@ impl Gpu {
                 keys.len()
             )));
         }
-        let keys_dev = self.stream.clone_htod(keys)?;
+        let keys_dev = self.to_device(keys)?;
         let (kp, _sync) = keys_dev.device_ptr(&self.stream);
         let rows = IndexRows {
             heads,
@@ -136,8 +136,8 @@ impl Gpu {
             ));
         };
         let pos_i: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let q_dev = self.stream.clone_htod(q)?;
-        let w_dev = self.stream.clone_htod(w)?;
+        let q_dev = self.to_device(q)?;
+        let w_dev = self.to_device(w)?;
         let pos_dev = self.stream.clone_htod(&pos_i)?;
         let mut out = self.stream.alloc_zeros::<f32>(m * t)?;
         // Few rows (decode, MTP, verify): a warp per key, a lane per head (index.cu).
@@ -172,6 +172,6 @@ impl Gpu {
         // out m × T; every pos < T and 0 < dim ≤ IX_DMAX (checked above), so no index leaves
         // its buffer.
         unsafe { b.launch(cfg) }?;
-        Ok(self.stream.clone_dtoh(&out)?)
+        self.to_host(&out)
     }
 }

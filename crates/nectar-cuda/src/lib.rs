@@ -38,6 +38,8 @@ mod attention;
 #[cfg(feature = "cuda")]
 pub mod bench;
 #[cfg(feature = "cuda")]
+mod bounce;
+#[cfg(feature = "cuda")]
 pub mod copy;
 #[cfg(feature = "cuda")]
 mod device;

@@ -139,7 +139,7 @@ impl Gpu {
             return Err(Error::Memory { need, free });
         }
 
-        let x_dev = self.stream.clone_htod(x)?;
+        let x_dev = self.to_device(x)?;
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         // The shared expert first: it needs only x.
         let sh = self.nan_filled(m * hidden)?;
@@ -165,7 +165,7 @@ impl Gpu {
         // SAFETY: out and sh hold m × hidden f32, pairs and weights m × k, y pairs × hidden,
         // and every pair index is < pairs or NO_PAIR (checked).
         unsafe { b.launch(grid(m * hidden)) }?;
-        Ok(self.stream.clone_dtoh(&out)?)
+        self.to_host(&out)
     }
 }
 
@@ -240,11 +240,7 @@ impl Gpu {
                 x.len()
             )));
         }
-        Ok(GpuRows::new(
-            self.stream.clone_htod(x)?,
-            x.len() / width,
-            width,
-        ))
+        Ok(GpuRows::new(self.to_device(x)?, x.len() / width, width))
     }
 
     /// [`Gpu::swiglu_rows`] over uploaded matrices.
@@ -294,9 +290,9 @@ impl Gpu {
         let (xp, _x_sync) = x.buf.device_ptr(&self.stream);
         // SAFETY: x holds x.rows() × hidden f32, every index is below x.rows() (checked); the
         // views are this fn's contract.
-        let y = unsafe { self.enqueue_gathered(xp, hidden, &experts, &flat)? };
-        let mut y = self.stream.clone_dtoh(&y)?;
-        y.truncate(flat.len() * hidden);
+        let y_dev = unsafe { self.enqueue_gathered(xp, hidden, &experts, &flat)? };
+        let mut y = vec![0.0f32; flat.len() * hidden];
+        self.to_host_into(&y_dev, &mut y)?;
         // One MLP (a copied expert): its output as downloaded, without a copy.
         if rows.len() == 1 {
             return Ok(vec![y]);

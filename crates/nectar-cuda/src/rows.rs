@@ -51,7 +51,7 @@ impl Gpu {
                 w.cols
             )));
         }
-        let x_dev = self.stream.clone_htod(x)?;
+        let x_dev = self.to_device(x)?;
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         // SAFETY: xp holds the m × cols f32 just uploaded, alive for this call.
         let y = unsafe { self.model_product(w, xp, m)? };
@@ -86,7 +86,7 @@ impl Gpu {
 
     /// The rows, downloaded.
     pub fn download_rows(&self, rows: &GpuRows) -> Result<Vec<f32>> {
-        Ok(self.stream.clone_dtoh(&rows.buf)?)
+        self.to_host(&rows.buf)
     }
 
     /// Rotates, in every row of `x` (rows of `heads` heads of `head_dim` f32), each head's

@@ -74,7 +74,7 @@ impl Gpu {
         if m == 0 || hidden == 0 || inter == 0 {
             return Ok(vec![vec![0.0; m * hidden]; n]);
         }
-        let x_dev = self.stream.clone_htod(&xs.concat())?;
+        let x_dev = self.to_device(&xs.concat())?;
         let y = self.nan_filled(n * m * hidden)?;
         let (xp, _x_sync) = x_dev.device_ptr(&self.stream);
         let (yp, _y_sync) = y.device_ptr(&self.stream);
@@ -84,7 +84,7 @@ impl Gpu {
         // SAFETY: the views are this fn's contract; each (x, y) is m rows of this call's
         // buffers, which nothing else uses.
         unsafe { self.enqueue_swiglu(mlps, &io, m)? };
-        let out = self.stream.clone_dtoh(&y)?;
+        let out = self.to_host(&y)?;
         Ok(out.chunks(m * hidden).map(<[f32]>::to_vec).collect())
     }
 

@@ -1,7 +1,7 @@
 //! A weight matrix in its stored format, applied through `nectar-kernels`.
 use crate::error::{Error, Result};
 use nectar_format::Bytes;
-use nectar_kernels::{decode_row, matmul, MatRef, WeightFormat};
+use nectar_kernels::{decode_row, matmul, team, MatRef, WeightFormat};
 
 /// y = W·x for a `[rows, cols]` weight kept in its stored format (never widened in memory).
 #[derive(Debug, Clone)]
@@ -209,6 +209,31 @@ impl Embedding {
             )));
         }
         decode_row(&self.0.mat()?, t, out);
+        Ok(())
+    }
+
+    /// [`Embedding::row`] for every token, into consecutive rows of `out` (`tokens.len() ×
+    /// hidden`): a prompt's rows on the compute team (each row alone: the same bits).
+    pub fn rows(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
+        let hidden = self.0.cols;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.0.rows) {
+            return Err(crate::Error::Input(format!(
+                "token id {t} is outside the vocabulary (size {})",
+                self.0.rows
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        if out.len() != tokens.len() * hidden || hidden == 0 {
+            return Err(crate::Error::Input(format!(
+                "embedding: {} values for {} tokens of {hidden}",
+                out.len(),
+                tokens.len()
+            )));
+        }
+        let mat = self.0.mat()?;
+        team::for_each_row_mut(out, hidden, |i, r| decode_row(&mat, tokens[i] as usize, r));
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use crate::blocks::Loader;
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::observer::Observer;
-use nectar_kernels::{rms_norm, RopeTable};
+use nectar_kernels::{rms_norm, team, RopeTable};
 
 /// One decoder layer (main layers and the MTP layer's block alike).
 #[derive(Debug)]
@@ -91,7 +91,7 @@ impl DecoderLayer {
         let a = self
             .attn
             .forward(self.index, &h, layout, caches, sel, rope, mode, obs)?;
-        add(x, &a);
+        add(x, &a, self.input_norm.len());
         Ok(())
     }
 
@@ -107,9 +107,11 @@ impl DecoderLayer {
     ) -> Result<()> {
         let mut lap = self.attn.phases.resume();
         let h2 = self.norm_rows(x, &self.post_norm);
-        let f = self.mlp.forward(self.index, &h2, m, obs, after_reads)?;
-        add(x, &f);
-        lap.mark(Phase::Mlp);
+        let f = self
+            .mlp
+            .forward(self.index, &h2, m, obs, after_reads, &mut lap)?;
+        add(x, &f, self.post_norm.len());
+        lap.mark(Phase::MlpCombine);
         Ok(())
     }
 
@@ -124,16 +126,28 @@ impl DecoderLayer {
     }
 
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0; x.len()];
-        for (src, dst) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
-            rms_norm(src, w, self.eps, dst);
-        }
-        out
+        rms_norm_rows(x, w, self.eps)
     }
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
+/// RMSNorm of every `w.len()`-wide row of `x`: a prompt's rows on the compute team (each row
+/// alone, so the same bits however they are split), a decode step's few on this thread.
+pub(super) fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    if !w.is_empty() {
+        team::for_each_row_mut(&mut out, w.len(), |i, dst| {
+            rms_norm(&x[i * w.len()..][..w.len()], w, eps, dst);
+        });
     }
+    out
+}
+
+/// `x += y` (the residual add), `width`-wide rows of a prompt on the compute team.
+fn add(x: &mut [f32], y: &[f32], width: usize) {
+    let width = width.max(1);
+    team::for_each_row_mut(x, width, |i, r| {
+        for (a, b) in r.iter_mut().zip(&y[(i * width).min(y.len())..]) {
+            *a += b;
+        }
+    });
 }

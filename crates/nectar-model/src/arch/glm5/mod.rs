@@ -57,11 +57,11 @@ use crate::blocks::{Embedding, Linear, Loader};
 use crate::cache::{CacheDims, LayerCache, SeqCache};
 use crate::error::{Error, Result};
 use crate::observer::Observer;
-use layer::DecoderLayer;
+use layer::{rms_norm_rows, DecoderLayer};
 use moe::Mlp;
 use mtp::Mtp;
 use nectar_format::Catalog;
-use nectar_kernels::{rms_norm, RopeTable};
+use nectar_kernels::{rms_norm, team, RopeTable};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -378,9 +378,7 @@ impl Glm5 {
     fn embed_step(&self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hd = self.hidden_size();
         let mut x = vec![0.0f32; tokens.len() * hd];
-        for (xr, &t) in x.chunks_exact_mut(hd).zip(tokens) {
-            self.embed.row(t, xr)?;
-        }
+        self.embed.rows(tokens, &mut x)?;
         // The expert cache's predictive admission keys its look-ahead on the token stream.
         let m = tokens.len();
         if let Some(res) = self.residency() {
@@ -481,11 +479,7 @@ impl Glm5 {
     }
 
     fn final_norm(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
-        let mut out = vec![0.0; x.len()];
-        for (src, dst) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
-            rms_norm(src, w, self.cfg.raw.rms_norm_eps, dst);
-        }
-        out
+        rms_norm_rows(x, w, self.cfg.raw.rms_norm_eps)
     }
 
     /// Logits (`rows × vocab`, f32) of post-final-norm hiddens.
@@ -520,28 +514,38 @@ impl Glm5 {
         let counts: Vec<usize> = steps.iter().map(|s| s.next_tokens.len()).collect();
         let layout = Layout::at(&starts, &positions, &counts);
         let m = layout.rows.len();
+        if let Some(s) = steps
+            .iter()
+            .find(|s| s.hidden.len() != s.next_tokens.len() * hd)
+        {
+            return Err(Error::Input(format!(
+                "MTP step: {} hidden values for {} tokens (hidden size {hd})",
+                s.hidden.len(),
+                s.next_tokens.len()
+            )));
+        }
+        // [enorm(embed(token)) ; hnorm(hidden)] per row, a prompt's rows on the compute team.
+        let tokens: Vec<u32> = steps
+            .iter()
+            .flat_map(|s| s.next_tokens.iter().copied())
+            .collect();
+        let mut e = vec![0.0f32; m * hd];
+        mtp.embed
+            .as_ref()
+            .unwrap_or(&self.embed)
+            .rows(&tokens, &mut e)?;
+        let eps = self.cfg.raw.rms_norm_eps;
         let mut cat = vec![0.0f32; m * 2 * hd];
-        let mut e = vec![0.0f32; hd];
-        let rows = steps.iter().flat_map(|s| {
-            if s.hidden.len() != s.next_tokens.len() * hd {
-                return vec![Err(Error::Input(format!(
-                    "MTP step: {} hidden values for {} tokens (hidden size {hd})",
-                    s.hidden.len(),
-                    s.next_tokens.len()
-                )))];
-            }
-            s.next_tokens
+        if hd > 0 {
+            let hidden: Vec<&[f32]> = steps
                 .iter()
-                .zip(s.hidden.chunks_exact(hd))
-                .map(|(t, h)| Ok((*t, h)))
-                .collect::<Vec<_>>()
-        });
-        for (c, row) in cat.chunks_exact_mut(2 * hd).zip(rows) {
-            let (t, h) = row?;
-            mtp.embed.as_ref().unwrap_or(&self.embed).row(t, &mut e)?;
-            let eps = self.cfg.raw.rms_norm_eps;
-            rms_norm(&e, &mtp.enorm, eps, &mut c[..hd]);
-            rms_norm(h, &mtp.hnorm, eps, &mut c[hd..]);
+                .flat_map(|s| s.hidden.chunks_exact(hd))
+                .collect();
+            team::for_each_row_mut(&mut cat, 2 * hd, |i, c| {
+                let (ce, ch) = c.split_at_mut(hd);
+                rms_norm(&e[i * hd..][..hd], &mtp.enorm, eps, ce);
+                rms_norm(hidden[i], &mtp.hnorm, eps, ch);
+            });
         }
         let mut x = mtp.eh_proj.forward(&cat, m)?;
         if let Some(res) = self.mtp_residency() {

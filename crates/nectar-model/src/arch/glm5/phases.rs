@@ -30,7 +30,12 @@ pub(super) enum Phase {
     AttnCore,
     /// o_proj (with the transposition before it).
     OProj,
-    /// The MLP half: norm, routing, experts (or the dense SwiGLU), residual add.
+    /// The MLP half's input: its RMSNorm, the router's product, each row's routes and the
+    /// batch-union of their experts.
+    MlpRoute,
+    /// The MoE's sum of each row's experts (where the host does it) and the residual add.
+    MlpCombine,
+    /// The MLP half's products: the experts and the shared expert (or the dense SwiGLU).
     Mlp,
 }
 
@@ -74,7 +79,9 @@ impl Phases {
             kv_b: s(Phase::KvB),
             attn_core: s(Phase::AttnCore),
             o_proj: s(Phase::OProj),
+            mlp_route: s(Phase::MlpRoute),
             mlp: s(Phase::Mlp),
+            mlp_combine: s(Phase::MlpCombine),
         }
     }
 }
@@ -119,8 +126,13 @@ pub struct PhaseSeconds {
     pub attn_core: f64,
     /// o_proj.
     pub o_proj: f64,
-    /// The MLP halves: norm, routing, experts or dense SwiGLU, residual add.
+    /// The MLP halves' input: norm, router, routes, batch-union.
+    pub mlp_route: f64,
+    /// The MLP halves' products: routed experts (with their reads and copies), the shared
+    /// expert, or the dense SwiGLU.
     pub mlp: f64,
+    /// The MoE's combine where the host does it, and the residual add.
+    pub mlp_combine: f64,
 }
 
 impl PhaseSeconds {
@@ -134,7 +146,9 @@ impl PhaseSeconds {
             + self.kv_b
             + self.attn_core
             + self.o_proj
+            + self.mlp_route
             + self.mlp
+            + self.mlp_combine
     }
 }
 
@@ -150,7 +164,9 @@ impl std::ops::Add for PhaseSeconds {
             kv_b: self.kv_b + o.kv_b,
             attn_core: self.attn_core + o.attn_core,
             o_proj: self.o_proj + o.o_proj,
+            mlp_route: self.mlp_route + o.mlp_route,
             mlp: self.mlp + o.mlp,
+            mlp_combine: self.mlp_combine + o.mlp_combine,
         }
     }
 }

@@ -1,0 +1,178 @@
+//! Large activation copies between host memory and VRAM through a kept page-locked bounce
+//! buffer.
+//!
+//! Why: on the H200's host the driver's own copies of pageable memory ran at 5.6 GB/s up and
+//! 12.8 GB/s down into memory already touched, and at about 2 GB/s down into a fresh
+//! allocation (the copy faults its pages in one at a time), against 52–55 GB/s from and to
+//! page-locked memory (`benchmarks/RESULTS.md`, "Prefill's copies through a bounce buffer").
+//! A prompt's products move hundreds of MB per layer each way (a 8,192-row residual stream of
+//! GLM-5.2 is 201 MB), so a copy of at least [`BOUNCE_MIN`] bytes goes in [`CHUNK`]-byte
+//! pieces through two halves of one page-locked buffer: the DMA of one piece runs while the
+//! host's threads copy the previous one between the other half and the caller's memory. A
+//! copy moves bytes unchanged, so every result keeps its bits.
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, DevicePtr, PinnedHostSlice};
+use nectar_kernels::team;
+
+/// Bytes from which a copy goes through the bounce buffer (smaller ones, a decode step's, take
+/// the driver's copy: one call, no host copy).
+pub(crate) const BOUNCE_MIN: usize = 1 << 20;
+/// Bytes of each half of the bounce buffer.
+const CHUNK: usize = 8 << 20;
+/// Bytes per task of the host's copy between a half and the caller's memory.
+const HOST_TASK: usize = 256 << 10;
+
+/// The page-locked buffer, made on the first large copy and kept.
+#[derive(Default)]
+pub(crate) struct Bounce {
+    host: Option<PinnedHostSlice<u8>>,
+}
+
+/// `x` as bytes.
+fn bytes_of(x: &[f32]) -> &[u8] {
+    // SAFETY: every f32 is 4 initialised bytes; u8 has no alignment requirement.
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+/// `x` as bytes, writable.
+fn bytes_of_mut(x: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as `bytes_of`; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+}
+
+/// `dst ← src` on the compute team, [`HOST_TASK`] bytes per task.
+fn host_copy(dst: &mut [u8], src: &[u8]) {
+    team::for_each_chunk_mut(dst, HOST_TASK, |k, d| {
+        d.copy_from_slice(&src[k * HOST_TASK..][..d.len()]);
+    });
+}
+
+impl Gpu {
+    /// The two halves of the bounce buffer (made on first use), locked for one copy.
+    fn bounce(&self) -> Result<std::sync::MutexGuard<'_, Bounce>> {
+        let mut b = self
+            .bounce
+            .lock()
+            .map_err(|_| Error::Shape("bounce: a previous copy panicked".into()))?;
+        if b.host.is_none() {
+            // SAFETY: the buffer is plain bytes, each written (by a DMA or the host) before it
+            // is read. Not write-combined: downloads are read back from it.
+            b.host = Some(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(2 * CHUNK, 0)? });
+        }
+        Ok(b)
+    }
+
+    /// `src` uploaded into a new device buffer: through the bounce buffer from
+    /// [`BOUNCE_MIN`] bytes, the driver's copy below. Queued on the stream, so the kernels
+    /// queued after it read it; `src` may be reused when this returns.
+    pub(crate) fn to_device(&self, src: &[f32]) -> Result<CudaSlice<f32>> {
+        let bytes = std::mem::size_of_val(src);
+        if bytes < BOUNCE_MIN {
+            return Ok(self.stream.clone_htod(src)?);
+        }
+        // SAFETY: every element is written by the copies below before anything reads it.
+        let dst: CudaSlice<f32> = unsafe { self.stream.alloc(src.len())? };
+        let (base, _sync) = dst.device_ptr(&self.stream);
+        let mut guard = self.bounce()?;
+        let Some(host) = guard.host.as_mut() else {
+            unreachable!("made by bounce()");
+        };
+        let hp = host.as_mut_slice()?.as_mut_ptr();
+        let src = bytes_of(src);
+        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let done = [self.ctx.new_event(flag)?, self.ctx.new_event(flag)?];
+        let stream = self.stream.cu_stream();
+        for (c, piece) in src.chunks(CHUNK).enumerate() {
+            let h = c % 2;
+            // The DMA that last read this half (piece c − 2) has finished.
+            if c >= 2 {
+                done[h].synchronize()?;
+            }
+            // SAFETY: half `h` is CHUNK bytes of the page-locked buffer, which this call holds
+            // (the lock), and no DMA reads it now (just waited for).
+            let half = unsafe { std::slice::from_raw_parts_mut(hp.add(h * CHUNK), piece.len()) };
+            host_copy(half, piece);
+            // SAFETY: the device buffer holds `bytes` from `base`; the half stays untouched
+            // until `done[h]` says the DMA has read it (waited for before its next use and
+            // before this call lets the buffer go).
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    base + (c * CHUNK) as u64,
+                    &*half,
+                    stream,
+                )?
+            };
+            done[h].record(&self.stream)?;
+        }
+        for e in &done {
+            e.synchronize()?;
+        }
+        drop(_sync);
+        Ok(dst)
+    }
+
+    /// The first `dst.len()` values of `src` into `dst`: through the bounce buffer from
+    /// [`BOUNCE_MIN`] bytes, the driver's copy below. Waits for the work queued before it.
+    pub(crate) fn to_host_into(&self, src: &CudaSlice<f32>, dst: &mut [f32]) -> Result<()> {
+        if dst.len() > src.len() {
+            return Err(Error::Shape(format!(
+                "download: {} values wanted from {}",
+                dst.len(),
+                src.len()
+            )));
+        }
+        let bytes = std::mem::size_of_val(dst);
+        if bytes < BOUNCE_MIN {
+            self.stream.memcpy_dtoh(&src.slice(..dst.len()), dst)?;
+            return Ok(());
+        }
+        let (base, _sync) = src.device_ptr(&self.stream);
+        let mut guard = self.bounce()?;
+        let Some(host) = guard.host.as_mut() else {
+            unreachable!("made by bounce()");
+        };
+        let hp = host.as_mut_slice()?.as_mut_ptr();
+        let dst = bytes_of_mut(dst);
+        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let landed = [self.ctx.new_event(flag)?, self.ctx.new_event(flag)?];
+        let stream = self.stream.cu_stream();
+        let pieces = bytes.div_ceil(CHUNK);
+        let len = |c: usize| CHUNK.min(bytes - c * CHUNK);
+        // Piece c's DMA is queued before the host copies piece c − 1 out of the other half.
+        for c in 0..=pieces {
+            if c < pieces {
+                // SAFETY: half c % 2 is CHUNK bytes of the page-locked buffer this call holds;
+                // the host finished reading it (piece c − 2) in the previous iteration.
+                let half = unsafe { std::slice::from_raw_parts_mut(hp.add(c % 2 * CHUNK), len(c)) };
+                // SAFETY: `src` holds `bytes` from `base`; the half is not read until
+                // `landed[c % 2]` says the DMA has written it.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(
+                        half,
+                        base + (c * CHUNK) as u64,
+                        stream,
+                    )?
+                };
+                landed[c % 2].record(&self.stream)?;
+            }
+            if let Some(p) = c.checked_sub(1) {
+                landed[p % 2].synchronize()?;
+                // SAFETY: piece p's bytes in half p % 2, written by the DMA just waited for;
+                // no DMA writes this half until the next iteration queues one.
+                let half = unsafe { std::slice::from_raw_parts(hp.add(p % 2 * CHUNK), len(p)) };
+                host_copy(&mut dst[p * CHUNK..][..len(p)], half);
+            }
+        }
+        drop(_sync);
+        Ok(())
+    }
+
+    /// `src` downloaded ([`Gpu::to_host_into`]).
+    pub(crate) fn to_host(&self, src: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; src.len()];
+        self.to_host_into(src, &mut out)?;
+        Ok(out)
+    }
+}
