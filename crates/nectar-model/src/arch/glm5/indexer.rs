@@ -114,13 +114,10 @@ impl Indexer {
         }
         let hd = h.len() / m;
         let qd = cq.len() / m;
-        let gather = |src: &[f32], d: usize| {
-            need.iter()
-                .flat_map(|&i| src[i * d..(i + 1) * d].iter().copied())
-                .collect::<Vec<_>>()
-        };
-        let mut q = self.wq_b.forward(&gather(cq, qd), need.len())?;
-        let mut w = self.weights_proj.forward(&gather(h, hd), need.len())?;
+        let mut q = self.wq_b.forward(&rows_of(cq, qd, &need), need.len())?;
+        let mut w = self
+            .weights_proj
+            .forward(&rows_of(h, hd, &need), need.len())?;
         let head_scale = (self.heads as f32).powf(-0.5);
         w.iter_mut().for_each(|x| *x *= head_scale);
         let hq = self.heads * self.dim;
@@ -238,6 +235,21 @@ fn gpu_enabled() -> bool {
     })
 }
 
+/// Rows `need` (ascending) of `src` (`d` wide): read in place when they are consecutive (a
+/// prompt's rows past index_topk: a sequence's rows are contiguous, positions ascending),
+/// gathered otherwise.
+fn rows_of<'a>(src: &'a [f32], d: usize, need: &[usize]) -> std::borrow::Cow<'a, [f32]> {
+    match need.first() {
+        Some(&first) if need.windows(2).all(|p| p[1] == p[0] + 1) => {
+            std::borrow::Cow::Borrowed(&src[first * d..(first + need.len()) * d])
+        }
+        _ => need
+            .iter()
+            .flat_map(|&i| src[i * d..(i + 1) * d].iter().copied())
+            .collect(),
+    }
+}
+
 /// The scores of `pos.len()` rows (queries `q`: `heads × dim` each, head weights `w`:
 /// `heads` each) against `keys` (`dim` each; row `r` sees keys `0..=pos[r]`), as `[row][stride]`
 /// with their stride: one task per (row, chunk of [`KEY_CHUNK`] keys) on the compute team, so
@@ -323,6 +335,18 @@ fn order_key(s: f32) -> u32 {
 mod tests {
     use super::*;
     use std::cmp::Ordering;
+
+    #[test]
+    fn rows_are_read_in_place_when_consecutive_and_gathered_otherwise() {
+        let src: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let run = rows_of(&src, 3, &[1, 2]);
+        assert!(matches!(run, std::borrow::Cow::Borrowed(_)));
+        assert_eq!(&*run, &[3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let gathered = rows_of(&src, 3, &[0, 3]);
+        assert!(matches!(gathered, std::borrow::Cow::Owned(_)));
+        assert_eq!(&*gathered, &[0.0, 1.0, 2.0, 9.0, 10.0, 11.0]);
+        assert!(rows_of(&src, 3, &[]).is_empty());
+    }
 
     #[test]
     fn ties_prefer_lower_positions_and_nan_ranks_last() {
