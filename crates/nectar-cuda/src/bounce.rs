@@ -4,7 +4,7 @@
 //! Why: on the H200's host the driver's own copies of pageable memory ran at 5.6 GB/s up and
 //! 12.8 GB/s down into memory already touched, and at about 2 GB/s down into a fresh
 //! allocation (the copy faults its pages in one at a time), against 52–55 GB/s from and to
-//! page-locked memory (`benchmarks/RESULTS.md`, "Prefill's copies through a bounce buffer").
+//! page-locked memory (`benchmarks/RESULTS.md`, "GPU prefill 1.7–3.0×").
 //! A prompt's products move hundreds of MB per layer each way (a 8,192-row residual stream of
 //! GLM-5.2 is 201 MB), so a copy of at least [`BOUNCE_MIN`] bytes goes in [`CHUNK`]-byte
 //! pieces through two halves of one page-locked buffer: the DMA of one piece runs while the
@@ -28,6 +28,30 @@ const HOST_TASK: usize = 256 << 10;
 #[derive(Default)]
 pub(crate) struct Bounce {
     host: Option<PinnedHostSlice<u8>>,
+}
+
+/// The two halves' events: dropping them waits for both, so that no DMA still reads or writes
+/// a half once its copy returns — on an error too — and the next copy may reuse it.
+struct Settled([cudarc::driver::CudaEvent; 2]);
+
+impl Settled {
+    fn new(gpu: &Gpu) -> Result<Settled> {
+        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        Ok(Settled([
+            gpu.ctx.new_event(flag)?,
+            gpu.ctx.new_event(flag)?,
+        ]))
+    }
+}
+
+impl Drop for Settled {
+    fn drop(&mut self) {
+        for e in &self.0 {
+            // An event never recorded is complete; a failed wait (a broken context) leaves
+            // nothing better to do.
+            let _ = e.synchronize();
+        }
+    }
 }
 
 /// `x` as bytes.
@@ -81,22 +105,21 @@ impl Gpu {
         };
         let hp = host.as_mut_slice()?.as_mut_ptr();
         let src = bytes_of(src);
-        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let done = [self.ctx.new_event(flag)?, self.ctx.new_event(flag)?];
+        let done = Settled::new(self)?;
         let stream = self.stream.cu_stream();
         for (c, piece) in src.chunks(CHUNK).enumerate() {
             let h = c % 2;
             // The DMA that last read this half (piece c − 2) has finished.
             if c >= 2 {
-                done[h].synchronize()?;
+                done.0[h].synchronize()?;
             }
             // SAFETY: half `h` is CHUNK bytes of the page-locked buffer, which this call holds
             // (the lock), and no DMA reads it now (just waited for).
             let half = unsafe { std::slice::from_raw_parts_mut(hp.add(h * CHUNK), piece.len()) };
             host_copy(half, piece);
             // SAFETY: the device buffer holds `bytes` from `base`; the half stays untouched
-            // until `done[h]` says the DMA has read it (waited for before its next use and
-            // before this call lets the buffer go).
+            // until `done` says the DMA has read it (waited for before its next use, and by
+            // `Settled` before this call lets the buffer go).
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(
                     base + (c * CHUNK) as u64,
@@ -104,11 +127,9 @@ impl Gpu {
                     stream,
                 )?
             };
-            done[h].record(&self.stream)?;
+            done.0[h].record(&self.stream)?;
         }
-        for e in &done {
-            e.synchronize()?;
-        }
+        drop(done);
         drop(_sync);
         Ok(dst)
     }
@@ -135,8 +156,7 @@ impl Gpu {
         };
         let hp = host.as_mut_slice()?.as_mut_ptr();
         let dst = bytes_of_mut(dst);
-        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let landed = [self.ctx.new_event(flag)?, self.ctx.new_event(flag)?];
+        let landed = Settled::new(self)?;
         let stream = self.stream.cu_stream();
         let pieces = bytes.div_ceil(CHUNK);
         let len = |c: usize| CHUNK.min(bytes - c * CHUNK);
@@ -147,7 +167,8 @@ impl Gpu {
                 // the host finished reading it (piece c − 2) in the previous iteration.
                 let half = unsafe { std::slice::from_raw_parts_mut(hp.add(c % 2 * CHUNK), len(c)) };
                 // SAFETY: `src` holds `bytes` from `base`; the half is not read until
-                // `landed[c % 2]` says the DMA has written it.
+                // `landed` says the DMA has written it (and `Settled` waits for it on every
+                // return).
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
                         half,
@@ -155,10 +176,10 @@ impl Gpu {
                         stream,
                     )?
                 };
-                landed[c % 2].record(&self.stream)?;
+                landed.0[c % 2].record(&self.stream)?;
             }
             if let Some(p) = c.checked_sub(1) {
-                landed[p % 2].synchronize()?;
+                landed.0[p % 2].synchronize()?;
                 // SAFETY: piece p's bytes in half p % 2, written by the DMA just waited for;
                 // no DMA writes this half until the next iteration queues one.
                 let half = unsafe { std::slice::from_raw_parts(hp.add(p % 2 * CHUNK), len(p)) };

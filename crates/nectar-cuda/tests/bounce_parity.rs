@@ -17,7 +17,7 @@ fn rows_cross_the_bounce_buffer_unchanged() {
         return;
     };
     const MIB: usize = 1 << 20;
-    // Widths × rows: a decode-sized copy, just under and at the 1 MiB threshold, one byte past
+    // Widths × rows: a decode-sized copy, just under and at the 1 MiB threshold, one value past
     // one 8 MiB piece, a ragged several-piece copy, and one of exactly three pieces.
     let cases = [
         (7, 3),
