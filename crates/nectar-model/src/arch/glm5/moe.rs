@@ -566,10 +566,16 @@ impl Moe {
         // Each union entry's output, kept as it arrives (a (row, slot) belongs to one entry,
         // so an entry's first pair names it).
         let mut ys: Vec<Vec<f32>> = vec![Vec::new(); union.len()];
+        // An expert's rows of x, row by row on the compute team for a prompt's (a GLM-5.2
+        // expert's rows of an 8,192-token prompt are ~6 MB; inside a team task it runs inline).
         let gather = |rows: &[(usize, usize)]| -> Vec<f32> {
-            rows.iter()
-                .flat_map(|&(i, _)| x[i * hidden..(i + 1) * hidden].iter().copied())
-                .collect()
+            let mut g = vec![0.0f32; rows.len() * hidden];
+            if hidden > 0 {
+                team::for_each_row_mut(&mut g, hidden, |j, dst| {
+                    dst.copy_from_slice(&x[rows[j].0 * hidden..][..hidden]);
+                });
+            }
+            g
         };
         let mut scatter = |rows: &[(usize, usize)], y: Vec<f32>| {
             let (i, slot) = rows[0];
@@ -663,11 +669,17 @@ impl Moe {
                 // time: the VRAM experts (first wave), then the wave's copied experts, each as
                 // its lease is granted.
                 let wave_len = residency.max_wave();
-                for (wave, mask) in ram_union.chunks(wave_len).zip(copy_mask.chunks(wave_len)) {
+                for (w, (wave, mask)) in ram_union
+                    .chunks(wave_len)
+                    .zip(copy_mask.chunks(wave_len))
+                    .enumerate()
+                {
                     let ids: Vec<u32> = wave.iter().map(|(e, _)| *e).collect();
                     let with_gpu = gpu_ys.is_none() && !gpu_union.is_empty();
+                    let wave_started = Instant::now();
                     let result = (|| -> Result<()> {
                         let pending = residency.acquire(*tier, &ids)?;
+                        let acquired = wave_started.elapsed();
                         if let Some(f) = after_reads.take() {
                             f()?;
                         }
@@ -698,7 +710,7 @@ impl Moe {
                             .sum::<usize>()
                             + if shared_on_cpu { m } else { 0 })
                         .div_ceil(cpu_experts.max(1));
-                        let (cpu, (g, copied)) = rayon::join(
+                        let (cpu, gpu_side) = rayon::join(
                             || {
                                 let started = Instant::now();
                                 // Resident experts and the shared expert in parallel while
@@ -743,21 +755,40 @@ impl Moe {
                                     let busy = started.elapsed().as_secs_f64() - waited;
                                     c.offload().cpu_sample(cpu_rows, cpu_experts, busy);
                                 }
-                                (ys_ready, sh, ys_waiting)
+                                (ys_ready, sh, ys_waiting, started.elapsed())
                             },
                             || {
+                                let started = Instant::now();
                                 let g = with_gpu.then(run_gpu);
+                                let vram = started.elapsed();
                                 let copied = match &self.copy {
                                     Some(c) if !copy_jobs.is_empty() => c.run(copy_jobs, &input),
                                     _ => Ok(Vec::new()),
                                 };
-                                (g, copied)
+                                (g, copied, vram, started.elapsed() - vram)
                             },
+                        );
+                        let (g, copied, vram_time, copy_time) = gpu_side;
+                        // One line per wave (`NECTAR_LOG=nectar::moe=debug`): where a streamed
+                        // layer's time goes, the two sides of the wave apart.
+                        tracing::debug!(
+                            target: "nectar::moe",
+                            layer,
+                            rows = m,
+                            wave = w,
+                            experts = ids.len(),
+                            copied = copy_rows.len(),
+                            vram_experts = if with_gpu { gpu_union.len() } else { 0 },
+                            acquire_us = acquired.as_micros() as u64,
+                            cpu_us = cpu.3.as_micros() as u64,
+                            vram_us = vram_time.as_micros() as u64,
+                            copy_us = copy_time.as_micros() as u64,
+                            wave_us = wave_started.elapsed().as_micros() as u64,
                         );
                         if g.is_some() {
                             gpu_ys = g;
                         }
-                        let (ys_ready, sh, ys_waiting) = cpu;
+                        let (ys_ready, sh, ys_waiting, _) = cpu;
                         if let Some(s) = sh? {
                             shared = Some(s);
                         }
