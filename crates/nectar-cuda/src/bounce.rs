@@ -30,23 +30,19 @@ pub(crate) struct Bounce {
     host: Option<PinnedHostSlice<u8>>,
 }
 
-/// The two halves' events: dropping them waits for both, so that no DMA still reads or writes
-/// a half once its copy returns — on an error too — and the next copy may reuse it.
-struct Settled([cudarc::driver::CudaEvent; 2]);
-
-impl Settled {
-    fn new(gpu: &Gpu) -> Result<Settled> {
-        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        Ok(Settled([
-            gpu.ctx.new_event(flag)?,
-            gpu.ctx.new_event(flag)?,
-        ]))
-    }
+/// One copy's hold on the buffer: the lock, the address of its halves (`half h` starts at
+/// `at + h · CHUNK`), and each half's event, recorded after the DMA that uses it. Dropping it
+/// waits for both events before the lock goes, so no DMA still reads or writes a half once its
+/// copy returns — on an error too — and the next copy may reuse it.
+struct Held<'a> {
+    at: *mut u8,
+    events: [cudarc::driver::CudaEvent; 2],
+    _lock: std::sync::MutexGuard<'a, Bounce>,
 }
 
-impl Drop for Settled {
+impl Drop for Held<'_> {
     fn drop(&mut self) {
-        for e in &self.0 {
+        for e in &self.events {
             // An event never recorded is complete; a failed wait (a broken context) leaves
             // nothing better to do.
             let _ = e.synchronize();
@@ -74,18 +70,25 @@ fn host_copy(dst: &mut [u8], src: &[u8]) {
 }
 
 impl Gpu {
-    /// The two halves of the bounce buffer (made on first use), locked for one copy.
-    fn bounce(&self) -> Result<std::sync::MutexGuard<'_, Bounce>> {
-        let mut b = self
+    /// The bounce buffer (made on first use), held for one copy.
+    fn bounce(&self) -> Result<Held<'_>> {
+        let mut lock = self
             .bounce
             .lock()
             .map_err(|_| Error::Shape("bounce: a previous copy panicked".into()))?;
-        if b.host.is_none() {
+        let host = match &mut lock.host {
+            Some(h) => h,
             // SAFETY: the buffer is plain bytes, each written (by a DMA or the host) before it
             // is read. Not write-combined: downloads are read back from it.
-            b.host = Some(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(2 * CHUNK, 0)? });
-        }
-        Ok(b)
+            none => none.insert(unsafe { self.ctx.alloc_pinned_with_flags::<u8>(2 * CHUNK, 0)? }),
+        };
+        let at = host.as_mut_slice()?.as_mut_ptr();
+        let flag = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        Ok(Held {
+            at,
+            events: [self.ctx.new_event(flag)?, self.ctx.new_event(flag)?],
+            _lock: lock,
+        })
     }
 
     /// `src` uploaded into a new device buffer: through the bounce buffer from
@@ -99,27 +102,23 @@ impl Gpu {
         // SAFETY: every element is written by the copies below before anything reads it.
         let dst: CudaSlice<f32> = unsafe { self.stream.alloc(src.len())? };
         let (base, _sync) = dst.device_ptr(&self.stream);
-        let mut guard = self.bounce()?;
-        let Some(host) = guard.host.as_mut() else {
-            unreachable!("made by bounce()");
-        };
-        let hp = host.as_mut_slice()?.as_mut_ptr();
+        let held = self.bounce()?;
         let src = bytes_of(src);
-        let done = Settled::new(self)?;
         let stream = self.stream.cu_stream();
         for (c, piece) in src.chunks(CHUNK).enumerate() {
             let h = c % 2;
             // The DMA that last read this half (piece c − 2) has finished.
             if c >= 2 {
-                done.0[h].synchronize()?;
+                held.events[h].synchronize()?;
             }
             // SAFETY: half `h` is CHUNK bytes of the page-locked buffer, which this call holds
             // (the lock), and no DMA reads it now (just waited for).
-            let half = unsafe { std::slice::from_raw_parts_mut(hp.add(h * CHUNK), piece.len()) };
+            let half =
+                unsafe { std::slice::from_raw_parts_mut(held.at.add(h * CHUNK), piece.len()) };
             host_copy(half, piece);
             // SAFETY: the device buffer holds `bytes` from `base`; the half stays untouched
-            // until `done` says the DMA has read it (waited for before its next use, and by
-            // `Settled` before this call lets the buffer go).
+            // until its event says the DMA has read it (waited for before its next use, and
+            // by `Held` before this call lets the buffer go).
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(
                     base + (c * CHUNK) as u64,
@@ -127,9 +126,9 @@ impl Gpu {
                     stream,
                 )?
             };
-            done.0[h].record(&self.stream)?;
+            held.events[h].record(&self.stream)?;
         }
-        drop(done);
+        drop(held);
         drop(_sync);
         Ok(dst)
     }
@@ -150,13 +149,8 @@ impl Gpu {
             return Ok(());
         }
         let (base, _sync) = src.device_ptr(&self.stream);
-        let mut guard = self.bounce()?;
-        let Some(host) = guard.host.as_mut() else {
-            unreachable!("made by bounce()");
-        };
-        let hp = host.as_mut_slice()?.as_mut_ptr();
+        let held = self.bounce()?;
         let dst = bytes_of_mut(dst);
-        let landed = Settled::new(self)?;
         let stream = self.stream.cu_stream();
         let pieces = bytes.div_ceil(CHUNK);
         let len = |c: usize| CHUNK.min(bytes - c * CHUNK);
@@ -165,9 +159,10 @@ impl Gpu {
             if c < pieces {
                 // SAFETY: half c % 2 is CHUNK bytes of the page-locked buffer this call holds;
                 // the host finished reading it (piece c − 2) in the previous iteration.
-                let half = unsafe { std::slice::from_raw_parts_mut(hp.add(c % 2 * CHUNK), len(c)) };
+                let half =
+                    unsafe { std::slice::from_raw_parts_mut(held.at.add(c % 2 * CHUNK), len(c)) };
                 // SAFETY: `src` holds `bytes` from `base`; the half is not read until
-                // `landed` says the DMA has written it (and `Settled` waits for it on every
+                // its event says the DMA has written it (and `Held` waits for it on every
                 // return).
                 unsafe {
                     cudarc::driver::result::memcpy_dtoh_async(
@@ -176,16 +171,18 @@ impl Gpu {
                         stream,
                     )?
                 };
-                landed.0[c % 2].record(&self.stream)?;
+                held.events[c % 2].record(&self.stream)?;
             }
             if let Some(p) = c.checked_sub(1) {
-                landed.0[p % 2].synchronize()?;
+                held.events[p % 2].synchronize()?;
                 // SAFETY: piece p's bytes in half p % 2, written by the DMA just waited for;
                 // no DMA writes this half until the next iteration queues one.
-                let half = unsafe { std::slice::from_raw_parts(hp.add(p % 2 * CHUNK), len(p)) };
+                let half =
+                    unsafe { std::slice::from_raw_parts(held.at.add(p % 2 * CHUNK), len(p)) };
                 host_copy(&mut dst[p * CHUNK..][..len(p)], half);
             }
         }
+        drop(held);
         drop(_sync);
         Ok(())
     }
