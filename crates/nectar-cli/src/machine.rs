@@ -8,13 +8,13 @@ const LLC_FALLBACK: usize = 32 << 20;
 
 /// The read reference on `pool`'s threads: `buf` cut into one contiguous, page-aligned part
 /// per thread, every thread reading its part with [`read_sum`]; the best of `passes` passes of
-/// each mode (modes alternate pass by pass). Returns GB/s and the faster mode.
+/// each mode (modes alternate pass by pass). Returns GB/s and the fastest mode.
 pub fn read_reference(pool: &rayon::ThreadPool, buf: &[u8], passes: usize) -> (f64, ReadMode) {
     let threads = pool.current_num_threads().max(1);
     let part = (buf.len() / threads) & !4095;
     let mut best = (0.0f64, ReadMode::Plain);
     for _ in 0..passes {
-        for mode in [ReadMode::Plain, ReadMode::Prefetch] {
+        for mode in ReadMode::ALL {
             let t = Instant::now();
             pool.broadcast(|ctx| {
                 let p = &buf[ctx.index() * part..(ctx.index() + 1) * part];

@@ -408,20 +408,35 @@ pub(crate) fn prefetch_start(w: &MatRef<'_>, rows: Range<usize>) {
 /// of the current block (the kernels prefetch the next block's scales where they start a scale
 /// segment, see [`prefetch_scale`]).
 ///
-/// Why: a block reads R interleaved rows, i.e. R short streams (1–3 KiB each at GLM widths);
+/// Why: a block reads R interleaved rows, i.e. R short streams (1–8 KiB each at GLM widths);
 /// the hardware prefetcher ramps up on each too late, and a single core then waits on DRAM
 /// latency instead of streaming (measured: M = 1 int4 at 2048 columns ran at a third of the
 /// read bandwidth). Fetching block b + 1 at the same fraction while computing block b turns
 /// the whole matrix into one continuous stream one block ahead. Prefetches never fault, so the
 /// block after the last row is harmless.
+///
+/// A block larger than [`PREFETCH_L1_BLOCK`] is fetched into L2 only: one block ahead is then
+/// 24–64 KiB before use (GLM-5.2's expert gate/up, 6,144 columns; o_proj, 16,384), which with
+/// the activations is more than L1 holds, so lines fetched into L1 were evicted before the
+/// block started. Measured at M = 1, one thread, streaming from DRAM (`nectar bench kernels`,
+/// AMD EPYC guest, `benchmarks/RESULTS.md`): int4-g64 gate_up 1.25× and o_proj 1.21×, int4-row
+/// gate_up 1.30×, int8 gate_up, o_proj and lm_head 1.6×; narrower matrices unchanged. Fetching
+/// every block into L2 cost the narrower ones 3–12 %, and a second, per-row L1 prefetch 512
+/// bytes ahead beside the L2 one gained nothing.
 pub(crate) struct Prefetch {
     p: *const u8,
     /// Bytes of the next block per 16-column step (`nrows` rows × 16 columns).
     step: usize,
+    /// The block is larger than [`PREFETCH_L1_BLOCK`]: fetch into L2.
+    far: bool,
 }
 
 /// Least prefetch distance in bytes (see [`Prefetch::new`]).
 const PREFETCH_MIN: usize = 8192;
+
+/// Largest block (weight bytes of its rows) prefetched into L1, half the 32 KiB L1 of the
+/// smallest x86 cores we target: the activations share it (see [`Prefetch`]).
+const PREFETCH_L1_BLOCK: usize = 16 * 1024;
 
 impl Prefetch {
     /// For the `nrows` rows starting at `row`.
@@ -436,6 +451,7 @@ impl Prefetch {
         Prefetch {
             p: w.data.as_ptr().wrapping_add((row - nrows) * rb + ahead),
             step: nrows * rb * 16 / w.cols.max(16),
+            far: nrows * rb > PREFETCH_L1_BLOCK,
         }
     }
 
@@ -444,9 +460,16 @@ impl Prefetch {
     pub(crate) fn steps(&mut self, n: usize) {
         let bytes = self.step * n;
         let mut o = 0;
-        while o < bytes {
-            prefetch(self.p.wrapping_add(o));
-            o += 64;
+        if self.far {
+            while o < bytes {
+                prefetch_l2(self.p.wrapping_add(o));
+                o += 64;
+            }
+        } else {
+            while o < bytes {
+                prefetch(self.p.wrapping_add(o));
+                o += 64;
+            }
         }
         self.p = self.p.wrapping_add(bytes);
     }
@@ -473,6 +496,23 @@ pub(crate) fn prefetch(p: *const u8) {
     // SAFETY: `prfm` only hints the cache and never faults.
     unsafe {
         std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
+}
+
+/// Hints the cache line holding `p` into L2 (not L1). Never faults, whatever `p` is.
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `prefetcht1` only hints the cache; it never dereferences architecturally.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `prfm` only hints the cache and never faults.
+    unsafe {
+        std::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags))
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = p;

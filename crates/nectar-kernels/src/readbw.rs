@@ -4,9 +4,9 @@
 //! ÷ read bytes per second), so it must not read *low*: a slow reference inflates every ratio.
 //! Hence wide vector loads (64 bytes per AVX-512 load, 32 per AVX2, 4 × 16 per NEON step) into
 //! eight independent accumulators, so that neither the add chains nor the loop bound the rate;
-//! the only work per load is one integer add. [`ReadMode::Prefetch`] adds software prefetches
-//! a few KiB ahead, which helps on some memory systems and costs nothing measurable where it
-//! does not; the benchmark takes the faster of the two.
+//! the only work per load is one integer add. [`ReadMode::Prefetch`] and
+//! [`ReadMode::PrefetchL2`] add software prefetches a few KiB ahead, which helps on some memory
+//! systems and costs nothing measurable where it does not; the benchmark takes the fastest mode.
 //!
 //! The result is defined (so the paths can be tested against each other and the reads cannot
 //! be optimised away): the wrapping sum of the little-endian, address-aligned 64-bit words of
@@ -19,8 +19,19 @@ use crate::dot::{isa_detect, Isa};
 pub enum ReadMode {
     /// Vector loads only (the hardware prefetchers see one sequential stream).
     Plain,
-    /// Vector loads plus a software prefetch of every line [`PREFETCH_DISTANCE`] bytes ahead.
+    /// Vector loads plus a software prefetch of every line [`PREFETCH_DISTANCE`] bytes ahead
+    /// (non-temporal hint on x86).
     Prefetch,
+    /// As [`ReadMode::Prefetch`], into L2: the kernels prefetch wide matrices so
+    /// (`driver::Prefetch`), and once they did, int8 products at two threads streamed 1–4 %
+    /// faster than the best of the other two modes on an AMD EPYC guest, where this mode read
+    /// 5–10 % faster than `Plain` at one and two threads (`benchmarks/RESULTS.md`).
+    PrefetchL2,
+}
+
+impl ReadMode {
+    /// Every mode, in the order the benchmarks alternate them.
+    pub const ALL: [ReadMode; 3] = [ReadMode::Plain, ReadMode::Prefetch, ReadMode::PrefetchL2];
 }
 
 /// How far ahead [`ReadMode::Prefetch`] prefetches, in bytes.
@@ -86,11 +97,15 @@ mod x86 {
     use super::{ReadMode, PREFETCH_DISTANCE};
     use std::arch::x86_64::*;
 
-    /// Hints the line at `p` into the cache; never faults.
+    /// Hints the line at `p` into the cache as `mode` says; never faults.
     #[inline(always)]
-    fn pf(p: *const u8) {
-        // SAFETY: a prefetch only hints the cache and never dereferences architecturally.
-        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.cast()) }
+    fn pf(p: *const u8, mode: ReadMode) {
+        match mode {
+            ReadMode::Plain => {}
+            // SAFETY: a prefetch only hints the cache and never dereferences architecturally.
+            ReadMode::Prefetch => unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.cast()) },
+            ReadMode::PrefetchL2 => crate::driver::prefetch_l2(p),
+        }
     }
 
     /// # Safety
@@ -101,9 +116,9 @@ mod x86 {
         let mut a = [_mm512_setzero_si512(); 8];
         let mut o = 0;
         while o < b.len() {
-            if mode == ReadMode::Prefetch {
+            if mode != ReadMode::Plain {
                 for l in 0..8 {
-                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l));
+                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l), mode);
                 }
             }
             for (k, acc) in a.iter_mut().enumerate() {
@@ -129,9 +144,9 @@ mod x86 {
         let mut a = [_mm256_setzero_si256(); 8];
         let mut o = 0;
         while o < b.len() {
-            if mode == ReadMode::Prefetch {
+            if mode != ReadMode::Plain {
                 for l in 0..8 {
-                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l));
+                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l), mode);
                 }
             }
             for half in [0, 256] {
@@ -167,9 +182,14 @@ mod arm {
         let mut a = [vdupq_n_u64(0); 8];
         let mut o = 0;
         while o < b.len() {
-            if mode == ReadMode::Prefetch {
+            let pf = match mode {
+                ReadMode::Plain => None,
+                ReadMode::Prefetch => Some(crate::driver::prefetch as fn(*const u8)),
+                ReadMode::PrefetchL2 => Some(crate::driver::prefetch_l2 as fn(*const u8)),
+            };
+            if let Some(pf) = pf {
                 for l in 0..8 {
-                    crate::driver::prefetch(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l));
+                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l));
                 }
             }
             for q in 0..4 {
@@ -213,7 +233,7 @@ mod tests {
             for len in [0usize, 1, 9, 511, 512, 513, 1500, 4096, 9000] {
                 let b = &data[start..start + len];
                 for isa in Isa::available() {
-                    for mode in [ReadMode::Plain, ReadMode::Prefetch] {
+                    for mode in ReadMode::ALL {
                         assert_eq!(
                             read_sum_with(isa, b, mode),
                             want(b),

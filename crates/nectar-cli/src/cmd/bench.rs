@@ -384,9 +384,10 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
         let mut samples = 1usize;
         eprintln!(
             "read reference, {threads} thread(s): {:.2} GB/s at the start (vectorised {}, best of \
-             {READ_PASSES} passes × 2 modes over {:.0} MiB; faster mode {:?})",
+             {READ_PASSES} passes × {} modes over {:.0} MiB; fastest mode {:?})",
             session.0,
             nectar_kernels::isa(),
+            nectar_kernels::ReadMode::ALL.len(),
             mib(arena.len()),
             session.1
         );
