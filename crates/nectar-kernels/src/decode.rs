@@ -1,6 +1,7 @@
 //! Row dequantisation: stored bytes → f32, exactly as the format defines it.
-use crate::dot::isa_detect;
+use crate::dot::{isa_detect, Isa};
 use crate::format::{MatRef, WeightFormat};
+use crate::scaled_add::scaled_add_with;
 
 /// Decodes row `r` of `m` into `dst` (length `m.cols`): `code · scale` in f32 for quantised
 /// formats, a widening conversion for float formats.
@@ -46,9 +47,53 @@ pub fn decode_row(m: &MatRef<'_>, r: usize, dst: &mut [f32]) {
     }
 }
 
+/// `y += a[j] · row r0 + j of m` for j = 0, 1, … in order: the bits of [`decode_row`] of each
+/// row followed by [`crate::scaled_add`] (`y[c] += a[j] · w[c]`, a multiply then an add), without
+/// materialising the rows. The absorbed attention folds W_UK into each head's query so
+/// (`q_lat = Σ_j q_nope[j] · W_UK[j]`, 192 rows of 512 per head at GLM-5.2's shape); a row at a
+/// time, decoding into a buffer and adding it back, that took about 2 ms of a 5 ms layer-step
+/// on two cores (`benchmarks/RESULTS.md`).
+///
+/// # Panics
+/// If `y` is not `m.cols` long or rows `r0..r0 + a.len()` do not exist (caller bugs).
+pub fn scaled_add_rows(m: &MatRef<'_>, r0: usize, a: &[f32], y: &mut [f32]) {
+    scaled_add_rows_with(isa_detect(), m, r0, a, y)
+}
+
+/// [`scaled_add_rows`] on an explicit path (tests compare every path with the definition).
+pub(crate) fn scaled_add_rows_with(isa: Isa, m: &MatRef<'_>, r0: usize, a: &[f32], y: &mut [f32]) {
+    assert_eq!(y.len(), m.cols, "scaled_add_rows: output length");
+    assert!(
+        r0 + a.len() <= m.rows,
+        "scaled_add_rows: rows {r0}..{} of {}",
+        r0 + a.len(),
+        m.rows
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        let seg = match m.format {
+            WeightFormat::Int4Row => Some(usize::MAX),
+            WeightFormat::Int4Group { group } if group % 64 == 0 => Some(group),
+            _ => None,
+        };
+        if let Some(seg) = seg {
+            // SAFETY: Isa::Avx512 is only constructed after runtime detection of AVX-512F;
+            // the rows exist and `y` has `m.cols` elements (asserted above); int4 with scale
+            // segments of whole 64-column groups (or one per row).
+            unsafe { crate::x86::avx512::scaled_add_rows_int4(m, r0, a, y, seg) };
+            return;
+        }
+    }
+    let mut w = vec![0.0f32; m.cols];
+    for (j, &aj) in a.iter().enumerate() {
+        decode_row(m, r0 + j, &mut w);
+        scaled_add_with(isa, y, aj, &w);
+    }
+}
+
 /// One code: low nibble first, stored with a +8 offset.
 #[inline]
-fn int4_code(b: u8, high: bool) -> f32 {
+pub(crate) fn int4_code(b: u8, high: bool) -> f32 {
     (if high { b >> 4 } else { b & 0x0f }) as i32 as f32 - 8.0
 }
 
@@ -150,6 +195,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fused sum gives the bits of decoding each row and adding it with `scaled_add`, on
+    /// every path: int4 per row and in groups of 64 and 128 (the fast path), groups of 32 and
+    /// int8 (the definition itself), whole groups with a ragged tail, chunks of four, two and
+    /// one group, a starting row past 0, weights of every sign and zero.
+    #[test]
+    fn scaled_add_rows_equals_decode_then_scaled_add() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for cols in [1usize, 15, 64, 65, 130, 192, 320, 448, 512, 700] {
+            for format in [
+                WeightFormat::Int4Row,
+                WeightFormat::Int4Group { group: 64 },
+                WeightFormat::Int4Group { group: 128 },
+                WeightFormat::Int4Group { group: 32 },
+                WeightFormat::Int8Row,
+            ] {
+                let rows = 7;
+                let data = crate::matmul::tests::random_bytes(rows * format.row_bytes(cols), 3);
+                let scales: Vec<f32> = (0..rows * format.row_scales(cols))
+                    .map(|i| 0.013 + (i % 29) as f32 * 0.0371)
+                    .collect();
+                let m = MatRef::new(format, rows, cols, &data, &scales).unwrap();
+                let a = [0.75f32, -1.3, 0.0, 2.5e-3, -17.0];
+                let y0: Vec<f32> = (0..cols).map(|c| (c as f32 * 0.61).sin()).collect();
+                let mut want = y0.clone();
+                let mut w = vec![0.0; cols];
+                for (j, &aj) in a.iter().enumerate() {
+                    decode_row(&m, 2 + j, &mut w);
+                    crate::scaled_add::scaled_add_with(Isa::Scalar, &mut want, aj, &w);
+                }
+                for isa in Isa::available() {
+                    let mut got = y0.clone();
+                    scaled_add_rows_with(isa, &m, 2, &a, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{isa:?} {} cols {cols}",
+                        format.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "scaled_add_rows: rows 5..8 of 7")]
+    fn scaled_add_rows_past_the_last_row_is_a_caller_bug() {
+        let format = WeightFormat::Int4Group { group: 64 };
+        let data = vec![0u8; 7 * format.row_bytes(64)];
+        let m = MatRef::new(format, 7, 64, &data, &[1.0; 7]).unwrap();
+        scaled_add_rows(&m, 5, &[1.0; 3], &mut [0.0; 64]);
     }
 
     #[test]

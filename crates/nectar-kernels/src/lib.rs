@@ -48,7 +48,7 @@ mod x86;
 mod xpack;
 
 pub use activation::{silu, softmax_in_place, swiglu_in_place};
-pub use decode::decode_row;
+pub use decode::{decode_row, scaled_add_rows};
 pub use dot::{dot, dot4, dot_scalar, set_isa, DOT4, LANES};
 pub use error::{Error, Result};
 pub use expert::{expert_swiglu, ExpertRef};

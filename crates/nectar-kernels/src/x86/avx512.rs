@@ -775,3 +775,117 @@ pub(crate) unsafe fn tile(
         }
     }
 }
+
+/// [`crate::scaled_add_rows`] for int4 weights whose scales cover whole 64-column groups (`seg`
+/// columns each, a multiple of 64; `usize::MAX`: one per row).
+///
+/// Same values in the same order as the definition: each weight is the table's
+/// `(n - 8) · scale` (what `decode_row` computes), each output element gets `a[j] · w` added
+/// row by row in ascending order, a multiply then an add. Columns go in chunks of up to 256 (16
+/// registers of 16 outputs, held in the Nib16 lane order of the int4 step and permuted back at
+/// the end — lanes never mix, so the order does not change a bit); a chunk's rows are walked
+/// once, one 16-entry table per row and 64-column group. Columns past the last whole group take
+/// the definition's scalar arithmetic.
+///
+/// # Safety
+/// The CPU supports AVX-512F; rows `r0..r0 + a.len()` of `m` exist; `y.len() == m.cols`;
+/// `seg` is a multiple of 64 or `usize::MAX`, and `m` is int4 with those segments.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn scaled_add_rows_int4(
+    m: &MatRef<'_>,
+    r0: usize,
+    a: &[f32],
+    y: &mut [f32],
+    seg: usize,
+) {
+    let cols = m.cols;
+    let full = cols & !63;
+    let mut c0 = 0;
+    while c0 < full {
+        let groups = match (full - c0) / 64 {
+            4.. => 4,
+            2 | 3 => 2,
+            _ => 1,
+        };
+        // SAFETY (all three): columns c0 .. c0 + 64 · groups lie in whole groups of the row; the
+        // rest is forwarded from this function's contract.
+        unsafe {
+            match groups {
+                4 => add_rows_chunk::<4, 16>(m, r0, a, y, seg, c0),
+                2 => add_rows_chunk::<2, 8>(m, r0, a, y, seg, c0),
+                _ => add_rows_chunk::<1, 4>(m, r0, a, y, seg, c0),
+            }
+        }
+        c0 += 64 * groups;
+    }
+    let rb = m.format.row_bytes(cols);
+    let spr = m.format.row_scales(cols);
+    for (j, &aj) in a.iter().enumerate() {
+        let row = r0 + j;
+        for (c, v) in y.iter_mut().enumerate().skip(full) {
+            let s = m.scales[row * spr + if seg == usize::MAX { 0 } else { c / seg }];
+            let w = crate::decode::int4_code(m.data[row * rb + c / 2], c % 2 == 1) * s;
+            *v += aj * w;
+        }
+    }
+}
+
+/// One chunk of [`scaled_add_rows_int4`]: `G` groups of 64 columns from `c0`, `S = 4·G` steps.
+///
+/// # Safety
+/// As [`scaled_add_rows_int4`], with columns `c0 .. c0 + 64·G` inside the row.
+#[target_feature(enable = "avx512f")]
+unsafe fn add_rows_chunk<const G: usize, const S: usize>(
+    m: &MatRef<'_>,
+    r0: usize,
+    a: &[f32],
+    y: &mut [f32],
+    seg: usize,
+    c0: usize,
+) {
+    debug_assert_eq!(S, 4 * G, "four steps per group");
+    let rb = m.format.row_bytes(m.cols);
+    let spr = m.format.row_scales(m.cols);
+    // The scale of each group of the chunk, as an index into a row's scales.
+    let si: [usize; G] = std::array::from_fn(|g| {
+        if seg == usize::MAX {
+            0
+        } else {
+            (c0 + 64 * g) / seg
+        }
+    });
+    // SAFETY: NIB_SHIFTS holds exactly 8 qwords.
+    let sh = unsafe { _mm512_loadu_si512(NIB_SHIFTS.as_ptr().cast()) };
+    let codes = cf(&CODES);
+    let mut acc = [_mm512_setzero_ps(); S];
+    for (k, v) in acc.iter_mut().enumerate() {
+        // SAFETY: columns c0 + 16k .. + 16 lie in `y` (caller).
+        let yv = unsafe { _mm512_loadu_ps(y.as_ptr().add(c0 + 16 * k)) };
+        *v = _mm512_permutexvar_ps(ci(&PERM), yv);
+    }
+    for (j, &aj) in a.iter().enumerate() {
+        let row = r0 + j;
+        // SAFETY: row `row` exists (caller), so its bytes from c0 / 2 are inside `data`.
+        let p = unsafe { m.data.as_ptr().add(row * rb + c0 / 2) };
+        let av = _mm512_set1_ps(aj);
+        for (g, (&s, group)) in si.iter().zip(acc.chunks_exact_mut(4)).enumerate() {
+            let t = _mm512_mul_ps(codes, _mm512_set1_ps(m.scales[row * spr + s]));
+            for (i, v) in group.iter_mut().enumerate() {
+                // SAFETY: the 8 bytes of columns c0 + 16k .. + 16 (k = 4g + i) of the row
+                // (caller).
+                let q = unsafe { std::ptr::read_unaligned(p.add(8 * (4 * g + i)).cast::<i64>()) };
+                let w = _mm512_permutexvar_ps(_mm512_srlv_epi64(_mm512_set1_epi64(q), sh), t);
+                *v = _mm512_add_ps(*v, _mm512_mul_ps(av, w));
+            }
+        }
+    }
+    for (k, v) in acc.iter().enumerate() {
+        // SAFETY: as the loads above.
+        unsafe {
+            _mm512_storeu_ps(
+                y.as_mut_ptr().add(c0 + 16 * k),
+                _mm512_permutexvar_ps(ci(&UNPERM), *v),
+            )
+        };
+    }
+}

@@ -26,8 +26,8 @@
 use super::recon::Heads;
 use crate::cache::LayerCache;
 use nectar_kernels::{
-    decode_row, dot, dot4, matmul_rows, scaled_add, scaled_add4, softmax_in_place, team, MatRef,
-    DOT4, ROWS4,
+    dot, dot4, matmul_rows, scaled_add, scaled_add4, scaled_add_rows, softmax_in_place, team,
+    MatRef, DOT4, ROWS4,
 };
 
 /// Keys scored per task: their latents (32 × 2 KB at rank 512) stay in L2 while every head of
@@ -124,11 +124,8 @@ fn one_head(
     let (dn, dr, dv, dq) = (g.dn, g.dr, g.dv, g.dn + g.dr);
     let base = head * (dn + dv);
     let qh = &row.q[head * dq..][..dq];
-    let (mut w, mut q_lat) = (vec![0.0f32; rank], vec![0.0f32; rank]);
-    for (j, &a) in qh[..dn].iter().enumerate() {
-        decode_row(kvb, base + j, &mut w);
-        scaled_add(&mut q_lat, a, &w);
-    }
+    let mut q_lat = vec![0.0f32; rank];
+    scaled_add_rows(kvb, base, &qh[..dn], &mut q_lat);
     let c = row.cache;
     let lat = |t: usize| &c.latent[t * rank..][..rank];
     let kpe = |t: usize| &c.k_pe[t * dr..][..dr];
@@ -167,11 +164,7 @@ fn block(
     let mut q_lat = vec![0.0f32; rows.len() * hd * rank];
     team::for_each_chunk_mut(&mut q_lat, rank, |idx, ql| {
         let (row, head) = (&rows[idx / hd], idx % hd);
-        let mut w = vec![0.0f32; rank];
-        for (j, &a) in row.q[head * dq..][..dn].iter().enumerate() {
-            decode_row(kvb, head * (dn + dv) + j, &mut w);
-            scaled_add(ql, a, &w);
-        }
+        scaled_add_rows(kvb, head * (dn + dv), &row.q[head * dq..][..dn], ql);
     });
     // 2. Scores, `[row][tile][head][key of the tile]`, per (row, tile): a block of heads at a
     //    time (their q_lat stays in L1) against every key of the tile (in L2), four heads per
