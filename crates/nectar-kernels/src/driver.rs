@@ -405,8 +405,8 @@ pub(crate) fn prefetch_start(w: &MatRef<'_>, rows: Range<usize>) {
 }
 
 /// Software prefetch of the next register block's weight bytes, spread evenly over the steps
-/// of the current block (the kernels prefetch the next block's scales where they start a scale
-/// segment, see [`prefetch_scale`]).
+/// of the current block (the kernels prefetch the next block's scales where they start a
+/// block, see [`prefetch_scales`]).
 ///
 /// Why: a block reads R interleaved rows, i.e. R short streams (1–8 KiB each at GLM widths);
 /// the hardware prefetcher ramps up on each too late, and a single core then waits on DRAM
@@ -475,12 +475,19 @@ impl Prefetch {
     }
 }
 
-/// Prefetches the scale `si` of row `row`; `spr` = scales per row, hoisted by the caller
-/// (computing it divides, and this runs at every scale segment).
+/// Prefetches the scales of rows `row..row + nrows` (the next register block's), one prefetch
+/// per line, where a block starts. A prefetch per row at every scale segment cost about a tenth
+/// of int4-g64's rate on AVX-512 and 4–6 % on AVX2 (measured; `benchmarks/RESULTS.md`). The
+/// AVX-512 blocks keep their own copy of this loop: calling this helper there made int8
+/// products 9 % slower in an A/B (the same instructions; code placement, not understood).
 #[inline(always)]
-pub(crate) fn prefetch_scale(w: &MatRef<'_>, spr: usize, row: usize, si: usize) {
-    if spr > 0 {
-        prefetch(w.scales.as_ptr().wrapping_add(row * spr + si).cast());
+pub(crate) fn prefetch_scales(w: &MatRef<'_>, row: usize, nrows: usize) {
+    let spr = w.format.row_scales(w.cols);
+    let p = w.scales.as_ptr().wrapping_add(row * spr).cast::<u8>();
+    let mut o = 0;
+    while o < nrows * spr * 4 {
+        prefetch(p.wrapping_add(o));
+        o += 64;
     }
 }
 

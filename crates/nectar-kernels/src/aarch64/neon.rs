@@ -4,7 +4,7 @@
 //!
 //! Covered formats: f32, bf16, int8 per row, int4 per row and grouped. f16 weights use the
 //! scalar tile (no f16 model needs a fast path today).
-use crate::driver::{prefetch_scale, run, Block, Prefetch};
+use crate::driver::{prefetch_scales, run, Block, Prefetch};
 use crate::format::{MatRef, WeightFormat};
 use crate::xpack::XPack;
 use std::arch::aarch64::*;
@@ -357,7 +357,7 @@ impl<D: Dec> Block for K<D> {
         let mut acc = [[[z; 4]; MB]; R];
         let seg = d.seg();
         let mut pf = Prefetch::new(w, r0 + R, R);
-        let spr = w.format.row_scales(cols);
+        prefetch_scales(w, r0 + R, R);
         let (mut c, mut si) = (0, 0);
         while c < full {
             let end = c + seg.min(full - c);
@@ -366,9 +366,6 @@ impl<D: Dec> Block for K<D> {
             for (k, s) in st.iter_mut().enumerate().skip(1) {
                 // SAFETY: as above.
                 *s = unsafe { d.state(r0 + k, si) };
-            }
-            for k in 0..R {
-                prefetch_scale(w, spr, r0 + R + k, si);
             }
             // Two steps per iteration halve the loop and prefetch overhead per step. Not for
             // blocks of 8 activation rows: two steps' activations would not fit in registers

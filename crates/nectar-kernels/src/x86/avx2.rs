@@ -4,7 +4,7 @@
 //! Weights are dequantised in registers exactly as `decode_row` does (`(code as f32) * scale`;
 //! int4 codes via a per-lane variable shift of the broadcast bytes) and fed straight into the
 //! fused multiply-add.
-use crate::driver::{prefetch_scale, run, Block, Prefetch};
+use crate::driver::{prefetch_scales, run, Block, Prefetch};
 use crate::format::{MatRef, WeightFormat};
 use crate::xpack::XPack;
 use std::arch::x86_64::*;
@@ -321,8 +321,9 @@ impl Dec for Int8D<'_> {
     }
 }
 
-/// int4, per row or any group size. State: the per-lane scales of one segment (a whole group
-/// when the group is a multiple of 16, else one step, which may straddle group boundaries).
+/// int4 per row, or in groups that are not a multiple of 16 ([`Int4S`] takes the others).
+/// State: the per-lane scales of one segment (the row, or one 16-column step, which may
+/// straddle group boundaries).
 struct Int4D<'a> {
     w: MatRef<'a>,
     seg: usize,
@@ -399,6 +400,48 @@ impl Dec for Int4D<'_> {
     }
 }
 
+/// int4 in groups of a multiple of 16 columns: one scale register per row. [`Int4D`]'s two per row (its segments may straddle
+/// groups) spilled a 4-row block's scales and accumulators to the stack on AVX2's 16
+/// registers: int4-g64 products ran at 0.6 of int4-row ones (`benchmarks/RESULTS.md`).
+struct Int4S<'a> {
+    w: MatRef<'a>,
+    /// Columns per scale.
+    seg: usize,
+    scales_per_row: usize,
+}
+
+impl Dec for Int4S<'_> {
+    type S = __m256;
+    fn mat(&self) -> &MatRef<'_> {
+        &self.w
+    }
+    fn seg(&self) -> usize {
+        self.seg
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn state(&self, row: usize, si: usize) -> __m256 {
+        _mm256_set1_ps(self.w.scales[row * self.scales_per_row + si])
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load(&self, p: *const u8, c: usize, s: __m256) -> V {
+        // SAFETY: 8 bytes of columns c..c + 16 lie in the row (caller).
+        let (a, b) = unsafe { (codes8(p.add(c / 2)), codes8(p.add(c / 2 + 4))) };
+        [_mm256_mul_ps(a, s), _mm256_mul_ps(b, s)]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: __m256) -> V {
+        // SAFETY: ceil(n / 2) bytes remain in the row.
+        let t = unsafe { tail_bytes::<8>(p.add(c / 2), n.div_ceil(2)) };
+        // SAFETY: local 8-byte buffer; padded lanes forced to +0.
+        let v = unsafe { self.load(t.as_ptr(), 0, s) };
+        let m = lane_mask(n);
+        [_mm256_and_ps(v[0], m[0]), _mm256_and_ps(v[1], m[1])]
+    }
+}
+
 /// One 16-column step (at column `c`) of every row of a register block against every
 /// activation row: decode the row's weights once, then one FMA per activation row.
 ///
@@ -462,7 +505,7 @@ impl<D: Dec> Block for K<D> {
         let mut acc = [[[z, z]; MB]; R];
         let seg = d.seg();
         let mut pf = Prefetch::new(w, r0 + R, R);
-        let spr = w.format.row_scales(cols);
+        prefetch_scales(w, r0 + R, R);
         let (mut c, mut si) = (0, 0);
         while c < full {
             let end = c + seg.min(full - c);
@@ -471,9 +514,6 @@ impl<D: Dec> Block for K<D> {
             for (k, s) in st.iter_mut().enumerate().skip(1) {
                 // SAFETY: as above.
                 *s = unsafe { d.state(r0 + k, si) };
-            }
-            for k in 0..R {
-                prefetch_scale(w, spr, r0 + R + k, si);
             }
             // Two steps per iteration halve the loop and prefetch overhead per step. Not for
             // blocks of 8 activation rows: two steps' activations would not fit in registers
@@ -541,6 +581,8 @@ pub(crate) unsafe fn tile(
             WeightFormat::Bf16 => run(&K(Bf16D(*w)), rows, x, out, stride),
             WeightFormat::F16 => run(&K(F16D(*w)), rows, x, out, stride),
             WeightFormat::Int8Row => run(&K(Int8D(*w)), rows, x, out, stride),
+            // Per row: `Int4S` measured 0.97× at one thread and 0.75× at two (spills of the
+            // per-row scales never happened here; RESULTS).
             WeightFormat::Int4Row => {
                 let d = Int4D {
                     w: *w,
@@ -550,10 +592,18 @@ pub(crate) unsafe fn tile(
                 };
                 run(&K(d), rows, x, out, stride)
             }
+            WeightFormat::Int4Group { group } if group % 16 == 0 => {
+                let d = Int4S {
+                    w: *w,
+                    seg: group,
+                    scales_per_row: spr,
+                };
+                run(&K(d), rows, x, out, stride)
+            }
             WeightFormat::Int4Group { group } => {
                 let d = Int4D {
                     w: *w,
-                    seg: if group % 16 == 0 { group } else { 16 },
+                    seg: 16,
                     group,
                     scales_per_row: spr,
                 };
