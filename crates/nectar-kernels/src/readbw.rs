@@ -182,14 +182,12 @@ mod arm {
         let mut a = [vdupq_n_u64(0); 8];
         let mut o = 0;
         while o < b.len() {
-            let pf = match mode {
-                ReadMode::Plain => None,
-                ReadMode::Prefetch => Some(crate::driver::prefetch as fn(*const u8)),
-                ReadMode::PrefetchL2 => Some(crate::driver::prefetch_l2 as fn(*const u8)),
-            };
-            if let Some(pf) = pf {
-                for l in 0..8 {
-                    pf(p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l));
+            for l in 0..8 {
+                let q = p.wrapping_add(o + PREFETCH_DISTANCE + 64 * l);
+                match mode {
+                    ReadMode::Plain => {}
+                    ReadMode::Prefetch => crate::driver::prefetch(q),
+                    ReadMode::PrefetchL2 => crate::driver::prefetch_l2(q),
                 }
             }
             for q in 0..4 {

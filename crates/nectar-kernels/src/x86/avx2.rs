@@ -400,9 +400,10 @@ impl Dec for Int4D<'_> {
     }
 }
 
-/// int4 in groups of a multiple of 16 columns: one scale register per row. [`Int4D`]'s two per row (its segments may straddle
-/// groups) spilled a 4-row block's scales and accumulators to the stack on AVX2's 16
-/// registers: int4-g64 products ran at 0.6 of int4-row ones (`benchmarks/RESULTS.md`).
+/// int4 in groups of a multiple of 16 columns: one scale register per row. [`Int4D`]'s two per
+/// row (its segments may straddle groups) spilled a 4-row block's scales and accumulators to
+/// the stack on AVX2's 16 registers: int4-g64 products ran at 0.6 of int4-row ones
+/// (`benchmarks/RESULTS.md`).
 struct Int4S<'a> {
     w: MatRef<'a>,
     /// Columns per scale.
@@ -581,8 +582,8 @@ pub(crate) unsafe fn tile(
             WeightFormat::Bf16 => run(&K(Bf16D(*w)), rows, x, out, stride),
             WeightFormat::F16 => run(&K(F16D(*w)), rows, x, out, stride),
             WeightFormat::Int8Row => run(&K(Int8D(*w)), rows, x, out, stride),
-            // Per row: `Int4S` measured 0.97× at one thread and 0.75× at two (spills of the
-            // per-row scales never happened here; RESULTS).
+            // Per row `Int4D` stays: `Int4S` measured 0.97× of it at one thread and 0.75× at
+            // two (RESULTS).
             WeightFormat::Int4Row => {
                 let d = Int4D {
                     w: *w,
