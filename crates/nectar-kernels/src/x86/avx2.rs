@@ -345,6 +345,33 @@ unsafe fn codes8(p: *const u8) -> __m256 {
     _mm256_sub_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(8.0))
 }
 
+/// Weights of int4 columns `c..c + 16` of the row at `p`: codes times the two halves' scales.
+///
+/// # Safety
+/// 8 bytes of columns `c..c + 16` lie in the row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int4_load(p: *const u8, c: usize, s: V) -> V {
+    // SAFETY: 8 bytes of columns c..c + 16 lie in the row (caller).
+    let (a, b) = unsafe { (codes8(p.add(c / 2)), codes8(p.add(c / 2 + 4))) };
+    [_mm256_mul_ps(a, s[0]), _mm256_mul_ps(b, s[1])]
+}
+
+/// [`int4_load`] of the ragged end, `n < 16` columns; the other lanes are +0.
+///
+/// # Safety
+/// `ceil(n / 2)` bytes from column `c` lie in the row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int4_tail(p: *const u8, c: usize, n: usize, s: V) -> V {
+    // SAFETY: ceil(n / 2) bytes remain in the row.
+    let t = unsafe { tail_bytes::<8>(p.add(c / 2), n.div_ceil(2)) };
+    // SAFETY: local 8-byte buffer; padded lanes forced to +0.
+    let v = unsafe { int4_load(t.as_ptr(), 0, s) };
+    let m = lane_mask(n);
+    [_mm256_and_ps(v[0], m[0]), _mm256_and_ps(v[1], m[1])]
+}
+
 impl Dec for Int4D<'_> {
     type S = V;
     fn mat(&self) -> &MatRef<'_> {
@@ -384,19 +411,14 @@ impl Dec for Int4D<'_> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load(&self, p: *const u8, c: usize, s: V) -> V {
-        // SAFETY: 8 bytes of columns c..c + 16 lie in the row (caller).
-        let (a, b) = unsafe { (codes8(p.add(c / 2)), codes8(p.add(c / 2 + 4))) };
-        [_mm256_mul_ps(a, s[0]), _mm256_mul_ps(b, s[1])]
+        // SAFETY: forwarded (8 bytes of columns c..c + 16 lie in the row).
+        unsafe { int4_load(p, c, s) }
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: V) -> V {
-        // SAFETY: ceil(n / 2) bytes remain in the row.
-        let t = unsafe { tail_bytes::<8>(p.add(c / 2), n.div_ceil(2)) };
-        // SAFETY: local 8-byte buffer; padded lanes forced to +0.
-        let v = unsafe { self.load(t.as_ptr(), 0, s) };
-        let m = lane_mask(n);
-        [_mm256_and_ps(v[0], m[0]), _mm256_and_ps(v[1], m[1])]
+        // SAFETY: forwarded (ceil(n / 2) bytes remain in the row).
+        unsafe { int4_tail(p, c, n, s) }
     }
 }
 
@@ -427,19 +449,14 @@ impl Dec for Int4S<'_> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load(&self, p: *const u8, c: usize, s: __m256) -> V {
-        // SAFETY: 8 bytes of columns c..c + 16 lie in the row (caller).
-        let (a, b) = unsafe { (codes8(p.add(c / 2)), codes8(p.add(c / 2 + 4))) };
-        [_mm256_mul_ps(a, s), _mm256_mul_ps(b, s)]
+        // SAFETY: forwarded (8 bytes of columns c..c + 16 lie in the row).
+        unsafe { int4_load(p, c, [s, s]) }
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tail(&self, p: *const u8, c: usize, n: usize, s: __m256) -> V {
-        // SAFETY: ceil(n / 2) bytes remain in the row.
-        let t = unsafe { tail_bytes::<8>(p.add(c / 2), n.div_ceil(2)) };
-        // SAFETY: local 8-byte buffer; padded lanes forced to +0.
-        let v = unsafe { self.load(t.as_ptr(), 0, s) };
-        let m = lane_mask(n);
-        [_mm256_and_ps(v[0], m[0]), _mm256_and_ps(v[1], m[1])]
+        // SAFETY: forwarded (ceil(n / 2) bytes remain in the row).
+        unsafe { int4_tail(p, c, n, [s, s]) }
     }
 }
 
