@@ -50,18 +50,6 @@ impl Drop for Held<'_> {
     }
 }
 
-/// `x` as bytes.
-fn bytes_of(x: &[f32]) -> &[u8] {
-    // SAFETY: every f32 is 4 initialised bytes; u8 has no alignment requirement.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
-}
-
-/// `x` as bytes, writable.
-fn bytes_of_mut(x: &mut [f32]) -> &mut [u8] {
-    // SAFETY: as `bytes_of`; every byte pattern is a valid f32.
-    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
-}
-
 /// `dst ← src` on the compute team, [`HOST_TASK`] bytes per task.
 fn host_copy(dst: &mut [u8], src: &[u8]) {
     team::for_each_chunk_mut(dst, HOST_TASK, |k, d| {
@@ -103,7 +91,7 @@ impl Gpu {
         let dst: CudaSlice<f32> = unsafe { self.stream.alloc(src.len())? };
         let (base, _sync) = dst.device_ptr(&self.stream);
         let held = self.bounce()?;
-        let src = bytes_of(src);
+        let src: &[u8] = bytemuck::cast_slice(src);
         let stream = self.stream.cu_stream();
         for (c, piece) in src.chunks(CHUNK).enumerate() {
             let h = c % 2;
@@ -150,7 +138,7 @@ impl Gpu {
         }
         let (base, _sync) = src.device_ptr(&self.stream);
         let held = self.bounce()?;
-        let dst = bytes_of_mut(dst);
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(dst);
         let stream = self.stream.cu_stream();
         let pieces = bytes.div_ceil(CHUNK);
         let len = |c: usize| CHUNK.min(bytes - c * CHUNK);

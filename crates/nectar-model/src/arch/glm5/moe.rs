@@ -769,6 +769,7 @@ impl Moe {
                             },
                         );
                         let (g, copied, vram_time, copy_time) = gpu_side;
+                        let (ys_ready, sh, ys_waiting, cpu_time) = cpu;
                         // One line per wave (`NECTAR_LOG=nectar::moe=debug`): where a streamed
                         // layer's time goes, the two sides of the wave apart.
                         tracing::debug!(
@@ -780,7 +781,7 @@ impl Moe {
                             copied = copy_rows.len(),
                             vram_experts = if with_gpu { gpu_union.len() } else { 0 },
                             acquire_us = acquired.as_micros() as u64,
-                            cpu_us = cpu.3.as_micros() as u64,
+                            cpu_us = cpu_time.as_micros() as u64,
                             vram_us = vram_time.as_micros() as u64,
                             copy_us = copy_time.as_micros() as u64,
                             wave_us = wave_started.elapsed().as_micros() as u64,
@@ -788,7 +789,6 @@ impl Moe {
                         if g.is_some() {
                             gpu_ys = g;
                         }
-                        let (ys_ready, sh, ys_waiting, _) = cpu;
                         if let Some(s) = sh? {
                             shared = Some(s);
                         }
