@@ -79,20 +79,37 @@ impl Gpu {
         })
     }
 
-    /// `src` uploaded into a new device buffer: through the bounce buffer from
-    /// [`BOUNCE_MIN`] bytes, the driver's copy below. Queued on the stream, so the kernels
-    /// queued after it read it; `src` may be reused when this returns.
+    /// `src` uploaded into a new device buffer ([`Gpu::upload_at`]).
     pub(crate) fn to_device(&self, src: &[f32]) -> Result<CudaSlice<f32>> {
-        let bytes = std::mem::size_of_val(src);
-        if bytes < BOUNCE_MIN {
+        if std::mem::size_of_val(src) < BOUNCE_MIN {
             return Ok(self.stream.clone_htod(src)?);
         }
-        // SAFETY: every element is written by the copies below before anything reads it.
+        // SAFETY: every element is written by the copy below before anything reads it.
         let dst: CudaSlice<f32> = unsafe { self.stream.alloc(src.len())? };
-        let (base, _sync) = dst.device_ptr(&self.stream);
+        let (base, sync) = dst.device_ptr(&self.stream);
+        // SAFETY: `dst` holds `src.len()` f32 from `base` and nothing else uses it.
+        unsafe { self.upload_at(base, src)? };
+        drop(sync);
+        Ok(dst)
+    }
+
+    /// `src` copied to the device address `base`: through the bounce buffer from
+    /// [`BOUNCE_MIN`] bytes, the driver's copy below. Queued on the stream, so the kernels
+    /// queued after it read it; `src` may be reused when this returns.
+    ///
+    /// # Safety
+    /// `base` addresses `src.len()` f32 of this context that nothing reads or writes until
+    /// the stream has passed this copy.
+    pub(crate) unsafe fn upload_at(&self, base: u64, src: &[f32]) -> Result<()> {
+        let stream = self.stream.cu_stream();
+        if std::mem::size_of_val(src) < BOUNCE_MIN {
+            // SAFETY: the contract; a pageable source is staged by the driver before the call
+            // returns.
+            unsafe { cudarc::driver::result::memcpy_htod_async(base, src, stream)? };
+            return Ok(());
+        }
         let held = self.bounce()?;
         let src: &[u8] = bytemuck::cast_slice(src);
-        let stream = self.stream.cu_stream();
         for (c, piece) in src.chunks(CHUNK).enumerate() {
             let h = c % 2;
             // The DMA that last read this half (piece c − 2) has finished.
@@ -104,9 +121,9 @@ impl Gpu {
             let half =
                 unsafe { std::slice::from_raw_parts_mut(held.at.add(h * CHUNK), piece.len()) };
             host_copy(half, piece);
-            // SAFETY: the device buffer holds `bytes` from `base`; the half stays untouched
-            // until its event says the DMA has read it (waited for before its next use, and
-            // by `Held` before this call lets the buffer go).
+            // SAFETY: the device region holds the bytes from `base` (the contract); the half
+            // stays untouched until its event says the DMA has read it (waited for before its
+            // next use, and by `Held` before this call lets the buffer go).
             unsafe {
                 cudarc::driver::result::memcpy_htod_async(
                     base + (c * CHUNK) as u64,
@@ -117,8 +134,7 @@ impl Gpu {
             held.events[h].record(&self.stream)?;
         }
         drop(held);
-        drop(_sync);
-        Ok(dst)
+        Ok(())
     }
 
     /// The first `dst.len()` values of `src` into `dst`: through the bounce buffer from

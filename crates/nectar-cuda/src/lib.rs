@@ -56,6 +56,8 @@ mod kernel_cache;
 #[cfg(feature = "cuda")]
 mod moe;
 #[cfg(feature = "cuda")]
+mod moe_out;
+#[cfg(feature = "cuda")]
 mod round_trip;
 #[cfg(feature = "cuda")]
 mod rows;
@@ -80,6 +82,8 @@ pub use gemv::{packs, GemvPlan, GpuMat, Job, Order, QSrc, MAX_M};
 pub use index::{IndexRows, INDEX_MAX_DIM};
 #[cfg(feature = "cuda")]
 pub use moe::{MoeCombine, NO_PAIR};
+#[cfg(feature = "cuda")]
+pub use moe_out::{GpuMoeOut, StreamMark};
 #[cfg(feature = "cuda")]
 pub use rows::{GpuRows, ROPE_MAX_HALF};
 #[cfg(feature = "cuda")]

@@ -186,12 +186,45 @@ impl Gpu {
         experts: &[([MatView; 3], &[u32])],
         flat: &[u32],
     ) -> Result<CudaSlice<f32>> {
-        let pairs = flat.len();
-        let y = self.nan_filled(pairs.max(1) * hidden)?;
-        if pairs == 0 {
-            return Ok(y);
-        }
+        let y = self.nan_filled(flat.len().max(1) * hidden)?;
         let (yp, y_sync) = y.device_ptr(&self.stream);
+        let mut at_y = Vec::with_capacity(experts.len());
+        let mut next = 0;
+        for (_, r) in experts {
+            at_y.push(at(yp, next * hidden));
+            next += r.len();
+        }
+        // SAFETY: this fn's contract; expert j's rows of `y` start at `at_y[j]`, disjoint.
+        unsafe { self.enqueue_gathered_at(xp, hidden, experts, flat, &at_y)? };
+        drop(y_sync);
+        Ok(y)
+    }
+
+    /// [`Gpu::enqueue_gathered`] writing expert `j`'s output rows from the device address
+    /// `ys[j]` (a layer's outputs kept in VRAM, `moe_out.rs`).
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_gathered`]; each `ys[j]` addresses `experts[j].1.len() × hidden` f32
+    /// of this context that nothing else uses until the stream passes.
+    pub(crate) unsafe fn enqueue_gathered_at(
+        &self,
+        xp: u64,
+        hidden: usize,
+        experts: &[([MatView; 3], &[u32])],
+        flat: &[u32],
+        ys: &[u64],
+    ) -> Result<()> {
+        let pairs = flat.len();
+        if pairs == 0 {
+            return Ok(());
+        }
+        if ys.len() != experts.len() {
+            return Err(Error::Shape(format!(
+                "moe: {} outputs for {} experts",
+                ys.len(),
+                experts.len()
+            )));
+        }
         let rows_dev = self.stream.clone_htod(flat)?;
         // SAFETY: written by the gather below before the experts read it.
         let xg: CudaSlice<f32> = unsafe { self.stream.alloc(pairs * hidden)? };
@@ -219,15 +252,15 @@ impl Gpu {
             let (mlps, io): (Vec<[MatView; 3]>, Vec<(u64, u64)>) = experts
                 .iter()
                 .zip(&offset)
-                .filter(|((_, r), _)| r.len() == n)
-                .map(|((w, _), &o)| (*w, (at(gp, o * hidden), at(yp, o * hidden))))
+                .zip(ys)
+                .filter(|(((_, r), _), _)| r.len() == n)
+                .map(|(((w, _), &o), &y)| (*w, (at(gp, o * hidden), y)))
                 .unzip();
-            // SAFETY: each (x, y) is n rows of xg / y, disjoint per expert; the views are this
-            // fn's contract.
+            // SAFETY: each x is n rows of xg, each y n rows at the caller's disjoint address;
+            // the views are this fn's contract.
             unsafe { self.enqueue_swiglu(&mlps, &io, n)? };
         }
-        drop(y_sync);
-        Ok(y)
+        Ok(())
     }
 
     /// A MoE layer's input, `m` rows of `width` f32, uploaded once for the experts that run on
@@ -323,7 +356,7 @@ fn scratch_bytes(
 }
 
 /// A grid-stride launch over `n` elements.
-fn grid(n: usize) -> LaunchConfig {
+pub(crate) fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),

@@ -133,6 +133,38 @@ impl GpuWeight {
             .map_err(gpu_err)
     }
 
+    /// [`GpuWeight::swiglu_rows`] with each MLP's output left in VRAM, at pairs `first[j] ..`
+    /// of a layer's outputs (`nectar_cuda::Gpu::swiglu_rows_into`): queued, the same bits.
+    pub(crate) fn swiglu_rows_into(
+        mlps: &[[&GpuWeight; 3]],
+        x: &nectar_cuda::GpuRows,
+        rows: &[&[u32]],
+        out: &nectar_cuda::GpuMoeOut,
+        first: &[usize],
+    ) -> Result<()> {
+        let Some(w0) = mlps.first() else {
+            return Ok(());
+        };
+        let mats: Vec<[&GpuMat; 3]> = mlps.iter().map(|w| w.map(|w| &w.mat)).collect();
+        w0[0]
+            .gpu
+            .swiglu_rows_into_mats(&mats, x, rows, out, first)
+            .map_err(gpu_err)
+    }
+
+    /// The shared expert `mlp` over every row of `x` into a layer's outputs in VRAM
+    /// (`nectar_cuda::Gpu::shared_into_mats`): queued, [`GpuWeight::swiglu_many`]'s bits.
+    pub(crate) fn shared_into(
+        mlp: [&GpuWeight; 3],
+        x: &nectar_cuda::GpuRows,
+        out: &nectar_cuda::GpuMoeOut,
+    ) -> Result<()> {
+        mlp[0]
+            .gpu
+            .shared_into_mats(mlp.map(|w| &w.mat), x, out)
+            .map_err(gpu_err)
+    }
+
     /// A MoE layer's output with its expert work all on the GPU (`nectar_cuda::Gpu::moe_batch`:
     /// `x` up once, each routed expert `([gate, up, down], its rows of x)` gathered and chained
     /// in VRAM, the shared expert, the weighted combine): the bits of running each expert by

@@ -18,6 +18,7 @@
 //! registered again on its next copy) and the whole slab before it is freed. Where registration
 //! fails (at load: the load line says so; or for one slot later) the bytes go through the
 //! staging area's pinned ring instead, and the lease is dropped once they are in the ring.
+use super::gpu_combine::GpuCombine;
 use super::offload::Offload;
 #[cfg(feature = "cuda")]
 use crate::error::Error;
@@ -77,8 +78,9 @@ impl CopyTier {
 
     pub fn run(
         &self,
-        _jobs: Vec<(Pending, Vec<u32>)>,
+        _jobs: Vec<(Pending, Vec<u32>, usize)>,
         _x: &super::moe::LayerInput<'_>,
+        _dest: Option<&GpuCombine>,
     ) -> Result<Vec<Vec<f32>>> {
         match *self {}
     }
@@ -197,6 +199,11 @@ impl CopyTier {
         }
     }
 
+    /// The GPU the copies go to.
+    pub fn gpu(&self) -> &Arc<nectar_cuda::Gpu> {
+        self.staging.gpu()
+    }
+
     /// Device bytes of the staging area.
     pub fn device_bytes(&self) -> usize {
         self.staging.device_bytes()
@@ -219,12 +226,15 @@ impl CopyTier {
         s
     }
 
-    /// Copies and computes each `(lease to come, its rows of the layer's input x)` on the GPU;
-    /// outputs in the order given. Every lease is dropped when this returns.
+    /// Copies and computes each `(lease to come, its rows of the layer's input x, its first
+    /// pair)` on the GPU. With `dest` each output stays in the step's outputs in VRAM at its
+    /// first pair and nothing is returned; without, the outputs come back in the order given.
+    /// Every lease is dropped when this returns.
     pub fn run(
         &self,
-        jobs: Vec<(Pending, Vec<u32>)>,
+        jobs: Vec<(Pending, Vec<u32>, usize)>,
         x: &super::moe::LayerInput<'_>,
+        dest: Option<&GpuCombine>,
     ) -> Result<Vec<Vec<f32>>> {
         let n = jobs.len();
         if n == 0 {
@@ -238,10 +248,15 @@ impl CopyTier {
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Staged<'_>>(slots);
         let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(n);
         let mut pendings = Vec::with_capacity(n);
-        for (p, rows) in jobs {
+        let mut firsts = Vec::with_capacity(n);
+        for (p, rows, first) in jobs {
             pendings.push(p);
             inputs.push(rows);
+            firsts.push(first);
         }
+        // Copied experts whose outputs stay in VRAM: their GPU time is read from stream marks
+        // once they are done (their products are queued, not waited for).
+        let mut queued = Vec::new();
         let x = x.on(self.staging.gpu())?;
         std::thread::scope(|s| {
             let producer = s.spawn(move || -> Result<()> {
@@ -301,6 +316,25 @@ impl CopyTier {
                     let exposed_s = (waited.elapsed().as_secs_f64() - st.lease_s).max(0.0);
                     let started = Instant::now();
                     let rows = &inputs[st.job];
+                    if let Some(d) = dest {
+                        let t0 = gpu.mark().map_err(gpu_err)?;
+                        // SAFETY: as below; the products are queued before `release`.
+                        unsafe {
+                            gpu.swiglu_rows_into(
+                                &[st.views],
+                                x,
+                                &[rows],
+                                d.out(),
+                                &[firsts[st.job]],
+                            )
+                        }
+                        .map_err(gpu_err)?;
+                        let t1 = gpu.mark().map_err(gpu_err)?;
+                        self.staging.release(st.slot).map_err(gpu_err)?;
+                        let _ = free_tx.send(st.slot);
+                        queued.push((rows.len(), st.bytes, st.stage_s, dma_s, exposed_s, t0, t1));
+                        continue;
+                    }
                     // SAFETY: the views address the slot's parts, written by the DMA this
                     // thread just waited for; the slot is not refilled before `release` below
                     // is queued after this MLP (the producer takes it from `free_tx`).
@@ -329,6 +363,14 @@ impl CopyTier {
                 .map_err(|_| Error::Gpu("the expert copy thread panicked".into()))?;
             consumed?;
             produced?;
+            if dest.is_some() {
+                for (rows, bytes, stage_s, dma_s, exposed_s, t0, t1) in queued {
+                    let gpu_s = t1.seconds_since(&t0).map_err(gpu_err)?;
+                    self.offload
+                        .copy_sample(rows, bytes, gpu_s, stage_s, dma_s, exposed_s);
+                }
+                return Ok(Vec::new());
+            }
             out.into_iter()
                 .enumerate()
                 .map(|(i, y)| {

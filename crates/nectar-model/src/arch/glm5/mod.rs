@@ -11,6 +11,7 @@ mod config;
 mod contract;
 mod copied;
 mod decode_cost;
+mod gpu_combine;
 mod indexer;
 mod inventory;
 mod layer;

@@ -1,4 +1,5 @@
 //! Dense MLP and sigmoid-routed MoE (`specs/glm5-architecture.md` §5.10–5.12).
+use super::gpu_combine::GpuCombine;
 use super::offload::Step;
 use super::phases::{Lap, Phase};
 use crate::blocks::{Linear, Loader};
@@ -157,6 +158,12 @@ impl<'a> LayerInput<'a> {
         }
     }
 
+    /// f32 per row.
+    #[cfg(feature = "cuda")]
+    pub(super) fn hidden(&self) -> usize {
+        self.hidden
+    }
+
     /// The input in VRAM on `gpu`, uploaded by the first call.
     #[cfg(feature = "cuda")]
     pub(super) fn on(&self, gpu: &nectar_cuda::Gpu) -> Result<&nectar_cuda::GpuRows> {
@@ -301,6 +308,16 @@ impl Moe {
     fn count_runs(&self, vram: usize, copied: usize, cpu: usize) {
         for (i, n) in [vram, copied, cpu].into_iter().enumerate() {
             self.runs[i].fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The GPU a streamed step's experts run on (the copy route's, else the VRAM tier's).
+    #[cfg(feature = "cuda")]
+    fn step_gpu(&self) -> Option<&Arc<nectar_cuda::Gpu>> {
+        match (&self.copy, &self.vram) {
+            (Some(c), _) => Some(c.gpu()),
+            (None, Some(v)) => v.gpu(),
+            (None, None) => None,
         }
     }
 
@@ -582,6 +599,12 @@ impl Moe {
             ys[at[i * k + slot].0] = y;
         };
         let mut shared = None;
+        // The experts that run on the GPU (VRAM tier and copied) read the layer's input from
+        // VRAM, uploaded once ([`LayerInput`]), each gathering its rows there.
+        let input = LayerInput::new(x, hidden);
+        // A streamed step with experts on the GPU sums its rows there (`gpu_combine.rs`).
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut dev: Option<GpuCombine> = None;
         match &self.experts {
             Experts::Resident(experts) => {
                 let on_gpu = union
@@ -641,17 +664,26 @@ impl Moe {
                 };
                 let copied = copy_mask.iter().filter(|&&c| c).count();
                 self.count_runs(gpu_union.len(), copied, ram_union.len() - copied);
-                // The experts that run on the GPU read the layer's input from VRAM, uploaded
-                // once ([`LayerInput`]), each gathering its rows there.
-                let input = LayerInput::new(x, hidden);
+                #[cfg(feature = "cuda")]
+                if let Some(gpu) = self.step_gpu() {
+                    let mut decided = copy_mask.iter();
+                    let on_gpu: Vec<bool> = union
+                        .iter()
+                        .map(|(e, _)| in_vram(*e) || decided.next() == Some(&true))
+                        .collect();
+                    dev =
+                        GpuCombine::new(gpu, hidden, self.bias.len(), k, &routes, &union, &on_gpu)?;
+                }
+                let dev = &dev;
                 let run_gpu = || -> Result<Vec<Vec<f32>>> {
                     let jobs: Vec<(u32, Vec<u32>)> = gpu_union
                         .iter()
                         .map(|(e, rows)| (*e, row_ids(rows)))
                         .collect();
-                    match &self.vram {
-                        Some(v) => v.forward(&input, &jobs),
-                        None => Ok(Vec::new()),
+                    match (&self.vram, dev) {
+                        (Some(v), Some(d)) => v.forward_into(&input, &jobs, d).map(|()| Vec::new()),
+                        (Some(v), None) => v.forward(&input, &jobs),
+                        (None, _) => Ok(Vec::new()),
                     }
                 };
                 let mut gpu_ys: Option<Result<Vec<Vec<f32>>>> = None;
@@ -693,10 +725,14 @@ impl Moe {
                         }
                         let copy_rows: Vec<&Vec<(usize, usize)>> =
                             to_copy.iter().map(|(_, (_, rows))| rows).collect();
-                        let copy_jobs: Vec<(nectar_residency::Pending, Vec<u32>)> = to_copy
+                        // Each with its first pair when the combine is on the GPU.
+                        let copy_jobs = to_copy
                             .into_iter()
-                            .map(|(p, (_, rows))| (p, row_ids(rows)))
-                            .collect();
+                            .map(|(p, (e, rows))| {
+                                let first = dev.as_ref().map(|d| d.first_of(*e)).transpose()?;
+                                Ok((p, row_ids(rows), first.unwrap_or(0)))
+                            })
+                            .collect::<Result<Vec<_>>>()?;
                         let (ready, waiting): (Vec<_>, Vec<_>) =
                             on_cpu.into_iter().partition(|(p, _)| p.is_ready());
                         // The CPU side's work: its experts, and the shared expert (m rows) in
@@ -733,10 +769,14 @@ impl Moe {
                                             })
                                             .collect::<Vec<_>>()
                                     },
-                                    // The shared expert once per layer, in the first wave.
+                                    // The shared expert once per layer, in the first wave;
+                                    // with the rows summed on the GPU and its matrices
+                                    // there, it runs there instead (`GpuCombine::finish`).
                                     || match shared {
-                                        None => self.shared.forward(x, m).map(Some),
-                                        Some(_) => Ok(None),
+                                        None if !(dev.is_some() && self.shared.on_gpu()) => {
+                                            self.shared.forward(x, m).map(Some)
+                                        }
+                                        _ => Ok(None),
                                     },
                                 );
                                 let mut waited = 0.0;
@@ -762,7 +802,9 @@ impl Moe {
                                 let g = with_gpu.then(run_gpu);
                                 let vram = started.elapsed();
                                 let copied = match &self.copy {
-                                    Some(c) if !copy_jobs.is_empty() => c.run(copy_jobs, &input),
+                                    Some(c) if !copy_jobs.is_empty() => {
+                                        c.run(copy_jobs, &input, dev.as_ref())
+                                    }
                                     _ => Ok(Vec::new()),
                                 };
                                 (g, copied, vram, started.elapsed() - vram)
@@ -817,6 +859,21 @@ impl Moe {
         }
         if let Some(f) = after_reads.take() {
             f()?;
+        }
+        if let Some(d) = dev {
+            #[cfg(feature = "cuda")]
+            {
+                // The shared expert runs on the GPU beside the others when it is there.
+                let on_gpu = shared.is_none().then(|| self.shared.gpu_mats()).flatten();
+                if shared.is_none() && on_gpu.is_none() {
+                    shared = Some(self.shared.forward(x, m)?);
+                }
+                let out = d.finish(&union, &ys, on_gpu, shared.as_deref(), &input)?;
+                lap.mark(Phase::Mlp);
+                return Ok(out);
+            }
+            #[cfg(not(feature = "cuda"))]
+            match d {}
         }
         let shared = match shared {
             Some(s) => s,

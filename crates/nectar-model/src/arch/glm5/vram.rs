@@ -36,6 +36,15 @@ impl VramExperts {
     ) -> Result<Vec<Vec<f32>>> {
         match *self {}
     }
+
+    pub fn forward_into(
+        &self,
+        _x: &super::moe::LayerInput,
+        _jobs: &[(u32, Vec<u32>)],
+        _out: &super::gpu_combine::GpuCombine,
+    ) -> Result<()> {
+        match *self {}
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -89,6 +98,11 @@ impl VramExperts {
         self.slot.get(e as usize).is_some_and(Option::is_some)
     }
 
+    /// The GPU the tier lives on (`None`: it holds no expert).
+    pub fn gpu(&self) -> Option<&std::sync::Arc<nectar_cuda::Gpu>> {
+        self.experts.first().map(|w| w[0].gpu())
+    }
+
     /// Gate, up and down of expert `e`, when it is in VRAM.
     pub fn mats(&self, e: u32) -> Option<[&crate::blocks::GpuWeight; 3]> {
         let i = self.slot.get(e as usize).copied().flatten()?;
@@ -116,5 +130,30 @@ impl VramExperts {
         };
         let rows: Vec<&[u32]> = jobs.iter().map(|(_, r)| r.as_slice()).collect();
         crate::blocks::GpuWeight::swiglu_rows(&mlps, x.on(first[0].gpu())?, &rows)
+    }
+
+    /// [`VramExperts::forward`] with each output left in the step's outputs in VRAM, at its
+    /// expert's pairs: queued, the same bits.
+    pub fn forward_into(
+        &self,
+        x: &super::moe::LayerInput,
+        jobs: &[(u32, Vec<u32>)],
+        out: &super::gpu_combine::GpuCombine,
+    ) -> Result<()> {
+        let mut mlps = Vec::with_capacity(jobs.len());
+        let mut first = Vec::with_capacity(jobs.len());
+        for (e, _) in jobs {
+            let Some(w) = self.mats(*e) else {
+                return Err(crate::Error::Input(format!("expert {e} is not in VRAM")));
+            };
+            mlps.push(w);
+            first.push(out.first_of(*e)?);
+        }
+        let Some(w0) = mlps.first() else {
+            return Ok(());
+        };
+        let rows: Vec<&[u32]> = jobs.iter().map(|(_, r)| r.as_slice()).collect();
+        let x = x.on(w0[0].gpu())?;
+        crate::blocks::GpuWeight::swiglu_rows_into(&mlps, x, &rows, out.out(), &first)
     }
 }
