@@ -92,15 +92,10 @@ impl Gpu {
             }
         }
         let k = combine.k;
-        if Some(x.len()) != m.checked_mul(hidden)
-            || Some(combine.pairs.len()) != m.checked_mul(k)
-            || combine.weights.len() != combine.pairs.len()
-        {
+        if Some(x.len()) != m.checked_mul(hidden) {
             return Err(Error::Shape(format!(
-                "moe: x {} values, pairs {}, weights {} for {m} rows × hidden {hidden}, k {k}",
-                x.len(),
-                combine.pairs.len(),
-                combine.weights.len()
+                "moe: x {} values for {m} rows × hidden {hidden}",
+                x.len()
             )));
         }
         let rows: Vec<u32> = experts
@@ -111,15 +106,7 @@ impl Gpu {
         if let Some(r) = rows.iter().find(|&&r| r as usize >= m) {
             return Err(Error::Shape(format!("moe: an expert's row {r} of {m}")));
         }
-        if let Some(p) = combine
-            .pairs
-            .iter()
-            .find(|&&p| p != NO_PAIR && p as usize >= pairs)
-        {
-            return Err(Error::Shape(format!(
-                "moe: a slot takes pair {p} of {pairs}"
-            )));
-        }
+        combine.check(m, pairs)?;
         if m == 0 {
             return Ok(Vec::new());
         }
@@ -151,21 +138,62 @@ impl Gpu {
         // are this fn's contract.
         let y = unsafe { self.enqueue_gathered(xp, hidden, experts, &rows)? };
         let (yp, _y_sync) = y.device_ptr(&self.stream);
+        // SAFETY: sh holds m × hidden f32, y pairs × hidden, and the tables are checked.
+        unsafe { self.combine_down(yp, shp, m, hidden, combine) }
+    }
+
+    /// `moe_combine` over the experts' rows at `yp` and the shared rows at `shp`, downloaded
+    /// (after everything queued before it).
+    ///
+    /// # Safety
+    /// `shp` addresses `m × hidden` f32 of this context and `yp` at least as many rows as any
+    /// pair of `combine` names, which [`MoeCombine::check`] has passed for `m`.
+    pub(crate) unsafe fn combine_down(
+        &self,
+        yp: u64,
+        shp: u64,
+        m: usize,
+        hidden: usize,
+        combine: MoeCombine<'_>,
+    ) -> Result<Vec<f32>> {
         let pair_dev = self.stream.clone_htod(combine.pairs)?;
         let weight_dev = self.stream.clone_htod(combine.weights)?;
         let out = self.nan_filled(m * hidden)?;
         let (op, _o_sync) = out.device_ptr(&self.stream);
         let (pp, _p_sync) = pair_dev.device_ptr(&self.stream);
         let (wp, _w_sync) = weight_dev.device_ptr(&self.stream);
-        let (m_arg, k_arg, h_arg) = (m as i64, k as i32, hidden as i64);
+        let (m_arg, k_arg, h_arg) = (m as i64, combine.k as i32, hidden as i64);
         let func = self.function("moe_combine")?;
         let mut b = self.stream.launch_builder(&func);
         b.arg(&op).arg(&yp).arg(&shp).arg(&pp).arg(&wp);
         b.arg(&m_arg).arg(&k_arg).arg(&h_arg);
-        // SAFETY: out and sh hold m × hidden f32, pairs and weights m × k, y pairs × hidden,
-        // and every pair index is < pairs or NO_PAIR (checked).
+        // SAFETY: out holds m × hidden f32, the tables m × k; the rest is the contract.
         unsafe { b.launch(grid(m * hidden)) }?;
         self.to_host(&out)
+    }
+}
+
+impl MoeCombine<'_> {
+    /// Tables of `m × k` entries whose pairs are below `pairs` (or [`NO_PAIR`]).
+    pub(crate) fn check(&self, m: usize, pairs: usize) -> Result<()> {
+        let k = self.k;
+        if Some(self.pairs.len()) != m.checked_mul(k) || self.weights.len() != self.pairs.len() {
+            return Err(Error::Shape(format!(
+                "moe: pairs {}, weights {} for {m} rows × k {k}",
+                self.pairs.len(),
+                self.weights.len()
+            )));
+        }
+        match self
+            .pairs
+            .iter()
+            .find(|&&p| p != NO_PAIR && p as usize >= pairs)
+        {
+            Some(p) => Err(Error::Shape(format!(
+                "moe: a slot takes pair {p} of {pairs}"
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -356,7 +384,7 @@ fn scratch_bytes(
 }
 
 /// A grid-stride launch over `n` elements.
-pub(crate) fn grid(n: usize) -> LaunchConfig {
+fn grid(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),

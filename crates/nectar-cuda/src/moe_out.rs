@@ -16,11 +16,11 @@
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::GpuMat;
-use crate::moe::{grid, MoeCombine, NO_PAIR};
+use crate::moe::MoeCombine;
 use crate::rows::GpuRows;
 use crate::swiglu::{at, chain_shape};
 use crate::view::MatView;
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr};
 
 /// One layer step's outputs in VRAM: the routed experts' `pairs × hidden` rows (each expert's
 /// rows together, from its first pair) and the shared expert's `m × hidden`. Every element
@@ -206,46 +206,15 @@ impl Gpu {
     /// `combine.pairs[r·k + s]` of `out` over its slots in order, then adds its shared row
     /// (`moe_combine`, the host's order); downloaded, after everything queued before it.
     pub fn moe_out_combine(&self, out: &GpuMoeOut, combine: MoeCombine<'_>) -> Result<Vec<f32>> {
-        let (m, k, hidden) = (out.m, combine.k, out.hidden);
-        if Some(combine.pairs.len()) != m.checked_mul(k)
-            || combine.weights.len() != combine.pairs.len()
-        {
-            return Err(Error::Shape(format!(
-                "moe out: pairs {}, weights {} for {m} rows × k {k}",
-                combine.pairs.len(),
-                combine.weights.len()
-            )));
-        }
-        if let Some(p) = combine
-            .pairs
-            .iter()
-            .find(|&&p| p != NO_PAIR && p as usize >= out.pairs)
-        {
-            return Err(Error::Shape(format!(
-                "moe out: a slot takes pair {p} of {}",
-                out.pairs
-            )));
-        }
-        if m == 0 || hidden == 0 {
+        combine.check(out.m, out.pairs)?;
+        if out.m == 0 || out.hidden == 0 {
             return Ok(Vec::new());
         }
-        let pair_dev = self.stream.clone_htod(combine.pairs)?;
-        let weight_dev = self.stream.clone_htod(combine.weights)?;
-        let y = self.nan_filled(m * hidden)?;
-        let (op, _o_sync) = y.device_ptr(&self.stream);
         let (yp, _y_sync) = out.y.device_ptr(&self.stream);
         let (shp, _sh_sync) = out.shared.device_ptr(&self.stream);
-        let (pp, _p_sync) = pair_dev.device_ptr(&self.stream);
-        let (wp, _w_sync) = weight_dev.device_ptr(&self.stream);
-        let (m_arg, k_arg, h_arg) = (m as i64, k as i32, hidden as i64);
-        let func = self.function("moe_combine")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&op).arg(&yp).arg(&shp).arg(&pp).arg(&wp);
-        b.arg(&m_arg).arg(&k_arg).arg(&h_arg);
-        // SAFETY: the output and the shared rows hold m × hidden f32, the tables m × k, the
-        // experts' rows pairs × hidden, and every pair index is < pairs or NO_PAIR (checked).
-        unsafe { b.launch(grid(m * hidden)) }?;
-        self.to_host(&y)
+        // SAFETY: the shared rows hold m × hidden f32, the experts' rows pairs × hidden, and
+        // the tables are checked against both.
+        unsafe { self.combine_down(yp, shp, out.m, out.hidden, combine) }
     }
 }
 

@@ -73,11 +73,12 @@ impl GpuCombine {
 impl GpuCombine {
     /// The step's buffers on `gpu` when the combine is on, any expert runs on the GPU
     /// (`on_gpu[u]` for union entry u) and they fit the VRAM free; else `None` (the caller
-    /// downloads expert by expert).
+    /// downloads expert by expert). `entry`: each expert id's union entry (`usize::MAX`: not
+    /// routed), as the step found them.
     pub fn new(
         gpu: &std::sync::Arc<nectar_cuda::Gpu>,
         hidden: usize,
-        experts: usize,
+        entry: &[usize],
         k: usize,
         routes: &[Route],
         union: &Union,
@@ -108,11 +109,7 @@ impl GpuCombine {
         };
         let mut pairs = vec![nectar_cuda::NO_PAIR; m * k];
         let mut weights = vec![0.0f32; m * k];
-        let mut entry = vec![usize::MAX; experts];
-        for (u, (e, rows)) in union.iter().enumerate() {
-            if let Some(slot) = entry.get_mut(*e as usize) {
-                *slot = u;
-            }
+        for (u, (_, rows)) in union.iter().enumerate() {
             for (j, &(i, s)) in rows.iter().enumerate() {
                 pairs[i * k + s] = (first[u] + j) as u32;
                 weights[i * k + s] = routes[i].weights[s];
@@ -122,7 +119,7 @@ impl GpuCombine {
             gpu: gpu.clone(),
             out,
             first,
-            entry,
+            entry: entry.to_vec(),
             cpu,
             pairs,
             weights,

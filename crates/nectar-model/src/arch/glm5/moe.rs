@@ -671,8 +671,7 @@ impl Moe {
                         .iter()
                         .map(|(e, _)| in_vram(*e) || decided.next() == Some(&true))
                         .collect();
-                    dev =
-                        GpuCombine::new(gpu, hidden, self.bias.len(), k, &routes, &union, &on_gpu)?;
+                    dev = GpuCombine::new(gpu, hidden, &entry, k, &routes, &union, &on_gpu)?;
                 }
                 let dev = &dev;
                 let run_gpu = || -> Result<Vec<Vec<f32>>> {
