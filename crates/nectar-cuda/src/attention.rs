@@ -4,21 +4,32 @@
 //!
 //! The caller (the model's `Attention`) reconstructs K/V with `kv_b` (on the GPU when it is
 //! placed there), writes them into an [`MlaKeys`] block by block so that no full host copy is
-//! needed, and asks for the chunk's outputs. Results equal the CPU's within reordering error:
-//! the scores are the same sums in another order and the softmax runs online over tiles of 16
-//! keys (`attention.cu` states the order).
+//! needed, and asks for the chunk's outputs. Results equal the CPU's within f32 reordering
+//! error: the products run on the tensor cores with every f32 operand split into two tf32
+//! parts, and the softmax runs online over tiles of 32 keys (`attention.cu` states the order).
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gemv::{GpuMat, Kernel};
 use crate::rows::GpuRows;
+use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 /// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
 pub const MLA_MAX_DIM: usize = 256;
-/// Query rows per block (`MLA_R`).
-const TILE_ROWS: usize = 16;
-/// Threads per block (`MLA_THREADS`).
+/// Query rows per block (`FA_R`).
+const TILE_ROWS: usize = 64;
+/// Keys per tile (`FA_K`).
+const TILE_KEYS: usize = 32;
+/// Threads per block (`FA_THREADS`).
 const BLOCK_THREADS: u32 = 256;
+
+/// Bytes of dynamic shared memory the kernel carves for `s` (its own layout, `attention.cu`):
+/// the block's queries, one key-or-value tile, the probabilities and five words per row.
+fn shared_bytes(s: MlaShape) -> usize {
+    let ldq = (s.dn + s.dr).next_multiple_of(8) + 4;
+    let ldv = s.dv.next_multiple_of(16) + 8;
+    4 * (TILE_ROWS * ldq + TILE_KEYS * ldq.max(ldv) + TILE_ROWS * (TILE_KEYS + 4) + 5 * TILE_ROWS)
+}
 
 /// The per-head geometry of an MLA layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,10 +306,17 @@ impl Gpu {
         let bits_dev = self.stream.clone_htod(&bits)?;
         let mut out = self.stream.alloc_zeros::<f32>(m * s.heads * s.dv)?;
         let func = self.function("mla_prefill_attn")?;
+        let shared = shared_bytes(s);
+        // Above 48 KiB a kernel must ask for its dynamic shared memory (110 KiB at GLM-5.2's
+        // 256-dim heads: two blocks per SM on Hopper).
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )?;
         let cfg = LaunchConfig {
             grid_dim: (m.div_ceil(TILE_ROWS) as u32, s.heads as u32, 1),
             block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared as u32,
         };
         let dims = [m, s.heads, s.dn, s.dr, s.dv].map(|d| d as i32);
         let mut b = self.stream.launch_builder(&func);
@@ -316,7 +334,9 @@ impl Gpu {
         // SAFETY: every buffer is a live allocation of this context of the size the kernel
         // indexes: q m × heads × (dn + dr), kv keys × kv_width, kpe keys × dr (or one unused
         // float), pos/moff m, bits every offset in moff plus ⌈keys/32⌉ words, out m × heads × dv;
-        // every pos < keys (checked above) and the shape is `supported` (checked at allocation).
+        // every pos < keys (checked above) and the shape is `supported` (checked at allocation);
+        // the dynamic shared memory is `shared_bytes` of this shape, which the kernel's carving
+        // of it (from the same dims) does not exceed.
         unsafe { b.launch(cfg) }?;
         Ok(Some(out))
     }
