@@ -83,8 +83,26 @@ pub fn d2d_copy(gpu: &Gpu, bytes: usize) -> Result<Timing> {
 /// A kernel that mostly reads can beat a copy (which turns the bus around for writes), so the
 /// kernel ratios use the better of the two as the limit.
 pub fn read_ref(gpu: &Gpu, bytes: usize) -> Result<Timing> {
+    read_rotating(gpu, bytes, 1, 5)
+}
+
+/// The read reference at one product's size: `read_ref` launches of `bytes` each, rotating
+/// through copies spanning at least `arena_bytes` as [`gemv_case`] rotates its weights, so a
+/// launch streams from HBM and pays the same launch, ramp and drain as a product of that size.
+/// A single matrix of a few MB cannot reach the large buffer's rate (its grid fills and drains
+/// within microseconds); this says how far a kernel is from what reading its bytes can do.
+pub fn read_ref_sized(gpu: &Gpu, bytes: usize, arena_bytes: usize) -> Result<Timing> {
+    let bytes = bytes.next_multiple_of(256).max(256);
+    let copies = arena_bytes.div_ceil(bytes).max(2);
+    let reps = ((2e-3 / (bytes as f64 / 3e12)).ceil() as usize).clamp(4, 2000);
+    read_rotating(gpu, bytes, copies, reps)
+}
+
+/// `reps` launches per trial of the `read_ref` kernel over `bytes`, launch `i` reading copy
+/// `i % copies` of a buffer of `copies × bytes`.
+fn read_rotating(gpu: &Gpu, bytes: usize, copies: usize, reps: usize) -> Result<Timing> {
     let n16 = (bytes / 16) as u64;
-    let src = fill_device(gpu, bytes, 0x7265_6164)?;
+    let src = fill_device(gpu, bytes * copies, 0x7265_6164)?;
     let blocks = (gpu.info().multiprocessors * 8) as u32;
     let out: CudaSlice<u8> = gpu.stream.alloc_zeros(blocks as usize * 16)?;
     let func = gpu.function("read_ref")?;
@@ -95,10 +113,12 @@ pub fn read_ref(gpu: &Gpu, bytes: usize) -> Result<Timing> {
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    gpu.time(2, 5, 9, |_| {
+    gpu.time(copies.clamp(2, 8), reps, 9, |i| {
+        let p = sp + ((i % copies) * bytes) as u64;
         let mut b = gpu.stream.launch_builder(&func);
-        b.arg(&sp).arg(&n16).arg(&op);
-        // SAFETY: `sp` holds n16 × 16 readable bytes, `op` one 16-byte slot per block.
+        b.arg(&p).arg(&n16).arg(&op);
+        // SAFETY: `p` is the start of copy `i % copies`, `bytes` (n16 × 16 or more) readable
+        // bytes inside `src`; `op` holds one 16-byte slot per block.
         unsafe { b.launch(cfg) }?;
         Ok(())
     })

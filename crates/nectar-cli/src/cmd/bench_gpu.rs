@@ -3,7 +3,10 @@
 //!
 //! - Kernels: weight + scale GB/s of y = W·x at M activation rows ÷ the better of the
 //!   device-to-device copy bandwidth (bytes read + written) and a read-only stream of the same
-//!   size (`ratio`: one denominator, the better stream — a second, lower one could pass 1.0). Expert cases launch a token's 8 routed experts together
+//!   size (`ratio`: one denominator, the better stream — a second, lower one could pass 1.0);
+//!   `same-size` divides by the read stream at the launch's own size instead (launches of that
+//!   many bytes rotating through the same arena: what reading a lone matrix of a few MB can
+//!   reach, grid fill and drain included). Expert cases launch a token's 8 routed experts together
 //!   (gate and up: 16 matrices; down: 8), as a decode step would; `.single` cases launch one
 //!   matrix to show what a lone launch costs. Weights rotate through copies spanning at least
 //!   8× the L2 cache (and 512 MiB), and every case is checked against the CPU kernels first.
@@ -28,8 +31,9 @@ mod with_cuda {
     use super::*;
     use anyhow::Context;
     use nectar_cuda::bench::{
-        d2d_copy, gemm_case, gemv_case, h2d, read_ref, registered_copies, round_trip, slot_copies,
-        staged_copies, GemmCase, GemmResult, GemvCase, GemvResult, StagedCopies,
+        d2d_copy, gemm_case, gemv_case, h2d, read_ref, read_ref_sized, registered_copies,
+        round_trip, slot_copies, staged_copies, GemmCase, GemmResult, GemvCase, GemvResult,
+        StagedCopies,
     };
     use nectar_cuda::copy::StageConfig;
     use nectar_cuda::{Gpu, Order, Precision};
@@ -131,6 +135,14 @@ mod with_cuda {
             }
         }
         v
+    }
+
+    /// The same-size read reference's GB/s for a launch of `bytes`.
+    fn size_gbps(sized: &[(usize, f64)], bytes: usize) -> f64 {
+        sized
+            .iter()
+            .find(|&&(b, _)| b == bytes)
+            .map_or(f64::NAN, |&(_, g)| g)
     }
 
     pub fn gpu(a: BenchGpuArgs) -> Result<()> {
@@ -241,7 +253,7 @@ mod with_cuda {
                 slots.hidden()
             );
             println!(
-                "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9} {:>7} {:>6} {:>9}",
+                "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9} {:>7} {:>6} {:>9} {:>9}",
                 "case",
                 "format",
                 "batch",
@@ -251,16 +263,24 @@ mod with_cuda {
                 "µs/launch",
                 "GB/s",
                 "ratio",
+                "same-size",
                 "max err"
             );
         }
         let mut results: Vec<GemvResult> = Vec::new();
+        // The read reference at each launch's size (`read_ref_sized`), measured right after
+        // the first case of that size.
+        let mut sized: Vec<(usize, f64)> = Vec::new();
         for c in cases(&a) {
             let r = gemv_case(&gpu, &c, arena)
                 .with_context(|| format!("{} {} m={}", c.name, c.format.name(), c.m))?;
+            if !sized.iter().any(|&(b, _)| b == r.bytes) {
+                let t = read_ref_sized(&gpu, r.bytes, arena)?;
+                sized.push((r.bytes, r.bytes as f64 / t.median_s / 1e9));
+            }
             if !a.json {
                 println!(
-                    "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9.1} {:>7.0} {:>6.2} {:>9.1e}",
+                    "{:<20} {:<9} {:>5} {:>2} {:<5} {:<6} {:>9.1} {:>7.0} {:>6.2} {:>9.2} {:>9.1e}",
                     c.name,
                     c.format.name(),
                     c.batch,
@@ -276,6 +296,7 @@ mod with_cuda {
                     r.timing.median_s * 1e6,
                     r.gbps(),
                     r.gbps() / limit,
+                    r.gbps() / size_gbps(&sized, r.bytes),
                     r.max_rel_err
                 );
             }
@@ -413,6 +434,8 @@ mod with_cuda {
                         "order": r.case.order.name(), "vector": r.vector, "tensor": r.tensor,
                         "median_us": r.timing.median_s * 1e6, "best_us": r.timing.best_s * 1e6,
                         "bytes": r.bytes, "gbps": r.gbps(), "ratio": r.gbps() / limit,
+                        "size_read_gbps": size_gbps(&sized, r.bytes),
+                        "size_ratio": r.gbps() / size_gbps(&sized, r.bytes),
                         "copies": r.copies, "checked": r.checked, "max_rel_err": r.max_rel_err,
                     })
                 })
