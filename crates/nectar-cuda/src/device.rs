@@ -316,7 +316,7 @@ mod tests {
         let mut names = kernel_names();
         assert_eq!(
             names.len(),
-            3 * MAX_M + 2 * 2 * 2 * MAX_M + 2 * 2 + 6 * 4 + 2
+            3 * MAX_M + 2 * 2 * 2 * MAX_M + 2 * 2 * 2 + 6 * 4 + 2
         );
         names.extend(crate::gemm::kernel_names());
         names.push("mla_prefill_attn".into());

@@ -70,8 +70,20 @@ impl Order {
     }
 }
 
-/// Warps per block of the tensor-core GEMV (`TC_WARPS`); each takes every fourth 64-column step.
-const TC_THREADS: u32 = 128;
+/// Warps per block of the tensor-core GEMV over int8 and bf16 (`gemv_tc.cu`, `_w{warps}`): warp
+/// w takes 64-column steps w, w + warps, …, so the count is part of a row's accumulation order
+/// and follows from `cols` alone — 4 up to 4,096 columns, 8 beyond (the int4 GEMV's rule below
+/// the 16 it takes past 12,288 columns, which the four-tile kernel's 250 registers per thread
+/// cannot fit in a block). A launch of few long rows has too few blocks to keep HBM busy with
+/// four warps each: kv_a, 576 bf16 rows × 6,144, is 36 blocks on 132 SMs and read at 0.25 of a
+/// read of its own size with four (RESULTS 2026-12-05).
+fn tc_warps(cols: usize) -> u32 {
+    if cols > 4096 {
+        8
+    } else {
+        4
+    }
+}
 
 /// The tensor-core GEMV's base name for a format, if it has one.
 fn tc_base(format: WeightFormat) -> Option<&'static str> {
@@ -348,7 +360,9 @@ pub(crate) fn kernel_names() -> Vec<String> {
     }
     for base in ["i8", "bf16"] {
         for tiles in [1, 4] {
-            v.push(format!("gemv_tc_{base}_t{tiles}"));
+            for warps in [4, 8] {
+                v.push(format!("gemv_tc_{base}_t{tiles}_w{warps}"));
+            }
         }
     }
     for groups in 1..=4 {
@@ -494,9 +508,10 @@ impl Gpu {
             (is_int4(format) && order.tensor() && tc_layout(format, cols)).then(|| m.div_ceil(2));
         let tc = match tc_base(format) {
             Some(base) if q_groups.is_none() && order.tensor() && tc_layout(format, cols) => {
+                let w = tc_warps(cols);
                 Some((
-                    (self.function(&format!("gemv_tc_{base}_t4"))?, 4),
-                    (self.function(&format!("gemv_tc_{base}_t1"))?, 1),
+                    (self.function(&format!("gemv_tc_{base}_t4_w{w}"))?, 4),
+                    (self.function(&format!("gemv_tc_{base}_t1_w{w}"))?, 1),
                 ))
             }
             _ => None,
@@ -583,7 +598,7 @@ impl Gpu {
             };
             let cfg = LaunchConfig {
                 grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
-                block_dim: (TC_THREADS, 1, 1),
+                block_dim: (32 * tc_warps(plan.cols), 1, 1),
                 shared_mem_bytes: 0,
             };
             let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);

@@ -5,9 +5,12 @@
 // and token. Compiled by NVRTC after gemv.cu and gemm.cu (Job, FMT_*, scale_index, split_pair,
 // mma_bf16 come from there).
 //
-// Work split. A block of TC_WARPS warps owns 16·T consecutive weight rows (T MMA row tiles per
-// warp). The columns are walked in steps of 64; warp w takes steps w, w + TC_WARPS, … (split-K
-// inside the block), and the warps' sums are added at the end through shared memory. In a
+// Work split. A block of NW warps owns 16·T consecutive weight rows (T MMA row tiles per warp).
+// The columns are walked in steps of 64; warp w takes steps w, w + NW, … (split-K inside the
+// block), and the warps' sums are added at the end through shared memory. NW follows from the
+// column count alone (gemv.rs `tc_warps`: 4 up to 4,096 columns, else 8), so it is part of a
+// row's order like the steps themselves; more warps give a launch of few long rows (kv_a: 576
+// rows, 36 blocks) the loads in flight it lacks. In a
 // step, lane (g = lane / 4, t = lane % 4) reads 16 consecutive values of rows g and g + 8 of
 // each tile, columns 64·s + 16·t … +16 (int8: 16 bytes, bf16: 32), and the 16 activations of
 // token g at the same columns (tokens ≥ M read as zero). The values go to the MMA's k slots so
@@ -19,7 +22,7 @@
 // w·x_i are exact and the tensor core adds them in f32 (aligned to the largest addend).
 //
 // Accumulation order, for output (row r, token t): each warp w keeps acc_w = 0 and, over its
-// steps s = w, w + 4, … in increasing order and each step's 16-column k-steps j = 0..3 in
+// steps s = w, w + NW, … in increasing order and each step's 16-column k-steps j = 0..3 in
 // order (gemm.cu's order per k-step): p = 0; p = mma(w, x2, p); p = mma(w, x1, p);
 // p = mma(w, x0, p); acc_w = fma(scale, p, acc_w) (bf16: acc_w += p); then
 // y = ((acc_0 + acc_1) + acc_2) + acc_3. (mma adds its 16 products to p inside the tensor core,
@@ -28,7 +31,6 @@
 // count and that order — not on M, T, the grid or the other matrices of the launch. Summing each 64-column step in one p (one scale multiply per step) was measured no
 // faster (2026-12-02) and is not kept.
 
-#define TC_WARPS 4
 #define TC_STEP 64
 
 // u32 words per lane, row and step (16 values).
@@ -104,7 +106,7 @@ __device__ __forceinline__ void tc_split_x(const float (&x)[16], u32 (&b)[3][4][
     }
 }
 
-template <int F, int T, bool ROW_SCALE>
+template <int F, int T, int NW, bool ROW_SCALE>
 __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int m, int row_bytes,
                                         int row_scales, u32 gmagic, int gshift) {
     constexpr int N = TcRaw<F>::N;
@@ -172,7 +174,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
     };
 
     if (warp < nsteps) load(warp);
-    for (int s = warp; s < nsteps; s += TC_WARPS) {
+    for (int s = warp; s < nsteps; s += NW) {
         u32 wc[T][2][N];
         float xc[16];
         float sc[T][2];
@@ -187,7 +189,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 #pragma unroll
         for (int q = 0; q < 16; q++) xc[q] = xn[q];
         // The next step's loads are in flight during this step's products.
-        if (s + TC_WARPS < nsteps) load(s + TC_WARPS);
+        if (s + NW < nsteps) load(s + NW);
 
         u32 b[3][4][2];
         tc_split_x<F>(xc, b);
@@ -218,7 +220,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
     }
 
     // The warps' sums, added in warp order by warp 0.
-    __shared__ float red[TC_WARPS - 1][T][4][32];
+    __shared__ float red[NW - 1][T][4][32];
     if (warp > 0) {
 #pragma unroll
         for (int i = 0; i < T; i++)
@@ -234,7 +236,7 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
             for (int e = 0; e < 4; e++) {
                 float v = acc[i][e];
 #pragma unroll
-                for (int w = 0; w < TC_WARPS - 1; w++) v += red[w][i][e][lane];
+                for (int w = 0; w < NW - 1; w++) v += red[w][i][e][lane];
                 // D fragment: element e is row g (+8 for e >= 2), token 2t (+1 for odd e).
                 const int r = row0 + 16 * i + g + (e >= 2 ? 8 : 0);
                 const int tok = 2 * t + (e & 1);
@@ -244,21 +246,25 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 }
 
 // `path` bit 1: one scale per row (int8).
-#define GEMV_TC_ENTRY(NAME, F, T)                                                                 \
-    extern "C" __global__ void __launch_bounds__(TC_WARPS * 32)                                   \
+#define GEMV_TC_ENTRY(NAME, F, T, NW)                                                             \
+    extern "C" __global__ void __launch_bounds__(NW * 32)                                         \
         NAME(const Job* jobs, int rows, int cols, int m, int row_bytes, int row_scales,           \
              u32 gmagic, int gshift, int path) {                                                  \
         const Job job = jobs[blockIdx.y];                                                         \
         if (path & 2)                                                                             \
-            gemv_tc<F, T, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
+            gemv_tc<F, T, NW, true>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift);    \
         else                                                                                      \
-            gemv_tc<F, T, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift); \
+            gemv_tc<F, T, NW, false>(job, rows, cols, m, row_bytes, row_scales, gmagic, gshift);   \
     }
 
 // `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
 // `_t1`: one (launches of few rows, which need the blocks). T changes which warp computes a
-// row, never a row's order: both give identical results.
-GEMV_TC_ENTRY(gemv_tc_i8_t1, FMT_I8, 1)
-GEMV_TC_ENTRY(gemv_tc_i8_t4, FMT_I8, 4)
-GEMV_TC_ENTRY(gemv_tc_bf16_t1, FMT_BF16, 1)
-GEMV_TC_ENTRY(gemv_tc_bf16_t4, FMT_BF16, 4)
+// row, never a row's order: both give identical results. `_w4` / `_w8`: warps per block.
+GEMV_TC_ENTRY(gemv_tc_i8_t1_w4, FMT_I8, 1, 4)
+GEMV_TC_ENTRY(gemv_tc_i8_t4_w4, FMT_I8, 4, 4)
+GEMV_TC_ENTRY(gemv_tc_bf16_t1_w4, FMT_BF16, 1, 4)
+GEMV_TC_ENTRY(gemv_tc_bf16_t4_w4, FMT_BF16, 4, 4)
+GEMV_TC_ENTRY(gemv_tc_i8_t1_w8, FMT_I8, 1, 8)
+GEMV_TC_ENTRY(gemv_tc_i8_t4_w8, FMT_I8, 4, 8)
+GEMV_TC_ENTRY(gemv_tc_bf16_t1_w8, FMT_BF16, 1, 8)
+GEMV_TC_ENTRY(gemv_tc_bf16_t4_w8, FMT_BF16, 4, 8)
