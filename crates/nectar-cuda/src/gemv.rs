@@ -72,13 +72,14 @@ impl Order {
 
 /// Warps per block of the tensor-core GEMV over int8 and bf16 (`gemv_tc.cu`, `_w{warps}`): warp
 /// w takes 64-column steps w, w + warps, …, so the count is part of a row's accumulation order
-/// and follows from `cols` alone — 4 up to 4,096 columns, 8 beyond (the int4 GEMV's rule below
-/// the 16 it takes past 12,288 columns, which the four-tile kernel's 250 registers per thread
-/// cannot fit in a block). A launch of few long rows has too few blocks to keep HBM busy with
-/// four warps each: kv_a, 576 bf16 rows × 6,144, is 36 blocks on 132 SMs and read at 0.25 of a
-/// read of its own size with four (RESULTS 2026-12-05).
+/// and follows from `cols` alone — 8 from 4,097 to 12,288 columns, else 4. A launch of few
+/// long rows has too few blocks to keep HBM busy with four warps each: kv_a, 576 bf16 rows ×
+/// 6,144, is 36 blocks on 132 SMs — 18.5 µs with four, 11.5 with eight on an H100 (RESULTS
+/// 2026-12-05). o_proj's 16,384 columns keep four: int8 o_proj took 54.2 µs with four and 58.2
+/// with eight (bf16 equal), and the four-tile kernel's 250 registers per thread leave no room
+/// for the int4 GEMV's 16 there.
 fn tc_warps(cols: usize) -> u32 {
-    if cols > 4096 {
+    if (4097..=12_288).contains(&cols) {
         8
     } else {
         4
