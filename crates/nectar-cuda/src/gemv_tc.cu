@@ -8,11 +8,10 @@
 // Work split. A block of NW warps owns 16·T consecutive weight rows (T MMA row tiles per warp).
 // The columns are walked in steps of 64; warp w takes steps w, w + NW, … (split-K inside the
 // block), and the warps' sums are added at the end through shared memory. NW follows from the
-// column count alone (gemv.rs `tc_warps`: 8 from 4,097 to 12,288 columns, else 4), so it is part of a
-// row's order like the steps themselves; more warps give a launch of few long rows (kv_a: 576
-// rows, 36 blocks) the loads in flight it lacks. In a
-// step, lane (g = lane / 4, t = lane % 4) reads 16 consecutive values of rows g and g + 8 of
-// each tile, columns 64·s + 16·t … +16 (int8: 16 bytes, bf16: 32), and the 16 activations of
+// column count alone (gemv.rs `tc_warps`: 8 from 4,097 to 12,288 columns, else 4), so it is
+// part of a row's order like the steps themselves; more warps give a launch of few long rows
+// (kv_a: 576 rows, 36 blocks) the loads in flight it lacks. In a step, lane (g = lane / 4,
+// t = lane % 4) reads 16 consecutive values of rows g and g + 8 of each tile, columns 64·s + 16·t … +16 (int8: 16 bytes, bf16: 32), and the 16 activations of
 // token g at the same columns (tokens ≥ M read as zero). The values go to the MMA's k slots so
 // that A (weights) and B (activations) agree: k-step j (0..3) takes values 4j, 4j+1 (slots 2t,
 // 2t+1) and 4j+2, 4j+3 (slots 2t+8, 2t+9).
@@ -25,7 +24,7 @@
 // steps s = w, w + NW, … in increasing order and each step's 16-column k-steps j = 0..3 in
 // order (gemm.cu's order per k-step): p = 0; p = mma(w, x2, p); p = mma(w, x1, p);
 // p = mma(w, x0, p); acc_w = fma(scale, p, acc_w) (bf16: acc_w += p); then
-// y = ((acc_0 + acc_1) + acc_2) + acc_3. (mma adds its 16 products to p inside the tensor core,
+// y = ((acc_0 + acc_1) + …) + acc_{NW-1}. (mma adds its 16 products to p inside the tensor core,
 // aligned to the largest addend; starting each k-step from 0 keeps that error relative to the
 // k-step's own terms.) An output depends only on its row, its token's activations, the column
 // count and that order — not on M, T, the grid or the other matrices of the launch. Summing each 64-column step in one p (one scale multiply per step) was measured no
