@@ -14,7 +14,9 @@ use crate::rows::GpuRows;
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
-/// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes (`MLA_DMAX`).
+/// Largest `dn + dr` (query/key width per head) and `dv` the kernel takes: `dv` fills at most
+/// `FA_NT` 8-column output tiles per half block, and `dn + dr` ≤ 256 keeps the shared memory at
+/// two blocks per SM (`shared_bytes`).
 pub const MLA_MAX_DIM: usize = 256;
 /// Query rows per block (`FA_R`).
 const TILE_ROWS: usize = 64;

@@ -93,9 +93,23 @@ pub fn read_ref(gpu: &Gpu, bytes: usize) -> Result<Timing> {
 /// within microseconds); this says how far a kernel is from what reading its bytes can do.
 pub fn read_ref_sized(gpu: &Gpu, bytes: usize, arena_bytes: usize) -> Result<Timing> {
     let bytes = bytes.next_multiple_of(256).max(256);
-    let copies = arena_bytes.div_ceil(bytes).max(2);
-    let reps = ((2e-3 / (bytes as f64 / 3e12)).ceil() as usize).clamp(4, 2000);
-    read_rotating(gpu, bytes, copies, reps)
+    read_rotating(
+        gpu,
+        bytes,
+        copies_for(arena_bytes, bytes),
+        launches_per_trial(bytes),
+    )
+}
+
+/// Copies of a launch's `bytes` that span at least `arena_bytes` (and two), so that rotating
+/// through them every launch streams from HBM instead of the L2 cache.
+fn copies_for(arena_bytes: usize, bytes: usize) -> usize {
+    arena_bytes.div_ceil(bytes.max(1)).max(2)
+}
+
+/// Launches of `bytes` each per timed trial: enough to pass ~2 ms at ~3 TB/s.
+fn launches_per_trial(bytes: usize) -> usize {
+    ((2e-3 / (bytes as f64 / 3e12)).ceil() as usize).clamp(4, 2000)
 }
 
 /// `reps` launches per trial of the `read_ref` kernel over `bytes`, launch `i` reading copy
@@ -237,7 +251,7 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
     let wb = rows * f.row_bytes(cols);
     let sc = rows * f.row_scales(cols);
     let per_launch = batch * (wb + sc * 4);
-    let copies = arena_bytes.div_ceil(per_launch.max(1)).max(2);
+    let copies = copies_for(arena_bytes, per_launch);
     let mats = copies * batch;
     // Host data for one batch: random codes, positive scales, activations in [-1, 1).
     let host_w = random_weights(f, batch * wb, 0x77_6569_6768);
@@ -357,8 +371,7 @@ pub fn gemv_case(gpu: &Gpu, case: &GemvCase, arena_bytes: usize) -> Result<GemvR
     }
 
     // Time: each launch streams the next copy. Enough launches per trial to pass ~2 ms.
-    let t_est = per_launch as f64 / 3e12;
-    let reps = ((2e-3 / t_est).ceil() as usize).clamp(4, 2000);
+    let reps = launches_per_trial(per_launch);
     let timing = gpu.time(copies.min(8), reps, 11, |i| launch(i % copies))?;
     Ok(GemvResult {
         case: case.clone(),
@@ -408,7 +421,7 @@ pub fn round_trip(
         set_bytes += w.len() + 4 * s.len();
         host.push((f, rows, w, s));
     }
-    let copies = arena_bytes.div_ceil(set_bytes.max(1)).max(2);
+    let copies = copies_for(arena_bytes, set_bytes);
     let sets = (0..copies)
         .map(|_| {
             host.iter()
@@ -569,7 +582,7 @@ pub fn gemm_case(gpu: &Gpu, case: &GemmCase, arena_bytes: usize) -> Result<GemmR
     let plan = gpu.gemm_plan(f, rows, cols, m, case.precision)?;
     let wb = rows * f.row_bytes(cols);
     let sc = rows * f.row_scales(cols);
-    let copies = arena_bytes.div_ceil((wb + sc * 4).max(1)).max(2);
+    let copies = copies_for(arena_bytes, wb + sc * 4);
     let host_w = random_weights(f, wb, 0x6765_6d6d);
     let host_s = random_scales(sc, 0x73_6361_6c65);
     let host_x = random_activations(m * cols, 0x78);
