@@ -84,6 +84,10 @@ fn main() {
             std::process::exit(2);
         }
     }
+    if let Err(e) = nectar_kernels::set_int4_order(&cli.int4_order) {
+        eprintln!("error: --int4-order: {e}");
+        std::process::exit(2);
+    }
     let result = match cli.command {
         args::Command::Run(a) => cmd::run::run(a),
         args::Command::Logits(a) => cmd::logits::run(a),

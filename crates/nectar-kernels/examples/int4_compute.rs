@@ -5,8 +5,10 @@
 //! fast they could stream if memory were free (`benchmarks/RESULTS.md`).
 //!
 //! ```text
-//! cargo run --release -p nectar-kernels --example int4_compute -- [row|int8|bf16] [M ...]   # default 1 2 4 8
+//! cargo run --release -p nectar-kernels --example int4_compute -- [digits] [row|int8|bf16] [M ...]   # default 1 2 4 8
 //! ```
+//!
+//! `digits`: int4 in the opt-in `digits` order (`set_int4_order`).
 //!
 //! `row`: int4 with one scale per row instead of per 64 columns (the same codes); `int8`,
 //! `bf16`: those formats, for comparison (finite bf16 values of magnitude 2⁻⁷…2).
@@ -14,7 +16,11 @@ use nectar_kernels::{matmul, MatRef, WeightFormat};
 use std::time::Instant;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "digits") {
+        args.remove(at);
+        nectar_kernels::set_int4_order("digits").expect("AVX-512 VNNI for the digits order");
+    }
     let named = match args.first().map(String::as_str) {
         Some("row") => Some(WeightFormat::Int4Row),
         Some("int8") => Some(WeightFormat::Int8Row),
@@ -50,8 +56,9 @@ fn main() {
         .build()
         .expect("a one-thread pool");
     println!(
-        "isa {}, {rows}x{cols} {}",
+        "isa {}, int4 order {}, {rows}x{cols} {}",
         nectar_kernels::isa(),
+        nectar_kernels::int4_order(),
         format.name()
     );
     for m in ms {

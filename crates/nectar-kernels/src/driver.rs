@@ -455,6 +455,16 @@ impl Prefetch {
         }
     }
 
+    /// Fetches into L2 also where the block alone would fit L1 beside `act_bytes` of
+    /// activations per row that the kernel reads from L1 (the `digits` order's records are as
+    /// large as f32 activations, and its blocks are half as tall).
+    #[inline(always)]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the VNNI kernel's
+    pub(crate) fn beside(mut self, act_bytes: usize) -> Prefetch {
+        self.far |= act_bytes > PREFETCH_L1_BLOCK;
+        self
+    }
+
     /// Issues the prefetches of `n` steps.
     #[inline(always)]
     pub(crate) fn steps(&mut self, n: usize) {

@@ -12,7 +12,7 @@ use crate::dot::{isa_detect, Isa};
 use crate::driver::{layout_for, par_rows, par_tile, prefetch_start, tile, SharedOut, ROW_BLOCK};
 use crate::error::{Error, Result};
 use crate::format::MatRef;
-use crate::matmul::check_weights;
+use crate::matmul::{check_weights, matmul_with};
 use crate::xpack::{PoolBuf, XPack};
 
 /// The three projections of one routed expert, borrowed from wherever their bytes live (a
@@ -64,6 +64,15 @@ pub(crate) fn expert_swiglu_with(
     }
     if m == 0 || down.rows == 0 {
         return Ok(());
+    }
+    if [gate, up, down].iter().any(|w| crate::digits::applies(w)) {
+        // The opt-in int4 order (`digits.rs`) keeps its own products: the four steps apart.
+        let mut g = PoolBuf::zeroed(m * inter);
+        let mut u = PoolBuf::zeroed(m * inter);
+        matmul_with(isa, gate, x, m, &mut g)?;
+        matmul_with(isa, up, x, m, &mut u)?;
+        crate::activation::swiglu_in_place(&mut g, &u);
+        return matmul_with(isa, down, &g, m, out);
     }
     let xg = XPack::new(x, m, hidden, layout_for(isa, gate.format));
     let xu_own;

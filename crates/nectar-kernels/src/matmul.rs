@@ -1,9 +1,11 @@
 //! y = W·x for M activation rows, parallel over output rows.
 //!
-//! Each output element is `dot(decode_row(W, r), x_i)` in the canonical order, so it does not
+//! Each output element is `dot(decode_row(W, r), x_i)` in the canonical order (or, for int4
+//! under the opt-in [`crate::set_int4_order`]`("digits")`, that order's, `digits.rs`), so it does not
 //! depend on M, on how rows are split across threads, on which other rows share the batch, or on
 //! the instruction set. The SIMD paths never materialise `decode_row`: they dequantise in
 //! registers and reuse each decoded weight step for up to 8 activation rows (see `driver.rs`).
+use crate::digits;
 use crate::dot::{isa_detect, Isa};
 use crate::driver::{layout_for, par_tile};
 use crate::error::{Error, Result};
@@ -55,6 +57,10 @@ pub(crate) fn matmul_with(
     if w.rows == 0 || m == 0 {
         return Ok(());
     }
+    if digits::applies(w) {
+        digits::matmul_digits(w, 0..w.rows, x, m, y);
+        return Ok(());
+    }
     let xp = XPack::new(x, m, w.cols, layout_for(isa, w.format));
     // SAFETY: `w` is validated, `x` is packed for (isa, format) with w.cols columns, `isa`
     // comes from detection, and y holds m × rows elements with row stride w.rows.
@@ -90,6 +96,10 @@ pub(crate) fn matmul_rows_with(
             x.len(),
             y.len()
         )));
+    }
+    if digits::applies(w) {
+        digits::matmul_digits(w, rows, x, 1, y);
+        return Ok(());
     }
     let xp = XPack::new(x, 1, w.cols, layout_for(isa, w.format));
     let n = rows.len();

@@ -142,6 +142,7 @@ impl Case {
     fn kernel(&self) -> String {
         match self.int8_act {
             Some(b) => format!("int8-act-b{b}"),
+            None if nectar_kernels::int4_order_covers(self.format) => "digits".into(),
             None => "exact".into(),
         }
     }
@@ -239,13 +240,24 @@ fn reference_row(w: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
     dot_scalar(&buf, x)
 }
 
-/// Checks sampled outputs of `y = w · x` (m rows) bit for bit against the scalar reference.
+/// Checks sampled outputs of `y = w · x` (m rows) bit for bit against the scalar reference
+/// — or, for products in the opt-in `digits` order, to within f32 accuracy of it (10⁻⁵ of
+/// `Σ|w·x|`).
 fn check(w: &MatRef<'_>, x: &[f32], m: usize, y: &[f32], what: &str) -> Result<()> {
+    let digits = nectar_kernels::int4_order_covers(w.format);
     for i in [0, m - 1] {
         for r in [0, w.rows / 2, w.rows - 1] {
-            let want = reference_row(w, r, &x[i * w.cols..(i + 1) * w.cols]);
+            let xr = &x[i * w.cols..(i + 1) * w.cols];
+            let want = reference_row(w, r, xr);
             let got = y[i * w.rows + r];
-            if want.to_bits() != got.to_bits() {
+            if digits {
+                let mut row = vec![0.0; w.cols];
+                decode_row(w, r, &mut row);
+                let mag: f32 = row.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                if (got - want).abs() > 1e-5 * mag {
+                    bail!("{what}: row {r} of activation {i}: digits {got:e} vs exact {want:e}");
+                }
+            } else if want.to_bits() != got.to_bits() {
                 bail!("{what}: row {r} of activation {i}: kernel {got:e} != reference {want:e}");
             }
         }
@@ -533,6 +545,7 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                 "cpu": cpu_model(),
                 "threads_all": all_threads,
                 "isa": nectar_kernels::isa(),
+                "int4_order": nectar_kernels::int4_order(),
                 "load_average": load_average(),
                 "llc_bytes": llc,
                 "llc_source": llc_source,

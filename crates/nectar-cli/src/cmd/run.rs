@@ -457,6 +457,7 @@ fn json_output(
             "decode_s": gen.decode.as_secs_f64(),
             "threads": rayon::current_num_threads(),
             "isa": nectar_kernels::isa(),
+            "int4_order": nectar_kernels::int4_order(),
         }
     });
     // The compute team's counts over the whole process (load, prefill and decode): regions run

@@ -2,4 +2,5 @@
 //! `dot.rs` bit for bit; see the module docs for how.
 pub(crate) mod avx2;
 pub(crate) mod avx512;
+pub(crate) mod digits;
 pub(crate) mod vnni;
