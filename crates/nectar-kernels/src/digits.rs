@@ -93,7 +93,7 @@ pub fn int4_order_covers(format: WeightFormat) -> bool {
 
 /// Whether products with `w` take this order under the current setting.
 pub(crate) fn applies(w: &MatRef<'_>) -> bool {
-    DIGITS.load(Ordering::Relaxed) && supports(w.format)
+    int4_order_covers(w.format)
 }
 
 /// Formats this order covers.

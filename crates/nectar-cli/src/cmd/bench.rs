@@ -348,11 +348,12 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     eprintln!(
         "bench kernels: arena {:.0} MiB of random weights = {:.1} × LLC ({:.0} MiB, {llc_source}), \
-         isa {}, load average {}",
+         isa {}, int4 order {}, load average {}",
         mib(arena_len),
         arena_len as f64 / llc as f64,
         mib(llc),
         nectar_kernels::isa(),
+        nectar_kernels::int4_order(),
         load_average()
     );
     if target < want {

@@ -175,7 +175,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             gen.finish.as_str(),
             seed,
             super::count(rayon::current_num_threads() as u64, "thread", "threads"),
-            nectar_kernels::isa()
+            match nectar_kernels::int4_order() {
+                "exact" => nectar_kernels::isa().to_string(),
+                order => format!("{} (int4 {order})", nectar_kernels::isa()),
+            }
         );
         if let Some(s) = gen.spec.as_ref().filter(|s| s.mode != "off") {
             eprintln!("{}", spec_summary(s));
