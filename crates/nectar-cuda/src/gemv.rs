@@ -72,14 +72,15 @@ impl Order {
 
 /// Warps per block of the tensor-core GEMV over int8 and bf16 (`gemv_tc.cu`, `_w{warps}`): warp
 /// w takes 64-column steps w, w + warps, …, so the count is part of a row's accumulation order
-/// and follows from `cols` alone — 8 from 4,097 to 12,288 columns, else 4. A launch of few
-/// long rows has too few blocks to keep HBM busy with four warps each: kv_a, 576 bf16 rows ×
-/// 6,144, is 36 blocks on 132 SMs — 18.5 µs with four, 11.5 with eight on an H100 (RESULTS
-/// 2026-12-05). o_proj's 16,384 columns keep four: int8 o_proj took 54.2 µs with four and 58.2
-/// with eight (bf16 equal), and the four-tile kernel's 250 registers per thread leave no room
-/// for the int4 GEMV's 16 there.
-fn tc_warps(cols: usize) -> u32 {
-    if (4097..=12_288).contains(&cols) {
+/// and follows from the matrix's shape alone (never from M or the launch) — 8 for matrices of
+/// at most 1,024 rows and 4,097 to 12,288 columns, else 4. A lone matrix of few long rows has
+/// too few blocks to keep HBM busy with four warps each: kv_a, 576 bf16 rows × 6,144, is 36
+/// blocks on 132 SMs — 18.5 µs with four, 11.5 with eight on an H100 (RESULTS 2026-12-05).
+/// Taller matrices have blocks enough, and more warps only cost: int8 o_proj (6,144 × 16,384)
+/// took 54.2 µs with four and 58.2 with eight; a token's 16 int8 expert gate/up matrices
+/// (2,048 × 6,144) 80.0 against 83.9, bf16 136.7 against 138.9 (H100, alternated).
+fn tc_warps(rows: usize, cols: usize) -> u32 {
+    if rows <= 1024 && (4097..=12_288).contains(&cols) {
         8
     } else {
         4
@@ -509,7 +510,7 @@ impl Gpu {
             (is_int4(format) && order.tensor() && tc_layout(format, cols)).then(|| m.div_ceil(2));
         let tc = match tc_base(format) {
             Some(base) if q_groups.is_none() && order.tensor() && tc_layout(format, cols) => {
-                let w = tc_warps(cols);
+                let w = tc_warps(rows, cols);
                 Some((
                     (self.function(&format!("gemv_tc_{base}_t4_w{w}"))?, 4),
                     (self.function(&format!("gemv_tc_{base}_t1_w{w}"))?, 1),
@@ -599,7 +600,7 @@ impl Gpu {
             };
             let cfg = LaunchConfig {
                 grid_dim: ((plan.rows as u32).div_ceil(16 * tiles), n as u32, 1),
-                block_dim: (32 * tc_warps(plan.cols), 1, 1),
+                block_dim: (32 * tc_warps(plan.rows, plan.cols), 1, 1),
                 shared_mem_bytes: 0,
             };
             let (rows, cols, m) = (plan.rows as i32, plan.cols as i32, plan.m as i32);

@@ -8,7 +8,8 @@
 // Work split. A block of NW warps owns 16·T consecutive weight rows (T MMA row tiles per warp).
 // The columns are walked in steps of 64; warp w takes steps w, w + NW, … (split-K inside the
 // block), and the warps' sums are added at the end through shared memory. NW follows from the
-// column count alone (gemv.rs `tc_warps`: 8 from 4,097 to 12,288 columns, else 4), so it is
+// matrix's shape alone (gemv.rs `tc_warps`: 8 for at most 1,024 rows of 4,097 to 12,288
+// columns, else 4), so it is
 // part of a row's order like the steps themselves; more warps give a launch of few long rows
 // (kv_a: 576 rows, 36 blocks) the loads in flight it lacks. In a step, lane (g = lane / 4,
 // t = lane % 4) reads 16 consecutive values of rows g and g + 8 of each tile, columns 64·s + 16·t … +16 (int8: 16 bytes, bf16: 32), and the 16 activations of
