@@ -21,8 +21,10 @@
 //! streams at DRAM speed (`driver.rs`). The path is chosen at run time ([`isa`]); [`set_isa`]
 //! (the CLI's `--isa`) can force a slower one for measurement.
 //!
-//! The one exception to exactness is opt-in and named for it: [`matmul_int8_act`] quantises
-//! activations to int8 and changes results (≈ 0.4 % relative RMS; `benchmarks/RESULTS.md`).
+//! The exceptions are opt-in and named for it: [`matmul_int8_act`] quantises activations to
+//! int8 and changes results (≈ 0.4 % relative RMS; `benchmarks/RESULTS.md`), and
+//! [`set_int4_order`]`("digits")` computes int4 products as exact integer dot products over
+//! activation digits — f32-level accuracy in another order, so other bits (`digits.rs`).
 #![deny(missing_docs)]
 
 #[cfg(target_arch = "aarch64")]
