@@ -78,6 +78,11 @@ pub fn set_int4_order(name: &str) -> Result<&'static str> {
     }
 }
 
+/// Whether [`set_int4_order`] accepts `"digits"` here (AVX-512 VNNI on the kernel path in use).
+pub fn int4_digits_available() -> bool {
+    vnni_available()
+}
+
 /// The int4 order in use: `"exact"` or `"digits"`.
 pub fn int4_order() -> &'static str {
     match DIGITS.load(Ordering::Relaxed) {

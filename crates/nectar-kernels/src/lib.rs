@@ -52,7 +52,7 @@ mod xpack;
 
 pub use activation::{silu, softmax_in_place, swiglu_in_place};
 pub use decode::{decode_row, scaled_add_rows};
-pub use digits::{int4_order, int4_order_covers, set_int4_order};
+pub use digits::{int4_digits_available, int4_order, int4_order_covers, set_int4_order};
 pub use dot::{dot, dot4, dot_scalar, set_isa, DOT4, LANES};
 pub use error::{Error, Result};
 pub use expert::{expert_swiglu, ExpertRef};

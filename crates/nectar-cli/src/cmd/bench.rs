@@ -61,6 +61,9 @@ struct Case {
     expert: bool,
     /// The opt-in, quality-changing int8-activation kernel with this activation block.
     int8_act: Option<usize>,
+    /// The opt-in int4 `digits` order, switched on for this case only (a twin of an exact case,
+    /// so both orders are measured in the same run).
+    digits: bool,
     note: &'static str,
 }
 
@@ -73,6 +76,7 @@ fn cases(quick: bool) -> Vec<Case> {
         cols,
         expert: false,
         int8_act: None,
+        digits: false,
         note: "",
     };
     let mut v = Vec::new();
@@ -88,6 +92,22 @@ fn cases(quick: bool) -> Vec<Case> {
     v.push(c("attn.kv_b", g64, 28672, 512));
     v.push(c("attn.o_proj", g64, 6144, 16384));
     v.push(c("attn.o_proj", WeightFormat::Int8Row, 6144, 16384));
+    // The opt-in int4 `digits` order beside the exact one, where this CPU runs it and the run
+    // is not already in that order.
+    if nectar_kernels::int4_order() == "exact" && nectar_kernels::int4_digits_available() {
+        for (name, rows, cols) in [
+            ("expert.gate_up", 2048, 6144),
+            ("expert.down", 6144, 2048),
+            ("attn.q_b", 16384, 2048),
+            ("attn.o_proj", 6144, 16384),
+        ] {
+            v.push(Case {
+                digits: true,
+                note: "OPT-IN --int4-order digits (f32-level accuracy, other bits)",
+                ..c(name, g64, rows, cols)
+            });
+        }
+    }
     // The opt-in int8-activation kernel (quality-changing), for comparison.
     for f in [g64, WeightFormat::Int4Row, WeightFormat::Int8Row] {
         for block in [INT8_ACT_BLOCK, 64] {
@@ -142,7 +162,9 @@ impl Case {
     fn kernel(&self) -> String {
         match self.int8_act {
             Some(b) => format!("int8-act-b{b}"),
-            None if nectar_kernels::int4_order_covers(self.format) => "digits".into(),
+            None if self.digits || nectar_kernels::int4_order_covers(self.format) => {
+                "digits".into()
+            }
             None => "exact".into(),
         }
     }
@@ -443,6 +465,7 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                                 .expect("shapes checked")
                         }))
                     } else {
+                        let _order = case.digits.then(DigitsOrder::on).transpose()?;
                         matmul(&mat(0, 0), &x, m, &mut y)?;
                         check(&mat(0, 0), &x, m, &y, case.name)?;
                         Ok(time_calls(&plan, copies, |j| {
@@ -450,10 +473,12 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                         }))
                     }
                 })?;
-                // int8-activation cases: error against the exact kernel, for these activations
-                // and for activations with outlier channels (as LLM hidden states have).
-                let rel_rms = match case.int8_act {
-                    Some(block) => {
+                // int8-activation and digits cases: error against the exact kernel, for these
+                // activations and for activations with outlier channels (as LLM hidden states
+                // have).
+                let rel_rms = match (case.int8_act, case.digits) {
+                    (None, false) => None,
+                    (block, _) => {
                         let mut err = [0.0; 2];
                         for (e, xs) in err
                             .iter_mut()
@@ -461,12 +486,17 @@ fn kernels(a: BenchKernelsArgs) -> Result<()> {
                         {
                             let mut exact = vec![0.0f32; y.len()];
                             matmul(&mat(0, 0), &xs, m, &mut exact)?;
-                            matmul_int8_act(&mat(0, 0), &xs, m, &mut y, block)?;
+                            match block {
+                                Some(b) => matmul_int8_act(&mat(0, 0), &xs, m, &mut y, b)?,
+                                None => {
+                                    let _order = DigitsOrder::on()?;
+                                    matmul(&mat(0, 0), &xs, m, &mut y)?
+                                }
+                            }
                             *e = rel_rms_error(&exact, &y);
                         }
                         Some(err)
                     }
-                    None => None,
                 };
                 let post = read_reference(&pool, arena, READ_PASSES);
                 samples += 2;
@@ -660,6 +690,24 @@ fn with_outliers(x: &[f32], cols: usize) -> Vec<f32> {
 }
 
 /// `sqrt(Σ (a − b)²) / sqrt(Σ a²)` over all outputs.
+/// The opt-in int4 `digits` order for as long as this lives (the bench's digits twins); the
+/// exact order again after.
+struct DigitsOrder;
+
+impl DigitsOrder {
+    fn on() -> Result<DigitsOrder> {
+        nectar_kernels::set_int4_order("digits")?;
+        Ok(DigitsOrder)
+    }
+}
+
+impl Drop for DigitsOrder {
+    fn drop(&mut self) {
+        // Cannot fail: `exact` is always available.
+        let _ = nectar_kernels::set_int4_order("exact");
+    }
+}
+
 fn rel_rms_error(exact: &[f32], approx: &[f32]) -> f64 {
     let num: f64 = exact
         .iter()
