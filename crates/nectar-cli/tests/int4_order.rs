@@ -3,15 +3,7 @@
 //! says which order ran. Where the CPU has no AVX-512 VNNI the flag is refused, clearly.
 
 mod common;
-use common::{code_long, json, nectar};
-
-fn prompt() -> String {
-    code_long()
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
+use common::{code_long, code_long_ids, json, nectar};
 
 fn logits(model: &str, order: &str) -> Vec<Vec<f64>> {
     let (ok, out, err) = nectar(&[
@@ -21,7 +13,7 @@ fn logits(model: &str, order: &str) -> Vec<Vec<f64>> {
         "--model",
         model,
         "--prompt-ids",
-        &prompt(),
+        &code_long_ids(),
     ]);
     assert!(ok, "{err}");
     serde_json::from_value(json(&out)["logits"].clone()).unwrap()
@@ -43,7 +35,7 @@ fn decode(model: &str, order: &str, threads: &str) -> serde_json::Value {
         "--logprobs",
         "3",
         "--prompt-ids",
-        &prompt(),
+        &code_long_ids(),
     ]);
     assert!(ok, "{err}");
     json(&out)

@@ -1,16 +1,10 @@
 //! `nectar run --mtp on|off|auto` and `--prompt-lookup`: same greedy output
 //! as plain decoding, telemetry in `--json` stats, conflicting flags refused.
 mod common;
-use common::{code_long, json, nectar};
-
-/// The demo's `code_long` reference prompt as `--prompt-ids`.
-fn prompt() -> String {
-    let ids: Vec<String> = code_long().iter().map(u64::to_string).collect();
-    ids.join(",")
-}
+use common::{code_long_ids, json, nectar};
 
 fn run(extra: &[&str]) -> serde_json::Value {
-    let p = prompt();
+    let p = code_long_ids();
     let mut args = vec!["run", "--json", "--max-tokens", "48", "--prompt-ids", &p];
     args.extend_from_slice(extra);
     let (ok, out, err) = nectar(&args);

@@ -3,15 +3,7 @@
 //! and its int4 conversion; and with two threads the forward really runs on the compute team.
 
 mod common;
-use common::{code_long, json, nectar, root};
-
-fn prompt() -> String {
-    code_long()
-        .iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
+use common::{code_long_ids, json, nectar, root};
 
 fn logits(model: &str, threads: &str) -> String {
     let (ok, out, err) = nectar(&[
@@ -21,7 +13,7 @@ fn logits(model: &str, threads: &str) -> String {
         "--model",
         model,
         "--prompt-ids",
-        &prompt(),
+        &code_long_ids(),
     ]);
     assert!(ok, "{err}");
     out
@@ -42,7 +34,7 @@ fn decode(model: &str, threads: &str) -> (serde_json::Value, serde_json::Value, 
         "--logprobs",
         "5",
         "--prompt-ids",
-        &prompt(),
+        &code_long_ids(),
     ]);
     assert!(ok, "{err}");
     let v = json(&out);

@@ -77,3 +77,9 @@ pub fn code_long() -> Vec<u64> {
         .unwrap();
     ids(&p["input_ids"])
 }
+
+/// [`code_long`] as the value of `--prompt-ids`.
+pub fn code_long_ids() -> String {
+    let ids: Vec<String> = code_long().iter().map(u64::to_string).collect();
+    ids.join(",")
+}
