@@ -65,7 +65,10 @@ pub(crate) fn expert_swiglu_with(
     if m == 0 || down.rows == 0 {
         return Ok(());
     }
-    if [gate, up, down].iter().any(|w| crate::digits::applies(w)) {
+    if [gate, up, down]
+        .iter()
+        .any(|w| crate::digits::int4_order_covers(w.format))
+    {
         // The opt-in int4 order (`digits.rs`) keeps its own products: the four steps apart.
         let mut g = PoolBuf::zeroed(m * inter);
         let mut u = PoolBuf::zeroed(m * inter);

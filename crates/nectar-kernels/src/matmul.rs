@@ -57,7 +57,7 @@ pub(crate) fn matmul_with(
     if w.rows == 0 || m == 0 {
         return Ok(());
     }
-    if digits::applies(w) {
+    if digits::int4_order_covers(w.format) {
         digits::matmul_digits(w, 0..w.rows, x, m, y);
         return Ok(());
     }
@@ -97,7 +97,7 @@ pub(crate) fn matmul_rows_with(
             y.len()
         )));
     }
-    if digits::applies(w) {
+    if digits::int4_order_covers(w.format) {
         digits::matmul_digits(w, rows, x, 1, y);
         return Ok(());
     }

@@ -255,13 +255,6 @@ fn time_calls(plan: &Plan, copies: usize, mut f: impl FnMut(usize)) -> f64 {
     super::bench_io::median(&per_call)
 }
 
-/// Scalar reference of output row `r` for activation row `x`.
-fn reference_row(w: &MatRef<'_>, r: usize, x: &[f32]) -> f32 {
-    let mut buf = vec![0.0; w.cols];
-    decode_row(w, r, &mut buf);
-    dot_scalar(&buf, x)
-}
-
 /// Checks sampled outputs of `y = w · x` (m rows) bit for bit against the scalar reference
 /// — or, for products in the opt-in `digits` order, to within f32 accuracy of it (10⁻⁵ of
 /// `Σ|w·x|`).
@@ -270,11 +263,11 @@ fn check(w: &MatRef<'_>, x: &[f32], m: usize, y: &[f32], what: &str) -> Result<(
     for i in [0, m - 1] {
         for r in [0, w.rows / 2, w.rows - 1] {
             let xr = &x[i * w.cols..(i + 1) * w.cols];
-            let want = reference_row(w, r, xr);
+            let mut row = vec![0.0; w.cols];
+            decode_row(w, r, &mut row);
+            let want = dot_scalar(&row, xr);
             let got = y[i * w.rows + r];
             if digits {
-                let mut row = vec![0.0; w.cols];
-                decode_row(w, r, &mut row);
                 let mag: f32 = row.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
                 if (got - want).abs() > 1e-5 * mag {
                     bail!("{what}: row {r} of activation {i}: digits {got:e} vs exact {want:e}");
