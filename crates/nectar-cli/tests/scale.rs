@@ -87,6 +87,8 @@ fn bench_policy_reports_every_kind_and_slot_count_against_belady() {
     assert!(lru["ratio"].as_f64().unwrap() < 0.7, "{lru}");
     let (ok, _, err) = nectar(&["bench", "policy", "--admission", "lfu"]);
     assert!(!ok && err.contains("unknown admission `lfu`"), "{err}");
+    let (ok, _, err) = nectar(&["bench", "policy", "--slots", "8,0"]);
+    assert!(!ok && err.contains("0 slots without --pin"), "{err}");
 }
 
 #[test]
@@ -159,6 +161,40 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         (on["growth"].as_f64().unwrap() - all / 8.0).abs() < 1e-9,
         "{on}"
     );
+    // Refused by name: a trace of another expert shape (the demo's top-4 of 32 would replay a
+    // smaller universe onto this model's 256), nothing to decode or no conversation.
+    let demo = root().join("tests/fixtures/traces/demo");
+    let demo = demo.to_str().unwrap();
+    let model = e256();
+    let refused = |trace: &str, conversations: &str, tokens: &str| {
+        let (ok, _, err) = nectar(&[
+            "bench",
+            "replay",
+            "--model",
+            &model,
+            "--memory-budget",
+            "200M",
+            "--raw-seconds",
+            "0.05",
+            "--trace",
+            trace,
+            "--conversations",
+            conversations,
+            "--tokens",
+            tokens,
+        ]);
+        assert!(!ok, "{trace} {conversations} {tokens} accepted");
+        err
+    };
+    let route256 = root().join("tests/fixtures/traces/route256");
+    let route256 = route256.to_str().unwrap();
+    let err = refused(demo, "1", "4");
+    assert!(
+        err.contains("top-4 of 32") && err.contains("own expert shape"),
+        "{err}"
+    );
+    assert!(refused(route256, "1", "0").contains("--tokens must be at least 1"));
+    assert!(refused(route256, "0", "4").contains("--conversations must be at least 1"));
 }
 
 #[test]

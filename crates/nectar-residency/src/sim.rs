@@ -117,16 +117,20 @@ pub fn uniform(e: usize, k: usize, rng: &mut Rng) -> Vec<u32> {
 /// Reads a C-order int8 or little-endian int16 `.npy` array of expert ids (the 32-expert traces
 /// store int8, the 256-expert ones int16): `(shape, ids)`.
 pub fn read_npy_ids(bytes: &[u8]) -> Result<(Vec<usize>, Vec<i32>), String> {
-    if let Ok((shape, data)) = read_npy(bytes, &["'<i2'"], 2) {
-        let ids = data
-            .chunks_exact(2)
-            .map(|c| i16::from_le_bytes([c[0], c[1]]) as i32)
-            .collect();
-        return Ok((shape, ids));
+    // The dtype decides the reader, so a truncated or malformed int16 file reports what is wrong
+    // with it rather than that it is not int8.
+    match read_npy(bytes, &["'<i2'"], 2) {
+        Err(e) if e.starts_with("expected dtype") => read_npy(bytes, &["'|i1'", "'i1'"], 1)
+            .map(|(shape, data)| (shape, data.iter().map(|&b| b as i8 as i32).collect()))
+            .map_err(|e| e.replace("expected dtype '|i1'", "expected dtype '|i1' or '<i2'")),
+        r => r.map(|(shape, data)| {
+            let ids = data
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as i32)
+                .collect();
+            (shape, ids)
+        }),
     }
-    read_npy(bytes, &["'|i1'", "'i1'"], 1)
-        .map(|(shape, data)| (shape, data.iter().map(|&b| b as i8 as i32).collect()))
-        .map_err(|e| e.replace("expected dtype '|i1'", "expected dtype '|i1' or '<i2'"))
 }
 
 /// Reads a C-order little-endian uint16 `.npy` array (the traces' token ids): `(shape, data)`.
@@ -177,10 +181,17 @@ fn read_npy<'a>(
         .filter(|s| !s.is_empty())
         .map(|s| s.parse().map_err(|_| format!("bad shape `{shape_s}`")))
         .collect::<Result<_, _>>()?;
-    let n: usize = shape.iter().product::<usize>() * elem;
-    let data = bytes
-        .get(off + hlen..off + hlen + n)
-        .ok_or("truncated .npy data")?;
+    let n = shape
+        .iter()
+        .try_fold(elem, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| format!("shape `{shape_s}` overflows"))?;
+    let start = off + hlen;
+    let data = bytes.get(start..start.saturating_add(n)).ok_or_else(|| {
+        format!(
+            "truncated .npy data: shape ({shape_s}) needs {n} bytes after the header, the file has {}",
+            bytes.len() - start.min(bytes.len())
+        )
+    })?;
     Ok((shape, data))
 }
 
@@ -228,5 +239,17 @@ mod tests {
         b.extend(h.as_bytes());
         b.extend([0xffu8, 0xff, 0xff, 0x00]);
         assert_eq!(read_npy_ids(&b).unwrap(), (vec![2], vec![-1, 255]));
+        // A truncated int16 file says so (not that its dtype is wrong).
+        let e = read_npy_ids(&b[..b.len() - 1]).unwrap_err();
+        assert!(
+            e.contains("truncated .npy data") && e.contains("needs 4 bytes"),
+            "{e}"
+        );
+        // A shape whose size overflows is an error, not a wrapped length.
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        let h = "{'descr': '<i2', 'fortran_order': False, 'shape': (4294967296, 4294967296), }\n";
+        b.extend((h.len() as u16).to_le_bytes());
+        b.extend(h.as_bytes());
+        assert!(read_npy_ids(&b).unwrap_err().contains("overflows"));
     }
 }

@@ -45,6 +45,10 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
         a.kinds.clone()
     };
     anyhow::ensure!(!a.slots.is_empty(), "--slots needs at least one count");
+    anyhow::ensure!(
+        a.pin > 0 || !a.slots.contains(&0),
+        "--slots: 0 slots without --pin caches nothing (no hit rate to compare with Belady)"
+    );
     anyhow::ensure!(a.window >= 1, "--window must be at least 1");
     let admissions: Vec<(String, Admission)> = a
         .admission

@@ -596,6 +596,12 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
         (0.0..=1.0).contains(&a.acceptance),
         "--acceptance must be within 0..1"
     );
+    anyhow::ensure!(a.conversations >= 1, "--conversations must be at least 1");
+    anyhow::ensure!(
+        a.tokens >= 1 || !a.prompt_rows.is_empty(),
+        "--tokens must be at least 1 (a decode benchmark needs decoded tokens; --prompt-rows \
+         measures prefill)"
+    );
     let (layouts, paths) =
         expert_layouts(&a.model).with_context(|| format!("reading {}", a.model.display()))?;
     let io = Arc::new(FileIo::open(&paths, true)?);

@@ -83,10 +83,14 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
     if let (true, Some(&m)) = (model.has_mtp(), trace.mtp_layers(hidden).first()) {
         map.insert(n, m);
     }
+    // Only the model's own expert shape: a trace of fewer experts or a smaller top-k would run a
+    // smaller universe (or fewer experts per token) and make the cache look better than the
+    // model's own routing can (ids are never remapped).
     let experts = model.cfg.raw.n_routed_experts;
     anyhow::ensure!(
-        trace.experts_per_layer <= experts && trace.top_k <= model.cfg.raw.num_experts_per_tok,
-        "{}: the trace routes top-{} of {} experts; the model has top-{} of {}",
+        trace.experts_per_layer == experts && trace.top_k == model.cfg.raw.num_experts_per_tok,
+        "{}: the trace routes top-{} of {} experts; the model has top-{} of {} (a trace replays \
+         only onto its own expert shape)",
         trace.path.display(),
         trace.top_k,
         trace.experts_per_layer,
