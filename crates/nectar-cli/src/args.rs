@@ -347,6 +347,42 @@ pub enum MtpMode {
 }
 
 /// `--logit-bias ID=BIAS`.
+/// A rate or speed: finite and above zero (a projection divides by it).
+fn positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err(format!("`{s}` must be a finite number above 0")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
+/// A cost: finite and not negative.
+fn non_negative(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!("`{s}` must be a finite number, 0 or more")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
+/// A count of at least one.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
+/// A share or probability: within 0..=1.
+fn unit(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(_) => Err(format!("`{s}` must be within 0..1")),
+        Err(e) => Err(format!("`{s}`: {e}")),
+    }
+}
+
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, bias) = s
         .split_once('=')
@@ -784,37 +820,37 @@ pub struct FitArgs {
     pub geometry: Option<String>,
     /// Disk read speed of whole experts (O_DIRECT, queue depth of the I/O threads), GB/s;
     /// default: measured on --model's files.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub disk_gbps: Option<f64>,
     /// Memory read bandwidth of the machine projected, GB/s (the decode kernels get this
     /// machine's measured share of it); default: measured here.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub mem_gbps: Option<f64>,
     /// Share of --mem-gbps the decode kernels reach (default: the share measured here; the
     /// kernel benchmark's M = 1 ratio is the steadier figure on a busy machine).
-    #[arg(long)]
+    #[arg(long, value_parser = unit)]
     pub kernel_share: Option<f64>,
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub gflops: Option<f64>,
     /// GFLOP/s of prefill's attention core on the machine projected; default: timed here on
     /// the model's own attention code at its dimensions (scaled by --cores).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub attn_gflops: Option<f64>,
     /// Cores of the machine projected (scales the measured prefill GFLOP/s and the calibrated
     /// per-layer compute).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     pub cores: Option<usize>,
     /// Compute per MoE layer and token beyond streaming its weights (attention math, the DSA
     /// indexer, routing, synchronisation), milliseconds on the machine projected. Default:
     /// calibrated by a short decode of --model under the budget (or of --calibrate with
     /// --geometry), scaled by --cores; 0 when there is nothing to calibrate on.
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative)]
     pub layer_overhead_ms: Option<f64>,
     /// Share of the MoE block's compute behind which expert reads hide (0–1; 1 = all of it,
     /// the block's design; 0 = each layer's misses read after its router with nothing beside).
     /// Default: measured by the calibration decode (trace routes under the budget), else 0.
-    #[arg(long)]
+    #[arg(long, value_parser = unit)]
     pub moe_overlap: Option<f64>,
     /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
     /// calibrate the per-layer compute and the overlap on.
@@ -823,12 +859,12 @@ pub struct FitArgs {
     /// With --project and --gpu-memory: weight GB/s of the GPU's kernels at M = 1 on the card
     /// projected (the int4 GEMV reads 0.15–0.76 of HBM bandwidth by shape on an H200,
     /// docs/gpu.md; `nectar bench gpu` measures it).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub gpu_gbps: Option<f64>,
     /// With --project and --gpu-memory: one GPU product's round trip beyond its weight reads
     /// (launch, activation copies over PCIe, synchronisation), microseconds (`nectar bench gpu`
     /// prints it as a round trip's fixed cost: about 30 on an H200).
-    #[arg(long)]
+    #[arg(long, value_parser = non_negative)]
     pub gpu_product_us: Option<f64>,
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
@@ -842,7 +878,7 @@ pub struct FitArgs {
     #[arg(long, value_name = "TOKENS")]
     pub context: Option<usize>,
     /// Probability that an MTP draft is accepted (the route256 model measured 0.686).
-    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE, value_parser = unit)]
     pub acceptance: f64,
     /// Routing trace for the hit-rate curve (default: route256, GLM-5.2's expert shape).
     #[arg(long)]

@@ -56,6 +56,36 @@ fn fit_projects_decode_after_a_long_context() {
     // Below the top k the indexer does not select: no share of its own.
     let short = glm52_32g(&["--context", "1000"]);
     assert_eq!(f(&short["context"]["index_ms_per_indexer_layer"]), 0.0);
+    // Past the model's longest context (GLM-5.2: 1,048,576) nothing is projected: refused by
+    // name, as are speeds a projection cannot divide by.
+    let refused = |extra: &[&str]| {
+        let mut all = vec![
+            "fit",
+            "--geometry",
+            "glm52",
+            "--project",
+            "--memory-budget",
+            "29G",
+        ];
+        all.extend_from_slice(extra);
+        let (ok, _, err) = nectar(&all);
+        assert!(!ok, "{extra:?} accepted");
+        err
+    };
+    let err = refused(&[&PCIE4_DDR5[..], &["--context", "1048577"]].concat());
+    assert!(err.contains("at most 1048576 tokens"), "{err}");
+    for bad in [
+        ["--disk-gbps", "0"],
+        ["--disk-gbps", "nan"],
+        ["--mem-gbps", "inf"],
+    ] {
+        let err = refused(&bad);
+        assert!(
+            err.contains(bad[0]) && err.contains("finite number above 0"),
+            "{err}"
+        );
+    }
+    assert!(refused(&["--disk-gbps", "7", "--cores", "0"]).contains("at least 1"));
 }
 
 #[test]

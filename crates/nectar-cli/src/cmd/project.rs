@@ -86,6 +86,9 @@ pub struct Geometry {
     pub params_per_byte: f64,
     /// Attention dimensions, for prefill's attention work.
     pub attn: AttnShape,
+    /// The longest context the model takes (`max_position_embeddings`): `--context` past it
+    /// projects nothing a run could do (and the probe would hold that many keys).
+    pub max_context: usize,
 }
 
 impl Geometry {
@@ -106,6 +109,7 @@ impl Geometry {
             top_k: 8,
             params_per_byte: 37.75e6 / 21.2e6,
             attn: AttnShape::glm52(),
+            max_context: 1_048_576,
         };
         let (hidden, vocab, top_k) = (6144, 154_880, 8);
         let mut spine = vec![(
@@ -170,6 +174,7 @@ impl Geometry {
             top_k,
             params_per_byte: 37.75e6 / 21.2e6,
             attn: AttnShape::from_config(&cfg),
+            max_context: cfg.raw.max_position_embeddings.unwrap_or(usize::MAX),
         })
     }
 }
@@ -989,6 +994,11 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         gpu.as_ref(),
     );
     if let Some(n) = a.context {
+        anyhow::ensure!(
+            n <= geom.max_context,
+            "--context {n}: the model takes at most {} tokens (max_position_embeddings)",
+            geom.max_context
+        );
         // Twice the last-level cache read between timed calls: the KV cache comes from RAM.
         let evict = (2 * crate::machine::llc_bytes().0).clamp(64 << 20, 1 << 30);
         let cost = measure_decode_context(&geom.attn, n, CONTEXT_PASSES, evict);
