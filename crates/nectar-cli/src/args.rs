@@ -142,7 +142,7 @@ pub struct DoctorArgs {
     #[arg(long)]
     pub memory_budget: Option<String>,
     /// Context length the plan reserves KV for.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Print JSON.
     #[arg(long)]
@@ -168,7 +168,7 @@ pub struct RunArgs {
     pub gpu_memory: Option<String>,
     /// Context length (prompt + reply) the memory plan reserves KV for (with --memory-budget:
     /// a prompt that fills it is refused, a reply stops where it ends).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// I/O threads reading experts (with --memory-budget).
     #[arg(long, default_value_t = 3)]
@@ -789,7 +789,7 @@ pub struct FitArgs {
     #[arg(long)]
     pub memory_budget: Option<String>,
     /// Context length to reserve KV cache for.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     pub ctx_size: usize,
     /// Also print what goes to VRAM at this `--gpu-memory` (a size; `auto` needs a build with
     /// `--features cuda` and a GPU): the spine by class, routed experts in VRAM per layer, and

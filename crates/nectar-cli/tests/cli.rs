@@ -135,6 +135,7 @@ fn run_bad_sampling_flags_fail_cleanly() {
         (&["--logit-bias", "5"][..], "ID=BIAS"),
         (&["--logit-bias", "99999999=1"][..], "logit_bias"),
         (&["--stop", ""][..], "stop"),
+        (&["--ctx-size", "0"][..], "--ctx-size"),
     ] {
         let (ok, out, err) = nectar(&[&["run"][..], args].concat());
         assert!(!ok && err.contains(want), "{args:?}: {err}");
