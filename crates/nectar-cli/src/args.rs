@@ -347,22 +347,27 @@ pub enum MtpMode {
 }
 
 /// `--logit-bias ID=BIAS`.
-/// A rate or speed: finite and above zero (a projection divides by it).
-fn positive(s: &str) -> Result<f64, String> {
+/// A number `ok` accepts (`what` says which in the error).
+fn number(s: &str, ok: fn(f64) -> bool, what: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
-        Ok(_) => Err(format!("`{s}` must be a finite number above 0")),
+        Ok(v) if ok(v) => Ok(v),
+        Ok(_) => Err(format!("`{s}` must be {what}")),
         Err(e) => Err(format!("`{s}`: {e}")),
     }
 }
 
+/// A rate or speed: finite and above zero (a projection divides by it).
+fn positive(s: &str) -> Result<f64, String> {
+    number(s, |v| v.is_finite() && v > 0.0, "a finite number above 0")
+}
+
 /// A cost: finite and not negative.
 fn non_negative(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Ok(_) => Err(format!("`{s}` must be a finite number, 0 or more")),
-        Err(e) => Err(format!("`{s}`: {e}")),
-    }
+    number(
+        s,
+        |v| v.is_finite() && v >= 0.0,
+        "a finite number, 0 or more",
+    )
 }
 
 /// A count of at least one.
@@ -376,11 +381,7 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 /// A share or probability: within 0..=1.
 fn unit(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        Ok(_) => Err(format!("`{s}` must be within 0..1")),
-        Err(e) => Err(format!("`{s}`: {e}")),
-    }
+    number(s, |v| (0.0..=1.0).contains(&v), "within 0..1")
 }
 
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
