@@ -76,6 +76,12 @@ struct State {
     evicted: u64,
     /// Since when some read has been in flight (`None`: the disk is idle).
     busy_since: Option<Instant>,
+    /// Threads waiting for a read now, and since when at least one has been: `wait_seconds`
+    /// counts the time some thread waited, once however many waited together (a GPU copy
+    /// thread and the CPU's experts wait side by side; summed, the waits exceeded the decode's
+    /// wall time).
+    waiters: usize,
+    wait_since: Option<Instant>,
     /// The look-ahead's threshold controller (with look-ahead prefetch).
     control: Option<Controller>,
     /// The decode step being measured for the controller: its start and, once a layer's safe
@@ -101,14 +107,36 @@ struct Snapshot {
 }
 
 impl State {
+    /// A thread starts waiting for a read.
+    fn begin_wait(&mut self) {
+        if self.waiters == 0 {
+            self.wait_since = Some(Instant::now());
+        }
+        self.waiters += 1;
+    }
+
+    /// A thread stops waiting; the last one out adds the time since the first came in.
+    fn end_wait(&mut self) {
+        self.waiters = self.waiters.saturating_sub(1);
+        if self.waiters == 0 {
+            if let Some(t) = self.wait_since.take() {
+                self.stats.wait_seconds += t.elapsed().as_secs_f64();
+            }
+        }
+    }
+
     fn snapshot(&self, now: Instant) -> Snapshot {
         let busy = self.stats.disk_busy_seconds
             + self
                 .busy_since
                 .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+        let wait = self.stats.wait_seconds
+            + self
+                .wait_since
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
         Snapshot {
             busy,
-            wait: self.stats.wait_seconds,
+            wait,
             reads: self.stats.reads,
             wasted: self.stats.layers.iter().map(|l| l.prefetch_dropped).sum(),
         }
@@ -232,6 +260,8 @@ impl Residency {
             evictions: VecDeque::new(),
             evicted: 0,
             busy_since: None,
+            waiters: 0,
+            wait_since: None,
             control: (cfg.lookahead && matches!(cfg.admission, Admission::Predictive { .. }))
                 .then(Controller::default),
             step: None,
@@ -668,6 +698,9 @@ impl Residency {
         if let Some(since) = st.busy_since {
             t.disk_busy_seconds += since.elapsed().as_secs_f64();
         }
+        if let Some(since) = st.wait_since {
+            t.wait_seconds += since.elapsed().as_secs_f64();
+        }
         t.lookahead = st.control.as_ref().map(|c| c.stats());
         let (pinned, lru, working, free, disabled) = st.policy.occupancy();
         t.occupancy = Occupancy {
@@ -817,14 +850,20 @@ impl Pending {
     /// Waits for the expert's bytes; a failed read returns an error naming layer, expert, file
     /// and offset (the slot is discarded at the next safe point).
     pub fn wait(mut self) -> Result<Lease> {
-        let t0 = Instant::now();
         let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting = matches!(st.slots[self.slot].status, Status::Loading);
+        if waiting {
+            st.begin_wait();
+        }
         loop {
             match &st.slots[self.slot].status {
                 Status::Ready => break,
                 Status::Loading => st = self.inner.cond.wait(st).unwrap_or_else(|p| p.into_inner()),
                 Status::Failed(f) => {
                     let f = f.clone();
+                    if waiting {
+                        st.end_wait();
+                    }
                     let path = self
                         .inner
                         .io
@@ -845,6 +884,9 @@ impl Pending {
                     });
                 }
                 Status::Empty => {
+                    if waiting {
+                        st.end_wait();
+                    }
                     st.slots[self.slot].leases -= 1;
                     self.waited = true;
                     return Err(Error::StaleLease {
@@ -858,7 +900,9 @@ impl Pending {
         // The generation may have advanced while loading (this lease's request was a miss that
         // started the load); the lease takes the generation of the bytes it reads.
         let gen = self.inner.gens[self.slot].load(Ordering::Acquire);
-        st.stats.wait_seconds += t0.elapsed().as_secs_f64();
+        if waiting {
+            st.end_wait();
+        }
         drop(st);
         self.waited = true;
         Ok(Lease {

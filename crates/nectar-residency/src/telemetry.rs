@@ -36,7 +36,9 @@ pub struct Telemetry {
     pub read_errors: u64,
     /// Seconds the I/O workers spent reading (summed over workers).
     pub disk_seconds: f64,
-    /// Seconds compute waited for misses.
+    /// Seconds some thread waited for a miss's read (once however many waited together, so it
+    /// never exceeds the wall time: the decode's waits on one thread, or the CPU's experts and a
+    /// GPU copy thread side by side).
     pub wait_seconds: f64,
     /// Seconds some read was in flight (the device's busy time; `disk_seconds` sums workers).
     pub disk_busy_seconds: f64,

@@ -290,6 +290,35 @@ fn short_reads_and_slow_disks_deliver_correct_bytes() {
 }
 
 #[test]
+fn threads_waiting_together_count_their_wait_once() {
+    // Three misses on a slow disk, each waited for on its own thread (as a GPU copy thread and
+    // the CPU's experts wait side by side): the time waited is the wall time some thread was
+    // waiting, never the sum of the three (which would exceed the decode's own time).
+    let (mut io, layouts) = setup(1, 3);
+    io.delay_ms = 200;
+    let r = Residency::new(cfg(1, 3), layouts, Arc::new(io)).unwrap();
+    let t0 = std::time::Instant::now();
+    let pending = r.acquire(0, &[0, 1, 2]).unwrap();
+    std::thread::scope(|s| {
+        for p in pending {
+            s.spawn(move || drop(p.wait().unwrap()));
+        }
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    r.end_wave().unwrap();
+    let waited = r.telemetry().wait_seconds;
+    assert!(
+        waited > 0.1 && waited <= wall,
+        "waited {waited} s in {wall} s"
+    );
+    // A ready expert costs no wait.
+    let before = r.telemetry().wait_seconds;
+    drop(r.acquire(0, &[2]).unwrap().pop().unwrap().wait().unwrap());
+    r.end_wave().unwrap();
+    assert_eq!(r.telemetry().wait_seconds, before);
+}
+
+#[test]
 fn safe_point_rules_and_permanent_shrink() {
     let (io, layouts) = setup(2, 6);
     let r = Residency::new(cfg(3, 4), layouts, Arc::new(io)).unwrap();
