@@ -477,7 +477,10 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
         "--moe-overlap",
         "1.5",
     ]);
-    assert!(!ok && err.contains("--moe-overlap 1.5"), "{err}");
+    assert!(
+        !ok && err.contains("'1.5' for '--moe-overlap") && err.contains("within 0..1"),
+        "{err}"
+    );
 }
 
 #[test]

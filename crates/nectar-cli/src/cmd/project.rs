@@ -833,12 +833,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "--kernel-share {s}: expected a share in (0, 1]"
         );
     }
-    if let Some(e) = a.moe_overlap {
-        anyhow::ensure!(
-            (0.0..=1.0).contains(&e),
-            "--moe-overlap {e}: expected a share in [0, 1]"
-        );
-    }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
     // The disk sample first, in a quiet process: read right after the calibration's model was
