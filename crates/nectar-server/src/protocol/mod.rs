@@ -39,6 +39,16 @@ pub fn parse_body<T: DeserializeOwned>(
         }
         .flavour(flavour)
     })?;
+    // Every request is an object; serde would read an array as a struct's fields in order
+    // (`[1, 2]` → "invalid `[0]`: expected a string").
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok()
+    {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object (`{...}`)".to_string(),
+        )
+        .flavour(flavour));
+    }
     let mut de = serde_json::Deserializer::from_slice(&bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     // One JSON value and only whitespace after it: `{…}{…}` is not a request.
@@ -323,6 +333,13 @@ mod tests {
             .unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
         assert_eq!(e.body()["type"], "error");
+        // Valid JSON that is not an object is named as such, not read as fields in order.
+        for body in [&b"[[{\"role\":\"user\"}]]"[..], b" 7", b"\"hi\"", b"null"] {
+            let e = parse_body::<Req>(Ok(Bytes::copy_from_slice(body)), Flavour::OpenAi, 10)
+                .unwrap_err();
+            assert!(e.message.contains("must be a JSON object"), "{}", e.message);
+            assert_eq!(e.kind.status(), StatusCode::BAD_REQUEST);
+        }
     }
 
     #[test]
