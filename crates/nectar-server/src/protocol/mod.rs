@@ -60,8 +60,21 @@ pub fn parse_body<T: DeserializeOwned>(
     parsed.map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let err = if inner.is_syntax() || inner.is_eof() || path == "." {
+        let err = if inner.is_syntax() || inner.is_eof() {
             ApiError::invalid(format!("the request body is not valid JSON: {inner}"))
+        } else if path == "." {
+            // Valid JSON that does not make a request: name the missing field where serde says
+            // which (`missing field `messages``).
+            let field = inner.to_string();
+            let field = field
+                .strip_prefix("missing field `")
+                .and_then(|f| f.split('`').next())
+                .map(str::to_string);
+            let msg = format!("invalid request body: {inner}");
+            match field {
+                Some(f) => ApiError::invalid_param(f, msg),
+                None => ApiError::invalid(msg),
+            }
         } else {
             ApiError::invalid_param(path.clone(), format!("invalid `{path}`: {inner}"))
         };
@@ -328,7 +341,13 @@ mod tests {
     #[test]
     fn missing_field_and_bad_json() {
         let e = parse_body::<Req>(Ok(Bytes::from_static(b"{}")), Flavour::OpenAi, 10).unwrap_err();
-        assert!(e.message.contains("messages"), "{}", e.message);
+        assert!(
+            e.message.contains("missing field `messages`"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("not valid JSON"), "{}", e.message);
+        assert_eq!(e.param.as_deref(), Some("messages"));
         let e = parse_body::<Req>(Ok(Bytes::from_static(b"{\"mess")), Flavour::Anthropic, 10)
             .unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
