@@ -346,7 +346,6 @@ pub enum MtpMode {
     Auto,
 }
 
-/// `--logit-bias ID=BIAS`.
 /// A number `ok` accepts (`what` says which in the error).
 fn number(s: &str, ok: fn(f64) -> bool, what: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -384,6 +383,7 @@ fn unit(s: &str) -> Result<f64, String> {
     number(s, |v| (0.0..=1.0).contains(&v), "within 0..1")
 }
 
+/// `--logit-bias ID=BIAS`.
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, bias) = s
         .split_once('=')
