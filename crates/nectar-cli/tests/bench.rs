@@ -81,10 +81,20 @@ fn bench_decode_replays_route256_as_recorded_against_belady() {
         "{v}"
     );
 
-    // A container with fewer experts than the trace is refused, not remapped.
+    // A container with fewer experts than the trace is refused, not remapped; so is a trace of
+    // a smaller universe (the demo's top-4 of 32) on this 256-expert, top-8 container.
     let small = container(dir.path(), 2, 16, 4);
     let (ok, _, err) = decode(&small, &["--routes", "trace"]);
     assert!(!ok && err.contains("never remapped"), "{err}");
+    let demo = root().join("tests/fixtures/traces/demo");
+    let (ok, _, err) = decode(
+        &model,
+        &["--routes", "trace", "--trace", demo.to_str().unwrap()],
+    );
+    assert!(
+        !ok && err.contains("top-4 of 32") && err.contains("own expert shape"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //! lands. The spine slices rotate through copies that together hold at least 4× the last-level
 //! cache (`crate::machine::llc_bytes`, from sysfs), so they stream from DRAM as a real spine does.
 //!
-//! Traces (`--routes trace`): the recorded ids are replayed as they are (never remapped), trace
+//! Traces (`--routes trace`): the recorded ids are replayed as they are (never remapped, so only
+//! onto a container of the trace's expert count and top-k), trace
 //! main layer i on the container's MoE layer i (cycling when the container has more), decode rows
 //! only (each segment's prompt rows are prefill), segments in order without a cache reset.
 //!
@@ -71,21 +72,13 @@ struct Replay {
     layer_of: Vec<usize>,
 }
 
-fn load_trace(a: &BenchDecodeArgs, n_layers: usize, experts: usize) -> Result<Replay> {
+fn load_trace(a: &BenchDecodeArgs, n_layers: usize, experts: usize, k: usize) -> Result<Replay> {
     let dir = a
         .trace
         .clone()
         .unwrap_or_else(|| repo_root().join("tests/fixtures/traces/route256"));
     let trace = Trace::load(&dir, &a.trace_kind)?;
-    anyhow::ensure!(
-        trace.experts_per_layer <= experts,
-        "{}: the trace routes over {} experts per layer, the container has {experts}; ids are \
-         replayed as recorded, never remapped — use a container with at least {} experts per \
-         layer (e.g. `nectar synth --preset glm52`)",
-        trace.path.display(),
-        trace.experts_per_layer,
-        trace.experts_per_layer
-    );
+    super::trace_routes::same_expert_shape(&trace, experts, k)?;
     let main = trace.main_layers(trace.hidden_layers());
     anyhow::ensure!(
         !main.is_empty(),
@@ -183,7 +176,7 @@ fn routes(
             ))
         }
         "trace" => {
-            let rp = load_trace(a, n_layers, experts)?;
+            let rp = load_trace(a, n_layers, experts, k)?;
             let tr = &rp.trace;
             let map = |per_row: &dyn Fn(usize, usize) -> Vec<u32>| -> Routes {
                 (0..tokens)

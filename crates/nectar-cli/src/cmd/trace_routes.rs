@@ -83,19 +83,26 @@ fn layer_map(model: &Glm5, trace: &Trace) -> Result<HashMap<usize, usize>> {
     if let (true, Some(&m)) = (model.has_mtp(), trace.mtp_layers(hidden).first()) {
         map.insert(n, m);
     }
-    // Only the model's own expert shape: a trace of fewer experts or a smaller top-k would run a
-    // smaller universe (or fewer experts per token) and make the cache look better than the
-    // model's own routing can (ids are never remapped).
-    let experts = model.cfg.raw.n_routed_experts;
+    same_expert_shape(
+        trace,
+        model.cfg.raw.n_routed_experts,
+        model.cfg.raw.num_experts_per_tok,
+    )?;
+    Ok(map)
+}
+
+/// A trace replays only onto its own expert shape: its ids are never remapped, and a trace of
+/// fewer experts or a smaller top-k would run a smaller universe (or fewer experts per token)
+/// and make the cache look better than the container's own routing can. `bench replay`, `fit
+/// --project`'s calibration and `bench decode` all check it here.
+pub fn same_expert_shape(trace: &Trace, experts: usize, top_k: usize) -> Result<()> {
     anyhow::ensure!(
-        trace.experts_per_layer == experts && trace.top_k == model.cfg.raw.num_experts_per_tok,
-        "{}: the trace routes top-{} of {} experts; the model has top-{} of {} (a trace replays \
-         only onto its own expert shape)",
+        trace.experts_per_layer == experts && trace.top_k == top_k,
+        "{}: the trace routes top-{} of {} experts; the container has top-{top_k} of {experts} \
+         (a trace replays only onto its own expert shape: ids are never remapped)",
         trace.path.display(),
         trace.top_k,
         trace.experts_per_layer,
-        model.cfg.raw.num_experts_per_tok,
-        experts
     );
-    Ok(map)
+    Ok(())
 }
