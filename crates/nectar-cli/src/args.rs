@@ -383,6 +383,11 @@ fn unit(s: &str) -> Result<f64, String> {
     number(s, |v| (0.0..=1.0).contains(&v), "within 0..1")
 }
 
+/// A share something reaches and is divided by: above 0, at most 1.
+fn share(s: &str) -> Result<f64, String> {
+    number(s, |v| v > 0.0 && v <= 1.0, "a share above 0, at most 1")
+}
+
 /// `--logit-bias ID=BIAS`.
 fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
     let (id, bias) = s
@@ -550,7 +555,7 @@ pub struct BenchReplayArgs {
     pub mtp: Vec<String>,
     /// Probability that a draft is accepted (default: the MTP acceptance measured on the
     /// route256 model, 0.686).
-    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE)]
+    #[arg(long, default_value_t = DEFAULT_ACCEPTANCE, value_parser = unit)]
     pub acceptance: f64,
     /// Conversations replayed per run (the trace's first N segments).
     #[arg(long, default_value_t = 2)]
@@ -829,7 +834,7 @@ pub struct FitArgs {
     pub mem_gbps: Option<f64>,
     /// Share of --mem-gbps the decode kernels reach (default: the share measured here; the
     /// kernel benchmark's M = 1 ratio is the steadier figure on a busy machine).
-    #[arg(long, value_parser = unit)]
+    #[arg(long, value_parser = share)]
     pub kernel_share: Option<f64>,
     /// Prefill GFLOP/s of the machine projected; default: measured here (scaled by --cores).
     #[arg(long, value_parser = positive)]

@@ -86,6 +86,8 @@ fn fit_projects_decode_after_a_long_context() {
         );
     }
     assert!(refused(&["--disk-gbps", "7", "--cores", "0"]).contains("at least 1"));
+    let err = refused(&["--disk-gbps", "7", "--kernel-share", "0"]);
+    assert!(err.contains("a share above 0, at most 1"), "{err}");
 }
 
 #[test]
@@ -225,6 +227,11 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
     );
     assert!(refused(route256, "1", "0").contains("--tokens must be at least 1"));
     assert!(refused(route256, "0", "4").contains("--conversations must be at least 1"));
+    let (ok, _, err) = nectar(&["bench", "replay", "--model", &model, "--acceptance", "1.5"]);
+    assert!(
+        !ok && err.contains("'1.5' for '--acceptance") && err.contains("within 0..1"),
+        "{err}"
+    );
 }
 
 #[test]

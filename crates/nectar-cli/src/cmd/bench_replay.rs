@@ -592,10 +592,6 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(super::bench_policy::default_trace_dir);
     let trace = Trace::load(&dir, &a.kind)?;
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&a.acceptance),
-        "--acceptance must be within 0..1"
-    );
     anyhow::ensure!(a.conversations >= 1, "--conversations must be at least 1");
     anyhow::ensure!(
         a.tokens >= 1 || !a.prompt_rows.is_empty(),

@@ -827,12 +827,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     // its own plan's slots.
     let p_off = plan(&inputs[0]).context("the memory plan (MTP off)")?;
     let p_on = plan(&inputs[1]).context("the memory plan (MTP on)")?;
-    if let Some(s) = a.kernel_share {
-        anyhow::ensure!(
-            s > 0.0 && s <= 1.0,
-            "--kernel-share {s}: expected a share in (0, 1]"
-        );
-    }
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
     // The disk sample first, in a quiet process: read right after the calibration's model was
