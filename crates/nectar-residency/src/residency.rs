@@ -695,12 +695,10 @@ impl Residency {
     pub fn telemetry(&self) -> Telemetry {
         let st = self.lock();
         let mut t = st.stats.clone();
-        if let Some(since) = st.busy_since {
-            t.disk_busy_seconds += since.elapsed().as_secs_f64();
-        }
-        if let Some(since) = st.wait_since {
-            t.wait_seconds += since.elapsed().as_secs_f64();
-        }
+        // A read or a wait in progress counts up to now, as a controller step's snapshot does.
+        let now = st.snapshot(Instant::now());
+        t.disk_busy_seconds = now.busy;
+        t.wait_seconds = now.wait;
         t.lookahead = st.control.as_ref().map(|c| c.stats());
         let (pinned, lru, working, free, disabled) = st.policy.occupancy();
         t.occupancy = Occupancy {

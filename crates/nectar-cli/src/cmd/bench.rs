@@ -682,7 +682,6 @@ fn with_outliers(x: &[f32], cols: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `sqrt(Σ (a − b)²) / sqrt(Σ a²)` over all outputs.
 /// The opt-in int4 `digits` order for as long as this lives (the bench's digits twins); the
 /// exact order again after.
 struct DigitsOrder;
@@ -701,6 +700,7 @@ impl Drop for DigitsOrder {
     }
 }
 
+/// `sqrt(Σ (a − b)²) / sqrt(Σ a²)` over all outputs.
 fn rel_rms_error(exact: &[f32], approx: &[f32]) -> f64 {
     let num: f64 = exact
         .iter()
