@@ -607,3 +607,62 @@ fn fit_projects_a_gpu_tier_from_the_card_described() {
     ]);
     assert!(!ok && err.contains("--gpu-gbps"), "{err}");
 }
+
+/// `fit --geometry glm52` without `--project` prints GLM-5.2's memory plan (it used to plan the
+/// demo model, ignoring the flag): the slots the projection uses at that budget, and the plan of
+/// `serve --parallel N` with `--serve` (its rows' KV and working bank take slots).
+#[test]
+fn fit_plans_the_geometry_it_is_given() {
+    let plan = |extra: &[&str]| {
+        let mut all = vec![
+            "fit",
+            "--geometry",
+            "glm52",
+            "--memory-budget",
+            "29G",
+            "--json",
+        ];
+        all.extend_from_slice(extra);
+        let (ok, out, err) = nectar(&all);
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let run = plan(&[]);
+    assert!(
+        run["geometry"].as_str().unwrap().contains("GLM-5.2"),
+        "{run}"
+    );
+    assert_eq!(run["sparse_layers"], 75, "{run}");
+    assert_eq!(run["slot_bytes"], 21_200_000, "{run}");
+    // `run`'s default is MTP off: the same slots as the projection's MTP-off plan.
+    assert_eq!(run["lru_per_layer"], 12, "{run}");
+    let on = plan(&["--mtp", "on"]);
+    assert_eq!(on["lru_per_layer"], 11, "{on}");
+    let serve = plan(&["--serve", "--parallel", "4"]);
+    let slots = |v: &serde_json::Value| v["lru_per_layer"].as_u64().unwrap();
+    assert!(slots(&serve) < slots(&on), "{serve}");
+    let term = |v: &serde_json::Value, name: &str| {
+        v["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["term"].as_str().unwrap().starts_with(name))
+            .map(|t| t["bytes"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        term(&serve, "KV cache"),
+        5 * term(&on, "KV cache"),
+        "{serve}"
+    );
+    let (ok, out, err) = nectar(&["fit", "--geometry", "glm52", "--memory-budget", "29G"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("GLM-5.2") && out.contains("75 layers"),
+        "{out}"
+    );
+    let (ok, _, err) = nectar(&["fit", "--geometry", "glm5x", "--memory-budget", "29G"]);
+    assert!(!ok && err.contains("unknown --geometry"), "{err}");
+    let (ok, _, err) = nectar(&["fit", "--geometry", "glm52", "--memory-budget", "8G"]);
+    assert!(!ok && err.contains("needs at least"), "{err}");
+}

@@ -30,14 +30,10 @@ pub fn loads_mtp(a: &FitArgs) -> bool {
         != "off"
 }
 
-pub fn run(a: FitArgs) -> Result<()> {
-    let budget = resolve_budget(a.memory_budget.as_deref())?;
-    if a.project {
-        return super::project::run(&a, budget);
-    }
-    let dir = model_dir(a.model.clone())?;
-    let (gpu_memory, pin) = gpu_options(&dir, a.gpu_memory.as_deref())?;
-    let opts = LoadOptions {
+/// The load options of the planned command (`run`, or `serve --parallel N` with `--serve`)
+/// under `budget`, without the VRAM tier.
+pub fn load_options(a: &FitArgs, budget: u64) -> LoadOptions {
+    LoadOptions {
         memory_budget: Some(budget),
         ctx_size: a.ctx_size,
         sequences: if a.serve {
@@ -46,10 +42,25 @@ pub fn run(a: FitArgs) -> Result<()> {
             a.parallel.max(1)
         },
         server: a.serve,
-        mtp: loads_mtp(&a),
+        mtp: loads_mtp(a),
+        ..Default::default()
+    }
+}
+
+pub fn run(a: FitArgs) -> Result<()> {
+    let budget = resolve_budget(a.memory_budget.as_deref())?;
+    if a.project {
+        return super::project::run(&a, budget);
+    }
+    if let Some(g) = a.geometry.as_deref() {
+        return plan_geometry(&a, g, budget);
+    }
+    let dir = model_dir(a.model.clone())?;
+    let (gpu_memory, pin) = gpu_options(&dir, a.gpu_memory.as_deref())?;
+    let opts = LoadOptions {
         gpu_memory,
         pin,
-        ..Default::default()
+        ..load_options(&a, budget)
     };
     // One plan for RAM and VRAM, the one `run` and `serve` apply: with `--gpu-memory` the RAM
     // plan counts only the spine left on the CPU.
@@ -94,6 +105,48 @@ pub fn run(a: FitArgs) -> Result<()> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// `fit --geometry NAME` without `--project`: the memory plan of a built-in geometry (GLM-5.2's
+/// constants), as `run` or `serve` would plan it on this machine's cores.
+fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
+    anyhow::ensure!(name == "glm52", "unknown --geometry `{name}` (glm52)");
+    anyhow::ensure!(
+        a.gpu_memory.is_none(),
+        "--geometry plans no VRAM tier without --project (use --project --gpu-memory SIZE)"
+    );
+    let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
+    let (geom, inputs) = super::project::Geometry::glm52(&load_options(a, budget), cores);
+    let p = nectar_residency::planner::plan(&inputs)?;
+    if a.json {
+        let terms: Vec<_> = p
+            .terms
+            .iter()
+            .map(|(k, v)| json!({"term": k, "bytes": v}))
+            .collect();
+        let out = json!({
+            "geometry": geom.source, "budget": budget, "ctx_size": a.ctx_size,
+            "slot_bytes": inputs.slot_bytes, "sparse_layers": inputs.sparse_layers,
+            "lru_per_layer": p.lru_per_layer, "terms": terms, "slack": p.slack,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "memory plan for {} (budget {}, context {} tokens):",
+            geom.source,
+            human(budget),
+            a.ctx_size
+        );
+        print!("{}", render(&p, budget));
+        println!(
+            "  => {} LRU slots per sparse layer ({} layers, {} per slot), {} unused",
+            p.lru_per_layer,
+            inputs.sparse_layers,
+            human(inputs.slot_bytes),
+            human(p.slack)
+        );
+    }
+    Ok(())
 }
 
 /// `--gpu-memory FLAG` as load options: the VRAM to plan (`auto` opens the GPU to read its

@@ -42,8 +42,8 @@ use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
     expert_layouts, kv_bytes_per_token, measure_attention_gflops, measure_decode_context,
-    plan_memory, prompt_transients, AttnShape, Config, LoadOptions, MemoryPlan, Prefetch,
-    CONTEXT_BASE_KEYS,
+    plan_memory, planned_prefill_tokens, prompt_transients, working_bank, AttnShape, Config,
+    LoadOptions, MemoryPlan, Prefetch, CONTEXT_BASE_KEYS,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -94,11 +94,12 @@ pub struct Geometry {
 impl Geometry {
     /// GLM-5.2 at Nectar's default conversion (experts int4 g64), from the model constants of
     /// `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB (37.75 M parameters), MTP
-    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident. `mtp`: the
-    /// process loads the MTP layer (`--mtp on/auto`); with `--mtp off` its 0.3 GB, its working
-    /// bank and its slot row are not planned. The terms follow the runtime's plan
-    /// (`nectar_model::arch::glm5::plan_memory`) with GLM-5.2's dimensions.
-    pub fn glm52(mtp: bool, cores: usize) -> (Geometry, PlanInputs) {
+    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident; and its memory
+    /// plan for `opts` (context, sequences, server, MTP: as the runtime's plan, with GLM-5.2's
+    /// dimensions — `nectar_model::arch::glm5::plan_memory`). With `opts.mtp` off the MTP
+    /// layer's 0.3 GB, its working bank and its slot row are not planned. `cores`: compute
+    /// threads of the machine planned (the runtime reserve counts their stacks).
+    pub fn glm52(opts: &LoadOptions, cores: usize) -> (Geometry, PlanInputs) {
         let g = Geometry {
             source: "GLM-5.2 constants (docs/performance.md §1), experts int4 g64".into(),
             spine_read: 9.5e9,
@@ -111,7 +112,7 @@ impl Geometry {
             attn: AttnShape::glm52(),
             max_context: 1_048_576,
         };
-        let (hidden, vocab, top_k) = (6144, 154_880, 8);
+        let (hidden, vocab, top_k, mtp) = (6144, 154_880, 8, opts.mtp);
         let mut spine = vec![(
             "resident spine (int4 + int8 embed/head)".into(),
             9_900_000_000,
@@ -119,16 +120,17 @@ impl Geometry {
         if mtp {
             spine.push(("MTP layer (non-expert)".into(), 300_000_000));
         }
+        let sequences = opts.sequences.max(1);
         let p = PlanInputs {
-            budget: 0,
+            budget: opts.memory_budget.unwrap_or(0),
             spine,
             slot_bytes: 21_200_000,
             sparse_layers: 75,
             mtp_slot_bytes: if mtp { 37_800_000 } else { 0 },
             experts_per_layer: 256,
-            working_slots: 16,
+            working_slots: working_bank(top_k, opts),
             pinned_slots: 0,
-            mtp_slots: if mtp { 8 } else { 0 },
+            mtp_slots: if mtp { top_k } else { 0 },
             // 78 layers (+ MTP) of MLA latent (512) + rope key (64); indexer keys (128) on the
             // 21 full-indexer layers (+ MTP).
             kv_bytes_per_token: kv_bytes_per_token(
@@ -137,17 +139,17 @@ impl Geometry {
                 512 + 64,
                 128,
             ),
-            ctx: 4096,
-            prefill_transients: prompt_transients(512, hidden, top_k),
+            ctx: opts.ctx_size * sequences,
+            prefill_transients: prompt_transients(planned_prefill_tokens(opts), hidden, top_k),
             // GLM-5's tokenizer.json (about 20 MB, as GLM-4.5's), `cores` compute threads,
-            // 3 I/O workers, main and ledger: `nectar run`'s reserve.
+            // the I/O workers, main and ledger: the reserve of `nectar run` (or `serve`).
             runtime_reserve: runtime_reserve(&ReserveInputs {
                 tokenizer_json_bytes: 20_000_000,
-                threads: cores + 3 + 2,
-                sequences: 1,
+                threads: cores + opts.io_threads + 2,
+                sequences,
                 hidden: hidden as u64,
                 vocab,
-                server: false,
+                server: opts.server,
             }),
         };
         (g, p)
@@ -763,7 +765,11 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let (geom, inputs, model_dir, gpu) = match a.geometry.as_deref() {
         Some("glm52") => {
             let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
-            let geom = Geometry::glm52(true, cores).0;
+            let opts = |mtp: bool| LoadOptions {
+                mtp,
+                ..super::fit::load_options(a, budget)
+            };
+            let geom = Geometry::glm52(&opts(true), cores).0;
             let gpu = match (&a.gpu_memory, speeds) {
                 (Some(flag), Some((gbps, trip))) => {
                     let req = super::gpu_flag::resolve(Some(flag))?.ok_or_else(|| {
@@ -776,9 +782,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
                 _ => None,
             };
             let plans = [false, true].map(|mtp| {
-                let mut p = Geometry::glm52(mtp, cores).1;
-                p.budget = budget;
-                p.ctx = a.ctx_size;
+                let mut p = Geometry::glm52(&opts(mtp), cores).1;
                 if let Some(t) = &gpu {
                     t.release_spine(&mut p);
                 }
@@ -792,13 +796,10 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             let (gpu_memory, pin) = super::fit::gpu_options(&dir, a.gpu_memory.as_deref())?;
             let plan_for = |mtp: bool, gpu: bool| -> Result<MemoryPlan> {
                 let opts = LoadOptions {
-                    memory_budget: Some(budget),
-                    ctx_size: a.ctx_size,
-                    sequences: a.parallel.max(1),
                     mtp,
                     gpu_memory: gpu_memory.filter(|_| gpu),
                     pin: pin.clone().filter(|_| gpu),
-                    ..Default::default()
+                    ..super::fit::load_options(a, budget)
                 };
                 Ok(plan_memory(&dir, &opts)?)
             };

@@ -114,7 +114,7 @@ const PREFILL_CHUNK: u64 = 512;
 /// Prompt tokens whose activations the plan's "prefill transients" term holds: a chunk per
 /// sequence decoded together (no more than the context). The engine's batch runs one prompt
 /// span's layer at a time, so one span may use all of it ([`super::Glm5::prefill_span`]).
-pub(super) fn planned_prefill_tokens(opts: &LoadOptions) -> u64 {
+pub fn planned_prefill_tokens(opts: &LoadOptions) -> u64 {
     PREFILL_CHUNK.min(opts.ctx_size.max(1) as u64) * opts.sequences.max(1) as u64
 }
 
@@ -439,7 +439,13 @@ const MIN_WORKING: usize = 16;
 /// verify or a forced run widens the union), at least [`MIN_WORKING`], at most the cap. A
 /// prompt chunk's wider union is served in several waves; every slot not spent here is LRU.
 fn working_slots(cfg: &Config, opts: &LoadOptions) -> usize {
-    let need = 2 * cfg.raw.num_experts_per_tok * opts.sequences.max(1);
+    working_bank(cfg.raw.num_experts_per_tok, opts)
+}
+
+/// [`working_slots`] for a model routing `top_k` experts per token (also a geometry planned
+/// without files: `nectar fit --geometry`).
+pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
+    let need = 2 * top_k * opts.sequences.max(1);
     need.max(MIN_WORKING).min(opts.working_slots.max(1))
 }
 
