@@ -5,7 +5,7 @@ use anyhow::Result;
 use nectar_model::arch::glm5::{
     plan_memory, resolve_gpu_budget, GpuMemory, GpuPlan, LoadOptions, PinRequest,
 };
-use nectar_residency::planner::{human, parse_size, render};
+use nectar_residency::planner::{human, parse_size, render, Plan, PlanInputs};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -67,44 +67,13 @@ pub fn run(a: FitArgs) -> Result<()> {
     let mp = plan_memory(&dir, &opts)?;
     let (inputs, gpu) = (mp.inputs, mp.gpu);
     let ram_spine: u64 = inputs.spine.iter().map(|x| x.1).sum();
-    match mp.plan {
-        Ok(p) => {
-            if a.json {
-                let terms: Vec<_> = p
-                    .terms
-                    .iter()
-                    .map(|(k, v)| json!({"term": k, "bytes": v}))
-                    .collect();
-                let out = json!({
-                    "model": dir, "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
-                    "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
-                    "terms": terms, "slack": p.slack,
-                    "gpu": gpu.as_ref().map(|g| gpu_json(g, ram_spine)),
-                });
-                println!("{}", serde_json::to_string_pretty(&out)?);
-            } else {
-                println!(
-                    "memory plan for {} (budget {}, context {} tokens):",
-                    dir.display(),
-                    human(budget),
-                    a.ctx_size
-                );
-                print!("{}", render(&p, budget));
-                println!(
-                    "  => {} LRU slots per sparse layer ({} layers, {} per slot), {} unused",
-                    p.lru_per_layer,
-                    inputs.sparse_layers,
-                    human(inputs.slot_bytes),
-                    human(p.slack)
-                );
-                if let Some(g) = &gpu {
-                    print!("{}", render_gpu(g, ram_spine));
-                }
-            }
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
+    let p = mp.plan?;
+    let (gpu_json, gpu_text) = match &gpu {
+        Some(g) => (Some(gpu_json(g, ram_spine)), render_gpu(g, ram_spine)),
+        None => (None, String::new()),
+    };
+    let what = ("model", json!(dir), dir.display().to_string());
+    show(&a, budget, what, &inputs, &p, gpu_json, &gpu_text)
 }
 
 /// `fit --geometry NAME` without `--project`: the memory plan of a built-in geometry (GLM-5.2's
@@ -118,26 +87,42 @@ fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
     let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
     let (geom, inputs) = super::project::Geometry::glm52(&load_options(a, budget), cores);
     let p = nectar_residency::planner::plan(&inputs)?;
+    let what = ("geometry", json!(geom.source), geom.source.clone());
+    show(a, budget, what, &inputs, &p, None, "")
+}
+
+/// Prints a plan (JSON with `--json`): `what` names what was planned (its JSON key, value and
+/// title), `gpu_*` the VRAM lines.
+fn show(
+    a: &FitArgs,
+    budget: u64,
+    what: (&str, Value, String),
+    inputs: &PlanInputs,
+    p: &Plan,
+    gpu_json: Option<Value>,
+    gpu_text: &str,
+) -> Result<()> {
+    let (key, value, title) = what;
     if a.json {
         let terms: Vec<_> = p
             .terms
             .iter()
             .map(|(k, v)| json!({"term": k, "bytes": v}))
             .collect();
-        let out = json!({
-            "geometry": geom.source, "budget": budget, "ctx_size": a.ctx_size,
-            "slot_bytes": inputs.slot_bytes, "sparse_layers": inputs.sparse_layers,
-            "lru_per_layer": p.lru_per_layer, "terms": terms, "slack": p.slack,
+        let mut out = json!({
+            "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
+            "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
+            "terms": terms, "slack": p.slack, "gpu": gpu_json,
         });
+        out[key] = value;
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "memory plan for {} (budget {}, context {} tokens):",
-            geom.source,
+            "memory plan for {title} (budget {}, context {} tokens):",
             human(budget),
             a.ctx_size
         );
-        print!("{}", render(&p, budget));
+        print!("{}", render(p, budget));
         println!(
             "  => {} LRU slots per sparse layer ({} layers, {} per slot), {} unused",
             p.lru_per_layer,
@@ -145,6 +130,7 @@ fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
             human(inputs.slot_bytes),
             human(p.slack)
         );
+        print!("{gpu_text}");
     }
     Ok(())
 }

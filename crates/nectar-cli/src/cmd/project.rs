@@ -1145,7 +1145,11 @@ pub fn render(full: &serde_json::Value) -> String {
         "  prefill{}: {:.1} / {:.1} / {:.1} tok/s for 512 / 2048 / 8192-token prompts \
          (attention {:.0} / {:.0} / {:.0} % of the time)\n",
         // The GPU's prefill is not projected: say whose figure this is.
-        if o["gpu"].is_object() { " on the CPU (the GPU's is not projected)" } else { "" },
+        if o["gpu"].is_object() {
+            " on the CPU (the GPU's is not projected)"
+        } else {
+            ""
+        },
         f(&o["prefill_tok_s"]["512"]),
         f(&o["prefill_tok_s"]["2048"]),
         f(&o["prefill_tok_s"]["8192"]),
