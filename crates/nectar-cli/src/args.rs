@@ -872,6 +872,17 @@ pub struct FitArgs {
     /// prints it as a round trip's fixed cost: about 30 on an H200).
     #[arg(long, value_parser = non_negative)]
     pub gpu_product_us: Option<f64>,
+    /// With --project and --gpu-memory: GPU prefill time per prompt token and layer beyond
+    /// attention's quadratic work (the products, routing, norms and the host's share),
+    /// microseconds, on the card projected. With --gpu-attn-tflops, prefill is projected on the
+    /// GPU (else the CPU's is printed). `nectar bench replay --prompt-rows` with every matrix in
+    /// VRAM measures it (about 20 on an H200 at GLM-5.2's shapes, docs/gpu.md).
+    #[arg(long, value_parser = positive)]
+    pub gpu_prefill_us: Option<f64>,
+    /// With --gpu-prefill-us: TFLOP/s of the GPU's prompt attention (every causal key tile),
+    /// as `AttnShape::gpu_prefill_flops` counts its work.
+    #[arg(long, value_parser = positive)]
+    pub gpu_attn_tflops: Option<f64>,
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
     pub prefetch: String,

@@ -606,6 +606,72 @@ fn fit_projects_a_gpu_tier_from_the_card_described() {
         "21G",
     ]);
     assert!(!ok && err.contains("--gpu-gbps"), "{err}");
+    // Prefill stays the CPU's unless the card's prefill speeds are given (and says so)...
+    assert!(g["prefill"].as_str().unwrap().contains("CPU"), "{g}");
+    let prefill = |us: &str, tflops: &str| {
+        let extra = ["--gpu-prefill-us", us, "--gpu-attn-tflops", tflops];
+        project(&[&card[..], &["--gpu-product-us", "30"], &extra[..]].concat())
+    };
+    let (base, slow_attn, slow_layers) = (
+        prefill("20", "20"),
+        prefill("20", "10"),
+        prefill("40", "20"),
+    );
+    let at = |p: &serde_json::Value, n: &str, k: &str| f(&p["gpu"]["prefill"][n][k]);
+    for n in ["512", "2048", "8192"] {
+        let parts = ["compute_s", "attention_s", "reads_s"].map(|k| at(&base, n, k));
+        let tokens: f64 = n.parse().unwrap();
+        assert!(
+            (at(&base, n, "tok_s") - tokens / parts.iter().sum::<f64>()).abs() < 1e-9,
+            "{base}"
+        );
+        // ...each term from its own speed: 78 layers × P tokens × 20 µs; attention halves its
+        // rate, doubles its seconds; reads are the CPU projection's, less the VRAM experts'
+        // share (8 of 256), at the disk's rate.
+        assert!((parts[0] - 78.0 * tokens * 20e-6).abs() < 1e-9, "{base}");
+        assert!((at(&slow_attn, n, "attention_s") - 2.0 * parts[1]).abs() < 1e-9 * parts[1]);
+        assert!((at(&slow_layers, n, "compute_s") - 2.0 * parts[0]).abs() < 1e-9);
+        let cpu_reads = f(&base["prefill_seconds"][n]["reads_s"]);
+        assert!((parts[2] - cpu_reads * (1.0 - 8.0 / 256.0)).abs() < 1e-9 * cpu_reads);
+    }
+    // Attention past the DSA top k is the GPU's dense work, more than the CPU's sparse one.
+    let cpu_attention = |n: &str| f(&base["prefill_seconds"][n]["attention_s"]);
+    assert!(at(&base, "8192", "attention_s") > 0.0 && cpu_attention("8192") > 0.0);
+    // One speed without the other, or without a GPU tier, is refused by name.
+    let (ok, _, err) = nectar(&[
+        "fit",
+        "--geometry",
+        "glm52",
+        "--memory-budget",
+        "61G",
+        "--project",
+        "--disk-gbps",
+        "7",
+        "--gpu-memory",
+        "21G",
+        "--gpu-gbps",
+        "380",
+        "--gpu-product-us",
+        "30",
+        "--gpu-prefill-us",
+        "20",
+    ]);
+    assert!(!ok && err.contains("--gpu-attn-tflops"), "{err}");
+    let (ok, _, err) = nectar(&[
+        "fit",
+        "--geometry",
+        "glm52",
+        "--memory-budget",
+        "61G",
+        "--project",
+        "--disk-gbps",
+        "7",
+        "--gpu-prefill-us",
+        "20",
+        "--gpu-attn-tflops",
+        "20",
+    ]);
+    assert!(!ok && err.contains("--gpu-memory"), "{err}");
 }
 
 /// `fit --geometry glm52` without `--project` prints GLM-5.2's memory plan (it used to plan the

@@ -328,6 +328,8 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         calibrate: None,
         gpu_gbps: None,
         gpu_product_us: None,
+        gpu_prefill_us: None,
+        gpu_attn_tflops: None,
         prefetch: "lookahead".into(),
         context: None,
         acceptance: DEFAULT_ACCEPTANCE,

@@ -46,6 +46,18 @@ pub struct GpuTier {
     pub gbps: f64,
     /// Round trip of one product beyond its weight reads, seconds.
     pub product_s: f64,
+    /// Prefill on the card, when its speeds are given ([`GpuTier::prefill_speeds`]).
+    pub prefill: Option<GpuPrefill>,
+}
+
+/// How fast the card prefills: `T(P) = layers·P·per_token_layer_s + attention(P)/attn_flops
+/// + one read of every touched expert not in VRAM` (`project.rs`).
+#[derive(Debug, Clone, Copy)]
+pub struct GpuPrefill {
+    /// Seconds per prompt token and layer beyond attention's quadratic work.
+    pub per_token_layer_s: f64,
+    /// FLOP/s of the prompt's attention on the GPU.
+    pub attn_flops: f64,
 }
 
 impl GpuTier {
@@ -66,6 +78,7 @@ impl GpuTier {
             experts_per_layer: per_layer as usize,
             gbps,
             product_s,
+            prefill: None,
         }
     }
 
@@ -80,6 +93,7 @@ impl GpuTier {
             experts_per_layer: p.per_layer.values().map(|x| x.0).min().unwrap_or(0),
             gbps,
             product_s,
+            prefill: None,
         }
     }
 
@@ -110,6 +124,21 @@ impl GpuTier {
         anyhow::ensure!(gbps > 0.0, "--gpu-gbps {gbps}: expected a positive rate");
         anyhow::ensure!(us >= 0.0, "--gpu-product-us {us}: expected a duration ≥ 0");
         Ok((gbps, us / 1e6))
+    }
+
+    /// The prefill flags: both or neither (then the projection prints the CPU's prefill).
+    pub fn prefill_speeds(us: Option<f64>, tflops: Option<f64>) -> Result<Option<GpuPrefill>> {
+        match (us, tflops) {
+            (Some(us), Some(tf)) => Ok(Some(GpuPrefill {
+                per_token_layer_s: us / 1e6,
+                attn_flops: tf * 1e12,
+            })),
+            (None, None) => Ok(None),
+            _ => anyhow::bail!(
+                "--gpu-prefill-us and --gpu-attn-tflops go together: the card's prefill time per \
+                 token and layer, and its prompt attention's rate"
+            ),
+        }
     }
 }
 

@@ -108,6 +108,22 @@ impl AttnShape {
         } else {
             k * (k + 1.0) / 2.0 + (pf - k) * k
         };
+        self.flops(attended, p)
+    }
+
+    /// [`Self::prefill_flops`] as the GPU's prompt attention does it: every causal key tile a
+    /// selection touches is computed whole, and past `topk` the selections of a tile's rows
+    /// still touch almost every tile (benchmarks/RESULTS.md, "GPU prefill attention on the
+    /// tensor cores"), so each query's work is that of all the keys before it.
+    pub fn gpu_prefill_flops(&self, p: usize) -> f64 {
+        let pf = p as f64;
+        self.flops(pf * (pf + 1.0) / 2.0, p)
+    }
+
+    /// Attention over `attended` (query, key) pairs on every layer, and the indexer's scoring
+    /// of a `p`-token span on its full layers.
+    fn flops(&self, attended: f64, p: usize) -> f64 {
+        let (pf, k) = (p as f64, self.topk as f64);
         let h = self.heads as f64;
         let per_layer = attended * h * 2.0 * (self.dn + self.dr + self.dv) as f64;
         // Σ over the queries that select (i + 1 > topk) of the i + 1 keys they score.
@@ -205,6 +221,14 @@ mod tests {
             (linear - next).abs() < 1e-6 * next,
             "attention alone is linear past the top k"
         );
+        // The GPU computes every causal tile: the same below the top k, quadratic past it,
+        // with the same indexer scoring.
+        assert_eq!(s.gpu_prefill_flops(2048), s.prefill_flops(2048));
+        let dense = |p: f64| p * (p + 1.0) / 2.0 * per_key;
+        let index = |p: usize| s.prefill_flops(p) - no_index.prefill_flops(p);
+        let gpu = s.gpu_prefill_flops(8192);
+        assert!((gpu - (dense(8192.0) + index(8192))).abs() < 1e-9 * gpu);
+        assert!(gpu > s.prefill_flops(8192));
     }
 
     /// The probe runs the model's core and reports a positive, finite rate.
