@@ -557,7 +557,8 @@ pub struct BenchReplayArgs {
     /// route256 model, 0.686).
     #[arg(long, default_value_t = DEFAULT_ACCEPTANCE, value_parser = unit)]
     pub acceptance: f64,
-    /// Conversations replayed per run (the trace's first N segments).
+    /// Conversations replayed per run: N segments spread evenly over the trace (its domains;
+    /// the first few of a trace share one).
     #[arg(long, default_value_t = 2)]
     pub conversations: usize,
     /// Decode tokens per conversation at most (after its prompt).

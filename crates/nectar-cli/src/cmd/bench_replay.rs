@@ -7,8 +7,9 @@
 //! bytes, kernels and disk are GLM-5.2's.
 //!
 //! Each decode step computes its rows' logits (and the draft's MTP logits), as decoding does.
-//! Per budget and speculation mode the model is loaded afresh (cold cache) and replays the
-//! first `--conversations` segments of the trace: each prompt in one prefill forward, then up
+//! Per budget and speculation mode the model is loaded afresh (cold cache) and replays
+//! `--conversations` segments spread evenly over the trace (`Trace::spread`: its domains, not
+//! its first texts): each prompt in one prefill forward, then up
 //! to `--tokens` decode steps. With `--mtp on` a step verifies two rows (the token and its
 //! draft) in one main forward and runs the MTP layer over the accepted rows; whether the draft
 //! is accepted is drawn with `--acceptance` (seeded), and a rejected row is rolled back, as
@@ -203,7 +204,7 @@ fn run_one(
     let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
     let mut dec_pf = (0u64, 0u64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
-    let segs: Vec<_> = trace.segments.iter().take(a.conversations).collect();
+    let segs = trace.spread(a.conversations);
     anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
     for seg in segs {
         let mut cache = model.new_cache();

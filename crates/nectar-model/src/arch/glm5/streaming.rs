@@ -250,7 +250,7 @@ pub(super) fn plan_inputs(
         sparse_layers: cfg.dense.iter().filter(|d| !**d).count(),
         mtp_slot_bytes: if mtp { mtp_slot_bytes } else { 0 },
         experts_per_layer: r.n_routed_experts,
-        working_slots: working_slots(cfg, opts) + prefetch_slots(cfg, opts),
+        working_slots: working_bank(cfg.raw.num_experts_per_tok, opts) + prefetch_slots(cfg, opts),
         pinned_slots: pinned,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
@@ -357,7 +357,7 @@ pub(super) fn setup(
     };
     let residency = Residency::new(
         rc(
-            working_slots(cfg, opts),
+            working_bank(cfg.raw.num_experts_per_tok, opts),
             prefetch_slots(cfg, opts),
             pinned,
             opts.prefetch == super::Prefetch::Lookahead,
@@ -438,12 +438,8 @@ const MIN_WORKING: usize = 16;
 /// The working bank: room for the misses of a decode step of every sequence twice over (a
 /// verify or a forced run widens the union), at least [`MIN_WORKING`], at most the cap. A
 /// prompt chunk's wider union is served in several waves; every slot not spent here is LRU.
-fn working_slots(cfg: &Config, opts: &LoadOptions) -> usize {
-    working_bank(cfg.raw.num_experts_per_tok, opts)
-}
-
-/// [`working_slots`] for a model routing `top_k` experts per token (also a geometry planned
-/// without files: `nectar fit --geometry`).
+/// `top_k`: the experts a token routes to (a geometry planned without files, `nectar fit
+/// --geometry`, passes its own).
 pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
     let need = 2 * top_k * opts.sequences.max(1);
     need.max(MIN_WORKING).min(opts.working_slots.max(1))
