@@ -72,7 +72,7 @@ pub fn run(a: FitArgs) -> Result<()> {
         Some(g) => (Some(gpu_json(g, ram_spine)), render_gpu(g, ram_spine)),
         None => (None, String::new()),
     };
-    let what = ("model", json!(dir), dir.display().to_string());
+    let what = ("model", dir.display().to_string());
     show(&a, budget, what, &inputs, &p, gpu_json, &gpu_text)
 }
 
@@ -87,22 +87,21 @@ fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
     let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
     let (geom, inputs) = super::project::Geometry::glm52(&load_options(a, budget), cores);
     let p = nectar_residency::planner::plan(&inputs)?;
-    let what = ("geometry", json!(geom.source), geom.source.clone());
-    show(a, budget, what, &inputs, &p, None, "")
+    show(a, budget, ("geometry", geom.source), &inputs, &p, None, "")
 }
 
-/// Prints a plan (JSON with `--json`): `what` names what was planned (its JSON key, value and
-/// title), `gpu_*` the VRAM lines.
+/// Prints a plan (JSON with `--json`): `what` names what was planned (its JSON key and the
+/// name, also the title), `gpu_*` the VRAM lines.
 fn show(
     a: &FitArgs,
     budget: u64,
-    what: (&str, Value, String),
+    what: (&str, String),
     inputs: &PlanInputs,
     p: &Plan,
     gpu_json: Option<Value>,
     gpu_text: &str,
 ) -> Result<()> {
-    let (key, value, title) = what;
+    let (key, title) = what;
     if a.json {
         let terms: Vec<_> = p
             .terms
@@ -114,7 +113,7 @@ fn show(
             "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
             "terms": terms, "slack": p.slack, "gpu": gpu_json,
         });
-        out[key] = value;
+        out[key] = json!(title);
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
