@@ -130,8 +130,10 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         "replay",
         "--model",
         &e256(),
+        // 49 LRU slots per layer with MTP off, 21 with it on (its int8 experts take slots):
+        // the cache misses, so the hit rates below say something.
         "--memory-budget",
-        "200M",
+        "72M",
         "--conversations",
         "1",
         "--tokens",
@@ -167,7 +169,12 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
             x["hit_rate"].as_f64().unwrap(),
             x["belady_hit_rate"].as_f64().unwrap(),
         );
-        assert!(hit > 0.0 && hit <= opt + 1e-9, "{x}");
+        assert!(hit > 0.0 && hit <= opt + 1e-9 && opt < 1.0, "{x}");
+        // The runtime holds what its policy code holds replayed offline over the same steps
+        // (the rest is I/O timing and the working bank's waves): a gap to `bench policy`'s
+        // figures is then the workload's, not the runtime's.
+        let offline = x["policy_replay_hit_rate"].as_f64().unwrap();
+        assert!((hit - offline).abs() <= 0.01, "{x}");
         assert!(x["ratio"].as_f64().unwrap() <= 1.0 + 1e-9, "{x}");
         assert!(x["decode_tok_s"].as_f64().unwrap() > 0.0);
     }

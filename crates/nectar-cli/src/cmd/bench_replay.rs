@@ -30,10 +30,10 @@ use nectar_model::arch::glm5::{expert_layouts, serve_sequences, GpuMemory, LoadO
 use nectar_model::{Glm5, MtpStep, Observer, SeqStep};
 use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
-use nectar_residency::replay::{belady, Count, Step};
+use nectar_residency::replay::{belady, replay_setup, CacheSetup, Count, Step};
 use nectar_residency::sim::Rng;
 use nectar_residency::trace::Trace;
-use nectar_residency::{ExpertKey, Residency, Telemetry};
+use nectar_residency::{ExpertKey, Residency, Telemetry, Tier};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,6 +77,16 @@ impl Observer for Replayer<'_> {
 
     fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
         self.union.router(layer, row, ids, weights);
+    }
+}
+
+/// A step of the runtime's step model: `rows` in one forward, counted when it is a decode step.
+fn step(rows: std::ops::Range<usize>, counted: bool) -> Step {
+    Step {
+        rows,
+        counted,
+        reset: false,
+        turn: false,
     }
 }
 
@@ -156,6 +166,57 @@ fn load_planned(
     Ok((model, res, budget))
 }
 
+/// The hit rate the residency's policy code reaches offline over this run's own steps (its
+/// trace rows, prompts uncounted and in one step each, decode steps as run), without prefetch,
+/// with the run's slots, admission and pins: `bench policy`'s replay
+/// (`nectar_residency::replay`) on the runtime's step model. The runtime's own hit rate
+/// departs from it only through what the offline replay leaves out (I/O timing, the working
+/// bank's waves, prefetch): the two together say whether a gap to the simulator's figures is
+/// the runtime's or the workload's. `None` with experts in VRAM (they are never requested of
+/// the RAM tier) or layers whose slots differ.
+fn offline_replay(
+    a: &BenchReplayArgs,
+    trace: &Trace,
+    steps: &[Step],
+    obs: &Replayer,
+    moe: &[usize],
+    res: &Residency,
+    pins: &[ExpertKey],
+) -> Result<Option<f64>> {
+    let capacity = res.capacity(moe[0]);
+    if obs.vram.values().any(|v| !v.is_empty()) || moe.iter().any(|&l| res.capacity(l) != capacity)
+    {
+        return Ok(None);
+    }
+    let Some(layers) = moe
+        .iter()
+        .map(|&l| obs.routes.trace_layer(l))
+        .collect::<Option<Vec<usize>>>()
+    else {
+        return Ok(None);
+    };
+    let setup = CacheSetup {
+        capacity,
+        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        pinned: moe
+            .iter()
+            .map(|&l| {
+                pins.iter()
+                    .filter(|k| k.layer as usize == l)
+                    .map(|k| k.expert)
+                    .collect()
+            })
+            .collect(),
+        repin_swaps: 0,
+    };
+    let mut c = Count::default();
+    for l in replay_setup(trace, steps, &layers, &setup) {
+        c.hits += l.hits;
+        c.requests += l.requests;
+    }
+    Ok(Some(c.rate()))
+}
+
 /// One run: a budget, a speculation mode.
 struct RunOut {
     json: serde_json::Value,
@@ -174,6 +235,13 @@ fn run_one(
     layouts: &[Vec<SlotLayout>],
 ) -> Result<RunOut> {
     let (model, res, budget) = load(a, budget_s, prefetch, mtp, gpu.1)?;
+    // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
+    let pins: Vec<ExpertKey> = res
+        .placements()
+        .into_iter()
+        .filter(|p| p.tier == Tier::Pinned)
+        .map(|p| p.key)
+        .collect();
     if let Some(p) = model.gpu_placement() {
         eprintln!("{}", p.summary);
     }
@@ -197,9 +265,10 @@ fn run_one(
         union: UnionMeter::default(),
     };
     let mut union = UnionCounts::default();
-    let mut flags: Vec<bool> = Vec::new(); // per forward of the main model: decode?
+    // Per forward of the main model: its trace rows and whether it is a decode step.
+    let mut steps: Vec<Step> = Vec::new();
     let mut rng = Rng::new(a.seed);
-    let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut steps) = (0.0, 0.0, 0usize, 0, 0);
+    let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut n_steps) = (0.0, 0.0, 0usize, 0, 0);
     let (mut drafted, mut accepted) = (0usize, 0usize);
     let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
     let mut dec_pf = (0u64, 0u64, 0u64);
@@ -211,7 +280,7 @@ fn run_one(
         let prompt: Vec<usize> = (seg.start..seg.start + seg.warmup.max(1)).collect();
         let ids: Vec<u32> = prompt.iter().map(|&r| tok(r)).collect();
         obs.begin(prompt.clone(), &moe);
-        flags.push(false);
+        steps.push(step(prompt[0]..prompt[0] + prompt.len(), false));
         let t0 = Instant::now();
         model.forward(
             &mut [SeqStep {
@@ -238,7 +307,7 @@ fn run_one(
             obs.begin(rows.clone(), &moe);
             // Row 0 is the token plain decoding runs; row 1 the draft.
             obs.union.begin((0..rows.len()).map(|i| i > 0).collect());
-            flags.push(true);
+            steps.push(step(t..t + rows.len(), true));
             let h = model.forward(
                 &mut [SeqStep {
                     cache: &mut cache,
@@ -288,7 +357,7 @@ fn run_one(
             }
             t += advance;
             dec_tok += advance;
-            steps += 1;
+            n_steps += 1;
         }
         dec_s += t0.elapsed().as_secs_f64();
         let after = res.telemetry();
@@ -308,15 +377,6 @@ fn run_one(
         }
     }
     // Belady on this run's own main-layer requests (prompts uncounted), same capacity.
-    let st: Vec<Step> = flags
-        .iter()
-        .map(|&c| Step {
-            rows: 0..0,
-            counted: c,
-            reset: false,
-            turn: false,
-        })
-        .collect();
     let mut opt = Count::default();
     // Belady's bytes: the main layers' experts share one payload size, so misses × that.
     let payload = moe
@@ -328,18 +388,19 @@ fn run_one(
     let mut seq: Vec<ExpertKey> = Vec::new();
     for &l in &moe {
         let req = &obs.requests[&l];
-        let c = belady(req, &st, res.capacity(l));
+        let c = belady(req, &steps, res.capacity(l));
         opt.hits += c.hits;
         opt.requests += c.requests;
     }
     // The requested experts in request order (forward by forward, layer by layer).
-    for f in 0..flags.len() {
+    for f in 0..steps.len() {
         for &l in &moe {
             if let Some(u) = obs.requests[&l].get(f) {
                 seq.extend(u.iter().map(|&e| ExpertKey::new(l, e as usize)));
             }
         }
     }
+    let offline = offline_replay(a, trace, &steps, &obs, &moe, &res, &pins)?;
     let opt_bytes = (opt.requests - opt.hits) * payload;
     let raw_before = raw.experts(layouts, &seq, a.raw_seconds)?;
     let raw_after = raw.experts(layouts, &seq, a.raw_seconds)?;
@@ -387,7 +448,7 @@ fn run_one(
         "prefill_tokens": pre_tok,
         "prefill_tok_s": pre_tok as f64 / pre_s,
         "decode_tokens": dec_tok,
-        "decode_steps": steps,
+        "decode_steps": n_steps,
         "decode_tok_s": tok_s,
         "drafted": drafted,
         "accepted": accepted,
@@ -395,6 +456,7 @@ fn run_one(
         "hit_rate": hit_rate,
         "belady_hit_rate": opt_rate,
         "hit_ratio_to_belady": if opt_rate > 0.0 { hit_rate / opt_rate } else { 0.0 },
+        "policy_replay_hit_rate": offline,
         "mtp_layer_hit_rate": if mtp { Some(dec_mtp.0 as f64 / (dec_mtp.0 + dec_mtp.1).max(1) as f64) } else { None },
         "gb_per_token": gb_tok,
         "mtp_gb_per_token": dec_mtp.2 as f64 / 1e9 / dec_tok.max(1) as f64,
@@ -408,13 +470,14 @@ fn run_one(
     });
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
-         hit {hit_rate:.3} / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
+         hit {hit_rate:.3} (offline {}) / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
          ratio {:.2}  prefetch used {}/{} (coverage {:.2})",
         if mtp { "on" } else { "off" },
         prefetch.as_str(),
         gpu.0,
         pre_tok as f64 / pre_s,
+        offline.map_or("-".into(), |h| format!("{h:.3}")),
         disk_s / a.io_threads as f64 / dec_s,
         wait_s / dec_s,
         tok_s / bound,

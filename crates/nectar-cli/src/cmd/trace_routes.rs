@@ -35,6 +35,13 @@ impl<'a> TraceRoutes<'a> {
     }
 }
 
+impl TraceRoutes<'_> {
+    /// The trace layer whose routes model layer `layer` takes.
+    pub fn trace_layer(&self, layer: usize) -> Option<usize> {
+        self.map.get(&layer).copied()
+    }
+}
+
 impl Observer for TraceRoutes<'_> {
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
         if self.block.map(|b| b.0) != Some(layer) {
