@@ -213,6 +213,9 @@ pub struct Policy {
     /// Predictive admission: the last row's routes once this step's rows were learned (later
     /// waves of the same step neither learn again nor overwrite them).
     learned: Vec<Option<Vec<u32>>>,
+    /// Predictive admission: the layer's request counts of this step were taken row by row
+    /// ([`Policy::observe_rows`]), so its waves' requests add nothing more.
+    rows_counted: Vec<bool>,
     /// Predictive admission: token history, routes and transitions.
     predictor: predict::Predictor,
     /// Look-ahead prefetch: this step's predicted requests not yet read, in layer order.
@@ -290,6 +293,7 @@ impl Policy {
             wave_routes: vec![Vec::new(); n_layers],
             row_routes: vec![None; n_layers],
             learned: vec![None; n_layers],
+            rows_counted: vec![false; n_layers],
             predictor: predict::Predictor::default(),
             plan: std::collections::VecDeque::new(),
             plan_reserve: 0,
@@ -331,16 +335,27 @@ impl Policy {
     fn bump(&mut self, key: ExpertKey) {
         if self.half_life().is_some() {
             let l = key.layer as usize;
-            let value = self.score(key) + 1.0;
-            let wave = self.wave[l];
-            self.scores.insert(key, Score { value, wave });
+            if !self.rows_counted[l] {
+                self.count(key);
+            }
             if let Admission::Predictive { .. } = self.admission {
-                let value = self.decayed(self.mass[l], l) + 1.0;
-                self.mass[l] = Score { value, wave };
                 if !self.wave_routes[l].contains(&key.expert) {
                     self.wave_routes[l].push(key.expert);
                 }
             }
+        }
+    }
+
+    /// Adds one request of `key` at its layer's current wave to its score (and, under
+    /// predictive admission, to the layer's mass).
+    fn count(&mut self, key: ExpertKey) {
+        let l = key.layer as usize;
+        let value = self.score(key) + 1.0;
+        let wave = self.wave[l];
+        self.scores.insert(key, Score { value, wave });
+        if let Admission::Predictive { .. } = self.admission {
+            let value = self.decayed(self.mass[l], l) + 1.0;
+            self.mass[l] = Score { value, wave };
         }
     }
 
@@ -352,6 +367,7 @@ impl Policy {
         if let Admission::Predictive { .. } = self.admission {
             self.predictor.observe_token(token);
             self.learned.iter_mut().for_each(|l| *l = None);
+            self.rows_counted.iter_mut().for_each(|c| *c = false);
         }
     }
 
@@ -360,10 +376,29 @@ impl Policy {
     /// step is recorded as one row requesting the union of its waves, which is exact for one
     /// token per step; a prompt fed in one step is learned row by row only through this.
     pub fn observe_rows(&mut self, layer: usize, rows: &[Vec<u32>]) {
-        if let (Admission::Predictive { .. }, Some(r)) =
-            (self.admission, self.row_routes.get_mut(layer))
-        {
-            *r = Some(rows.to_vec());
+        if matches!(self.admission, Admission::Predictive { .. }) && layer < self.row_routes.len() {
+            self.row_routes[layer] = Some(rows.to_vec());
+            // The rows' requests are counted as plain decoding would count them, one row per
+            // wave: an expert that half of a prompt's rows chose scores far above one chosen
+            // once, and the counts from before the prompt age by its length. Counted once per
+            // step, the union would score every expert alike and leave the previous text's
+            // counts as strong as if the prompt had been one token (RESULTS 2026-12-05, "the
+            // end-to-end policy gap").
+            if rows.len() > 1 && !self.rows_counted[layer] {
+                for (i, row) in rows.iter().enumerate() {
+                    if i > 0 {
+                        self.wave[layer] += 1;
+                    }
+                    let mut seen: Vec<u32> = Vec::with_capacity(row.len());
+                    for &e in row {
+                        if !seen.contains(&e) {
+                            seen.push(e);
+                            self.count(ExpertKey::new(layer, e as usize));
+                        }
+                    }
+                }
+                self.rows_counted[layer] = true;
+            }
         }
     }
 
