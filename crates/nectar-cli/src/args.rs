@@ -877,8 +877,8 @@ pub struct FitArgs {
     /// attention's quadratic work (the products, routing, norms and the host's share),
     /// microseconds, on the card projected. With --gpu-attn-tflops, prefill is projected on the
     /// GPU (else the CPU's is printed). `scripts/gpu-prefill-projection` measures both speeds
-    /// on a card with every matrix in VRAM (docs/gpu.md; an H200: about 39 µs and 14.5 TFLOP/s
-    /// at GLM-5.2's shapes, benchmarks/RESULTS.md).
+    /// on a card with every matrix in VRAM (docs/gpu.md; an H100 at GLM-5.2's shapes with 256
+    /// experts per layer: 76 µs and 87 TFLOP/s, benchmarks/RESULTS.md).
     #[arg(long, value_parser = positive)]
     pub gpu_prefill_us: Option<f64>,
     /// With --gpu-prefill-us: TFLOP/s of the GPU's prompt attention (every causal key tile),
