@@ -38,6 +38,10 @@
 //!   score = f + match_weight · m + transition_weight · x
 //!   ```
 //!
+//!   A step of several rows (a prompt in one forward, a verify, a batch) counts F row by row,
+//!   one wave per row, when its rows are handed in ([`Policy::observe_rows`]): as the same
+//!   rows decoded one per step would.
+//!
 //!   `p` runs over the latest 4 earlier rows (at most `t - 2`) whose last n ∈ {32, 16, 8, 4, 2, 1}
 //!   token ids equal those ending at `t` (longest n with a match wins; none: m = 0): what followed that context
 //!   is the best guess of what follows now, and its recorded routes are a look-ahead of this
