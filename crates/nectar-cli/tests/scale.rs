@@ -365,6 +365,27 @@ fn fit_projects_decode_and_prefill_speed() {
     let (slow, fast) = (glm("7"), glm("14"));
     let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     assert!(tok_s(&fast) > tok_s(&slow));
+    // With look-ahead (the default) the projection also gives the same machine without it,
+    // which is the `--prefetch off` projection; reads started ahead only help a disk-bound plan.
+    let off = glm52_projection(&[
+        "--memory-budget",
+        "29G",
+        "--disk-gbps",
+        "7",
+        "--mem-gbps",
+        "65",
+        "--kernel-share",
+        "0.6",
+        "--prefetch",
+        "off",
+    ]);
+    let without = slow["decode_tok_s_without_lookahead"].as_f64().unwrap();
+    assert!(
+        (without - tok_s(&off)).abs() <= 1e-9 * without,
+        "{slow} {off}"
+    );
+    assert!(without < tok_s(&slow), "{slow}");
+    assert!(off["decode_tok_s_without_lookahead"].is_null(), "{off}");
     // MTP off does not load the MTP layer: its ~1 GB buys the main layers a 12th slot at 29 GiB.
     assert_eq!(slow["lru_slots_per_layer"], 12, "{slow}");
     assert_eq!(slow["lru_slots_per_layer_mtp_on"], 11, "{slow}");

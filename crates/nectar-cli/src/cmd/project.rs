@@ -728,6 +728,9 @@ pub fn project(
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "moe_overlap": m.moe_overlap,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
+        // The same forward without reads started ahead: the arm the replays validate best
+        // (look-ahead's projected gain has exceeded the measured one, RESULTS 2026-12-05).
+        "decode_tok_s_without_lookahead": prefetch.then(|| 1.0 / forward(u1, uv1, h1, 0.0, 0.0).0),
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
         "prefill_tok_s": {"512": prefill(512), "2048": prefill(2048), "8192": prefill(8192)},
@@ -1129,8 +1132,12 @@ pub fn render(full: &serde_json::Value) -> String {
         o["bound"].as_str().unwrap_or("")
     );
     s += &format!(
-        "  decode: {:.2} tok/s (MTP off), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}\n",
+        "  decode: {:.2} tok/s (MTP off{}), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}\n",
         f(&o["decode_tok_s"]["mtp_off"]),
+        match o["decode_tok_s_without_lookahead"].as_f64() {
+            Some(x) => format!("; {x:.2} without look-ahead"),
+            None => String::new(),
+        },
         f(&o["decode_tok_s"]["mtp_on"]),
         o["acceptance"],
         f(&o["ram_wall_tok_s"])
