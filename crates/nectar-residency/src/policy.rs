@@ -217,9 +217,10 @@ pub struct Policy {
     /// Predictive admission: the last row's routes once this step's rows were learned (later
     /// waves of the same step neither learn again nor overwrite them).
     learned: Vec<Option<Vec<u32>>>,
-    /// Predictive admission: the layer's request counts of this step were taken row by row
-    /// ([`Policy::observe_rows`]), so its waves' requests add nothing more.
-    rows_counted: Vec<bool>,
+    /// Predictive admission: per layer, the experts of a multi-row step whose requests
+    /// [`Policy::observe_rows`] counted row by row; the step's own request of each (in whichever
+    /// of its waves) then counts nothing more.
+    counted_ahead: Vec<Vec<u32>>,
     /// Predictive admission: token history, routes and transitions.
     predictor: predict::Predictor,
     /// Look-ahead prefetch: this step's predicted requests not yet read, in layer order.
@@ -297,7 +298,7 @@ impl Policy {
             wave_routes: vec![Vec::new(); n_layers],
             row_routes: vec![None; n_layers],
             learned: vec![None; n_layers],
-            rows_counted: vec![false; n_layers],
+            counted_ahead: vec![Vec::new(); n_layers],
             predictor: predict::Predictor::default(),
             plan: std::collections::VecDeque::new(),
             plan_reserve: 0,
@@ -339,8 +340,11 @@ impl Policy {
     fn bump(&mut self, key: ExpertKey) {
         if self.half_life().is_some() {
             let l = key.layer as usize;
-            if !self.rows_counted[l] {
-                self.count(key);
+            match self.counted_ahead[l].iter().position(|&e| e == key.expert) {
+                Some(i) => {
+                    self.counted_ahead[l].swap_remove(i);
+                }
+                None => self.count(key),
             }
             if let Admission::Predictive { .. } = self.admission {
                 if !self.wave_routes[l].contains(&key.expert) {
@@ -371,7 +375,6 @@ impl Policy {
         if let Admission::Predictive { .. } = self.admission {
             self.predictor.observe_token(token);
             self.learned.iter_mut().for_each(|l| *l = None);
-            self.rows_counted.iter_mut().for_each(|c| *c = false);
         }
     }
 
@@ -388,20 +391,23 @@ impl Policy {
             // step, the union would score every expert alike and leave the previous text's
             // counts as strong as if the prompt had been one token (RESULTS 2026-12-05, "the
             // end-to-end policy gap").
-            if rows.len() > 1 && !self.rows_counted[layer] {
+            // The step's waves then request each expert of the union once: that request
+            // counts nothing more (`counted_ahead`).
+            self.counted_ahead[layer].clear();
+            if rows.len() > 1 {
                 for (i, row) in rows.iter().enumerate() {
                     if i > 0 {
                         self.wave[layer] += 1;
                     }
-                    let mut seen: Vec<u32> = Vec::with_capacity(row.len());
-                    for &e in row {
-                        if !seen.contains(&e) {
-                            seen.push(e);
+                    for (j, &e) in row.iter().enumerate() {
+                        if !row[..j].contains(&e) {
                             self.count(ExpertKey::new(layer, e as usize));
+                        }
+                        if !self.counted_ahead[layer].contains(&e) {
+                            self.counted_ahead[layer].push(e);
                         }
                     }
                 }
-                self.rows_counted[layer] = true;
             }
         }
     }

@@ -296,8 +296,10 @@ fn predictive_is_deterministic() {
 }
 
 /// A prompt fed in one step counts its requests as plain decoding counts them, row by row:
-/// the same scores and mass as its rows fed one step each, whatever came before. (Counted once
-/// per step, every expert of a prompt's union scored 1 and the earlier counts aged one wave.)
+/// the same scores and mass as its rows fed one step each, whatever came before and whatever
+/// decoding follows — with token ids handed in or without them (predictive admission then runs
+/// on frequency and transitions alone). (Counted once per step, every expert of a prompt's union
+/// scored 1 and the earlier counts aged one wave.)
 #[test]
 fn a_prompt_in_one_step_counts_its_rows_as_decoding_does() {
     let mut rng = crate::sim::Rng::new(11);
@@ -308,43 +310,58 @@ fn a_prompt_in_one_step_counts_its_rows_as_decoding_does() {
     };
     let history: Vec<Vec<u32>> = (0..40).map(|_| pick(3)).collect();
     let prompt: Vec<Vec<u32>> = (0..50).map(|_| pick(4)).collect();
-    let fresh = || Policy::new(vec![4], 200, &[]).with_admission(Admission::PREDICTIVE);
-    let mut ev = Vec::new();
-    let mut step = |p: &mut Policy, rows: &[Vec<u32>]| {
-        for i in 0..rows.len() {
-            p.observe_token(i as u32);
-        }
-        if rows.len() > 1 {
-            p.observe_rows(0, rows);
-        }
-        let mut union: Vec<u32> = Vec::new();
-        for e in rows.iter().flatten() {
-            if !union.contains(e) {
-                union.push(*e);
+    let after: Vec<Vec<u32>> = (0..20).map(|_| pick(3)).collect();
+    for tokens in [true, false] {
+        let fresh = || Policy::new(vec![4], 200, &[]).with_admission(Admission::PREDICTIVE);
+        let mut ev = Vec::new();
+        let mut step = |p: &mut Policy, rows: &[Vec<u32>]| {
+            for i in 0..rows.len() {
+                if tokens {
+                    p.observe_token(i as u32);
+                }
             }
+            if rows.len() > 1 {
+                p.observe_rows(0, rows);
+            }
+            let mut union: Vec<u32> = Vec::new();
+            for e in rows.iter().flatten() {
+                if !union.contains(e) {
+                    union.push(*e);
+                }
+            }
+            for e in union {
+                p.access(ExpertKey::new(0, e as usize), &mut ev).unwrap();
+            }
+            p.end_wave_layer(0, &mut ev);
+        };
+        let (mut one, mut rows) = (fresh(), fresh());
+        for r in &history {
+            step(&mut one, std::slice::from_ref(r));
+            step(&mut rows, std::slice::from_ref(r));
         }
-        for e in union {
-            p.access(ExpertKey::new(0, e as usize), &mut ev).unwrap();
+        step(&mut one, &prompt);
+        for r in &prompt {
+            step(&mut rows, std::slice::from_ref(r));
         }
-        p.end_wave_layer(0, &mut ev);
-    };
-    let (mut one, mut rows) = (fresh(), fresh());
-    for r in &history {
-        step(&mut one, std::slice::from_ref(r));
-        step(&mut rows, std::slice::from_ref(r));
+        for r in &after {
+            step(&mut one, std::slice::from_ref(r));
+            step(&mut rows, std::slice::from_ref(r));
+        }
+        assert_eq!(one.wave, rows.wave);
+        for e in 0..24 {
+            let k = ExpertKey::new(0, e);
+            let (a, b) = (one.score(k), rows.score(k));
+            assert!(
+                (a - b).abs() <= 1e-9 * b.max(1.0),
+                "tokens {tokens}, expert {e}: {a} vs {b}"
+            );
+        }
+        let (a, b) = (one.decayed(one.mass[0], 0), rows.decayed(rows.mass[0], 0));
+        assert!(
+            (a - b).abs() <= 1e-9 * b,
+            "tokens {tokens}, mass {a} vs {b}"
+        );
     }
-    step(&mut one, &prompt);
-    for r in &prompt {
-        step(&mut rows, std::slice::from_ref(r));
-    }
-    assert_eq!(one.wave, rows.wave);
-    for e in 0..24 {
-        let k = ExpertKey::new(0, e);
-        let (a, b) = (one.score(k), rows.score(k));
-        assert!((a - b).abs() <= 1e-9 * b.max(1.0), "expert {e}: {a} vs {b}");
-    }
-    let (a, b) = (one.decayed(one.mass[0], 0), rows.decayed(rows.mass[0], 0));
-    assert!((a - b).abs() <= 1e-9 * b, "mass {a} vs {b}");
 }
 
 /// Minimal reader of `manifest.json`'s `(start, end, warmup)` segments of one trace.
