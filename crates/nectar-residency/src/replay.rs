@@ -92,7 +92,8 @@ impl Count {
         }
     }
 
-    fn add(&mut self, o: Count) {
+    /// Adds another count (of another layer or run).
+    pub fn add(&mut self, o: Count) {
         self.hits += o.hits;
         self.requests += o.requests;
     }

@@ -122,6 +122,11 @@ fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64) {
     )
 }
 
+/// `--admission` as the residency's policy (the frequency policy's half-life: its default).
+fn admission(a: &BenchReplayArgs) -> Result<nectar_residency::Admission> {
+    super::bench_policy::parse_admission(&a.admission, 64.0)
+}
+
 /// The container loaded afresh (a cold cache) under `budget_s`: the model, its expert cache
 /// and the budget in bytes. `mtp`: load the MTP layer (as `run --mtp on` does; `--mtp off`
 /// leaves it out of memory, and its bytes to the main layers' cache).
@@ -148,7 +153,7 @@ fn load_planned(
     let opts = LoadOptions {
         memory_budget: Some(budget),
         io_threads: a.io_threads,
-        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        admission: admission(a)?,
         prefetch,
         sequences: serve.map_or(1, serve_sequences),
         server: serve.is_some(),
@@ -197,7 +202,7 @@ fn offline_replay(
     };
     let setup = CacheSetup {
         capacity,
-        admission: super::bench_policy::parse_admission(&a.admission, 64.0)?,
+        admission: admission(a)?,
         pinned: moe
             .iter()
             .map(|&l| {
@@ -211,8 +216,7 @@ fn offline_replay(
     };
     let mut c = Count::default();
     for l in replay_setup(trace, steps, &layers, &setup) {
-        c.hits += l.hits;
-        c.requests += l.requests;
+        c.add(l);
     }
     Ok(Some(c.rate()))
 }
@@ -388,9 +392,7 @@ fn run_one(
     let mut seq: Vec<ExpertKey> = Vec::new();
     for &l in &moe {
         let req = &obs.requests[&l];
-        let c = belady(req, &steps, res.capacity(l));
-        opt.hits += c.hits;
-        opt.requests += c.requests;
+        opt.add(belady(req, &steps, res.capacity(l)));
     }
     // The requested experts in request order (forward by forward, layer by layer).
     for f in 0..steps.len() {

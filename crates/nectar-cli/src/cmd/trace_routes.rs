@@ -33,9 +33,7 @@ impl<'a> TraceRoutes<'a> {
             block: None,
         })
     }
-}
 
-impl TraceRoutes<'_> {
     /// The trace layer whose routes model layer `layer` takes.
     pub fn trace_layer(&self, layer: usize) -> Option<usize> {
         self.map.get(&layer).copied()
