@@ -72,16 +72,28 @@ impl Order {
 
 /// Warps per block of the tensor-core GEMV over int8 and bf16 (`gemv_tc.cu`, `_w{warps}`): warp
 /// w takes 64-column steps w, w + warps, …, so the count is part of a row's accumulation order
-/// and follows from the matrix's shape alone (never from M or the launch) — 8 for matrices of
+/// and follows from the matrix's shape alone (never from M or the launch) — 16 for matrices of
 /// at most 1,024 rows and 4,097 to 12,288 columns, else 4. A lone matrix of few long rows has
 /// too few blocks to keep HBM busy with four warps each: kv_a, 576 bf16 rows × 6,144, is 36
-/// blocks on 132 SMs — 18.5 µs with four, 11.5 with eight on an H100 (RESULTS 2026-12-05).
+/// blocks on 132 SMs — 18.5 µs with four, 11.5 with eight on an H100 (RESULTS 2026-12-05);
+/// on an H200 11.7 µs with eight, 8.3 with sixteen, where loading two steps ahead instead
+/// (eight warps) gave 11.0 and sixteen warps two steps ahead 8.6 (RESULTS 2026-12-06).
 /// Taller matrices have blocks enough, and more warps only cost: int8 o_proj (6,144 × 16,384)
 /// took 54.2 µs with four and 58.2 with eight; a token's 16 int8 expert gate/up matrices
 /// (2,048 × 6,144) 80.0 against 83.9, bf16 136.7 against 138.9 (H100, alternated).
 fn tc_warps(rows: usize, cols: usize) -> u32 {
     if rows <= 1024 && (4097..=12_288).contains(&cols) {
-        8
+        16
+    } else {
+        4
+    }
+}
+
+/// Row tiles per warp of the tensor-core GEMV's kernel for launches of many rows: four, but two
+/// with sixteen warps, whose sums of four tiles would outgrow a block's static shared memory.
+fn tc_many_tiles(warps: u32) -> u32 {
+    if warps >= 16 {
+        2
     } else {
         4
     }
@@ -361,8 +373,8 @@ pub(crate) fn kernel_names() -> Vec<String> {
         }
     }
     for base in ["i8", "bf16"] {
-        for tiles in [1, 4] {
-            for warps in [4, 8] {
+        for warps in [4, 16] {
+            for tiles in [1, tc_many_tiles(warps)] {
                 v.push(format!("gemv_tc_{base}_t{tiles}_w{warps}"));
             }
         }
@@ -511,8 +523,9 @@ impl Gpu {
         let tc = match tc_base(format) {
             Some(base) if q_groups.is_none() && order.tensor() && tc_layout(format, cols) => {
                 let w = tc_warps(rows, cols);
+                let t = tc_many_tiles(w);
                 Some((
-                    (self.function(&format!("gemv_tc_{base}_t4_w{w}"))?, 4),
+                    (self.function(&format!("gemv_tc_{base}_t{t}_w{w}"))?, t),
                     (self.function(&format!("gemv_tc_{base}_t1_w{w}"))?, 1),
                 ))
             }

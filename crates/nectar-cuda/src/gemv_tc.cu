@@ -8,7 +8,7 @@
 // Work split. A block of NW warps owns 16·T consecutive weight rows (T MMA row tiles per warp).
 // The columns are walked in steps of 64; warp w takes steps w, w + NW, … (split-K inside the
 // block), and the warps' sums are added at the end through shared memory. NW follows from the
-// matrix's shape alone (gemv.rs `tc_warps`: 8 for at most 1,024 rows of 4,097 to 12,288
+// matrix's shape alone (gemv.rs `tc_warps`: 16 for at most 1,024 rows of 4,097 to 12,288
 // columns, else 4), so it is
 // part of a row's order like the steps themselves; more warps give a launch of few long rows
 // (kv_a: 576 rows, 36 blocks) the loads in flight it lacks. In a step, lane (g = lane / 4,
@@ -259,12 +259,14 @@ __device__ __forceinline__ void gemv_tc(const Job& job, int rows, int cols, int 
 
 // `_t4`: four row tiles per warp (launches of many rows: each activation split serves 64 rows);
 // `_t1`: one (launches of few rows, which need the blocks). T changes which warp computes a
-// row, never a row's order: both give identical results. `_w4` / `_w8`: warps per block.
+// row, never a row's order: both give identical results (`_t2`: the sixteen-warp kernel's, whose
+// sums of four tiles would outgrow a block's static shared memory). `_w4` / `_w16`:
+// warps per block.
 GEMV_TC_ENTRY(gemv_tc_i8_t1_w4, FMT_I8, 1, 4)
 GEMV_TC_ENTRY(gemv_tc_i8_t4_w4, FMT_I8, 4, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t1_w4, FMT_BF16, 1, 4)
 GEMV_TC_ENTRY(gemv_tc_bf16_t4_w4, FMT_BF16, 4, 4)
-GEMV_TC_ENTRY(gemv_tc_i8_t1_w8, FMT_I8, 1, 8)
-GEMV_TC_ENTRY(gemv_tc_i8_t4_w8, FMT_I8, 4, 8)
-GEMV_TC_ENTRY(gemv_tc_bf16_t1_w8, FMT_BF16, 1, 8)
-GEMV_TC_ENTRY(gemv_tc_bf16_t4_w8, FMT_BF16, 4, 8)
+GEMV_TC_ENTRY(gemv_tc_i8_t1_w16, FMT_I8, 1, 16)
+GEMV_TC_ENTRY(gemv_tc_i8_t2_w16, FMT_I8, 2, 16)
+GEMV_TC_ENTRY(gemv_tc_bf16_t1_w16, FMT_BF16, 1, 16)
+GEMV_TC_ENTRY(gemv_tc_bf16_t2_w16, FMT_BF16, 2, 16)
