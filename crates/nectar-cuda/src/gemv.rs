@@ -99,6 +99,17 @@ fn tc_many_tiles(warps: u32) -> u32 {
     }
 }
 
+/// The tensor-core GEMV's kernels for a shape, with their row tiles per warp: the one for
+/// launches of many rows, then the one for few.
+fn tc_kernels(base: &str, rows: usize, cols: usize) -> [(String, u32); 2] {
+    let w = tc_warps(rows, cols);
+    let t = tc_many_tiles(w);
+    [
+        (format!("gemv_tc_{base}_t{t}_w{w}"), t),
+        (format!("gemv_tc_{base}_t1_w{w}"), 1),
+    ]
+}
+
 /// The tensor-core GEMV's base name for a format, if it has one.
 fn tc_base(format: WeightFormat) -> Option<&'static str> {
     match format {
@@ -522,12 +533,8 @@ impl Gpu {
             (is_int4(format) && order.tensor() && tc_layout(format, cols)).then(|| m.div_ceil(2));
         let tc = match tc_base(format) {
             Some(base) if q_groups.is_none() && order.tensor() && tc_layout(format, cols) => {
-                let w = tc_warps(rows, cols);
-                let t = tc_many_tiles(w);
-                Some((
-                    (self.function(&format!("gemv_tc_{base}_t{t}_w{w}"))?, t),
-                    (self.function(&format!("gemv_tc_{base}_t1_w{w}"))?, 1),
-                ))
+                let [(many, t), (few, _)] = tc_kernels(base, rows, cols);
+                Some(((self.function(&many)?, t), (self.function(&few)?, 1)))
             }
             _ => None,
         };
@@ -1239,6 +1246,34 @@ mod tests {
         assert!(!packs(g(64), 2040, 6144) && !packs(g(64), 16, 6112) && !packs(g(32), 16, 64));
         assert!(!packs(WeightFormat::Int8Row, 16, 64) && !packs(g(64), 0, 64));
         assert_eq!(Order::MODEL, Order::Tensor);
+    }
+
+    /// The tensor-core GEMV's warps follow the matrix's shape (few long rows get 16), and every
+    /// kernel the rule picks is compiled.
+    #[test]
+    fn the_tensor_core_gemv_picks_compiled_kernels_with_warps_by_shape() {
+        let names = kernel_names();
+        for base in ["i8", "bf16"] {
+            for (rows, cols) in [
+                (576, 6144),
+                (2048, 6144),
+                (1024, 4097),
+                (6144, 16_384),
+                (16, 64),
+            ] {
+                for (name, _) in tc_kernels(base, rows, cols) {
+                    assert!(names.contains(&name), "{name} is not compiled");
+                }
+            }
+        }
+        assert_eq!(tc_warps(576, 6144), 16, "kv_a: few long rows");
+        assert_eq!(tc_warps(2048, 6144), 4, "an expert's gate: blocks enough");
+        assert_eq!(tc_warps(576, 16_384), 4);
+        assert_eq!(
+            tc_kernels("bf16", 576, 6144)[0].1,
+            2,
+            "16 warps hold two tiles each"
+        );
     }
 
     /// The int4 GEMV's warps per block are in its accumulation order: they follow from the
