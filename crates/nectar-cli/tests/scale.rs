@@ -177,6 +177,19 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         assert!((hit - offline).abs() <= 0.01, "{x}");
         assert!(x["ratio"].as_f64().unwrap() <= 1.0 + 1e-9, "{x}");
         assert!(x["decode_tok_s"].as_f64().unwrap() > 0.0);
+        // The layers' halves per decoded token, and the disk's busy time inside each: this
+        // cache misses, so the MLP halves read (busy > 0), and no half holds more busy time
+        // than it lasted.
+        let h = &x["halves_ms_per_token"];
+        let ms = |k: &str| h[k].as_f64().unwrap_or_else(|| panic!("{k}: {h}"));
+        assert!(ms("attention") > 0.0 && ms("mlp") > 0.0, "{h}");
+        assert!(ms("disk_busy_mlp") > 0.0, "{h}");
+        for (busy, half) in [
+            ("disk_busy_attention", "attention"),
+            ("disk_busy_mlp", "mlp"),
+        ] {
+            assert!(ms(busy) >= 0.0 && ms(busy) <= ms(half) + 1e-6, "{h}");
+        }
     }
     assert_eq!(runs[0]["decode_tokens"], 24);
     // The look-ahead controller reports its threshold and the windows it measured (23 decode

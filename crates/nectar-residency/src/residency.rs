@@ -691,6 +691,16 @@ impl Residency {
         self.lock().policy.capacity(layer)
     }
 
+    /// Now, and the seconds some read has been in flight since load up to now (one in flight
+    /// counted to now; both read under one lock, so the busy time between two calls never
+    /// exceeds the time between them): read around a stretch of compute, the disk's busy time
+    /// beside it.
+    pub fn disk_busy_now(&self) -> (Instant, f64) {
+        let st = self.lock();
+        let now = Instant::now();
+        (now, st.snapshot(now).busy)
+    }
+
     /// A snapshot of the counters.
     pub fn telemetry(&self) -> Telemetry {
         let st = self.lock();

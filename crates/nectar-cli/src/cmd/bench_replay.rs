@@ -419,6 +419,15 @@ fn run_one(
         f64::INFINITY
     };
     let compute_bound = dec_tok as f64 / (dec_s - wait_s).max(1e-9);
+    // Where the reads landed against the main layers' halves, ms per decoded token.
+    let halves = model.decode_disk_overlap();
+    let per_tok = |s: f64| s * 1e3 / dec_tok.max(1) as f64;
+    let halves_json = json!({
+        "attention": per_tok(halves.attention),
+        "mlp": per_tok(halves.mlp),
+        "disk_busy_attention": per_tok(halves.disk_busy_attention),
+        "disk_busy_mlp": per_tok(halves.disk_busy_mlp),
+    });
     let bound = disk_bound.min(compute_bound);
     let slots = res.capacity(moe[0]);
     let u = union.stats();
@@ -469,12 +478,14 @@ fn run_one(
         "disk_bound_tok_s": disk_bound,
         "compute_bound_tok_s": compute_bound,
         "ratio": tok_s / bound,
+        "halves_ms_per_token": halves_json,
     });
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} (offline {}) / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
-         ratio {:.2}  prefetch used {}/{} (coverage {:.2})",
+         ratio {:.2}  prefetch used {}/{} (coverage {:.2})  per token: attention {:.1} ms (disk busy {:.1}), \
+         mlp {:.1} ms (disk busy {:.1})",
         if mtp { "on" } else { "off" },
         prefetch.as_str(),
         gpu.0,
@@ -486,6 +497,10 @@ fn run_one(
         dec_pf.1,
         dec_pf.0,
         dec_pf.1 as f64 / misses.max(1) as f64,
+        per_tok(halves.attention),
+        per_tok(halves.disk_busy_attention),
+        per_tok(halves.mlp),
+        per_tok(halves.disk_busy_mlp),
     );
     Ok(RunOut { json, line })
 }

@@ -40,7 +40,7 @@ pub use inventory::{classify, expert_of, ClassStats, Inventory, TensorClass};
 pub use layout::{Layout, RowInfo};
 pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
-pub use phases::PhaseSeconds;
+pub use phases::{HalfSeconds, PhaseSeconds};
 pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
     auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
@@ -104,6 +104,8 @@ pub struct Glm5 {
     /// Next-layer expert prediction (see [`Prefetch`]); from [`LoadOptions::prefetch`].
     pub prefetch: Prefetch,
     pilot: Mutex<PilotStats>,
+    /// The main layers' halves against the disk (under a budget).
+    disk_overlap: phases::DiskOverlap,
     catalog: Arc<Catalog>,
     streaming: Option<streaming::Streaming>,
     gpu: Option<GpuPlacement>,
@@ -184,6 +186,7 @@ impl Glm5 {
             mla_mode: MlaMode::Auto,
             prefetch: opts.prefetch,
             pilot: Mutex::new(PilotStats::default()),
+            disk_overlap: Default::default(),
             catalog: catalog.clone(),
             streaming,
             cfg,
@@ -246,6 +249,12 @@ impl Glm5 {
     /// The same for the other forwards: decode, MTP draft and verify steps.
     pub fn decode_phases(&self) -> PhaseSeconds {
         self.phases(false)
+    }
+
+    /// The main layers' attention and MLP halves of the decode, MTP and verify forwards, and
+    /// the seconds the disk was busy beside each (zero without a memory budget).
+    pub fn decode_disk_overlap(&self) -> HalfSeconds {
+        self.disk_overlap.seconds(false)
     }
 
     fn phases(&self, prefill: bool) -> PhaseSeconds {
@@ -409,11 +418,16 @@ impl Glm5 {
         let mut stats = PilotStats::default();
         // The prediction for the layer about to run (made during the previous one).
         let mut predicted: Option<Vec<Vec<u32>>> = None;
+        // The disk's busy time at the halves' boundaries (under a budget).
+        let res = self.residency();
+        let clock = || res.map(|r| r.disk_busy_now());
         for l in range {
             let layer = &self.layers[l];
             let mut caches: Vec<&mut LayerCache> =
                 seqs.iter_mut().map(|s| &mut s.layers[l]).collect();
+            let c0 = clock();
             layer.attend(x, layout, &mut caches, sel, &self.rope, self.mla_mode, obs)?;
+            let c1 = clock();
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
                 (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
@@ -444,6 +458,14 @@ impl Glm5 {
                 routes: vec![Vec::new(); if predicted.is_some() { m } else { 0 }],
             };
             layer.feed_forward(x, m, &mut tap, Some(&mut issue))?;
+            if let (Some(a), Some(b), Some(c)) = (c0, c1, clock()) {
+                let secs = |p: std::time::Instant, q: std::time::Instant| (q - p).as_secs_f64();
+                self.disk_overlap.add(
+                    layer.attn.phases.is_prefill(),
+                    [secs(a.0, b.0), secs(b.0, c.0)],
+                    [b.1 - a.1, c.1 - b.1],
+                );
+            }
             if let Some(p) = predicted.take() {
                 let (n, right) = pilot::score(&p, &tap.routes);
                 stats.chosen += n;

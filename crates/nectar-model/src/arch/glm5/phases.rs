@@ -61,6 +61,11 @@ impl Phases {
         }
     }
 
+    /// Whether the forward now running (or last run) carries a prefill chunk.
+    pub(super) fn is_prefill(&self) -> bool {
+        self.prefill.load(Ordering::Relaxed)
+    }
+
     /// A lap continuing the attention half's kind (the MLP half of the same layer).
     pub(super) fn resume(&self) -> Lap<'_> {
         self.lap(self.prefill.load(Ordering::Relaxed))
@@ -82,6 +87,66 @@ impl Phases {
             mlp_route: s(Phase::MlpRoute),
             mlp: s(Phase::Mlp),
             mlp_combine: s(Phase::MlpCombine),
+        }
+    }
+}
+
+/// The layers' two halves against the disk: wall seconds of the attention halves and of the
+/// MLP halves of the main layers, and the seconds some expert read was in flight during each
+/// (`Residency::disk_busy_now` read at the halves' boundaries), per kind of forward. A layer's
+/// demand reads can only run during its MLP half (its router decides them); what the disk does
+/// during the attention halves is what reads started ahead (look-ahead) or left over from the
+/// layer before add — the overlap `fit --project` credits look-ahead with.
+#[derive(Debug, Default)]
+pub(super) struct DiskOverlap {
+    /// Nanoseconds `[kind][attention, mlp, busy in attention, busy in mlp]`; kind 0 prefill.
+    ns: [[AtomicU64; 4]; 2],
+}
+
+impl DiskOverlap {
+    /// Adds one layer's halves: wall seconds of each, and the disk's busy seconds in each.
+    pub(super) fn add(&self, prefill: bool, halves: [f64; 2], busy: [f64; 2]) {
+        let ns = &self.ns[usize::from(!prefill)];
+        for (slot, s) in ns.iter().zip([halves[0], halves[1], busy[0], busy[1]]) {
+            slot.fetch_add((s.max(0.0) * 1e9) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The totals of one kind since load.
+    pub(super) fn seconds(&self, prefill: bool) -> HalfSeconds {
+        let ns = &self.ns[usize::from(!prefill)];
+        let s = |i: usize| ns[i].load(Ordering::Relaxed) as f64 * 1e-9;
+        HalfSeconds {
+            attention: s(0),
+            mlp: s(1),
+            disk_busy_attention: s(2),
+            disk_busy_mlp: s(3),
+        }
+    }
+}
+
+/// Wall seconds of the main layers' attention and MLP halves of one kind of forward, and the
+/// seconds the disk was busy (some expert read in flight) during each, since load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct HalfSeconds {
+    /// The attention halves (input norm to the residual add).
+    pub attention: f64,
+    /// The MLP halves (routing, the experts with their reads, the combine).
+    pub mlp: f64,
+    /// Disk busy while an attention half ran.
+    pub disk_busy_attention: f64,
+    /// Disk busy while an MLP half ran.
+    pub disk_busy_mlp: f64,
+}
+
+impl std::ops::Sub for HalfSeconds {
+    type Output = HalfSeconds;
+    fn sub(self, o: HalfSeconds) -> HalfSeconds {
+        HalfSeconds {
+            attention: self.attention - o.attention,
+            mlp: self.mlp - o.mlp,
+            disk_busy_attention: self.disk_busy_attention - o.disk_busy_attention,
+            disk_busy_mlp: self.disk_busy_mlp - o.disk_busy_mlp,
         }
     }
 }
@@ -174,6 +239,29 @@ impl std::ops::Add for PhaseSeconds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_overlap_keeps_kinds_and_halves_apart() {
+        let d = DiskOverlap::default();
+        d.add(false, [0.5, 1.5], [0.25, 1.0]);
+        d.add(false, [0.5, 0.5], [0.0, 0.5]);
+        d.add(true, [2.0, 3.0], [1.0, 2.0]);
+        let dec = d.seconds(false);
+        assert_eq!(
+            dec,
+            HalfSeconds {
+                attention: 1.0,
+                mlp: 2.0,
+                disk_busy_attention: 0.25,
+                disk_busy_mlp: 1.5
+            }
+        );
+        assert_eq!(d.seconds(true).mlp, 3.0);
+        assert_eq!((dec - dec), HalfSeconds::default());
+        // A negative span (clocks read out of order) adds nothing rather than wrapping.
+        d.add(false, [-1.0, 0.0], [0.0, 0.0]);
+        assert_eq!(d.seconds(false), dec);
+    }
 
     #[test]
     fn laps_charge_their_kind_and_phase() {
