@@ -127,7 +127,7 @@ impl DiskOverlap {
 
 /// Wall seconds of the main layers' attention and MLP halves of one kind of forward, and the
 /// seconds the disk was busy (some expert read in flight) during each, since load.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HalfSeconds {
     /// The attention halves (input norm to the residual add).
     pub attention: f64,
@@ -137,18 +137,6 @@ pub struct HalfSeconds {
     pub disk_busy_attention: f64,
     /// Disk busy while an MLP half ran.
     pub disk_busy_mlp: f64,
-}
-
-impl std::ops::Sub for HalfSeconds {
-    type Output = HalfSeconds;
-    fn sub(self, o: HalfSeconds) -> HalfSeconds {
-        HalfSeconds {
-            attention: self.attention - o.attention,
-            mlp: self.mlp - o.mlp,
-            disk_busy_attention: self.disk_busy_attention - o.disk_busy_attention,
-            disk_busy_mlp: self.disk_busy_mlp - o.disk_busy_mlp,
-        }
-    }
 }
 
 /// The running timer of one forward.
@@ -257,7 +245,6 @@ mod tests {
             }
         );
         assert_eq!(d.seconds(true).mlp, 3.0);
-        assert_eq!((dec - dec), HalfSeconds::default());
         // A negative span (clocks read out of order) adds nothing rather than wrapping.
         d.add(false, [-1.0, 0.0], [0.0, 0.0]);
         assert_eq!(d.seconds(false), dec);
