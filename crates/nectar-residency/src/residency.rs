@@ -125,11 +125,16 @@ impl State {
         }
     }
 
-    fn snapshot(&self, now: Instant) -> Snapshot {
-        let busy = self.stats.disk_busy_seconds
+    /// Seconds some read has been in flight since load, one in flight counted up to `now`.
+    fn busy(&self, now: Instant) -> f64 {
+        self.stats.disk_busy_seconds
             + self
                 .busy_since
-                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+                .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64())
+    }
+
+    fn snapshot(&self, now: Instant) -> Snapshot {
+        let busy = self.busy(now);
         let wait = self.stats.wait_seconds
             + self
                 .wait_since
@@ -698,7 +703,7 @@ impl Residency {
     pub fn disk_busy_now(&self) -> (Instant, f64) {
         let st = self.lock();
         let now = Instant::now();
-        (now, st.snapshot(now).busy)
+        (now, st.busy(now))
     }
 
     /// A snapshot of the counters.

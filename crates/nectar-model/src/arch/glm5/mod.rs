@@ -104,7 +104,7 @@ pub struct Glm5 {
     /// Next-layer expert prediction (see [`Prefetch`]); from [`LoadOptions::prefetch`].
     pub prefetch: Prefetch,
     pilot: Mutex<PilotStats>,
-    /// The main layers' halves against the disk (under a budget).
+    /// The main layers' halves of decode forwards against the disk (under a budget).
     disk_overlap: phases::DiskOverlap,
     catalog: Arc<Catalog>,
     streaming: Option<streaming::Streaming>,
@@ -254,7 +254,7 @@ impl Glm5 {
     /// The main layers' attention and MLP halves of the decode, MTP and verify forwards, and
     /// the seconds the disk was busy beside each (zero without a memory budget).
     pub fn decode_disk_overlap(&self) -> HalfSeconds {
-        self.disk_overlap.seconds(false)
+        self.disk_overlap.seconds()
     }
 
     fn phases(&self, prefill: bool) -> PhaseSeconds {
@@ -420,12 +420,13 @@ impl Glm5 {
         let mut predicted: Option<Vec<Vec<u32>>> = None;
         // The disk's busy time at the halves' boundaries (under a budget).
         let res = self.residency();
+        // A layer's end is the next one's start: two readings per layer.
         let clock = || res.map(|r| r.disk_busy_now());
+        let mut c0 = clock();
         for l in range {
             let layer = &self.layers[l];
             let mut caches: Vec<&mut LayerCache> =
                 seqs.iter_mut().map(|s| &mut s.layers[l]).collect();
-            let c0 = clock();
             layer.attend(x, layout, &mut caches, sel, &self.rope, self.mla_mode, obs)?;
             let c1 = clock();
             let next = self.layers.get(l + 1);
@@ -458,14 +459,14 @@ impl Glm5 {
                 routes: vec![Vec::new(); if predicted.is_some() { m } else { 0 }],
             };
             layer.feed_forward(x, m, &mut tap, Some(&mut issue))?;
-            if let (Some(a), Some(b), Some(c)) = (c0, c1, clock()) {
+            let c2 = clock();
+            if let (Some(a), Some(b), Some(c), false) = (c0, c1, c2, layer.attn.phases.is_prefill())
+            {
                 let secs = |p: std::time::Instant, q: std::time::Instant| (q - p).as_secs_f64();
-                self.disk_overlap.add(
-                    layer.attn.phases.is_prefill(),
-                    [secs(a.0, b.0), secs(b.0, c.0)],
-                    [b.1 - a.1, c.1 - b.1],
-                );
+                self.disk_overlap
+                    .add([secs(a.0, b.0), secs(b.0, c.0)], [b.1 - a.1, c.1 - b.1]);
             }
+            c0 = c2;
             if let Some(p) = predicted.take() {
                 let (n, right) = pilot::score(&p, &tap.routes);
                 stats.chosen += n;

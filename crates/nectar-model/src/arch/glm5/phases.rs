@@ -68,7 +68,7 @@ impl Phases {
 
     /// A lap continuing the attention half's kind (the MLP half of the same layer).
     pub(super) fn resume(&self) -> Lap<'_> {
-        self.lap(self.prefill.load(Ordering::Relaxed))
+        self.lap(self.is_prefill())
     }
 
     /// Seconds per phase of the prefill forwards (`prefill`) or of the others.
@@ -92,30 +92,29 @@ impl Phases {
 }
 
 /// The layers' two halves against the disk: wall seconds of the attention halves and of the
-/// MLP halves of the main layers, and the seconds some expert read was in flight during each
-/// (`Residency::disk_busy_now` read at the halves' boundaries), per kind of forward. A layer's
-/// demand reads can only run during its MLP half (its router decides them); what the disk does
-/// during the attention halves is what reads started ahead (look-ahead) or left over from the
-/// layer before add — the overlap `fit --project` credits look-ahead with.
+/// MLP halves of the main layers in decode forwards (decode, MTP and verify steps), and the
+/// seconds some expert read was in flight during each (`Residency::disk_busy_now` read at the
+/// halves' boundaries). A layer's demand reads can only run during its MLP half (its router
+/// decides them); what the disk does during the attention halves is what reads started ahead
+/// (look-ahead) or left over from the layer before add — the overlap `fit --project` credits
+/// look-ahead with.
 #[derive(Debug, Default)]
 pub(super) struct DiskOverlap {
-    /// Nanoseconds `[kind][attention, mlp, busy in attention, busy in mlp]`; kind 0 prefill.
-    ns: [[AtomicU64; 4]; 2],
+    /// Nanoseconds `[attention, mlp, busy in attention, busy in mlp]`.
+    ns: [AtomicU64; 4],
 }
 
 impl DiskOverlap {
     /// Adds one layer's halves: wall seconds of each, and the disk's busy seconds in each.
-    pub(super) fn add(&self, prefill: bool, halves: [f64; 2], busy: [f64; 2]) {
-        let ns = &self.ns[usize::from(!prefill)];
-        for (slot, s) in ns.iter().zip([halves[0], halves[1], busy[0], busy[1]]) {
+    pub(super) fn add(&self, halves: [f64; 2], busy: [f64; 2]) {
+        for (slot, s) in self.ns.iter().zip([halves[0], halves[1], busy[0], busy[1]]) {
             slot.fetch_add((s.max(0.0) * 1e9) as u64, Ordering::Relaxed);
         }
     }
 
-    /// The totals of one kind since load.
-    pub(super) fn seconds(&self, prefill: bool) -> HalfSeconds {
-        let ns = &self.ns[usize::from(!prefill)];
-        let s = |i: usize| ns[i].load(Ordering::Relaxed) as f64 * 1e-9;
+    /// The totals since load.
+    pub(super) fn seconds(&self) -> HalfSeconds {
+        let s = |i: usize| self.ns[i].load(Ordering::Relaxed) as f64 * 1e-9;
         HalfSeconds {
             attention: s(0),
             mlp: s(1),
@@ -125,7 +124,7 @@ impl DiskOverlap {
     }
 }
 
-/// Wall seconds of the main layers' attention and MLP halves of one kind of forward, and the
+/// Wall seconds of the main layers' attention and MLP halves of the decode forwards, and the
 /// seconds the disk was busy (some expert read in flight) during each, since load.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HalfSeconds {
@@ -229,25 +228,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn disk_overlap_keeps_kinds_and_halves_apart() {
+    fn disk_overlap_sums_the_halves_apart() {
         let d = DiskOverlap::default();
-        d.add(false, [0.5, 1.5], [0.25, 1.0]);
-        d.add(false, [0.5, 0.5], [0.0, 0.5]);
-        d.add(true, [2.0, 3.0], [1.0, 2.0]);
-        let dec = d.seconds(false);
-        assert_eq!(
-            dec,
-            HalfSeconds {
-                attention: 1.0,
-                mlp: 2.0,
-                disk_busy_attention: 0.25,
-                disk_busy_mlp: 1.5
-            }
-        );
-        assert_eq!(d.seconds(true).mlp, 3.0);
+        d.add([0.5, 1.5], [0.25, 1.0]);
+        d.add([0.5, 0.5], [0.0, 0.5]);
+        let sum = HalfSeconds {
+            attention: 1.0,
+            mlp: 2.0,
+            disk_busy_attention: 0.25,
+            disk_busy_mlp: 1.5,
+        };
+        assert_eq!(d.seconds(), sum);
         // A negative span (clocks read out of order) adds nothing rather than wrapping.
-        d.add(false, [-1.0, 0.0], [0.0, 0.0]);
-        assert_eq!(d.seconds(false), dec);
+        d.add([-1.0, 0.0], [0.0, 0.0]);
+        assert_eq!(d.seconds(), sum);
     }
 
     #[test]
