@@ -39,7 +39,7 @@ for path in sorted(glob.glob(f"{O}/replay{TAG}-*.json")):
         arms.setdefault((m[1], m[2]), []).append(run)
 
 print("| budget | slots | arm | projected tok/s | measured tok/s (replay; median, each round) | **projected ÷ measured** "
-      "| hit rate: projection / replay | η / o (ms per layer), calibration | disk GB/s: fit / replay raw "
+      "| hit rate: projection / replay | η / o (ms per layer) / r (look-ahead's reads hidden in attention), calibration | disk GB/s: fit / replay raw "
       "| look-ahead coverage: projection / replay | min context: projection / replay |")
 print("|---|---:|---|---:|---|---:|---|---|---|---|---|")
 ratios = []
@@ -63,7 +63,8 @@ for b in budgets:
             proj = p["decode_tok_s"][key]
             ratios.append(proj / meas)
             cells = (f"{proj:.2f}", f"**{proj / meas:.2f}**", f"{p['hit_rate'][key]:.3f}",
-                     f"{mach['moe_overlap']:.2f} / {mach['layer_overhead_ms']:.2f}", f"{mach['disk_gbps']:.2f}",
+                     f"{mach['moe_overlap']:.2f} / {mach['layer_overhead_ms']:.2f}"
+                     + (f" / r {mach['lookahead_hidden']:.2f}" if pf != "off" and "lookahead_hidden" in mach else ""), f"{mach['disk_gbps']:.2f}",
                      f"{p['prefetch']['coverage']:.2f}", f"{p['prefetch'].get('min_context') or '–'}")
         else:
             cells = ("–", "–", "–", "–", "–", "–", "–")

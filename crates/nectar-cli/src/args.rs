@@ -859,6 +859,12 @@ pub struct FitArgs {
     /// Default: measured by the calibration decode (trace routes under the budget), else 0.
     #[arg(long, value_parser = unit)]
     pub moe_overlap: Option<f64>,
+    /// Share (0–1) of look-ahead's reads (their disk time) that run while attention computes
+    /// rather than beside a MoE block, whose disk is busy with its own misses: how much of
+    /// reading ahead is credited. Default: measured by a second calibration decode with
+    /// look-ahead on, else 0 (no credit).
+    #[arg(long, value_parser = unit)]
+    pub lookahead_hidden: Option<f64>,
     /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
     /// calibrate the per-layer compute and the overlap on.
     #[arg(long)]

@@ -361,6 +361,23 @@ fn fit_projects_decode_and_prefill_speed() {
         "{c}"
     );
     assert_eq!(v["projection"]["moe_overlap"].as_f64(), Some(eta), "{v}");
+    // Look-ahead (the default) is calibrated by a second decode with it on, after the first
+    // prompt: the share of its reads' disk time inside attention is a share, and the one the
+    // projection credits (0 where it read too little ahead to tell).
+    let la = &c["lookahead"];
+    assert!(la["prompt_rows"].as_u64().unwrap() >= 8, "{c}");
+    assert!(
+        la["prefetched"].as_u64().unwrap() <= la["reads"].as_u64().unwrap(),
+        "{c}"
+    );
+    let r = v["machine"]["lookahead_hidden"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&r), "{v}");
+    assert_eq!(la["hidden"].as_f64().unwrap_or(0.0), r, "{v}");
+    assert_eq!(
+        p["prefetch"]["hidden_in_attention"].as_f64(),
+        Some(r),
+        "{p}"
+    );
     // GLM-5.2's constants on a described machine (every speed given, so nothing measured here
     // enters the decode figure): 32 GB is disk-bound, so a faster disk projects faster.
     let glm = |disk: &str| {
@@ -379,14 +396,19 @@ fn fit_projects_decode_and_prefill_speed() {
     let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     assert!(tok_s(&fast) > tok_s(&slow));
     // With look-ahead (the default) the projection also gives the same machine without it,
-    // which is the `--prefetch off` projection; reads started ahead only help a disk-bound plan.
+    // which is the `--prefetch off` projection. Nothing calibrated and no --lookahead-hidden:
+    // reads ahead get no credit, so their wasted reads make look-ahead no faster; with a share
+    // of them hidden behind attention it helps this disk-bound plan.
     let off = glm52_32g(&["--prefetch", "off"]);
     let without = slow["decode_tok_s_without_lookahead"].as_f64().unwrap();
     assert!(
         (without - tok_s(&off)).abs() <= 1e-9 * without,
         "{slow} {off}"
     );
-    assert!(without < tok_s(&slow), "{slow}");
+    assert_eq!(slow["prefetch"]["hidden_in_attention"], 0.0, "{slow}");
+    assert!(tok_s(&slow) <= without, "{slow}");
+    let hidden = glm52_32g(&["--lookahead-hidden", "0.13"]);
+    assert!(tok_s(&hidden) > without, "{hidden}");
     assert!(off["decode_tok_s_without_lookahead"].is_null(), "{off}");
     // MTP off does not load the MTP layer: its ~1 GB buys the main layers a 12th slot at 29 GiB.
     assert_eq!(slow["lru_slots_per_layer"], 12, "{slow}");
@@ -466,19 +488,24 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
     let slow = project(&["--layer-overhead-ms", "2", "--prefetch", "off"]);
-    let ahead = project(&["--layer-overhead-ms", "2"]);
+    let ahead = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "0.5"]);
+    let all = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "1"]);
+    let none = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "0"]);
     // Compute beyond the weights lengthens the serial part of every forward.
     assert!(tok(&slow) < tok(&base), "{slow} {base}");
     // Without --context, no long-context figure.
     assert!(base.get("context").is_none(), "{base}");
     assert_eq!(slow["layer_overhead_ms"], 2.0);
-    // Look-ahead (the default) reads part of the misses behind attention: faster, never
-    // above the overlap ceiling, and it pays with a few wasted reads.
+    // Look-ahead (the default) reads part of the misses behind attention: faster the more of
+    // their disk time hides there, never above the overlap ceiling, and it pays with a few
+    // wasted reads — all it does when none hides.
     let phi = ahead["prefetch"]["coverage"].as_f64().unwrap();
     let w = ahead["prefetch"]["wasted_per_miss"].as_f64().unwrap();
     assert!(phi > 0.3 && w > 0.0 && w < 0.1, "{ahead}");
+    assert!(tok(&none) <= tok(&slow), "{none} {slow}");
     assert!(tok(&ahead) > tok(&slow), "{ahead} {slow}");
-    assert!(tok(&ahead) <= ahead["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
+    assert!(tok(&all) > tok(&ahead), "{all} {ahead}");
+    assert!(tok(&all) <= all["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
     assert_eq!(slow["prefetch"]["coverage"], 0.0);
     // Nothing to calibrate on and no flag: the MoE block hides no reads (the serial end). Reads
     // hidden behind the whole block save its compute time on this disk-bound machine.
@@ -525,8 +552,8 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
     // The same controller as the runtime's, on modelled windows: a saturated PCIe4 disk makes
     // it stricter than the start (8) and that pays; a 400 GB/s unified machine, whose serial
     // path needs the early reads, does not go stricter. Either way it settles on the fastest
-    // threshold it visited. (The MoE block hides reads as designed, so the small machine's
-    // disk is what binds.)
+    // threshold it visited. (The MoE block hides reads as designed and every read ahead hides
+    // behind attention, so the small machine's disk is what binds.)
     let project = |budget: &str, disk: &str, mem: &str| {
         glm52_projection(&[
             "--memory-budget",
@@ -542,6 +569,8 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
             "--layer-overhead-ms",
             "1.0",
             "--moe-overlap",
+            "1",
+            "--lookahead-hidden",
             "1",
             "--gflops",
             "1000",

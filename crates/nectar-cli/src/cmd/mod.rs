@@ -15,6 +15,7 @@ pub mod grammar;
 pub mod inspect;
 pub mod logits;
 pub mod project;
+pub mod project_calibrate;
 pub mod project_gpu;
 pub mod run;
 pub mod serve;

@@ -9,7 +9,7 @@
 //!   T_attn = (spine read − shared experts) / BW_dec + L·o       attention, norms, head, + compute
 //!   T_moe  = (L·U(n)·S_e + shared experts) / BW_dec            routed (hits and misses) + shared
 //!   T_ssd  = L·U(n)·(1 − h(C, n))·S_e / BW_ssd                 the misses
-//!   T      = T_attn + (1 − η)·T_moe + max(η·T_moe, (1 + w)·T_ssd − min((φ + w)·T_ssd, T_attn))
+//!   T      = T_attn + (1 − η)·T_moe + max(η·T_moe, (1 + w)·T_ssd − min(r·(φ + w)·T_ssd, T_attn))
 //!            [+ the MTP layer's own forward, same shape]
 //!   tok/s  = τ / T,  τ = 1 (MTP off) or 1 + a (one draft accepted with probability a)
 //! ```
@@ -23,8 +23,11 @@
 //! whose read look-ahead prefetch starts before the layer runs and `w` its wasted reads per
 //! needed read, both from the same route256 replay (`replay_prefetch`); without prefetch
 //! φ = w = 0. Reads started ahead (wasted ones too) hide only behind attention — during a MoE
-//! block the disk is busy with that layer's own misses — and no more than attention lasts, so
-//! T never drops below `(1 + w)·T_ssd`: every read, wasted or not, takes disk time.
+//! block the disk is busy with that layer's own misses — and only the share `r` of their disk
+//! time that a calibration decode with look-ahead on saw run during its attention halves
+//! (`project_calibrate`, or `--lookahead-hidden`; 0 without either: no credit), and no more
+//! than attention lasts, so T never drops below `(1 + w)·T_ssd`: every read, wasted or not,
+//! takes disk time.
 //! `C` is the LRU slots per layer of the memory plan for the budget (the same plan `fit`
 //! prints); `U(n)` and `h(C, n)` are measured by replaying the route256 trace (GLM-5.2's expert
 //! shape) through the real default policy at exactly that `C` (`nectar_residency::replay`);
@@ -36,6 +39,7 @@
 //! up to the DSA top k, then linear, plus the indexer's scoring) at the attention core's
 //! GFLOP/s (timed here on the model's own reconstructed core, or `--attn-gflops`), plus one
 //! read of every touched expert per layer (expert-major prefill).
+use super::project_calibrate::calibrate;
 use super::project_gpu::{hot_sets, without, GpuTier};
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
@@ -43,7 +47,7 @@ use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
     expert_layouts, kv_bytes_per_token, measure_attention_gflops, measure_decode_context,
     plan_memory, planned_prefill_tokens, prompt_transients, working_bank, AttnShape, Config,
-    LoadOptions, MemoryPlan, Prefetch, CONTEXT_BASE_KEYS,
+    LoadOptions, MemoryPlan, CONTEXT_BASE_KEYS,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -199,6 +203,9 @@ pub struct Machine {
     /// `η`: the share of the MoE block's compute behind which reads hide (1: all of it, the
     /// block's design; 0: a layer's misses are read after its router with nothing beside).
     pub moe_overlap: f64,
+    /// `r`: the share of look-ahead's reads (their disk time) that run during attention
+    /// (`project_calibrate::lookahead_hidden`; 0: no credit for reading ahead).
+    pub lookahead_hidden: f64,
 }
 
 /// How long the measurements run: `fit --project` takes its time (about 10 s), `doctor` takes
@@ -359,154 +366,6 @@ fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize, min_context: usize)
 /// rest show its re-probing, whose backoff caps at 64 windows).
 const CONTROL_WINDOWS: usize = 400;
 
-/// What the calibration decode measured on this machine.
-#[derive(Debug, Clone)]
-pub struct Calibration {
-    /// Compute seconds per MoE layer and token beyond streaming the weights.
-    pub layer_overhead_s: f64,
-    /// The share of the MoE block's compute behind which the run hid its reads (`η`), when it
-    /// read enough to tell.
-    pub moe_overlap: Option<f64>,
-    /// GB/s its reads moved while some read was in flight, when it read enough to tell (the
-    /// same condition as `moe_overlap`).
-    pub read_gbps: Option<f64>,
-    /// The JSON record (`machine.calibration`).
-    pub record: serde_json::Value,
-}
-
-/// A short decode of the container in `dir` under `budget` with the trace's routes in place of
-/// its routers (as `bench replay` runs it, so the cache misses at the trace's rate and the
-/// compute is measured beside real reads), prefetch off: an 8-row prompt of the trace's first
-/// conversation, then `tokens` decode steps (forward and logits, as `run` decodes).
-///
-/// - Compute per MoE layer beyond the weights: (time − time waiting for reads − weight bytes
-///   at `dec_gbps`) per token and MoE layer, the time less the waits of the median step.
-/// - `η`, the share of the MoE block's compute that hid reads: the time some read was in
-///   flight less the time compute waited for one, over the MoE block's compute (routed and
-///   shared experts at `dec_gbps`), clamped to [0, 1]. 1 is the block's design
-///   (hits and the shared expert compute while the misses load); a layer whose misses arrive
-///   together, after the hits are done, hides less. Measured only when reads took at least a
-///   tenth of the decode.
-pub fn calibrate(
-    dir: &Path,
-    budget: u64,
-    g: &Geometry,
-    dec_gbps: f64,
-    trace: &Trace,
-    tokens: usize,
-) -> Result<Calibration> {
-    use nectar_model::{Glm5, SeqStep};
-    let opts = LoadOptions {
-        memory_budget: Some(budget),
-        prefetch: Prefetch::Off,
-        ..Default::default()
-    };
-    let model =
-        Glm5::load_with(dir, &opts).with_context(|| format!("calibrating on {}", dir.display()))?;
-    let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
-        .with_context(|| format!("calibrating on {}", dir.display()))?;
-    let res = model.residency().cloned();
-    let read = || {
-        res.as_ref().map_or((0.0, 0.0, 0), |r| {
-            let t = r.telemetry();
-            (t.wait_seconds, t.disk_busy_seconds, t.bytes_read)
-        })
-    };
-    let mut cache = model.new_cache();
-    let vocab = model.vocab_size() as u32;
-    let tok = |r: usize| trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab;
-    let start = trace.segments.first().map_or(0, |s| s.start);
-    let prompt = 8.min(trace.rows.saturating_sub(start + tokens));
-    anyhow::ensure!(
-        prompt > 0,
-        "{}: too few rows to calibrate on",
-        trace.path.display()
-    );
-    let (mut secs, mut waited, mut busy, mut bytes, mut moe) = (0.0, 0.0, 0.0, 0u64, 0.0);
-    // Each decode step's compute (its time less its waits for reads).
-    let mut step_compute = Vec::with_capacity(tokens);
-    let mut row = start;
-    for step in 0..=tokens {
-        let n = if step == 0 { prompt } else { 1 };
-        routes.rows = (row..row + n).collect();
-        let ids: Vec<u32> = routes.rows.iter().map(|&r| tok(r)).collect();
-        let (t0, (w0, d0, b0), m0) = (Instant::now(), read(), routes.moe_seconds);
-        let h = model.forward(
-            &mut [SeqStep {
-                cache: &mut cache,
-                tokens: &ids,
-            }],
-            &mut routes,
-        )?;
-        let hd = model.hidden_size();
-        model.logits(&h[h.len() - hd..])?;
-        // The prompt (step 0) is not a decode step.
-        if step > 0 {
-            let (w1, d1, b1) = read();
-            let t = t0.elapsed().as_secs_f64();
-            step_compute.push(t - (w1 - w0));
-            secs += t;
-            waited += w1 - w0;
-            busy += d1 - d0;
-            bytes += b1 - b0;
-            moe += routes.moe_seconds - m0;
-        }
-        row += n;
-    }
-    let per = |x: f64| x / tokens.max(1) as f64;
-    // The median step, not the mean: `o` is what compute takes beyond the weights, a residual
-    // of a few milliseconds on a disk-bound run, and the mean of 32 steps came out 2× apart in
-    // two fits minutes apart (RESULTS, "The projection validated on 16 cores"); a few slow
-    // steps (a page fault, a thread descheduled) move the median less.
-    let compute = if step_compute.is_empty() {
-        0.0
-    } else {
-        super::bench_io::median(&step_compute)
-    };
-    let l = g.moe_layers as f64;
-    let dec = dec_gbps * 1e9;
-    let shared = (l * g.expert).min(g.spine_read);
-    let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / dec;
-    let o = ((compute - weights) / l).max(0.0);
-    let t_moe = (l * g.top_k as f64 * g.expert + shared) / dec;
-    // η's denominator is the MoE blocks' measured compute (their wall time less the waits,
-    // which all fall inside them without prefetch), not `t_moe`: the blocks also route, apply
-    // SwiGLU, combine and synchronise, so the weights alone read 5–28 % low against the time
-    // the reads hid behind (η came out 1.05–1.28 and was clamped).
-    let moe_overlap = overlap(per(busy), per(waited), per(moe - waited), per(secs));
-    let read_gbps = moe_overlap.map(|_| bytes as f64 / busy.max(1e-9) / 1e9);
-    Ok(Calibration {
-        layer_overhead_s: o,
-        moe_overlap,
-        read_gbps,
-        record: json!({"container": dir.display().to_string(), "decode_tokens": tokens,
-               "routes": trace.path.display().to_string(),
-               "decode_s_per_token": per(secs),
-               "compute_s_per_token": compute, "compute_s_per_token_mean": per(secs - waited),
-               "weights_s_per_token": weights,
-               "wait_s_per_token": per(waited),
-               "read_gb_per_token": per(bytes as f64) / 1e9,
-               "disk_busy_s_per_token": per(busy),
-               "read_gbps": bytes as f64 / busy.max(1e-9) / 1e9,
-               "moe_weights_s_per_token": t_moe,
-               "moe_block_s_per_token": per(moe),
-               "moe_overlap": moe_overlap,
-               "layer_overhead_ms": o * 1e3}),
-    })
-}
-
-/// `η` from one decode's seconds per token: the time some read was in flight (`busy`; without
-/// prefetch every read is a demand read, inside a MoE block), the time compute waited for
-/// reads, the MoE blocks' measured compute (their wall time less the waits) and the whole
-/// step. The busy time compute did not wait through, it computed: that much of the blocks hid
-/// reads. Reads happen only inside the blocks, so this is a share; a value past 1 can only be
-/// timer jitter and is rounded to 1. `None` when reads were in flight less than a tenth of the
-/// step (too little to tell).
-fn overlap(busy: f64, waited: f64, moe_compute: f64, step: f64) -> Option<f64> {
-    (busy >= 0.1 * step && moe_compute > 0.0)
-        .then(|| ((busy - waited) / moe_compute).clamp(0.0, 1.0))
-}
-
 /// The disk rate of a projection measured here: what the calibration decode's own reads moved
 /// while some read was in flight, when it read enough to tell, else the 2 s sample of
 /// whole-expert reads. The decode's rate is the one a decode gets — its queue depth, its
@@ -596,10 +455,11 @@ pub fn project(
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
         // Reads started ahead of their layer (the wasted ones too) run while the disk would
-        // idle, i.e. during attention, and no more than it lasts: in the MoE phases the disk
-        // is busy with the demand reads anyway.
+        // idle, i.e. during attention, and no more than it lasts — but only the share `r` of
+        // them measured to run there: in the MoE phases the disk is busy with the demand reads
+        // anyway.
         let hide = m.moe_overlap * t_moe;
-        let in_attn = ((phi + w) * t_ssd).min(t_attn);
+        let in_attn = (m.lookahead_hidden * (phi + w) * t_ssd).min(t_attn);
         let t = t_attn + (t_moe - hide) + hide.max((1.0 + w) * t_ssd - in_attn);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
@@ -721,6 +581,7 @@ pub fn project(
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
         "ram_wall_tok_s": 1.0 / ram1,
         "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste,
+                     "hidden_in_attention": m.lookahead_hidden,
                      "min_context": prefetch.then_some(min_context),
                      "controller_windows": spent.iter().map(|&(n, w)| json!({"min_context": n, "windows": w})).collect::<Vec<_>>(),
                      "decode_tok_s_with_probes": prefetch.then_some(probed),
@@ -928,7 +789,9 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (Some(_), None) => None,
     };
     let mut calibration = None;
-    let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none();
+    // Look-ahead's fill needs a second decode with look-ahead on: only where it is projected.
+    let want_hidden = a.prefetch == "lookahead" && a.lookahead_hidden.is_none();
+    let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none() || want_hidden;
     if let (true, Some(dir), true) = (wanted, calib_dir, effort.calibrate_tokens > 0) {
         // The container's own geometry and a budget it runs under (a --geometry budget is
         // the projected machine's, not this one's).
@@ -957,6 +820,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             dec,
             &trace,
             effort.calibrate_tokens,
+            want_hidden,
         )?);
     }
     let (disk_gbps, disk_reference) = match a.disk_gbps {
@@ -977,6 +841,13 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (None, Some(c)) => c.moe_overlap.unwrap_or(0.0),
         _ => 0.0,
     };
+    // Without a flag or a measurement, reads ahead get no credit (a pure cost: their wasted
+    // reads), the conservative end.
+    let lookahead_hidden = match (a.lookahead_hidden, &calibration) {
+        (Some(r), _) => r,
+        (None, Some(c)) => c.lookahead_hidden.unwrap_or(0.0),
+        _ => 0.0,
+    };
     // Prefill's attention core, timed on the model's own code at its dimensions (about a
     // second); only the attention term of the prefill projection uses it.
     let attn_here = match a.attn_gflops {
@@ -986,6 +857,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let machine = Machine {
         layer_overhead_s,
         moe_overlap,
+        lookahead_hidden,
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
             None => measured(read, "the read rate")?,
@@ -1049,6 +921,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "attention_gflops": machine.attn_gflops,
             "layer_overhead_ms": machine.layer_overhead_s * 1e3,
             "moe_overlap": machine.moe_overlap,
+            "lookahead_hidden": machine.lookahead_hidden,
             "calibration": calibration.map(|c| c.record),
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "disk_sample_gbps": a.disk_gbps.is_none().then_some(disk_sample),
@@ -1143,11 +1016,12 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&o["ram_wall_tok_s"])
     );
     s += &format!(
-        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wasted reads per miss)\n",
+        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wasted reads per miss, {:.0} % of them hidden behind attention)\n",
         f(&o["layer_overhead_ms"]),
         if o["prefetch"]["lookahead"].as_bool() == Some(true) { "on" } else { "off" },
         100.0 * f(&o["prefetch"]["coverage"]),
-        f(&o["prefetch"]["wasted_per_miss"])
+        f(&o["prefetch"]["wasted_per_miss"]),
+        100.0 * f(&o["prefetch"]["hidden_in_attention"])
     );
     s += &format!(
         "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",
@@ -1218,7 +1092,7 @@ pub fn render(full: &serde_json::Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{at_context, disk_rate, overlap};
+    use super::{at_context, disk_rate};
     use serde_json::json;
 
     #[test]
@@ -1243,23 +1117,5 @@ mod tests {
         assert_eq!(disk_rate(17.8, Some(9.8)), (9.8, "calibration"));
         // A calibration that read too little to tell says nothing.
         assert_eq!(disk_rate(1.7, None), (1.7, "sample"));
-    }
-
-    #[test]
-    fn the_overlap_is_the_share_of_the_moe_compute_that_hid_reads() {
-        // Reads in flight 40 ms of a 100 ms step, 10 ms of MoE compute (measured).
-        // Compute waited the busy time less the whole block: all of it hid reads.
-        assert_eq!(overlap(0.040, 0.030, 0.010, 0.1), Some(1.0));
-        // It waited for every read: nothing hid.
-        assert_eq!(overlap(0.040, 0.040, 0.010, 0.1), Some(0.0));
-        // Half the block hid reads.
-        let e = overlap(0.040, 0.035, 0.010, 0.1).unwrap();
-        assert!((e - 0.5).abs() < 1e-9, "{e}");
-        // Waiting longer than reads were in flight (the wait's own overhead) and timer jitter
-        // past the block are clamped.
-        assert_eq!(overlap(0.040, 0.050, 0.010, 0.1), Some(0.0));
-        assert_eq!(overlap(0.040, 0.0, 0.010, 0.1), Some(1.0));
-        // Reads under a tenth of the step say nothing.
-        assert_eq!(overlap(0.009, 0.0, 0.010, 0.1), None);
     }
 }
