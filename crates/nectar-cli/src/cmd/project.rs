@@ -208,7 +208,8 @@ pub struct Machine {
     pub lookahead_hidden: f64,
 }
 
-/// How long the measurements run: `fit --project` takes its time (about 10 s), `doctor` takes
+/// How long the measurements run: `fit --project` takes its time (about 10 s, and its
+/// calibration decodes a minute or so on a GLM-5.2-geometry container), `doctor` takes
 /// a quick look (a few seconds), with the same code.
 #[derive(Debug, Clone, Copy)]
 pub struct Effort {
@@ -589,8 +590,8 @@ pub fn project(
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "moe_overlap": m.moe_overlap,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
-        // The same forward without reads started ahead: the arm the replays validate best
-        // (look-ahead's projected gain has exceeded the measured one, RESULTS 2026-12-05).
+        // The same forward without reads started ahead (`--prefetch off`'s figure), beside the
+        // default's: what look-ahead adds at the measured `r`.
         "decode_tok_s_without_lookahead": prefetch.then(|| 1.0 / forward(u1, uv1, h1, 0.0, 0.0).0),
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },

@@ -30,6 +30,10 @@ pub struct Calibration {
     pub record: serde_json::Value,
 }
 
+/// The longest prompt the look-ahead decode feeds first (route256's are 43–118 rows; a longer
+/// one would spend the calibration's time on prefill reads under the budget).
+const MAX_LOOKAHEAD_PROMPT: usize = 512;
+
 /// One calibration decode's totals over its decode steps (the prompt is not one).
 struct Decode {
     tokens: usize,
@@ -237,7 +241,10 @@ pub fn calibrate(
            "halves_ms_per_token": off.halves_ms()});
     let mut hidden = None;
     if lookahead {
-        let prompt = trace.segments.first().map_or(8, |s| s.warmup.max(8));
+        let prompt = trace
+            .segments
+            .first()
+            .map_or(8, |s| s.warmup.clamp(8, MAX_LOOKAHEAD_PROMPT));
         let la = decode(dir, budget, Prefetch::Lookahead, trace, prompt, tokens)?;
         hidden = lookahead_hidden(
             la.halves.disk_busy_attention,
