@@ -276,6 +276,8 @@ fn run_one(
     let (mut drafted, mut accepted) = (0usize, 0usize);
     let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
     let mut dec_pf = (0u64, 0u64, 0u64);
+    // The decode's disk-busy seconds and expert reads (look-ahead's hidden share).
+    let (mut dec_busy, mut dec_reads) = (0.0f64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
     let segs = trace.spread(a.conversations);
     anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
@@ -367,6 +369,8 @@ fn run_one(
         let after = res.telemetry();
         let p = prefetch_delta(&before, &after);
         dec_pf = (dec_pf.0 + p.0, dec_pf.1 + p.1, dec_pf.2 + p.2);
+        dec_busy += after.disk_busy_seconds - before.disk_busy_seconds;
+        dec_reads += after.reads - before.reads;
         let d = delta(&before, &after);
         dec_main = (
             dec_main.0 + d.0,
@@ -479,6 +483,9 @@ fn run_one(
         "compute_bound_tok_s": compute_bound,
         "ratio": tok_s / bound,
         "halves_ms_per_token": halves_json,
+        // `fit --project`'s r, measured on this run as its calibration measures it.
+        "lookahead_hidden": super::project_calibrate::lookahead_hidden(
+            halves.disk_busy_attention, dec_busy, dec_pf.0, dec_reads),
     });
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \

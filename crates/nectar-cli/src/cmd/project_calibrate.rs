@@ -291,8 +291,13 @@ fn overlap(busy: f64, waited: f64, moe_compute: f64, step: f64) -> Option<f64> {
 /// reads of the layers before it, so most of them run while the disk is busy anyway. On the
 /// 8-layer synth 23 ms of 137 per token landed in attention (benchmarks/RESULTS.md, "Where
 /// look-ahead's projected gain goes"), where crediting all of them, up to `T_attn`, projected
-/// 1.14–1.25× the replays.
-fn lookahead_hidden(busy_in_attention: f64, busy: f64, prefetched: u64, reads: u64) -> Option<f64> {
+/// 1.14–1.25× the replays. `bench replay` reports the same share of its run.
+pub fn lookahead_hidden(
+    busy_in_attention: f64,
+    busy: f64,
+    prefetched: u64,
+    reads: u64,
+) -> Option<f64> {
     let ahead = busy * prefetched as f64 / reads.max(1) as f64;
     (prefetched >= 8 && ahead > 0.0).then(|| (busy_in_attention / ahead).clamp(0.0, 1.0))
 }
