@@ -790,7 +790,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (Some(_), None) => None,
     };
     let mut calibration = None;
-    // Look-ahead's fill needs a second decode with look-ahead on: only where it is projected.
+    // Look-ahead's r needs a second decode with look-ahead on: only where it is projected.
     let want_hidden = a.prefetch == "lookahead" && a.lookahead_hidden.is_none();
     let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none() || want_hidden;
     if let (true, Some(dir), true) = (wanted, calib_dir, effort.calibrate_tokens > 0) {

@@ -36,6 +36,8 @@ const MAX_LOOKAHEAD_PROMPT: usize = 512;
 
 /// One calibration decode's totals over its decode steps (the prompt is not one).
 struct Decode {
+    /// Prompt rows fed first, and decode steps.
+    prompt: usize,
     tokens: usize,
     secs: f64,
     /// Compute waiting for reads.
@@ -103,16 +105,18 @@ fn decode(
     let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
         .with_context(|| format!("calibrating on {}", dir.display()))?;
     let res = model.residency().cloned();
-    let read = || {
-        res.as_ref().map_or((0.0, 0.0, 0), |r| {
+    // (waited, busy, bytes, reads, prefetched) since load.
+    let totals = || {
+        res.as_ref().map_or((0.0, 0.0, 0, 0, 0), |r| {
             let t = r.telemetry();
-            (t.wait_seconds, t.disk_busy_seconds, t.bytes_read)
-        })
-    };
-    let counts = || {
-        res.as_ref().map_or((0, 0), |r| {
-            let t = r.telemetry();
-            (t.reads, t.layers.iter().map(|l| l.prefetched).sum::<u64>())
+            let prefetched = t.layers.iter().map(|l| l.prefetched).sum::<u64>();
+            (
+                t.wait_seconds,
+                t.disk_busy_seconds,
+                t.bytes_read,
+                t.reads,
+                prefetched,
+            )
         })
     };
     let mut cache = model.new_cache();
@@ -126,6 +130,7 @@ fn decode(
         trace.path.display()
     );
     let mut d = Decode {
+        prompt,
         tokens,
         secs: 0.0,
         waited: 0.0,
@@ -137,13 +142,14 @@ fn decode(
         step_compute: Vec::with_capacity(tokens),
         halves: HalfSeconds::default(),
     };
-    let (mut halves0, mut counts0) = (HalfSeconds::default(), (0, 0));
+    // After the prompt, which is not a decode step.
+    let (mut halves0, mut totals0) = (HalfSeconds::default(), totals());
     let mut row = start;
     for step in 0..=tokens {
         let n = if step == 0 { prompt } else { 1 };
         routes.rows = (row..row + n).collect();
         let ids: Vec<u32> = routes.rows.iter().map(|&r| tok(r)).collect();
-        let (t0, (w0, d0, b0), m0) = (Instant::now(), read(), routes.moe_seconds);
+        let (t0, w0, m0) = (Instant::now(), totals().0, routes.moe_seconds);
         let h = model.forward(
             &mut [SeqStep {
                 cache: &mut cache,
@@ -154,29 +160,22 @@ fn decode(
         let hd = model.hidden_size();
         model.logits(&h[h.len() - hd..])?;
         if step == 0 {
-            // The prompt is not a decode step.
-            (halves0, counts0) = (model.decode_disk_overlap(), counts());
+            (halves0, totals0) = (model.decode_disk_overlap(), totals());
         } else {
-            let (w1, d1, b1) = read();
             let t = t0.elapsed().as_secs_f64();
-            d.step_compute.push(t - (w1 - w0));
+            d.step_compute.push(t - (totals().0 - w0));
             d.secs += t;
-            d.waited += w1 - w0;
-            d.busy += d1 - d0;
-            d.bytes += b1 - b0;
             d.moe += routes.moe_seconds - m0;
         }
         row += n;
     }
-    let h = model.decode_disk_overlap();
-    let c = counts();
-    (d.reads, d.prefetched) = (c.0 - counts0.0, c.1 - counts0.1);
-    d.halves = HalfSeconds {
-        attention: h.attention - halves0.attention,
-        mlp: h.mlp - halves0.mlp,
-        disk_busy_attention: h.disk_busy_attention - halves0.disk_busy_attention,
-        disk_busy_mlp: h.disk_busy_mlp - halves0.disk_busy_mlp,
-    };
+    let (w, b, bytes, reads, prefetched) = totals();
+    d.waited = w - totals0.0;
+    d.busy = b - totals0.1;
+    d.bytes = bytes - totals0.2;
+    d.reads = reads - totals0.3;
+    d.prefetched = prefetched - totals0.4;
+    d.halves = model.decode_disk_overlap() - halves0;
     Ok(d)
 }
 
@@ -211,8 +210,6 @@ pub fn calibrate(
     let weights = (g.spine_read + l * g.top_k as f64 * g.expert) / dec;
     let o = ((compute - weights) / l).max(0.0);
     let t_moe = (l * g.top_k as f64 * g.expert + shared) / dec;
-    // The projection's attention side of this container's forward (project.rs: T_attn).
-    let t_attn = (g.spine_read - shared) / dec + l * o;
     // η's denominator is the MoE blocks' measured compute (their wall time less the waits,
     // which all fall inside them without prefetch), not `t_moe`: the blocks also route, apply
     // SwiGLU, combine and synchronise, so the weights alone read 5–28 % low against the time
@@ -237,7 +234,6 @@ pub fn calibrate(
            "moe_block_s_per_token": off.per(off.moe),
            "moe_overlap": moe_overlap,
            "layer_overhead_ms": o * 1e3,
-           "attention_side_ms_per_token": t_attn * 1e3,
            "halves_ms_per_token": off.halves_ms()});
     let mut hidden = None;
     if lookahead {
@@ -252,7 +248,7 @@ pub fn calibrate(
             la.prefetched,
             la.reads,
         );
-        record["lookahead"] = json!({"prompt_rows": prompt,
+        record["lookahead"] = json!({"prompt_rows": la.prompt,
             "decode_s_per_token": la.per(la.secs),
             "compute_s_per_token": la.compute(),
             "wait_s_per_token": la.per(la.waited),

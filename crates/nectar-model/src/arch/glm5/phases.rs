@@ -138,6 +138,21 @@ pub struct HalfSeconds {
     pub disk_busy_mlp: f64,
 }
 
+/// The halves between two readings of [`HalfSeconds`] (since load): what the forwards between
+/// them added.
+impl std::ops::Sub for HalfSeconds {
+    type Output = HalfSeconds;
+
+    fn sub(self, o: HalfSeconds) -> HalfSeconds {
+        HalfSeconds {
+            attention: self.attention - o.attention,
+            mlp: self.mlp - o.mlp,
+            disk_busy_attention: self.disk_busy_attention - o.disk_busy_attention,
+            disk_busy_mlp: self.disk_busy_mlp - o.disk_busy_mlp,
+        }
+    }
+}
+
 /// The running timer of one forward.
 pub(super) struct Lap<'a> {
     ns: &'a [AtomicU64; PHASES],
