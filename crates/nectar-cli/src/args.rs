@@ -602,6 +602,13 @@ pub struct BenchReplayArgs {
     /// measured in the same run.
     #[arg(long, value_delimiter = ',', default_value = "off")]
     pub gpu_memory: Vec<String>,
+    /// The model that produced the trace, for the `pilot` arm: it re-runs the trace's texts and
+    /// its next-layer predictions (the router of layer L+1 applied to layer L's state) are what
+    /// the replay prefetches — the container's own early router means nothing against
+    /// replayed routes. Default: the model the trace's manifest names
+    /// (`models/nectar-demo-glm5-e256-int4` for route256).
+    #[arg(long)]
+    pub predictor: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

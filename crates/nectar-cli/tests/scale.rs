@@ -262,6 +262,56 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
 }
 
 #[test]
+fn bench_replay_pilot_prefetches_the_trace_models_predictions() {
+    let (ok, out, err) = nectar(&[
+        "bench",
+        "replay",
+        "--model",
+        &e256(),
+        "--memory-budget",
+        "66M",
+        "--conversations",
+        "1",
+        "--tokens",
+        "24",
+        "--raw-seconds",
+        "0.05",
+        "--prefetch",
+        "off,pilot",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let (off, pilot) = (&v["runs"][0], &v["runs"][1]);
+    assert!(
+        off["pilot"].is_null() && off["prefetch_issued"] == 0,
+        "{off}"
+    );
+    // The predictions are the trace model's own (the int4 model re-running the trace's texts:
+    // most of its routes agree with the bf16-recorded trace, and its early router names more
+    // than half of what the next layer chose).
+    let p = &pilot["pilot"];
+    assert!(
+        p["route_agreement_with_trace"].as_f64().unwrap() > 0.85,
+        "{p}"
+    );
+    assert!(p["recall"].as_f64().unwrap() > 0.5, "{p}");
+    // Every read started ahead is requested or dropped; unstarted wrong guesses were cancelled.
+    let n = |k: &str| pilot[k].as_u64().unwrap_or_else(|| panic!("{k}: {pilot}"));
+    assert!(n("prefetch_used") > 0, "{pilot}");
+    assert_eq!(
+        n("prefetch_issued"),
+        n("prefetch_used") + n("prefetch_wasted"),
+        "{pilot}"
+    );
+    // Its slots come out of the LRU's budget.
+    assert!(
+        pilot["lru_slots_per_layer"].as_u64() < off["lru_slots_per_layer"].as_u64(),
+        "{pilot}"
+    );
+}
+
+#[test]
 fn bench_replay_prefill_reads_each_touched_expert_once() {
     // Expert bytes read by a 96-token prefill ÷ one read of every expert it touches, under a
     // budget 8 MiB above the least the planner accepts (which depends on the core count): a

@@ -1028,6 +1028,9 @@ impl Observer for Shifted<'_> {
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
         self.inner.replay_route(layer, row + self.by)
     }
+    fn replay_prediction(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.inner.replay_prediction(layer, row + self.by)
+    }
 }
 
 /// The caller's observer (first: a benchmark's routes replace the router's) and the union
@@ -1053,6 +1056,9 @@ impl Observer for Both<'_> {
     }
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
         self.0.replay_route(layer, row)
+    }
+    fn replay_prediction(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.0.replay_prediction(layer, row)
     }
 }
 

@@ -21,6 +21,13 @@ pub trait Observer {
     fn replay_route(&mut self, _layer: usize, _row: usize) -> Option<Vec<u32>> {
         None
     }
+    /// **Benchmark replay only**: the next-layer prediction for `row` at MoE layer `layer`
+    /// (see [`Observer::predicted`]) recorded from the model that produced the replayed routes,
+    /// in place of this model's early router (whose guesses mean nothing against replayed
+    /// routes). `None` (every other observer): the model predicts.
+    fn replay_prediction(&mut self, _layer: usize, _row: usize) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 /// An observer that ignores everything.

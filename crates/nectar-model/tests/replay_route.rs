@@ -55,3 +55,52 @@ fn replayed_routes_drive_the_moe_and_bad_ones_are_refused() {
     let e = forward(&model, &mut bad).unwrap_err().to_string();
     assert!(e.contains("layer") && e.contains("999"), "{e}");
 }
+
+/// Replays `ids` as every next-layer prediction, recording what the forward reports predicted.
+struct Predicted {
+    ids: Option<Vec<u32>>,
+    seen: Vec<(usize, Vec<u32>)>,
+}
+
+impl Observer for Predicted {
+    fn predicted(&mut self, layer: usize, _row: usize, ids: &[u32]) {
+        self.seen.push((layer, ids.to_vec()));
+    }
+    fn replay_prediction(&mut self, _layer: usize, _row: usize) -> Option<Vec<u32>> {
+        self.ids.clone()
+    }
+}
+
+#[test]
+fn replayed_predictions_stand_for_the_early_router_and_change_no_output() {
+    use nectar_model::arch::glm5::{LoadOptions, Prefetch};
+    let opts = LoadOptions {
+        prefetch: Prefetch::Measure,
+        ..Default::default()
+    };
+    let model = Glm5::load_with(&demo_dir(), &opts).unwrap();
+    let run = |ids: Option<Vec<u32>>| {
+        let mut obs = Predicted {
+            ids,
+            seen: Vec::new(),
+        };
+        let mut cache = model.new_cache();
+        let out = model
+            .forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &[5, 17, 42],
+                }],
+                &mut obs,
+            )
+            .unwrap();
+        (out, obs.seen)
+    };
+    let (base, own) = run(None);
+    let (out, replayed) = run(Some(vec![7, 2]));
+    assert!(!own.is_empty() && own.len() == replayed.len());
+    assert!(replayed.iter().all(|(_, ids)| ids == &[7, 2]));
+    assert!(own.iter().any(|(_, ids)| ids != &[7, 2]), "{own:?}");
+    // Predictions only move reads: the forward's output is the same bits.
+    assert_eq!(out, base);
+}

@@ -1,7 +1,11 @@
 //! The I/O workers' queue, in two classes: reads a wave is waiting for (demand) go before
-//! reads started ahead of their request (prefetch), so a look-ahead read never delays a miss
-//! that compute is blocked on. A prefetch that its wave requests while still queued is moved
-//! to the demand class.
+//! reads started ahead of their request (prefetch), and a prefetch starts only while no other
+//! read is running — it fills the disk's idle time (a layer's attention, the compute after its
+//! last read), one at a time: a whole expert is one large read that the device already serves
+//! at its full rate, so a second one beside it would only delay the first, and while it waits
+//! in the queue the layer's router can still cancel it ([`Jobs::cancel`]). A prefetch that its wave requests while still queued is moved
+//! to the demand class; one its layer did not request is cancelled before it starts
+//! ([`Jobs::cancel`]).
 use crate::policy::ExpertKey;
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -18,6 +22,10 @@ pub(crate) struct Job {
 struct Queues {
     demand: VecDeque<Job>,
     ahead: VecDeque<Job>,
+    /// Demand reads popped and not yet [`Jobs::finished`].
+    demand_running: usize,
+    /// Prefetch reads popped and not yet finished.
+    ahead_running: usize,
     closed: bool,
 }
 
@@ -53,23 +61,61 @@ impl Jobs {
             Some(i) => {
                 let job = q.ahead.remove(i).expect("position is in range");
                 q.demand.push_back(job);
+                drop(q);
+                // A worker may be waiting with only prefetches queued.
+                self.cond.notify_one();
                 true
             }
             None => false,
         }
     }
 
-    /// The next read (demand first), waiting for one; `None` once closed and drained.
-    pub fn pop(&self) -> Option<Job> {
+    /// Removes the prefetch into `slot` if its read has not started. Returns whether it was
+    /// still queued (a started read runs to its end).
+    pub fn cancel(&self, slot: usize) -> bool {
+        let mut q = self.lock();
+        match q.ahead.iter().position(|j| j.slot == slot) {
+            Some(i) => q.ahead.remove(i).is_some(),
+            None => false,
+        }
+    }
+
+    /// The next read, waiting for one: a demand read, else a prefetch once no read is running
+    /// (or the queue is closed); `None` once closed and drained. With `true`, the read is a
+    /// demand read. Tell [`Jobs::finished`] when either is done.
+    pub fn pop(&self) -> Option<(Job, bool)> {
         let mut q = self.lock();
         loop {
-            if let Some(j) = q.demand.pop_front().or_else(|| q.ahead.pop_front()) {
-                return Some(j);
+            if let Some(j) = q.demand.pop_front() {
+                q.demand_running += 1;
+                return Some((j, true));
             }
-            if q.closed {
+            if (q.demand_running == 0 && q.ahead_running == 0) || q.closed {
+                if let Some(j) = q.ahead.pop_front() {
+                    q.ahead_running += 1;
+                    return Some((j, false));
+                }
+            }
+            if q.closed && q.demand.is_empty() && q.ahead.is_empty() {
                 return None;
             }
             q = self.cond.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A read [`Jobs::pop`] handed out (`demand` as it said) is done: with none left running,
+    /// a prefetch may start.
+    pub fn finished(&self, demand: bool) {
+        let mut q = self.lock();
+        let running = match demand {
+            true => &mut q.demand_running,
+            false => &mut q.ahead_running,
+        };
+        *running = running.saturating_sub(1);
+        let idle = q.demand_running == 0 && q.ahead_running == 0 && !q.ahead.is_empty();
+        drop(q);
+        if idle {
+            self.cond.notify_all();
         }
     }
 
@@ -103,8 +149,55 @@ mod tests {
         assert!(!q.promote(3), "a demand read is not a prefetch");
         assert!(!q.promote(9));
         q.close();
-        let order: Vec<usize> = std::iter::from_fn(|| q.pop()).map(|j| j.slot).collect();
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop()).map(|j| j.0.slot).collect();
         assert_eq!(order, [3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn a_prefetch_waits_while_a_demand_read_runs() {
+        let q = std::sync::Arc::new(Jobs::default());
+        q.push(job(1), false);
+        q.push(job(2), true);
+        assert_eq!(q.pop().map(|(j, d)| (j.slot, d)), Some((1, true)));
+        // A second worker finds only the prefetch, and waits for the demand read to finish.
+        let w = {
+            let q = q.clone();
+            std::thread::spawn(move || q.pop().map(|(j, d)| (j.slot, d)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !w.is_finished(),
+            "the prefetch started beside a demand read"
+        );
+        q.finished(true);
+        assert_eq!(w.join().unwrap(), Some((2, false)));
+        // One prefetch at a time: the next waits for this one.
+        q.push(job(3), true);
+        let w = {
+            let q = q.clone();
+            std::thread::spawn(move || q.pop().map(|(j, d)| (j.slot, d)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!w.is_finished(), "two prefetches ran at once");
+        q.finished(false);
+        assert_eq!(w.join().unwrap(), Some((3, false)));
+    }
+
+    #[test]
+    fn only_a_queued_prefetch_is_cancelled() {
+        let q = Jobs::default();
+        q.push(job(1), true);
+        q.push(job(2), false);
+        q.push(job(3), true);
+        assert!(!q.cancel(2), "a demand read is never cancelled");
+        assert!(q.cancel(3));
+        assert!(!q.cancel(3), "already gone");
+        assert_eq!(q.pop().map(|j| j.0.slot), Some(2));
+        q.finished(true);
+        assert_eq!(q.pop().map(|j| j.0.slot), Some(1));
+        assert!(!q.cancel(1), "a started read runs to its end");
+        q.close();
+        assert_eq!(q.pop(), None);
     }
 
     #[test]
@@ -112,7 +205,11 @@ mod tests {
         let q = std::sync::Arc::new(Jobs::default());
         let w = {
             let q = q.clone();
-            std::thread::spawn(move || std::iter::from_fn(|| q.pop()).count())
+            std::thread::spawn(move || {
+                std::iter::from_fn(|| q.pop())
+                    .inspect(|&(_, demand)| q.finished(demand))
+                    .count()
+            })
         };
         q.push(job(1), false);
         q.push(job(2), true);

@@ -552,6 +552,16 @@ impl Policy {
         self.wave_misses.retain(|(_, s)| *s != slot);
     }
 
+    /// Cancels the unrequested prefetch in `slot` before its read started: the working slot is
+    /// free again, as if it had never been issued. `false` if the slot holds no such prefetch.
+    pub fn cancel_prefetch(&mut self, slot: usize) -> bool {
+        if !self.slots[slot].prefetch {
+            return false;
+        }
+        self.discard(slot);
+        true
+    }
+
     /// The safe point after a wave of every layer (see [`Policy::end_wave_layer`]).
     pub fn end_wave(&mut self, events: &mut Vec<Event>) -> Vec<(usize, usize)> {
         let mut swaps = Vec::new();

@@ -414,6 +414,46 @@ impl Residency {
         Ok(out)
     }
 
+    /// `layer`'s router has chosen: `experts` is every expert its step will request of this
+    /// cache. The layer's prefetches that nobody will request and whose reads have not started
+    /// are cancelled — the disk goes to the reads compute is about to wait for, the working
+    /// slots to later layers' prefetches — and the look-ahead plan forgets the layer. Call once
+    /// per layer and step, before its first [`Residency::acquire`]. Returns how many were
+    /// cancelled (counted in [`LayerStats::prefetch_cancelled`]).
+    pub fn routed(&self, layer: usize, experts: &[u32]) -> usize {
+        let mut st = self.lock();
+        let l32 = layer as u32;
+        st.policy.forget_plan_through(l32);
+        let stale: Vec<usize> = (0..st.slots.len())
+            .filter(|&s| st.policy.is_prefetch(s))
+            .filter(|&s| {
+                st.policy
+                    .key(s)
+                    .is_some_and(|k| k.layer == l32 && !experts.contains(&(k.expert as u32)))
+            })
+            .collect();
+        let mut n = 0;
+        for s in stale {
+            // A read already started runs to its end (and is dropped at the safe point).
+            if !self.jobs.cancel(s) || !st.policy.cancel_prefetch(s) {
+                continue;
+            }
+            st.slots[s].status = Status::Empty;
+            st.stats.in_flight -= 1;
+            if st.stats.in_flight == 0 {
+                if let Some(t) = st.busy_since.take() {
+                    st.stats.disk_busy_seconds += t.elapsed().as_secs_f64();
+                }
+            }
+            st.stats.layers[layer].prefetch_cancelled += 1;
+            n += 1;
+        }
+        if n > 0 {
+            self.issue_planned(&mut st);
+        }
+        n
+    }
+
     /// Starts loading predicted experts of `layer` ahead of their request (best effort: keys
     /// already resident or loading, and keys beyond the free prefetch slots, are skipped).
     /// Nothing is leased: a later [`Residency::acquire`] of a key is a prefetch hit (waiting
@@ -794,7 +834,7 @@ impl Drop for Residency {
 }
 
 fn worker(inner: &Inner, jobs: &Jobs) {
-    while let Some(job) = jobs.pop() {
+    while let Some((job, demand)) = jobs.pop() {
         let layout = &inner.layouts[job.key.layer as usize][job.key.expert as usize];
         let t0 = Instant::now();
         // SAFETY: the slot is in `Loading` state for generation `job.gen`: the policy handed it to
@@ -835,6 +875,7 @@ fn worker(inner: &Inner, jobs: &Jobs) {
             }
         }
         drop(st);
+        jobs.finished(demand);
         inner.cond.notify_all();
     }
 }

@@ -21,6 +21,9 @@ pub struct LayerStats {
     pub prefetch_hits: u64,
     /// Prefetches nobody requested (a wasted read; nothing was evicted for them).
     pub prefetch_dropped: u64,
+    /// Prefetches cancelled before their read started: the layer's router chose other experts
+    /// (nothing was read).
+    pub prefetch_cancelled: u64,
 }
 
 /// A snapshot of the residency counters.

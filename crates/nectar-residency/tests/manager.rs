@@ -678,6 +678,56 @@ fn a_wrong_prefetch_evicts_nothing_and_never_starves_a_wave() {
 /// unrequested prefetch; every other expert absent (on disk). Evictions are listed in order
 /// with the expert that took the slot.
 #[test]
+fn a_routed_layer_cancels_its_unstarted_wrong_prefetches() {
+    let (mut io, layouts) = setup(2, 8);
+    // One I/O thread, slow reads: the prefetches queue behind layer 0's demand read.
+    io.delay_ms = 400;
+    let io = Arc::new(io);
+    let r = Residency::new(
+        ResidencyConfig {
+            io_threads: 1,
+            ..cfg_prefetch(4, 4, 4)
+        },
+        layouts,
+        io.clone(),
+    )
+    .unwrap();
+    let cur = r.acquire(0, &[0]).unwrap();
+    assert_eq!(r.prefetch(1, &[2, 4, 6]).unwrap(), 3);
+    // Layer 1's router chose 4 (and 5): the unstarted reads of 2 and 6 never happen.
+    assert_eq!(r.routed(1, &[4, 5]), 2);
+    assert_eq!(r.routed(1, &[4, 5]), 0, "nothing left to cancel");
+    drop(
+        cur.into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    r.end_wave_layer(0).unwrap();
+    let next = r.acquire(1, &[4]).unwrap();
+    drop(
+        next.into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    r.end_wave_layer(1).unwrap();
+    let t = r.telemetry();
+    let l1 = &t.layers[1];
+    assert_eq!(
+        (
+            l1.prefetched,
+            l1.prefetch_cancelled,
+            l1.prefetch_hits,
+            l1.prefetch_dropped
+        ),
+        (3, 2, 1, 0)
+    );
+    // Experts 0 and 4 (even: one coalesced read each), nothing else.
+    assert_eq!(io.reads.load(Ordering::SeqCst), 2);
+    assert_eq!((t.in_flight, t.occupancy.working), (0, 0));
+    assert_eq!(t.occupancy.free, 8, "the cancelled slots are free again");
+}
+
+#[test]
 fn placements_and_evictions_follow_the_slots() {
     use nectar_residency::{Placement, Tier};
     let (io, layouts) = setup(4, 12);

@@ -109,7 +109,7 @@ fn load_trace(a: &BenchDecodeArgs, n_layers: usize, experts: usize, k: usize) ->
 }
 
 /// The model that recorded a trace, by the name in its manifest.
-fn default_predictor(dir: &Path) -> Result<PathBuf> {
+pub(crate) fn default_predictor(dir: &Path) -> Result<PathBuf> {
     let path = dir.join("manifest.json");
     let m: serde_json::Value = serde_json::from_slice(
         &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,

@@ -75,9 +75,19 @@ impl Observer for Replayer<'_> {
         Some(ids)
     }
 
+    fn replay_prediction(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.routes.replay_prediction(layer, row)
+    }
+
     fn router(&mut self, layer: usize, row: usize, ids: &[u32], weights: &[f32]) {
         self.union.router(layer, row, ids, weights);
     }
+}
+
+/// The `pilot` arm's predictor: the trace's model and what it predicted for every row.
+struct Pilot {
+    model: std::path::PathBuf,
+    predictions: super::bench_pilot::TracePredictions,
 }
 
 /// A step of the runtime's step model: `rows` in one forward, counted when it is a decode step.
@@ -110,16 +120,18 @@ fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     )
 }
 
-/// Prefetches (issued, requested, dropped unrequested) of the main layers between two snapshots.
-fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64) {
+/// Prefetches (issued, requested, dropped unrequested after their read, cancelled before it)
+/// of the main layers between two snapshots.
+fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> [u64; 4] {
     let sum = |t: &Telemetry, f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
         t.layers.iter().map(f).sum()
     };
-    (
+    [
         sum(b, |l| l.prefetched) - sum(a, |l| l.prefetched),
         sum(b, |l| l.prefetch_hits) - sum(a, |l| l.prefetch_hits),
         sum(b, |l| l.prefetch_dropped) - sum(a, |l| l.prefetch_dropped),
-    )
+        sum(b, |l| l.prefetch_cancelled) - sum(a, |l| l.prefetch_cancelled),
+    ]
 }
 
 /// `--admission` as the residency's policy (the frequency policy's half-life: its default).
@@ -237,6 +249,7 @@ fn run_one(
     gpu: (&str, GpuArm),
     raw: &RawReader,
     layouts: &[Vec<SlotLayout>],
+    pilot: Option<&Pilot>,
 ) -> Result<RunOut> {
     let (model, res, budget) = load(a, budget_s, prefetch, mtp, gpu.1)?;
     // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
@@ -263,7 +276,11 @@ fn run_one(
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| -> u32 { trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab };
     let mut obs = Replayer {
-        routes: TraceRoutes::new(&model, trace)?,
+        routes: TraceRoutes::new(&model, trace)?.with_predictions(
+            pilot
+                .filter(|_| prefetch == Prefetch::Pilot)
+                .map(|p| p.predictions.predicted.as_slice()),
+        ),
         requests: HashMap::new(),
         vram: vram_map(&model),
         union: UnionMeter::default(),
@@ -275,7 +292,7 @@ fn run_one(
     let (mut dec_s, mut pre_s, mut dec_tok, mut pre_tok, mut n_steps) = (0.0, 0.0, 0usize, 0, 0);
     let (mut drafted, mut accepted) = (0usize, 0usize);
     let mut dec_main = (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
-    let mut dec_pf = (0u64, 0u64, 0u64);
+    let mut dec_pf = [0u64; 4];
     // The decode's disk-busy seconds and expert reads (look-ahead's hidden share).
     let (mut dec_busy, mut dec_reads) = (0.0f64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
@@ -367,8 +384,9 @@ fn run_one(
         }
         dec_s += t0.elapsed().as_secs_f64();
         let after = res.telemetry();
-        let p = prefetch_delta(&before, &after);
-        dec_pf = (dec_pf.0 + p.0, dec_pf.1 + p.1, dec_pf.2 + p.2);
+        for (t, d) in dec_pf.iter_mut().zip(prefetch_delta(&before, &after)) {
+            *t += d;
+        }
         dec_busy += after.disk_busy_seconds - before.disk_busy_seconds;
         dec_reads += after.reads - before.reads;
         let d = delta(&before, &after);
@@ -443,7 +461,14 @@ fn run_one(
     } else {
         format!("union {:.1} experts per layer", u.plain_experts_per_layer)
     };
-    let json = json!({
+    let pilot_json = pilot.filter(|_| prefetch == Prefetch::Pilot).map(|p| {
+        json!({
+            "predictor": p.model.display().to_string(),
+            "recall": p.predictions.recall,
+            "route_agreement_with_trace": p.predictions.route_agreement,
+        })
+    });
+    let mut json = json!({
         "budget": budget_s,
         "budget_bytes": budget,
         "mtp": if mtp { "on" } else { "off" },
@@ -453,11 +478,12 @@ fn run_one(
         "expert_runs": model.expert_runs(),
         "copy": model.copy_stats().map(|c| c.json()),
         "lookahead_control": res.telemetry().lookahead,
-        "prefetch_issued": dec_pf.0,
-        "prefetch_used": dec_pf.1,
-        "prefetch_wasted": dec_pf.2,
-        "prefetch_coverage": dec_pf.1 as f64 / misses.max(1) as f64,
-        "wasted_gb_per_token": dec_pf.2 as f64 * payload as f64 / 1e9 / dec_tok.max(1) as f64,
+        // Reads started ahead (a prefetch cancelled before its read started read nothing).
+        "prefetch_issued": dec_pf[0] - dec_pf[3],
+        "prefetch_used": dec_pf[1],
+        "prefetch_wasted": dec_pf[2],
+        "prefetch_coverage": dec_pf[1] as f64 / misses.max(1) as f64,
+        "wasted_gb_per_token": dec_pf[2] as f64 * payload as f64 / 1e9 / dec_tok.max(1) as f64,
         "lru_slots_per_layer": slots,
         "conversations": a.conversations.min(trace.segments.len()),
         "prefill_tokens": pre_tok,
@@ -485,8 +511,11 @@ fn run_one(
         "halves_ms_per_token": halves_json,
         // `fit --project`'s r, measured on this run as its calibration measures it.
         "lookahead_hidden": super::project_calibrate::lookahead_hidden(
-            halves.disk_busy_attention, dec_busy, dec_pf.0, dec_reads),
+            halves.disk_busy_attention, dec_busy, dec_pf[0] - dec_pf[3], dec_reads),
     });
+    // Beyond the macro's recursion limit in one object.
+    json["pilot"] = pilot_json.into();
+    json["prefetch_cancelled"] = dec_pf[3].into();
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} (offline {}) / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
@@ -501,9 +530,9 @@ fn run_one(
         disk_s / a.io_threads as f64 / dec_s,
         wait_s / dec_s,
         tok_s / bound,
-        dec_pf.1,
-        dec_pf.0,
-        dec_pf.1 as f64 / misses.max(1) as f64,
+        dec_pf[1],
+        dec_pf[0] - dec_pf[3],
+        dec_pf[1] as f64 / misses.max(1) as f64,
         per_tok(halves.attention),
         per_tok(halves.disk_busy_attention),
         per_tok(halves.mlp),
@@ -691,6 +720,18 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     let io = Arc::new(FileIo::open(&paths, true)?);
     // The raw arm's buffers (huge pages, like the slab), allocated once outside every timing.
     let raw = RawReader::new(io, &paths, &layouts, a.io_threads, 32, true)?;
+    // The pilot arm's predictions, made once by the trace's model over the trace's texts.
+    let pilot = match a.prefetch.iter().any(|p| p == "pilot") && a.prompt_rows.is_empty() {
+        true => {
+            let model = match &a.predictor {
+                Some(p) => p.clone(),
+                None => super::bench_decode::default_predictor(&dir)?,
+            };
+            let predictions = super::bench_pilot::predictions(&trace, &model)?;
+            Some(Pilot { model, predictions })
+        }
+        false => None,
+    };
     let mut runs = Vec::new();
     if !a.prompt_rows.is_empty() {
         for b in &a.memory_budget {
@@ -722,7 +763,17 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                     .with_context(|| format!("unknown --prefetch `{p}` (off, lookahead, pilot)"))?;
                 for g in &a.gpu_memory {
                     let gpu = (g.as_str(), gpu_arm(g)?);
-                    let r = run_one(&a, &trace, b, mtp, prefetch, gpu, &raw, &layouts)?;
+                    let r = run_one(
+                        &a,
+                        &trace,
+                        b,
+                        mtp,
+                        prefetch,
+                        gpu,
+                        &raw,
+                        &layouts,
+                        pilot.as_ref(),
+                    )?;
                     if !a.json {
                         println!("{}", r.line);
                     }

@@ -20,6 +20,9 @@ pub struct TraceRoutes<'a> {
     pub moe_seconds: f64,
     /// The MoE layer in progress and when its routes were taken.
     block: Option<(usize, Instant)>,
+    /// Per trace row and trace layer: the next-layer prediction the trace's model made
+    /// (`bench_pilot`), replayed in place of the container's early router.
+    predicted: Option<&'a [Vec<Vec<u32>>]>,
 }
 
 impl<'a> TraceRoutes<'a> {
@@ -31,7 +34,13 @@ impl<'a> TraceRoutes<'a> {
             rows: Vec::new(),
             moe_seconds: 0.0,
             block: None,
+            predicted: None,
         })
+    }
+
+    /// Replays `predicted` (per trace row and layer) as the model's next-layer predictions.
+    pub fn with_predictions(self, predicted: Option<&'a [Vec<Vec<u32>>]>) -> Self {
+        Self { predicted, ..self }
     }
 
     /// The trace layer whose routes model layer `layer` takes.
@@ -47,6 +56,11 @@ impl Observer for TraceRoutes<'_> {
         }
         let tl = *self.map.get(&layer)?;
         Some(self.trace.experts(*self.rows.get(row)?, tl).collect())
+    }
+
+    fn replay_prediction(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        let tl = *self.map.get(&layer)?;
+        Some(self.predicted?.get(*self.rows.get(row)?)?.get(tl)?.clone())
     }
 
     fn layer_output(&mut self, layer: usize, _x: &[f32]) {

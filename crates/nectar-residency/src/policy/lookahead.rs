@@ -122,6 +122,11 @@ impl Policy {
         out
     }
 
+    /// Drops the plan's entries for layers up to `layer` (its router has run: they are past).
+    pub fn forget_plan_through(&mut self, layer: u32) {
+        self.plan.retain(|k| k.layer > layer);
+    }
+
     /// Planned prefetches not yet started.
     pub fn planned(&self) -> usize {
         self.plan.len()

@@ -125,6 +125,11 @@ impl DecoderLayer {
         Ok(Some(moe.route(&h, m)?.into_iter().map(|r| r.ids).collect()))
     }
 
+    /// Whether a replayed prediction may stand for [`Layer::predict`] (a MoE layer).
+    pub fn predict_replayed(&self) -> bool {
+        matches!(self.mlp, Mlp::Moe(_))
+    }
+
     fn norm_rows(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
         rms_norm_rows(x, w, self.eps)
     }

@@ -432,7 +432,14 @@ impl Glm5 {
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
                 (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
-                (_, Some(n)) => n.predict(x, m)?,
+                (_, Some(n)) => {
+                    let replayed: Option<Vec<Vec<u32>>> =
+                        (0..m).map(|r| obs.replay_prediction(l + 1, r)).collect();
+                    match (replayed, n.predict_replayed()) {
+                        (Some(p), true) => Some(p),
+                        _ => n.predict(x, m)?,
+                    }
+                }
             };
             if let Some(p) = &next_pred {
                 for (row, ids) in p.iter().enumerate() {
@@ -685,5 +692,8 @@ impl Observer for RouteTap<'_> {
     }
     fn replay_route(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
         self.inner.replay_route(layer, row)
+    }
+    fn replay_prediction(&mut self, layer: usize, row: usize) -> Option<Vec<u32>> {
+        self.inner.replay_prediction(layer, row)
     }
 }

@@ -695,6 +695,9 @@ impl Moe {
                         .collect();
                     residency.observe_rows(*tier, &rows);
                 }
+                // Prefetches of this layer's experts it did not choose stop here if unstarted.
+                let chosen: Vec<u32> = ram_union.iter().map(|(e, _)| *e).collect();
+                residency.routed(*tier, &chosen);
                 // Waves of at most the working bank. CPU side: resident experts and the shared
                 // expert while misses load, then each miss as it arrives. GPU side, at the same
                 // time: the VRAM experts (first wave), then the wave's copied experts, each as

@@ -445,10 +445,12 @@ pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
     need.max(MIN_WORKING).min(opts.working_slots.max(1))
 }
 
-/// Slots reserved for next-layer prefetches: two layers' worth of one row's experts.
+/// Slots reserved for next-layer prefetches: one layer's worth of one row's experts (a
+/// layer's unstarted wrong guesses give theirs back at its router, `Residency::routed`; each
+/// slot is taken from the LRU's budget).
 fn prefetch_slots(cfg: &Config, opts: &LoadOptions) -> usize {
     match opts.prefetch {
-        super::Prefetch::Pilot => 2 * cfg.raw.num_experts_per_tok,
+        super::Prefetch::Pilot => cfg.raw.num_experts_per_tok,
         _ => 0,
     }
 }
