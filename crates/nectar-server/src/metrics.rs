@@ -201,7 +201,7 @@ const COUNTERS: [(&str, &str); 23] = [
 ];
 
 /// The expert cache's counters per tier, by name (`nectar_expert_<name>_total`) and help.
-const EXPERT: [(&str, &str); 11] = [
+const EXPERT: [(&str, &str); 12] = [
     (
         "hits",
         "Expert requests served from a resident or loading slot.",
@@ -218,7 +218,7 @@ const EXPERT: [(&str, &str); 11] = [
     ("read_errors", "Expert reads that failed."),
     (
         "prefetch_issued",
-        "Predicted expert reads started (PILOT prefetch).",
+        "Predicted expert reads queued (look-ahead or PILOT prefetch).",
     ),
     (
         "prefetch_used",
@@ -227,6 +227,10 @@ const EXPERT: [(&str, &str); 11] = [
     (
         "prefetch_dropped",
         "Prefetched experts nobody requested (a wasted read, nothing evicted).",
+    ),
+    (
+        "prefetch_cancelled",
+        "Queued prefetches cancelled unread: their layer's router chose other experts.",
     ),
 ];
 
@@ -496,6 +500,7 @@ impl Metrics {
                 sum(|l| l.prefetched),
                 sum(|l| l.prefetch_hits),
                 sum(|l| l.prefetch_dropped),
+                sum(|l| l.prefetch_cancelled),
             ];
             for (c, v) in self.expert.iter().zip(values) {
                 mirror(&c.with_label_values(&[tier]), v);
@@ -603,6 +608,7 @@ mod tests {
                     prefetched: 4,
                     prefetch_hits: 3,
                     prefetch_dropped: 1,
+                    prefetch_cancelled: 2,
                 },
                 LayerStats {
                     hits: 1,
@@ -684,6 +690,14 @@ mod tests {
         assert_eq!(
             value(&s, "nectar_expert_prefetch_used_total", &[("tier", "main")]),
             3.0
+        );
+        assert_eq!(
+            value(
+                &s,
+                "nectar_expert_prefetch_cancelled_total",
+                &[("tier", "main")]
+            ),
+            2.0
         );
         assert_eq!(
             value(

@@ -105,11 +105,16 @@ fn decode(
     let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
         .with_context(|| format!("calibrating on {}", dir.display()))?;
     let res = model.residency().cloned();
-    // (waited, busy, bytes, reads, prefetched) since load.
+    // (waited, busy, bytes, reads, read ahead) since load; a prefetch cancelled before its
+    // read started read nothing.
     let totals = || {
         res.as_ref().map_or((0.0, 0.0, 0, 0, 0), |r| {
             let t = r.telemetry();
-            let prefetched = t.layers.iter().map(|l| l.prefetched).sum::<u64>();
+            let prefetched = t
+                .layers
+                .iter()
+                .map(|l| l.prefetched - l.prefetch_cancelled)
+                .sum::<u64>();
             (
                 t.wait_seconds,
                 t.disk_busy_seconds,

@@ -283,13 +283,14 @@ fn spec_summary(s: &SpecStats) -> String {
 /// prefetches did.
 fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
     let s = bundle.model.pilot_stats();
-    let (issued, hits, dropped) = prefetch_counts(t);
+    let (issued, hits, dropped, cancelled) = prefetch_counts(t);
     if !bundle.model.prefetch.runs_router_early() {
         return json!({
             "mode": bundle.model.prefetch.as_str(),
             "issued": issued,
             "prefetch_hits": hits,
             "prefetch_dropped": dropped,
+            "prefetch_cancelled": cancelled,
         });
     }
     json!({
@@ -301,37 +302,41 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
         "issued": s.issued,
         "prefetch_hits": hits,
         "prefetch_dropped": dropped,
+        "prefetch_cancelled": cancelled,
     })
 }
 
-/// Prefetches issued, used and dropped, over every layer.
-fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64, u64) {
-    t.map_or((0, 0, 0), |t| {
-        t.layers.iter().fold((0, 0, 0), |(i, h, d), l| {
+/// Prefetches started ahead (cancelled ones excluded), used, dropped after their read and
+/// cancelled before it, over every layer.
+fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64, u64, u64) {
+    t.map_or((0, 0, 0, 0), |t| {
+        t.layers.iter().fold((0, 0, 0, 0), |(i, h, d, c), l| {
             (
-                i + l.prefetched,
+                i + l.prefetched - l.prefetch_cancelled,
                 h + l.prefetch_hits,
                 d + l.prefetch_dropped,
+                c + l.prefetch_cancelled,
             )
         })
     })
 }
 
 fn prefetch_summary(mode: Prefetch, s: &PilotStats, t: Option<&Telemetry>) -> String {
-    let (issued, hits, dropped) = prefetch_counts(t);
+    let (issued, hits, dropped, cancelled) = prefetch_counts(t);
     if !mode.runs_router_early() {
         return format!(
-            "[look-ahead prefetch: {issued} reads started ahead, {hits} used, {dropped} dropped]"
+            "[look-ahead prefetch: {issued} reads started ahead, {hits} used, {dropped} dropped, {cancelled} cancelled unread]"
         );
     }
     format!(
-        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped]",
+        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped, {} cancelled unread]",
         100.0 * s.recall(),
         s.predicted_right,
         s.chosen,
         s.issued,
         hits,
-        dropped
+        dropped,
+        cancelled
     )
 }
 
