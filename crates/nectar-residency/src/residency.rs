@@ -429,7 +429,7 @@ impl Residency {
             .filter(|&s| {
                 st.policy
                     .key(s)
-                    .is_some_and(|k| k.layer == l32 && !experts.contains(&(k.expert as u32)))
+                    .is_some_and(|k| k.layer == l32 && !experts.contains(&k.expert))
             })
             .collect();
         let mut n = 0;
