@@ -30,6 +30,14 @@ struct Queues {
 }
 
 /// A two-class blocking queue shared by the I/O workers.
+impl Queues {
+    /// The queued (not started) prefetch into `slot`, taken out of the queue.
+    fn take_ahead(&mut self, slot: usize) -> Option<Job> {
+        let i = self.ahead.iter().position(|j| j.slot == slot)?;
+        self.ahead.remove(i)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Jobs {
     q: Mutex<Queues>,
@@ -57,27 +65,20 @@ impl Jobs {
     /// the back of the demand class. Returns whether it was still queued.
     pub fn promote(&self, slot: usize) -> bool {
         let mut q = self.lock();
-        match q.ahead.iter().position(|j| j.slot == slot) {
-            Some(i) => {
-                let job = q.ahead.remove(i).expect("position is in range");
-                q.demand.push_back(job);
-                drop(q);
-                // A worker may be waiting with only prefetches queued.
-                self.cond.notify_one();
-                true
-            }
-            None => false,
-        }
+        let Some(job) = q.take_ahead(slot) else {
+            return false;
+        };
+        q.demand.push_back(job);
+        drop(q);
+        // A worker may be waiting with only prefetches queued.
+        self.cond.notify_one();
+        true
     }
 
     /// Removes the prefetch into `slot` if its read has not started. Returns whether it was
     /// still queued (a started read runs to its end).
     pub fn cancel(&self, slot: usize) -> bool {
-        let mut q = self.lock();
-        match q.ahead.iter().position(|j| j.slot == slot) {
-            Some(i) => q.ahead.remove(i).is_some(),
-            None => false,
-        }
+        self.lock().take_ahead(slot).is_some()
     }
 
     /// The next read, waiting for one: a demand read, else a prefetch once no read is running
@@ -159,26 +160,21 @@ mod tests {
         q.push(job(1), false);
         q.push(job(2), true);
         assert_eq!(q.pop().map(|(j, d)| (j.slot, d)), Some((1, true)));
-        // A second worker finds only the prefetch, and waits for the demand read to finish.
-        let w = {
+        // A second worker that must still be waiting after 100 ms (its pop: slot, demand).
+        let waiting = |why: &str| {
             let q = q.clone();
-            std::thread::spawn(move || q.pop().map(|(j, d)| (j.slot, d)))
+            let w = std::thread::spawn(move || q.pop().map(|(j, d)| (j.slot, d)));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(!w.is_finished(), "{why}");
+            w
         };
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        assert!(
-            !w.is_finished(),
-            "the prefetch started beside a demand read"
-        );
+        // It finds only the prefetch, and waits for the demand read to finish.
+        let w = waiting("the prefetch started beside a demand read");
         q.finished(true);
         assert_eq!(w.join().unwrap(), Some((2, false)));
         // One prefetch at a time: the next waits for this one.
         q.push(job(3), true);
-        let w = {
-            let q = q.clone();
-            std::thread::spawn(move || q.pop().map(|(j, d)| (j.slot, d)))
-        };
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        assert!(!w.is_finished(), "two prefetches ran at once");
+        let w = waiting("two prefetches ran at once");
         q.finished(false);
         assert_eq!(w.join().unwrap(), Some((3, false)));
     }

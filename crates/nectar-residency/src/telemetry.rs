@@ -26,6 +26,13 @@ pub struct LayerStats {
     pub prefetch_cancelled: u64,
 }
 
+impl LayerStats {
+    /// Prefetch reads that started (a prefetch cancelled before its read read nothing).
+    pub fn read_ahead(&self) -> u64 {
+        self.prefetched - self.prefetch_cancelled
+    }
+}
+
 /// A snapshot of the residency counters.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Telemetry {

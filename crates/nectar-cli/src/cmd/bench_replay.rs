@@ -120,14 +120,14 @@ fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
     )
 }
 
-/// Prefetches (issued, requested, dropped unrequested after their read, cancelled before it)
-/// of the main layers between two snapshots.
+/// Prefetches (reads started ahead, requested, dropped unrequested after their read, cancelled
+/// before it) of the main layers between two snapshots.
 fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> [u64; 4] {
     let sum = |t: &Telemetry, f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
         t.layers.iter().map(f).sum()
     };
     [
-        sum(b, |l| l.prefetched) - sum(a, |l| l.prefetched),
+        sum(b, |l| l.read_ahead()) - sum(a, |l| l.read_ahead()),
         sum(b, |l| l.prefetch_hits) - sum(a, |l| l.prefetch_hits),
         sum(b, |l| l.prefetch_dropped) - sum(a, |l| l.prefetch_dropped),
         sum(b, |l| l.prefetch_cancelled) - sum(a, |l| l.prefetch_cancelled),
@@ -478,8 +478,7 @@ fn run_one(
         "expert_runs": model.expert_runs(),
         "copy": model.copy_stats().map(|c| c.json()),
         "lookahead_control": res.telemetry().lookahead,
-        // Reads started ahead (a prefetch cancelled before its read started read nothing).
-        "prefetch_issued": dec_pf[0] - dec_pf[3],
+        "prefetch_issued": dec_pf[0],
         "prefetch_used": dec_pf[1],
         "prefetch_wasted": dec_pf[2],
         "prefetch_coverage": dec_pf[1] as f64 / misses.max(1) as f64,
@@ -511,7 +510,7 @@ fn run_one(
         "halves_ms_per_token": halves_json,
         // `fit --project`'s r, measured on this run as its calibration measures it.
         "lookahead_hidden": super::project_calibrate::lookahead_hidden(
-            halves.disk_busy_attention, dec_busy, dec_pf[0] - dec_pf[3], dec_reads),
+            halves.disk_busy_attention, dec_busy, dec_pf[0], dec_reads),
     });
     // Beyond the macro's recursion limit in one object.
     json["pilot"] = pilot_json.into();
@@ -531,7 +530,7 @@ fn run_one(
         wait_s / dec_s,
         tok_s / bound,
         dec_pf[1],
-        dec_pf[0] - dec_pf[3],
+        dec_pf[0],
         dec_pf[1] as f64 / misses.max(1) as f64,
         per_tok(halves.attention),
         per_tok(halves.disk_busy_attention),

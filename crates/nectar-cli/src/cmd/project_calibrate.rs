@@ -110,11 +110,7 @@ fn decode(
     let totals = || {
         res.as_ref().map_or((0.0, 0.0, 0, 0, 0), |r| {
             let t = r.telemetry();
-            let prefetched = t
-                .layers
-                .iter()
-                .map(|l| l.prefetched - l.prefetch_cancelled)
-                .sum::<u64>();
+            let prefetched = t.layers.iter().map(|l| l.read_ahead()).sum::<u64>();
             (
                 t.wait_seconds,
                 t.disk_busy_seconds,

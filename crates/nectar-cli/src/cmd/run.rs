@@ -312,7 +312,7 @@ fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64, u64, u64) {
     t.map_or((0, 0, 0, 0), |t| {
         t.layers.iter().fold((0, 0, 0, 0), |(i, h, d, c), l| {
             (
-                i + l.prefetched - l.prefetch_cancelled,
+                i + l.read_ahead(),
                 h + l.prefetch_hits,
                 d + l.prefetch_dropped,
                 c + l.prefetch_cancelled,
