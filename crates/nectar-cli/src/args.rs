@@ -829,7 +829,9 @@ pub struct FitArgs {
     #[arg(long)]
     pub project: bool,
     /// Plan and project a built-in geometry instead of --model: `glm52` (GLM-5.2's real
-    /// constants; needs --disk-gbps, there being no files to measure).
+    /// constants with Nectar's default int4 g64 experts, 21.2 MB) or `glm52-row` (the same
+    /// with the published per-row int4 artifact's 18.9 MB experts); --project needs
+    /// --disk-gbps, there being no files to measure.
     #[arg(long)]
     pub geometry: Option<String>,
     /// Disk read speed of whole experts (O_DIRECT, queue depth of the I/O threads), GB/s;

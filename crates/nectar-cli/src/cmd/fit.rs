@@ -79,13 +79,13 @@ pub fn run(a: FitArgs) -> Result<()> {
 /// `fit --geometry NAME` without `--project`: the memory plan of a built-in geometry (GLM-5.2's
 /// constants), as `run` or `serve` would plan it on this machine's cores.
 fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
-    anyhow::ensure!(name == "glm52", "unknown --geometry `{name}` (glm52)");
+    let enc = super::project::Glm52::parse(name)?;
     anyhow::ensure!(
         a.gpu_memory.is_none(),
         "--geometry plans no VRAM tier without --project (use --project --gpu-memory SIZE)"
     );
     let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
-    let (geom, inputs) = super::project::Geometry::glm52(&load_options(a, budget), cores);
+    let (geom, inputs) = super::project::Geometry::glm52(enc, &load_options(a, budget), cores);
     let p = nectar_residency::planner::plan(&inputs)?;
     show(a, budget, ("geometry", geom.source), &inputs, &p, None, "")
 }

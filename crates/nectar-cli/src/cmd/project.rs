@@ -85,8 +85,8 @@ pub struct Geometry {
     pub moe_layers: usize,
     /// Experts chosen per token.
     pub top_k: usize,
-    /// Parameters per expert byte, for FLOPs (int4 g64's density, GLM-5.2's expert format,
-    /// also applied to the spine: an approximation).
+    /// Parameters per expert byte, for FLOPs (the experts' int4 density, also applied to the
+    /// spine: an approximation).
     pub params_per_byte: f64,
     /// Attention dimensions, for prefill's attention work.
     pub attn: AttnShape,
@@ -95,24 +95,71 @@ pub struct Geometry {
     pub max_context: usize,
 }
 
+/// GLM-5.2's published int4 encodings of its routed experts (`--geometry`): they differ only
+/// in a routed expert's bytes (docs/performance.md §1), which sets both the slots a budget buys
+/// and the bytes a miss reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glm52 {
+    /// `glm52`: int4 with a scale per 64 weights, 21.2 MB — Nectar's default conversion and
+    /// `GLM-5.2-colibri-int4-g64-with-int8-mtp`.
+    G64,
+    /// `glm52-row`: int4 with a scale per row, 18.9 MB — `GLM-5.2-colibri-int4-with-int8-mtp`,
+    /// the published artifact whose 9.9 GB spine was measured (`convert --group-size 0`).
+    Row,
+}
+
+impl Glm52 {
+    /// The `--geometry` names, for errors.
+    pub const NAMES: &'static str = "glm52, glm52-row";
+
+    /// The geometry a `--geometry` name stands for.
+    pub fn parse(name: &str) -> Result<Glm52> {
+        match name {
+            "glm52" => Ok(Glm52::G64),
+            "glm52-row" => Ok(Glm52::Row),
+            o => anyhow::bail!("unknown --geometry `{o}` ({})", Glm52::NAMES),
+        }
+    }
+
+    /// Bytes of one routed expert (gate, up and down with their scales).
+    fn expert_bytes(self) -> u64 {
+        match self {
+            Glm52::G64 => 21_200_000,
+            Glm52::Row => 18_900_000,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Glm52::G64 => "int4 g64",
+            Glm52::Row => "int4 per row",
+        }
+    }
+}
+
 impl Geometry {
-    /// GLM-5.2 at Nectar's default conversion (experts int4 g64), from the model constants of
-    /// `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB (37.75 M parameters), MTP
-    /// experts int8 37.8 MB, 9.5 GB of spine read per forward, 9.9 GB resident; and its memory
-    /// plan for `opts` (context, sequences, server, MTP: as the runtime's plan, with GLM-5.2's
-    /// dimensions — `nectar_model::arch::glm5::plan_memory`). With `opts.mtp` off the MTP
-    /// layer's 0.3 GB, its working bank and its slot row are not planned. `cores`: compute
-    /// threads of the machine planned (the runtime reserve counts their stacks).
-    pub fn glm52(opts: &LoadOptions, cores: usize) -> (Geometry, PlanInputs) {
+    /// GLM-5.2 with its experts encoded as `enc` (Nectar's default conversion is int4 g64),
+    /// from the model constants of `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB
+    /// (g64) or 18.9 MB (per row) of 37.75 M parameters, MTP experts int8 37.8 MB, 9.5 GB of
+    /// spine read per forward, 9.9 GB resident; and its memory plan for `opts` (context,
+    /// sequences, server, MTP: as the runtime's plan, with GLM-5.2's dimensions —
+    /// `nectar_model::arch::glm5::plan_memory`). With `opts.mtp` off the MTP layer's 0.3 GB,
+    /// its working bank and its slot row are not planned. `cores`: compute threads of the
+    /// machine planned (the runtime reserve counts their stacks).
+    pub fn glm52(enc: Glm52, opts: &LoadOptions, cores: usize) -> (Geometry, PlanInputs) {
+        let expert = enc.expert_bytes();
         let g = Geometry {
-            source: "GLM-5.2 constants (docs/performance.md §1), experts int4 g64".into(),
+            source: format!(
+                "GLM-5.2 constants (docs/performance.md §1), experts {}",
+                enc.name()
+            ),
             spine_read: 9.5e9,
-            expert: 21.2e6,
+            expert: expert as f64,
             mtp_expert: 37.8e6,
             mtp_spine: 0.3e9,
             moe_layers: 75,
             top_k: 8,
-            params_per_byte: 37.75e6 / 21.2e6,
+            params_per_byte: 37.75e6 / expert as f64,
             attn: AttnShape::glm52(),
             max_context: 1_048_576,
         };
@@ -128,7 +175,7 @@ impl Geometry {
         let p = PlanInputs {
             budget: opts.memory_budget.unwrap_or(0),
             spine,
-            slot_bytes: 21_200_000,
+            slot_bytes: expert,
             sparse_layers: 75,
             mtp_slot_bytes: if mtp { 37_800_000 } else { 0 },
             experts_per_layer: 256,
@@ -657,14 +704,15 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         gpu_prefill.is_none() || a.gpu_memory.is_some(),
         "--gpu-prefill-us projects prefill on the GPU tier: it needs --gpu-memory SIZE"
     );
-    let (geom, inputs, model_dir, gpu) = match a.geometry.as_deref() {
-        Some("glm52") => {
+    let (geom, inputs, model_dir, gpu) = match a.geometry.as_deref().map(Glm52::parse) {
+        Some(enc) => {
+            let enc = enc?;
             let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
             let opts = |mtp: bool| LoadOptions {
                 mtp,
                 ..super::fit::load_options(a, budget)
             };
-            let geom = Geometry::glm52(&opts(true), cores).0;
+            let geom = Geometry::glm52(enc, &opts(true), cores).0;
             let gpu = match (&a.gpu_memory, speeds) {
                 (Some(flag), Some((gbps, trip))) => {
                     let req = super::gpu_flag::resolve(Some(flag))?.ok_or_else(|| {
@@ -677,7 +725,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
                 _ => None,
             };
             let plans = [false, true].map(|mtp| {
-                let mut p = Geometry::glm52(&opts(mtp), cores).1;
+                let mut p = Geometry::glm52(enc, &opts(mtp), cores).1;
                 if let Some(t) = &gpu {
                     t.release_spine(&mut p);
                 }
@@ -685,7 +733,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             });
             (geom, plans, None, gpu)
         }
-        Some(o) => anyhow::bail!("unknown --geometry `{o}` (glm52)"),
         None => {
             let dir = crate::demo::model_dir(a.model.clone())?;
             let (gpu_memory, pin) = super::fit::gpu_options(&dir, a.gpu_memory.as_deref())?;

@@ -238,7 +238,11 @@ mod tests {
 
     #[test]
     fn glm52_spine_first_then_whole_experts_evenly() {
-        let (g, _) = Geometry::glm52(&nectar_model::arch::glm5::LoadOptions::default(), 8);
+        let (g, _) = Geometry::glm52(
+            crate::cmd::project::Glm52::G64,
+            &nectar_model::arch::glm5::LoadOptions::default(),
+            8,
+        );
         // 22 GB: the 9.5 GB spine, then 12.5 GB / 21.2 MB / 75 = 7.86 → 7 experts per layer.
         let t = GpuTier::glm52(&g, 22_000_000_000, 400.0, 20e-6);
         assert_eq!(t.spine_bytes, g.spine_read);
