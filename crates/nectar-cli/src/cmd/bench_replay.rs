@@ -251,6 +251,8 @@ fn run_one(
     layouts: &[Vec<SlotLayout>],
     pilot: Option<&Pilot>,
 ) -> Result<RunOut> {
+    // Only the pilot arm replays the trace model's predictions.
+    let pilot = pilot.filter(|_| prefetch == Prefetch::Pilot);
     let (model, res, budget) = load(a, budget_s, prefetch, mtp, gpu.1)?;
     // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
     let pins: Vec<ExpertKey> = res
@@ -276,11 +278,8 @@ fn run_one(
     let vocab = model.vocab_size() as u32;
     let tok = |r: usize| -> u32 { trace.tokens.as_ref().map_or(r as u32, |t| t[r] as u32) % vocab };
     let mut obs = Replayer {
-        routes: TraceRoutes::new(&model, trace)?.with_predictions(
-            pilot
-                .filter(|_| prefetch == Prefetch::Pilot)
-                .map(|p| p.predictions.predicted.as_slice()),
-        ),
+        routes: TraceRoutes::new(&model, trace)?
+            .with_predictions(pilot.map(|p| p.predictions.predicted.as_slice())),
         requests: HashMap::new(),
         vram: vram_map(&model),
         union: UnionMeter::default(),
@@ -461,7 +460,7 @@ fn run_one(
     } else {
         format!("union {:.1} experts per layer", u.plain_experts_per_layer)
     };
-    let pilot_json = pilot.filter(|_| prefetch == Prefetch::Pilot).map(|p| {
+    let pilot_json = pilot.map(|p| {
         json!({
             "predictor": p.model.display().to_string(),
             "recall": p.predictions.recall,
