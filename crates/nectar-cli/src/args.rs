@@ -874,6 +874,12 @@ pub struct FitArgs {
     /// look-ahead on, else 0 (no credit).
     #[arg(long, value_parser = unit)]
     pub lookahead_hidden: Option<f64>,
+    /// Share (0–1) of look-ahead's wrong guesses that are cancelled before their read starts
+    /// (the layer's router chose otherwise while the read still waited for an idle disk): only
+    /// the rest cost disk time. Default: measured by the calibration decode with look-ahead on,
+    /// else 0 (every wrong guess read).
+    #[arg(long, value_parser = unit)]
+    pub lookahead_cancelled: Option<f64>,
     /// With --geometry: a container of the same geometry (e.g. `nectar synth --layers 4`) to
     /// calibrate the per-layer compute and the overlap on.
     #[arg(long)]

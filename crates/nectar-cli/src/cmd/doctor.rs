@@ -326,6 +326,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         layer_overhead_ms: None,
         moe_overlap: None,
         lookahead_hidden: None,
+        lookahead_cancelled: None,
         calibrate: None,
         gpu_gbps: None,
         gpu_product_us: None,

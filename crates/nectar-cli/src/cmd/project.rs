@@ -253,6 +253,9 @@ pub struct Machine {
     /// `r`: the share of look-ahead's reads (their disk time) that run during attention
     /// (`project_calibrate::lookahead_hidden`; 0: no credit for reading ahead).
     pub lookahead_hidden: f64,
+    /// The share of look-ahead's wrong guesses cancelled unread at their layer's router
+    /// (`project_calibrate::cancelled_share`; 0: every wrong guess is read).
+    pub lookahead_cancelled: f64,
 }
 
 /// How long the measurements run: `fit --project` takes its time (about 10 s, and its
@@ -492,9 +495,12 @@ pub fn project(
         (spine_cpu - shared) / dec + spine_gpu / gpu_bps + products * trip + l * m.layer_overhead_s;
     // (seconds, disk bytes, seconds without the disk) of a forward that asks the RAM tier for
     // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, whose misses a share
-    // `phi` of were read ahead, with `w` wasted reads per miss. The GPU's experts (two launches
-    // per layer) run beside the CPU's.
+    // `phi` of were read ahead, with `w` wrong guesses per miss (the offline replay's unused
+    // prefetches). The GPU's experts (two launches per layer) run beside the CPU's.
     let forward = |u: f64, uv: f64, h: f64, phi: f64, w: f64| -> (f64, f64, f64) {
+        // Of the wrong guesses only those not cancelled at their layer's router are read: a
+        // read ahead waits for an idle disk, and the replay cannot know which did not start.
+        let w = w * (1.0 - m.lookahead_cancelled);
         let gpu_moe = match uv > 0.0 {
             true => l * uv * g.expert / gpu_bps + 2.0 * l * trip,
             false => 0.0,
@@ -630,6 +636,7 @@ pub fn project(
         "ram_wall_tok_s": 1.0 / ram1,
         "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste,
                      "hidden_in_attention": m.lookahead_hidden,
+                     "wrong_guesses_cancelled": m.lookahead_cancelled,
                      "min_context": prefetch.then_some(min_context),
                      "controller_windows": spent.iter().map(|&(n, w)| json!({"min_context": n, "windows": w})).collect::<Vec<_>>(),
                      "decode_tok_s_with_probes": prefetch.then_some(probed),
@@ -837,8 +844,10 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (Some(_), None) => None,
     };
     let mut calibration = None;
-    // Look-ahead's r needs a second decode with look-ahead on: only where it is projected.
-    let want_hidden = a.prefetch == "lookahead" && a.lookahead_hidden.is_none();
+    // Look-ahead's r and cancelled share need a second decode with look-ahead on: only where
+    // it is projected.
+    let want_hidden = a.prefetch == "lookahead"
+        && (a.lookahead_hidden.is_none() || a.lookahead_cancelled.is_none());
     let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none() || want_hidden;
     if let (true, Some(dir), true) = (wanted, calib_dir, effort.calibrate_tokens > 0) {
         // The container's own geometry and a budget it runs under (a --geometry budget is
@@ -902,10 +911,17 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         Some(_) => f64::NAN,
         None => measure_attention_gflops(&geom.attn, ATTN_PROBE_ROWS, 2),
     };
+    // Without a flag or a measurement, every wrong guess is read: the conservative end.
+    let lookahead_cancelled = match (a.lookahead_cancelled, &calibration) {
+        (Some(c), _) => c,
+        (None, Some(c)) => c.lookahead_cancelled.unwrap_or(0.0),
+        _ => 0.0,
+    };
     let machine = Machine {
         layer_overhead_s,
         moe_overlap,
         lookahead_hidden,
+        lookahead_cancelled,
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
             None => measured(read, "the read rate")?,
@@ -970,6 +986,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "layer_overhead_ms": machine.layer_overhead_s * 1e3,
             "moe_overlap": machine.moe_overlap,
             "lookahead_hidden": machine.lookahead_hidden,
+            "lookahead_cancelled": machine.lookahead_cancelled,
             "calibration": calibration.map(|c| c.record),
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "disk_sample_gbps": a.disk_gbps.is_none().then_some(disk_sample),

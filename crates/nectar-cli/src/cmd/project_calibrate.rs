@@ -4,7 +4,8 @@
 //! measure what the projection cannot derive from bandwidths: the compute per layer beyond
 //! streaming the weights (`o`), the share of the MoE block behind which reads hide (`η`), the
 //! disk rate a decode gets, and — a second decode with look-ahead on — what share of the
-//! reads started ahead ran while attention computed (`r`).
+//! reads started ahead ran while attention computed (`r`) and what share of its wrong guesses
+//! were cancelled before their read started.
 use super::project::Geometry;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::{HalfSeconds, LoadOptions, Prefetch};
@@ -26,6 +27,9 @@ pub struct Calibration {
     pub read_gbps: Option<f64>,
     /// `r` ([`lookahead_hidden`]), when the look-ahead decode ran and read ahead.
     pub lookahead_hidden: Option<f64>,
+    /// The share of its wrong guesses cancelled unread ([`cancelled_share`]), when the
+    /// look-ahead decode guessed wrong often enough to tell.
+    pub lookahead_cancelled: Option<f64>,
     /// The JSON record (`machine.calibration`).
     pub record: serde_json::Value,
 }
@@ -48,6 +52,9 @@ struct Decode {
     /// Expert reads, and of them the reads started ahead (look-ahead's prefetches).
     reads: u64,
     prefetched: u64,
+    /// Wrong guesses: read and never requested, and cancelled before their read started.
+    dropped: u64,
+    cancelled: u64,
     /// The MoE blocks' wall time.
     moe: f64,
     /// Each step's compute (its time less its waits for reads).
@@ -105,18 +112,21 @@ fn decode(
     let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
         .with_context(|| format!("calibrating on {}", dir.display()))?;
     let res = model.residency().cloned();
-    // (waited, busy, bytes, reads, read ahead) since load; a prefetch cancelled before its
-    // read started read nothing.
+    // (waited, busy, bytes, reads, read ahead, wrong guesses read, wrong guesses cancelled)
+    // since load; a prefetch cancelled before its read started read nothing.
     let totals = || {
-        res.as_ref().map_or((0.0, 0.0, 0, 0, 0), |r| {
+        res.as_ref().map_or((0.0, 0.0, 0, 0, 0, 0, 0), |r| {
             let t = r.telemetry();
-            let prefetched = t.layers.iter().map(|l| l.read_ahead()).sum::<u64>();
+            let sum =
+                |f: fn(&nectar_residency::LayerStats) -> u64| t.layers.iter().map(f).sum::<u64>();
             (
                 t.wait_seconds,
                 t.disk_busy_seconds,
                 t.bytes_read,
                 t.reads,
-                prefetched,
+                sum(|l| l.read_ahead()),
+                sum(|l| l.prefetch_dropped),
+                sum(|l| l.prefetch_cancelled),
             )
         })
     };
@@ -139,6 +149,8 @@ fn decode(
         bytes: 0,
         reads: 0,
         prefetched: 0,
+        dropped: 0,
+        cancelled: 0,
         moe: 0.0,
         step_compute: Vec::with_capacity(tokens),
         halves: HalfSeconds::default(),
@@ -170,12 +182,14 @@ fn decode(
         }
         row += n;
     }
-    let (w, b, bytes, reads, prefetched) = totals();
+    let (w, b, bytes, reads, prefetched, dropped, cancelled) = totals();
     d.waited = w - totals0.0;
     d.busy = b - totals0.1;
     d.bytes = bytes - totals0.2;
     d.reads = reads - totals0.3;
     d.prefetched = prefetched - totals0.4;
+    d.dropped = dropped - totals0.5;
+    d.cancelled = cancelled - totals0.6;
     d.halves = model.decode_disk_overlap() - halves0;
     Ok(d)
 }
@@ -193,7 +207,8 @@ fn decode(
 ///   (hits and the shared expert compute while the misses load); a layer whose misses arrive
 ///   together, after the hits are done, hides less. Measured only when reads took at least a
 ///   tenth of the decode.
-/// - `r` ([`lookahead_hidden`]) from the look-ahead decode.
+/// - `r` ([`lookahead_hidden`]) and the share of wrong guesses cancelled unread
+///   ([`cancelled_share`]) from the look-ahead decode.
 pub fn calibrate(
     dir: &Path,
     budget: u64,
@@ -236,7 +251,7 @@ pub fn calibrate(
            "moe_overlap": moe_overlap,
            "layer_overhead_ms": o * 1e3,
            "halves_ms_per_token": off.halves_ms()});
-    let mut hidden = None;
+    let (mut hidden, mut cancelled) = (None, None);
     if lookahead {
         let prompt = trace
             .segments
@@ -249,20 +264,23 @@ pub fn calibrate(
             la.prefetched,
             la.reads,
         );
+        cancelled = cancelled_share(la.dropped, la.cancelled);
         record["lookahead"] = json!({"prompt_rows": la.prompt,
             "decode_s_per_token": la.per(la.secs),
             "compute_s_per_token": la.compute(),
             "wait_s_per_token": la.per(la.waited),
             "read_gb_per_token": la.per(la.bytes as f64) / 1e9,
             "reads": la.reads, "prefetched": la.prefetched,
+            "wrong_guesses_read": la.dropped, "wrong_guesses_cancelled": la.cancelled,
             "halves_ms_per_token": la.halves_ms(),
-            "hidden": hidden});
+            "hidden": hidden, "cancelled_share": cancelled});
     }
     Ok(Calibration {
         layer_overhead_s: o,
         moe_overlap,
         read_gbps,
         lookahead_hidden: hidden,
+        lookahead_cancelled: cancelled,
         record,
     })
 }
@@ -299,9 +317,28 @@ pub fn lookahead_hidden(
     (prefetched >= 8 && ahead > 0.0).then(|| (busy_in_attention / ahead).clamp(0.0, 1.0))
 }
 
+/// The share of look-ahead's wrong guesses that its layer's router cancelled before their
+/// read started (`cancelled` of `dropped + cancelled`; `dropped`: read and never requested).
+/// The projection's offline replay counts every unused guess as a read; since reads ahead
+/// wait for an idle disk, most never start (on the 8-layer synth 630–1,297 cancelled against
+/// 56–361 read, benchmarks/RESULTS.md 2026-12-06), and only the rest cost disk time. `None`
+/// under 8 wrong guesses (too few to tell).
+pub fn cancelled_share(dropped: u64, cancelled: u64) -> Option<f64> {
+    let wrong = dropped + cancelled;
+    (wrong >= 8).then(|| cancelled as f64 / wrong as f64)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{lookahead_hidden, overlap};
+    use super::{cancelled_share, lookahead_hidden, overlap};
+
+    #[test]
+    fn the_cancelled_share_is_of_the_wrong_guesses() {
+        assert_eq!(cancelled_share(10, 30), Some(0.75));
+        assert_eq!(cancelled_share(0, 8), Some(1.0));
+        assert_eq!(cancelled_share(8, 0), Some(0.0));
+        assert_eq!(cancelled_share(3, 4), None);
+    }
 
     #[test]
     fn the_overlap_is_the_share_of_the_moe_compute_that_hid_reads() {
