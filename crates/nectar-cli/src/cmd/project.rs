@@ -1081,11 +1081,12 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&o["ram_wall_tok_s"])
     );
     s += &format!(
-        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wasted reads per miss, {:.0} % of them hidden behind attention)\n",
+        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wrong guesses per miss of which {:.0} % are cancelled unread, {:.0} % of the reads ahead hidden behind attention)\n",
         f(&o["layer_overhead_ms"]),
         if o["prefetch"]["lookahead"].as_bool() == Some(true) { "on" } else { "off" },
         100.0 * f(&o["prefetch"]["coverage"]),
         f(&o["prefetch"]["wasted_per_miss"]),
+        100.0 * f(&o["prefetch"]["wrong_guesses_cancelled"]),
         100.0 * f(&o["prefetch"]["hidden_in_attention"])
     );
     s += &format!(
