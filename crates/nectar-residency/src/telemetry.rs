@@ -85,6 +85,11 @@ pub struct Occupancy {
 }
 
 impl Telemetry {
+    /// One counter of [`LayerStats`] summed over every layer.
+    pub fn layer_sum(&self, f: fn(&LayerStats) -> u64) -> u64 {
+        self.layers.iter().map(f).sum()
+    }
+
     /// Hits / (hits + misses) over all layers.
     pub fn hit_rate(&self) -> f64 {
         let (h, m) = self

@@ -123,9 +123,7 @@ fn delta(a: &Telemetry, b: &Telemetry) -> (u64, u64, u64, f64, f64) {
 /// Prefetches (reads started ahead, requested, dropped unrequested after their read, cancelled
 /// before it) of the main layers between two snapshots.
 fn prefetch_delta(a: &Telemetry, b: &Telemetry) -> [u64; 4] {
-    let sum = |t: &Telemetry, f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
-        t.layers.iter().map(f).sum()
-    };
+    let sum = |t: &Telemetry, f| Telemetry::layer_sum(t, f);
     [
         sum(b, |l| l.read_ahead()) - sum(a, |l| l.read_ahead()),
         sum(b, |l| l.prefetch_hits) - sum(a, |l| l.prefetch_hits),

@@ -117,8 +117,7 @@ fn decode(
     let totals = || {
         res.as_ref().map_or((0.0, 0.0, 0, 0, 0, 0, 0), |r| {
             let t = r.telemetry();
-            let sum =
-                |f: fn(&nectar_residency::LayerStats) -> u64| t.layers.iter().map(f).sum::<u64>();
+            let sum = |f| t.layer_sum(f);
             (
                 t.wait_seconds,
                 t.disk_busy_seconds,
