@@ -29,7 +29,6 @@ struct Queues {
     closed: bool,
 }
 
-/// A two-class blocking queue shared by the I/O workers.
 impl Queues {
     /// The queued (not started) prefetch into `slot`, taken out of the queue.
     fn take_ahead(&mut self, slot: usize) -> Option<Job> {
@@ -38,6 +37,7 @@ impl Queues {
     }
 }
 
+/// A two-class blocking queue shared by the I/O workers.
 #[derive(Debug, Default)]
 pub(crate) struct Jobs {
     q: Mutex<Queues>,

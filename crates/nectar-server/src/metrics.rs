@@ -485,9 +485,7 @@ impl Metrics {
             mirror(&self.expert_runs.with_label_values(&[device]), v);
         }
         for (tier, t) in tiers {
-            let sum = |f: fn(&nectar_residency::LayerStats) -> u64| -> u64 {
-                t.layers.iter().map(f).sum()
-            };
+            let sum = |f| t.layer_sum(f);
             let values = [
                 sum(|l| l.hits),
                 sum(|l| l.pinned_hits),
