@@ -310,14 +310,12 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
 /// cancelled before it, over every layer.
 fn prefetch_counts(t: Option<&Telemetry>) -> (u64, u64, u64, u64) {
     t.map_or((0, 0, 0, 0), |t| {
-        t.layers.iter().fold((0, 0, 0, 0), |(i, h, d, c), l| {
-            (
-                i + l.read_ahead(),
-                h + l.prefetch_hits,
-                d + l.prefetch_dropped,
-                c + l.prefetch_cancelled,
-            )
-        })
+        (
+            t.layer_sum(|l| l.read_ahead()),
+            t.layer_sum(|l| l.prefetch_hits),
+            t.layer_sum(|l| l.prefetch_dropped),
+            t.layer_sum(|l| l.prefetch_cancelled),
+        )
     })
 }
 
