@@ -18,7 +18,8 @@
 # written with --mtp; a budget in both lists alternates its MTP arm with the other two in every
 # round (the table's MTP row needs that budget's look-ahead fit). DEADLINE stops starting new
 # steps (a device call's time limit); FITS=after runs the replays first; ARMS picks the prefetch
-# arms (replays and fits) of each budget.
+# arms (replays and fits) of each budget: off, lookahead, pilot (PILOT replays and calibrates on
+# the trace model's predictions, the model its manifest names).
 set -uo pipefail
 N=${N:?the nectar binary}; M=${M:?the synth container}; T=${T:?the trace subset}; O=${O:?output dir}; TAG=${TAG:-Q}
 TOKENS=${TOKENS:-256}; ROUNDS=${ROUNDS:-2}; BUDGETS=${BUDGETS:-2100M 2950M 4250M}; MTP_BUDGETS=${MTP_BUDGETS:-}

@@ -906,9 +906,27 @@ pub struct FitArgs {
     /// as `AttnShape::gpu_prefill_flops` counts its work.
     #[arg(long, value_parser = positive)]
     pub gpu_attn_tflops: Option<f64>,
-    /// Prefetch projected: `lookahead` (the default of `run` and `serve`) or `off`.
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead"])]
+    /// Prefetch projected: `lookahead` (the default of `run` and `serve`), `off`, or `pilot`
+    /// (`run --prefetch pilot`: the next layer's router applied early; its prefetch slots come
+    /// out of the plan, its reads keep the disk busy through attention a share --pilot-busy of
+    /// it and read --pilot-waste wrong guesses per needed read).
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead", "pilot"])]
     pub prefetch: String,
+    /// With --prefetch pilot: the share (0–1) of attention through which PILOT's reads kept
+    /// the disk busy (its queue of the next layer's predicted misses runs on from the MoE block
+    /// before). Default: measured by a calibration decode with PILOT on, else 0 (no credit).
+    #[arg(long, value_parser = unit)]
+    pub pilot_busy: Option<f64>,
+    /// With --prefetch pilot: PILOT's wrong guesses read (not cancelled at their layer's
+    /// router) per needed expert read. Default: measured by the calibration decode with PILOT
+    /// on, else 0.
+    #[arg(long, value_parser = non_negative)]
+    pub pilot_waste: Option<f64>,
+    /// With --prefetch pilot: the model that produced the trace, whose next-layer predictions
+    /// the PILOT calibration decode replays (as `bench replay --predictor`). Default: the model
+    /// the trace's manifest names (`models/nectar-demo-glm5-e256-int4` for route256).
+    #[arg(long)]
+    pub predictor: Option<PathBuf>,
     /// With --project: also project decode after a context of this many tokens (an agent's
     /// long prompt). Adds, per decoded row, the CPU attention work that grows with the keys a
     /// row sees — the absorbed form over min(N, index_topk) keys on every layer, the indexer's

@@ -626,6 +626,105 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
 }
 
 #[test]
+fn fit_calibrates_pilot_on_the_trace_models_predictions() {
+    // The route256 model is both the container and the trace's model: the PILOT calibration
+    // decode replays that model's next-layer predictions over the trace's first conversation.
+    let (ok, out, err) = nectar(&[
+        "fit",
+        "--model",
+        &e256(),
+        "--memory-budget",
+        "200M",
+        "--project",
+        "--prefetch",
+        "pilot",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let (m, p) = (&v["machine"], &v["projection"]);
+    let c = &m["calibration"]["pilot"];
+    let n = |k: &str| c[k].as_u64().unwrap();
+    // It read ahead (the cache starts cold), and no more wrong guesses than it started.
+    assert!(n("prefetched") >= 8 && n("prefetched") <= n("reads"), "{c}");
+    assert!(n("wrong_guesses_read") <= n("prefetched"), "{c}");
+    let (b, w) = (
+        m["pilot_busy"].as_f64().unwrap(),
+        m["pilot_waste"].as_f64().unwrap(),
+    );
+    assert!((0.0..=1.0).contains(&b) && b > 0.0, "{m}");
+    assert_eq!(c["busy_in_attention"].as_f64(), Some(b), "{c}");
+    let want = n("wrong_guesses_read") as f64 / (n("reads") - n("wrong_guesses_read")) as f64;
+    assert!((w - want).abs() < 1e-12, "{c}");
+    // The projection uses what the calibration measured; no look-ahead decode ran.
+    assert_eq!(
+        p["prefetch"]["pilot"]["busy_in_attention"].as_f64(),
+        Some(b)
+    );
+    assert_eq!(p["prefetch"]["pilot"]["wasted_per_read"].as_f64(), Some(w));
+    assert!(m["calibration"]["lookahead"].is_null(), "{m}");
+}
+
+#[test]
+fn fit_projects_pilot_from_its_busy_share_and_its_waste() {
+    // GLM-5.2 on a described machine, every speed given: nothing measured here enters.
+    let project = |extra: &[&str]| {
+        glm52_32g(&[&["--gflops", "500", "--layer-overhead-ms", "2"], extra].concat())
+    };
+    let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
+    let ssd = |p: &serde_json::Value| p["ssd_gb_per_token"]["mtp_off"].as_f64().unwrap();
+    let pilot =
+        |b: &str, w: &str| project(&["--prefetch", "pilot", "--pilot-busy", b, "--pilot-waste", w]);
+    let off = project(&["--prefetch", "off"]);
+    let (none, half, all) = (pilot("0", "0"), pilot("0.5", "0"), pilot("1", "0"));
+    // PILOT's prefetch slots (one row's top-k) come out of the plan: one slot fewer per layer
+    // here (12 at g64 without it).
+    let slots = |p: &serde_json::Value| p["lru_slots_per_layer"].as_u64().unwrap();
+    assert_eq!(slots(&off), 12, "{off}");
+    assert_eq!(slots(&none), 11, "{none}");
+    // Without busy time in attention PILOT is `off` at its slots (and says what that is);
+    // the disk busy through more of attention hides more, never past the overlap ceiling.
+    assert_eq!(none["prefetch"]["mode"], "pilot");
+    assert_eq!(none["prefetch"]["pilot"]["busy_in_attention"], 0.0);
+    let without = none["decode_tok_s_without_lookahead"].as_f64().unwrap();
+    assert!((tok(&none) - without).abs() < 1e-12, "{none}");
+    assert!(tok(&none) < tok(&off), "{none} {off}");
+    assert!(
+        tok(&half) > tok(&none) && tok(&all) > tok(&half),
+        "{none} {half} {all}"
+    );
+    assert!(tok(&all) <= all["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
+    // Its wrong guesses read add their bytes and cost time on this disk-bound machine.
+    let wasteful = pilot("0.5", "0.1");
+    assert!(
+        (ssd(&wasteful) - 1.1 * ssd(&half)).abs() < 1e-9 * ssd(&half),
+        "{wasteful} {half}"
+    );
+    assert!(tok(&wasteful) < tok(&half), "{wasteful} {half}");
+    // Look-ahead's figures do not enter a PILOT projection.
+    assert_eq!(half["prefetch"]["lookahead"], false);
+    assert_eq!(half["prefetch"]["coverage"], 0.0);
+    for (flag, bad, why) in [
+        ("--pilot-busy", "1.5", "within 0..1"),
+        ("--pilot-waste", "inf", "0 or more"),
+    ] {
+        let (ok, _, err) = nectar(&[
+            "fit",
+            "--geometry",
+            "glm52",
+            "--project",
+            "--disk-gbps",
+            "7",
+            "--prefetch",
+            "pilot",
+            flag,
+            bad,
+        ]);
+        assert!(!ok && err.contains(flag) && err.contains(why), "{err}");
+    }
+}
+
+#[test]
 fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
     // The same controller as the runtime's, on modelled windows: a saturated PCIe4 disk makes
     // it stricter than the start (8) and that pays; a 400 GB/s unified machine, whose serial

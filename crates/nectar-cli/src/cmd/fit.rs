@@ -43,6 +43,8 @@ pub fn load_options(a: &FitArgs, budget: u64) -> LoadOptions {
         },
         server: a.serve,
         mtp: loads_mtp(a),
+        // PILOT's prefetch slots come out of the plan (`run --prefetch pilot` plans them).
+        prefetch: nectar_model::arch::glm5::Prefetch::parse(&a.prefetch).unwrap_or_default(),
         ..Default::default()
     }
 }

@@ -46,8 +46,8 @@ use anyhow::{Context, Result};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 use nectar_model::arch::glm5::{
     expert_layouts, kv_bytes_per_token, measure_attention_gflops, measure_decode_context,
-    plan_memory, planned_prefill_tokens, prompt_transients, working_bank, AttnShape, Config,
-    LoadOptions, MemoryPlan, CONTEXT_BASE_KEYS,
+    plan_memory, planned_prefill_tokens, prefetch_slots, prompt_transients, working_bank,
+    AttnShape, Config, LoadOptions, MemoryPlan, Prefetch, CONTEXT_BASE_KEYS,
 };
 use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
@@ -179,7 +179,7 @@ impl Geometry {
             sparse_layers: 75,
             mtp_slot_bytes: if mtp { 37_800_000 } else { 0 },
             experts_per_layer: 256,
-            working_slots: working_bank(top_k, opts),
+            working_slots: working_bank(top_k, opts) + prefetch_slots(top_k, opts),
             pinned_slots: 0,
             mtp_slots: if mtp { top_k } else { 0 },
             // 78 layers (+ MTP) of MLA latent (512) + rope key (64); indexer keys (128) on the
@@ -256,6 +256,11 @@ pub struct Machine {
     /// The share of look-ahead's wrong guesses cancelled unread at their layer's router
     /// (`project_calibrate::cancelled_share`; 0: every wrong guess is read).
     pub lookahead_cancelled: f64,
+    /// `b`: the share of attention through which PILOT's reads kept the disk busy
+    /// (`project_calibrate::pilot_busy`; 0: no credit).
+    pub pilot_busy: f64,
+    /// PILOT's wrong guesses read per needed expert read (`project_calibrate::pilot_waste`).
+    pub pilot_waste: f64,
 }
 
 /// How long the measurements run: `fit --project` takes its time (about 10 s, and its
@@ -433,16 +438,30 @@ fn disk_rate(sample: f64, calibration: Option<f64>) -> (f64, &'static str) {
     }
 }
 
-/// One projection (`prefetch`: look-ahead prefetch on).
+/// Reads a forward starts ahead of its layers' routers, as the projection models them.
+#[derive(Debug, Clone, Copy)]
+enum Ahead {
+    /// None: every miss is read after its layer's router.
+    Off,
+    /// Look-ahead: a share `phi` of the misses read ahead, `w` wrong guesses per miss (the
+    /// offline replay's), a share `r` of their disk time inside attention.
+    Guesses { phi: f64, w: f64 },
+    /// PILOT: the next layer's predicted misses queue behind this layer's and keep the disk
+    /// busy through a measured share `b` of attention, with `pilot_waste` wrong guesses read.
+    Pilot,
+}
+
+/// One projection (`prefetch`: the prefetch projected — `Off`, `Lookahead` or `Pilot`).
 pub fn project(
     g: &Geometry,
     m: &Machine,
     slots: Slots,
     trace: &Trace,
     acceptance: f64,
-    prefetch: bool,
+    prefetch: Prefetch,
     gpu: Option<&GpuTier>,
 ) -> serde_json::Value {
+    let lookahead = prefetch == Prefetch::Lookahead;
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
@@ -494,13 +513,18 @@ pub fn project(
     let t_attn =
         (spine_cpu - shared) / dec + spine_gpu / gpu_bps + products * trip + l * m.layer_overhead_s;
     // (seconds, disk bytes, seconds without the disk) of a forward that asks the RAM tier for
-    // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, whose misses a share
-    // `phi` of were read ahead, with `w` wrong guesses per miss (the offline replay's unused
-    // prefetches). The GPU's experts (two launches per layer) run beside the CPU's.
-    let forward = |u: f64, uv: f64, h: f64, phi: f64, w: f64| -> (f64, f64, f64) {
-        // Of the wrong guesses only those not cancelled at their layer's router are read: a
-        // read ahead waits for an idle disk, and the replay cannot know which did not start.
-        let w = w * (1.0 - m.lookahead_cancelled);
+    // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, with the reads
+    // `ahead` starts before their layers. The GPU's experts (two launches per layer) run
+    // beside the CPU's.
+    let forward = |u: f64, uv: f64, h: f64, ahead: Ahead| -> (f64, f64, f64) {
+        let w = match ahead {
+            Ahead::Off => 0.0,
+            // Of the wrong guesses only those not cancelled at their layer's router are read:
+            // a read ahead waits for an idle disk, and the replay cannot know which did not
+            // start.
+            Ahead::Guesses { w, .. } => w * (1.0 - m.lookahead_cancelled),
+            Ahead::Pilot => m.pilot_waste,
+        };
         let gpu_moe = match uv > 0.0 {
             true => l * uv * g.expert / gpu_bps + 2.0 * l * trip,
             false => 0.0,
@@ -513,7 +537,14 @@ pub fn project(
         // them measured to run there: in the MoE phases the disk is busy with the demand reads
         // anyway.
         let hide = m.moe_overlap * t_moe;
-        let in_attn = (m.lookahead_hidden * (phi + w) * t_ssd).min(t_attn);
+        let in_attn = match ahead {
+            Ahead::Off => 0.0,
+            Ahead::Guesses { phi, .. } => (m.lookahead_hidden * (phi + w) * t_ssd).min(t_attn),
+            // PILOT's queue (the next layer's predicted misses, behind this layer's demand
+            // reads) runs on into the next attention: the disk is busy a share `b` of it, with
+            // right and wrong guesses alike, up to all the reads there are.
+            Ahead::Pilot => (m.pilot_busy * t_attn).min((1.0 + w) * t_ssd),
+        };
         let t = t_attn + (t_moe - hide) + hide.max((1.0 + w) * t_ssd - in_attn);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
@@ -530,10 +561,11 @@ pub fn project(
             }
         })
     };
-    let (min_context, spent) = if prefetch {
+    let guesses = |(phi, w): (f64, f64)| Ahead::Guesses { phi, w };
+    let (min_context, spent) = if lookahead {
         Controller::default().settle(CONTROL_WINDOWS, |n| {
             let (phi, w) = curve(n);
-            let (t, ssd, ram) = forward(u1, uv1, h1, phi, w);
+            let (t, ssd, ram) = forward(u1, uv1, h1, guesses((phi, w)));
             let n_reads = 1_000_000u64;
             Measurement {
                 steps: control::WINDOW,
@@ -547,18 +579,22 @@ pub fn project(
     } else {
         (usize::MAX, Vec::new())
     };
-    let (phi, waste) = if prefetch {
+    let (phi, waste) = if lookahead {
         curve(min_context)
     } else {
         (0.0, 0.0)
     };
+    let ahead = match prefetch {
+        Prefetch::Lookahead => guesses((phi, waste)),
+        Prefetch::Pilot => Ahead::Pilot,
+        Prefetch::Off | Prefetch::Measure => Ahead::Off,
+    };
     // Decode tok/s averaged over the controller's windows, probes included.
-    let probed = if prefetch {
+    let probed = if lookahead {
         let (n, secs) = spent.iter().fold((0.0, 0.0), |a, &(k, w)| {
-            let (phi, wst) = curve(k);
             (
                 a.0 + w as f64,
-                a.1 + w as f64 * forward(u1, uv1, h1, phi, wst).0,
+                a.1 + w as f64 * forward(u1, uv1, h1, guesses(curve(k))).0,
             )
         });
         n / secs
@@ -571,13 +607,14 @@ pub fn project(
             (
                 n.to_string(),
                 json!({"coverage": phi, "wasted_per_miss": w,
-                       "decode_tok_s": 1.0 / forward(u1, uv1, h1, phi, w).0}),
+                       "decode_tok_s": 1.0 / forward(u1, uv1, h1, guesses((phi, w))).0}),
             )
         })
         .collect();
-    let (t1, ssd1, ram1) = forward(u1, uv1, h1, phi, waste);
-    // A verify of two rows fills the working bank: no spare slots, no look-ahead.
-    let (t2, ssd2, _) = forward(u2, uv2, h2, 0.0, 0.0);
+    let (t1, ssd1, ram1) = forward(u1, uv1, h1, ahead);
+    // A verify of two rows fills the working bank: no spare slots, no look-ahead; PILOT's
+    // reads beside a verify are not measured, so not credited either.
+    let (t2, ssd2, _) = forward(u2, uv2, h2, Ahead::Off);
     // The MTP layer drafts over the accepted rows: τ rows of top-k experts, its own tier.
     let tau = 1.0 + acceptance;
     let k = g.top_k as f64;
@@ -589,7 +626,7 @@ pub fn project(
     // With the misses' reads also overlapping attention (perfect next-layer prefetch), the
     // forward takes only its slower resource: the overlap ceiling of docs/performance.md §2.2.
     let ceiling = |u: f64, uv: f64, h: f64| {
-        let (_, ssd, ram) = forward(u, uv, h, 0.0, 0.0);
+        let (_, ssd, ram) = forward(u, uv, h, Ahead::Off);
         1.0 / ram.max(ssd / (m.disk_gbps * 1e9))
     };
     // Prefill of a P-token prompt: the products at the kernel's GFLOP/s, attention (quadratic
@@ -634,19 +671,24 @@ pub fn project(
         "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
         "ram_wall_tok_s": 1.0 / ram1,
-        "prefetch": {"lookahead": prefetch, "coverage": phi, "wasted_per_miss": waste,
+        "prefetch": {"mode": prefetch.as_str(), "lookahead": lookahead,
+                     "coverage": phi, "wasted_per_miss": waste,
                      "hidden_in_attention": m.lookahead_hidden,
                      "wrong_guesses_cancelled": m.lookahead_cancelled,
-                     "min_context": prefetch.then_some(min_context),
+                     "min_context": lookahead.then_some(min_context),
                      "controller_windows": spent.iter().map(|&(n, w)| json!({"min_context": n, "windows": w})).collect::<Vec<_>>(),
-                     "decode_tok_s_with_probes": prefetch.then_some(probed),
-                     "per_threshold": per_threshold},
+                     "decode_tok_s_with_probes": lookahead.then_some(probed),
+                     "per_threshold": per_threshold,
+                     "pilot": (prefetch == Prefetch::Pilot).then(|| json!({
+                         "busy_in_attention": m.pilot_busy,
+                         "wasted_per_read": m.pilot_waste}))},
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "moe_overlap": m.moe_overlap,
         "decode_tok_s": {"mtp_off": off, "mtp_on": on},
-        // The same forward without reads started ahead (`--prefetch off`'s figure), beside the
-        // default's: what look-ahead adds at the measured `r`.
-        "decode_tok_s_without_lookahead": prefetch.then(|| 1.0 / forward(u1, uv1, h1, 0.0, 0.0).0),
+        // The same forward without reads started ahead (`--prefetch off`'s figure at these
+        // slots), beside the prefetch projected: what look-ahead adds at the measured `r`, or
+        // PILOT at its measured `b`.
+        "decode_tok_s_without_lookahead": (prefetch != Prefetch::Off).then(|| 1.0 / forward(u1, uv1, h1, Ahead::Off).0),
         "overlap_ceiling_tok_s": ceiling(u1, uv1, h1),
         "bound": if ssd1 / (m.disk_gbps * 1e9) > ram1 - t_attn { "disk" } else { "memory" },
         "prefill_tok_s": {"512": prefill(512), "2048": prefill(2048), "8192": prefill(8192)},
@@ -844,11 +886,19 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (Some(_), None) => None,
     };
     let mut calibration = None;
-    // Look-ahead's r and cancelled share need a second decode with look-ahead on: only where
-    // it is projected.
-    let want_hidden = a.prefetch == "lookahead"
-        && (a.lookahead_hidden.is_none() || a.lookahead_cancelled.is_none());
-    let wanted = a.layer_overhead_ms.is_none() || a.moe_overlap.is_none() || want_hidden;
+    let prefetch = Prefetch::parse(&a.prefetch)
+        .with_context(|| format!("unknown --prefetch `{}`", a.prefetch))?;
+    // Look-ahead's r and cancelled share need a second decode with look-ahead on, PILOT's b
+    // and waste one with PILOT on: only where it is projected.
+    let second = match prefetch {
+        Prefetch::Lookahead if a.lookahead_hidden.is_none() || a.lookahead_cancelled.is_none() => {
+            Prefetch::Lookahead
+        }
+        Prefetch::Pilot if a.pilot_busy.is_none() || a.pilot_waste.is_none() => Prefetch::Pilot,
+        _ => Prefetch::Off,
+    };
+    let wanted =
+        a.layer_overhead_ms.is_none() || a.moe_overlap.is_none() || second != Prefetch::Off;
     if let (true, Some(dir), true) = (wanted, calib_dir, effort.calibrate_tokens > 0) {
         // The container's own geometry and a budget it runs under (a --geometry budget is
         // the projected machine's, not this one's).
@@ -870,6 +920,18 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             Some(d) => d,
             None => measure_kernel(effort)?.0,
         };
+        // PILOT's predictions are the trace model's (the container's early router means
+        // nothing against replayed routes), made once over the trace's texts.
+        let predicted = match second {
+            Prefetch::Pilot => {
+                let model = match &a.predictor {
+                    Some(p) => p.clone(),
+                    None => super::bench_decode::default_predictor(&trace_dir)?,
+                };
+                Some(super::bench_pilot::predictions(&trace, &model)?.predicted)
+            }
+            _ => None,
+        };
         calibration = Some(calibrate(
             &dir,
             cb,
@@ -877,7 +939,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             dec,
             &trace,
             effort.calibrate_tokens,
-            want_hidden,
+            second,
+            predicted.as_deref(),
         )?);
     }
     let (disk_gbps, disk_reference) = match a.disk_gbps {
@@ -917,11 +980,25 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         (None, Some(c)) => c.lookahead_cancelled.unwrap_or(0.0),
         _ => 0.0,
     };
+    // Without a flag or a measurement, PILOT's reads get no credit and waste nothing: its
+    // projection is then `off`'s at PILOT's slots.
+    let pilot_busy = match (a.pilot_busy, &calibration) {
+        (Some(b), _) => b,
+        (None, Some(c)) => c.pilot_busy.unwrap_or(0.0),
+        _ => 0.0,
+    };
+    let pilot_waste = match (a.pilot_waste, &calibration) {
+        (Some(w), _) => w,
+        (None, Some(c)) => c.pilot_waste.unwrap_or(0.0),
+        _ => 0.0,
+    };
     let machine = Machine {
         layer_overhead_s,
         moe_overlap,
         lookahead_hidden,
         lookahead_cancelled,
+        pilot_busy,
+        pilot_waste,
         mem_gbps: match a.mem_gbps {
             Some(g) => g,
             None => measured(read, "the read rate")?,
@@ -952,7 +1029,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         },
         &trace,
         a.acceptance,
-        a.prefetch == "lookahead",
+        prefetch,
         gpu.as_ref(),
     );
     if let Some(n) = a.context {
@@ -987,6 +1064,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             "moe_overlap": machine.moe_overlap,
             "lookahead_hidden": machine.lookahead_hidden,
             "lookahead_cancelled": machine.lookahead_cancelled,
+            "pilot_busy": machine.pilot_busy,
+            "pilot_waste": machine.pilot_waste,
             "calibration": calibration.map(|c| c.record),
             "measured_here": {"read_gbps": read, "kernel_gbps": kernel.map(|k| k.0),
                               "disk_sample_gbps": a.disk_gbps.is_none().then_some(disk_sample),
@@ -1073,22 +1152,37 @@ pub fn render(full: &serde_json::Value) -> String {
         "  decode: {:.2} tok/s (MTP off{}), {:.2} tok/s (MTP on, acceptance {}), RAM wall {:.2}\n",
         f(&o["decode_tok_s"]["mtp_off"]),
         match o["decode_tok_s_without_lookahead"].as_f64() {
-            Some(x) => format!("; {x:.2} without look-ahead"),
+            Some(x) => format!(
+                "; {x:.2} without {}",
+                match o["prefetch"]["mode"].as_str() {
+                    Some("pilot") => "PILOT",
+                    _ => "look-ahead",
+                }
+            ),
             None => String::new(),
         },
         f(&o["decode_tok_s"]["mtp_on"]),
         o["acceptance"],
         f(&o["ram_wall_tok_s"])
     );
-    s += &format!(
-        "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wrong guesses per miss of which {:.0} % are cancelled unread, {:.0} % of the reads ahead hidden behind attention)\n",
-        f(&o["layer_overhead_ms"]),
-        if o["prefetch"]["lookahead"].as_bool() == Some(true) { "on" } else { "off" },
-        100.0 * f(&o["prefetch"]["coverage"]),
-        f(&o["prefetch"]["wasted_per_miss"]),
-        100.0 * f(&o["prefetch"]["wrong_guesses_cancelled"]),
-        100.0 * f(&o["prefetch"]["hidden_in_attention"])
-    );
+    let pilot = &o["prefetch"]["pilot"];
+    s += &match pilot.is_object() {
+        true => format!(
+            "  compute beyond weight streaming: {:.2} ms per layer; PILOT prefetch: the disk busy through {:.0} % of attention, {:.3} wrong guesses read per needed read\n",
+            f(&o["layer_overhead_ms"]),
+            100.0 * f(&pilot["busy_in_attention"]),
+            f(&pilot["wasted_per_read"])
+        ),
+        false => format!(
+            "  compute beyond weight streaming: {:.2} ms per layer; look-ahead prefetch: {} (reads {:.0} % of the misses ahead, {:.2} wrong guesses per miss of which {:.0} % are cancelled unread, {:.0} % of the reads ahead hidden behind attention)\n",
+            f(&o["layer_overhead_ms"]),
+            if o["prefetch"]["lookahead"].as_bool() == Some(true) { "on" } else { "off" },
+            100.0 * f(&o["prefetch"]["coverage"]),
+            f(&o["prefetch"]["wasted_per_miss"]),
+            100.0 * f(&o["prefetch"]["wrong_guesses_cancelled"]),
+            100.0 * f(&o["prefetch"]["hidden_in_attention"])
+        ),
+    };
     s += &format!(
         "  overlap ceiling (reads also hidden behind attention): {:.2} tok/s\n",
         f(&o["overlap_ceiling_tok_s"])

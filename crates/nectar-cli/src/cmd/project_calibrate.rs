@@ -5,7 +5,9 @@
 //! streaming the weights (`o`), the share of the MoE block behind which reads hide (`η`), the
 //! disk rate a decode gets, and — a second decode with look-ahead on — what share of the
 //! reads started ahead ran while attention computed (`r`) and what share of its wrong guesses
-//! were cancelled before their read started.
+//! were cancelled before their read started; or — a second decode with PILOT on, the trace
+//! model's predictions replayed — the share of attention its reads kept the disk busy (`b`)
+//! and its wrong guesses read per needed read.
 use super::project::Geometry;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::{HalfSeconds, LoadOptions, Prefetch};
@@ -30,6 +32,10 @@ pub struct Calibration {
     /// The share of its wrong guesses cancelled unread ([`cancelled_share`]), when the
     /// look-ahead decode guessed wrong often enough to tell.
     pub lookahead_cancelled: Option<f64>,
+    /// `b` ([`pilot_busy`]), when the PILOT decode ran.
+    pub pilot_busy: Option<f64>,
+    /// PILOT's wrong guesses read per needed read ([`pilot_waste`]), when the PILOT decode ran.
+    pub pilot_waste: Option<f64>,
     /// The JSON record (`machine.calibration`).
     pub record: serde_json::Value,
 }
@@ -92,12 +98,14 @@ impl Decode {
 
 /// Loads the container in `dir` under `budget` with `prefetch`, prompts it with `prompt` rows
 /// of the trace's first conversation (fewer where the trace is shorter) and decodes `tokens`
-/// steps (forward and logits, as `run` decodes) on the trace's routes.
+/// steps (forward and logits, as `run` decodes) on the trace's routes (and, with PILOT, the
+/// trace model's next-layer `predicted` experts in place of the container's early router).
 fn decode(
     dir: &Path,
     budget: u64,
     prefetch: Prefetch,
     trace: &Trace,
+    predicted: Option<&[Vec<Vec<u32>>]>,
     prompt: usize,
     tokens: usize,
 ) -> Result<Decode> {
@@ -110,7 +118,8 @@ fn decode(
     let model =
         Glm5::load_with(dir, &opts).with_context(|| format!("calibrating on {}", dir.display()))?;
     let mut routes = super::trace_routes::TraceRoutes::new(&model, trace)
-        .with_context(|| format!("calibrating on {}", dir.display()))?;
+        .with_context(|| format!("calibrating on {}", dir.display()))?
+        .with_predictions(predicted);
     let res = model.residency().cloned();
     // (waited, busy, bytes, reads, read ahead, wrong guesses read, wrong guesses cancelled)
     // since load; a prefetch cancelled before its read started read nothing.
@@ -195,8 +204,10 @@ fn decode(
 
 /// Calibrates the projection on the container in `dir` under `budget` (`g` its geometry,
 /// `dec_gbps` the kernel's weight rate here): a decode of `tokens` steps after an 8-row prompt
-/// with prefetch off, and with `lookahead` a second one with look-ahead on after the first
-/// conversation's whole prompt (the history its predictor matches contexts in).
+/// with prefetch off; with `ahead` look-ahead a second one with look-ahead on after the first
+/// conversation's whole prompt (the history its predictor matches contexts in); with `ahead`
+/// PILOT a second one after the same 8 rows replaying `predicted` (the trace model's
+/// next-layer predictions per trace row, `bench_pilot::predictions`).
 ///
 /// - Compute per MoE layer beyond the weights: (time − time waiting for reads − weight bytes
 ///   at `dec_gbps`) per token and MoE layer, the time less the waits of the median step.
@@ -207,7 +218,9 @@ fn decode(
 ///   together, after the hits are done, hides less. Measured only when reads took at least a
 ///   tenth of the decode.
 /// - `r` ([`lookahead_hidden`]) and the share of wrong guesses cancelled unread
-///   ([`cancelled_share`]) from the look-ahead decode.
+///   ([`cancelled_share`]) from the look-ahead decode; `b` ([`pilot_busy`]) and the wrong
+///   guesses read per needed read ([`pilot_waste`]) from the PILOT decode.
+#[allow(clippy::too_many_arguments)]
 pub fn calibrate(
     dir: &Path,
     budget: u64,
@@ -215,9 +228,10 @@ pub fn calibrate(
     dec_gbps: f64,
     trace: &Trace,
     tokens: usize,
-    lookahead: bool,
+    ahead: Prefetch,
+    predicted: Option<&[Vec<Vec<u32>>]>,
 ) -> Result<Calibration> {
-    let off = decode(dir, budget, Prefetch::Off, trace, 8, tokens)?;
+    let off = decode(dir, budget, Prefetch::Off, trace, None, 8, tokens)?;
     let compute = off.compute();
     let l = g.moe_layers as f64;
     let dec = dec_gbps * 1e9;
@@ -251,12 +265,39 @@ pub fn calibrate(
            "layer_overhead_ms": o * 1e3,
            "halves_ms_per_token": off.halves_ms()});
     let (mut hidden, mut cancelled) = (None, None);
-    if lookahead {
+    let (mut busy, mut waste) = (None, None);
+    if ahead == Prefetch::Pilot {
+        let p = decode(dir, budget, Prefetch::Pilot, trace, predicted, 8, tokens)?;
+        busy = pilot_busy(
+            p.halves.disk_busy_attention,
+            p.halves.attention,
+            p.prefetched,
+        );
+        waste = pilot_waste(p.dropped, p.reads, p.prefetched);
+        record["pilot"] = json!({"prompt_rows": p.prompt,
+            "decode_s_per_token": p.per(p.secs),
+            "compute_s_per_token": p.compute(),
+            "wait_s_per_token": p.per(p.waited),
+            "read_gb_per_token": p.per(p.bytes as f64) / 1e9,
+            "reads": p.reads, "prefetched": p.prefetched,
+            "wrong_guesses_read": p.dropped, "wrong_guesses_cancelled": p.cancelled,
+            "halves_ms_per_token": p.halves_ms(),
+            "busy_in_attention": busy, "wasted_per_read": waste});
+    }
+    if ahead == Prefetch::Lookahead {
         let prompt = trace
             .segments
             .first()
             .map_or(8, |s| s.warmup.clamp(8, MAX_LOOKAHEAD_PROMPT));
-        let la = decode(dir, budget, Prefetch::Lookahead, trace, prompt, tokens)?;
+        let la = decode(
+            dir,
+            budget,
+            Prefetch::Lookahead,
+            trace,
+            None,
+            prompt,
+            tokens,
+        )?;
         hidden = lookahead_hidden(
             la.halves.disk_busy_attention,
             la.busy,
@@ -280,6 +321,8 @@ pub fn calibrate(
         read_gbps,
         lookahead_hidden: hidden,
         lookahead_cancelled: cancelled,
+        pilot_busy: busy,
+        pilot_waste: waste,
         record,
     })
 }
@@ -327,9 +370,46 @@ pub fn cancelled_share(dropped: u64, cancelled: u64) -> Option<f64> {
     (wrong >= 8).then(|| cancelled as f64 / wrong as f64)
 }
 
+/// `b`: the share of the attention halves through which some read was in flight, from a
+/// decode with PILOT on. PILOT names the next layer's experts before this layer's MoE block;
+/// those not resident queue behind this layer's misses and run on into the next attention,
+/// so the projection credits PILOT with `b` of attention's time as disk time (up to the reads
+/// there are) instead of look-ahead's share of its own reads. On the 8-layer synth the disk
+/// was busy through 87 % of attention at 4 GiB and 77 % at 9 GiB (benchmarks/RESULTS.md,
+/// "PILOT at the slot share"). `None` under 8 reads started ahead (PILOT named nothing
+/// uncached: nothing to tell).
+pub fn pilot_busy(busy_in_attention: f64, attention: f64, prefetched: u64) -> Option<f64> {
+    (prefetched >= 8 && attention > 0.0).then(|| (busy_in_attention / attention).clamp(0.0, 1.0))
+}
+
+/// PILOT's wrong guesses read (`dropped`: read and never requested) per needed read (every
+/// expert read less those): the bytes its mistakes add to a forward's. `None` under 8 reads
+/// started ahead.
+pub fn pilot_waste(dropped: u64, reads: u64, prefetched: u64) -> Option<f64> {
+    let needed = reads.saturating_sub(dropped);
+    (prefetched >= 8 && needed > 0).then(|| dropped as f64 / needed as f64)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{cancelled_share, lookahead_hidden, overlap};
+    use super::{cancelled_share, lookahead_hidden, overlap, pilot_busy, pilot_waste};
+
+    #[test]
+    fn pilots_busy_share_is_of_attention_and_its_waste_of_the_needed_reads() {
+        // 42.7 ms of 49.2 ms of attention with a read in flight.
+        let b = pilot_busy(0.0427, 0.0492, 100).unwrap();
+        assert!((b - 0.0427 / 0.0492).abs() < 1e-12, "{b}");
+        // Reads of the layer before that end inside attention can overshoot by jitter.
+        assert_eq!(pilot_busy(0.06, 0.05, 100), Some(1.0));
+        assert_eq!(pilot_busy(0.04, 0.05, 7), None);
+        assert_eq!(pilot_busy(0.0, 0.0, 100), None);
+        // 1,144 wrong of 10,980 started, 20,000 reads in all: 1,144 per 18,856 needed.
+        let w = pilot_waste(1144, 20_000, 10_980).unwrap();
+        assert!((w - 1144.0 / 18_856.0).abs() < 1e-12, "{w}");
+        assert_eq!(pilot_waste(0, 100, 40), Some(0.0));
+        assert_eq!(pilot_waste(5, 100, 7), None);
+        assert_eq!(pilot_waste(10, 10, 10), None);
+    }
 
     #[test]
     fn the_cancelled_share_is_of_the_wrong_guesses() {

@@ -50,8 +50,9 @@ pub use placement::{
 pub use prefill::Prefill;
 pub use prefill_cost::{measure_gflops as measure_attention_gflops, AttnShape};
 pub use streaming::{
-    expert_layouts, kv_bytes_per_token, plan_memory, planned_prefill_tokens, prompt_transients,
-    serve_sequences, working_bank, LoadOptions, MemoryPlan, PinRequest, DEFAULT_ADMISSION,
+    expert_layouts, kv_bytes_per_token, plan_memory, planned_prefill_tokens, prefetch_slots,
+    prompt_transients, serve_sequences, working_bank, LoadOptions, MemoryPlan, PinRequest,
+    DEFAULT_ADMISSION,
 };
 
 use crate::blocks::{Embedding, Linear, Loader};

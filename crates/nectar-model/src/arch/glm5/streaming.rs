@@ -250,7 +250,8 @@ pub(super) fn plan_inputs(
         sparse_layers: cfg.dense.iter().filter(|d| !**d).count(),
         mtp_slot_bytes: if mtp { mtp_slot_bytes } else { 0 },
         experts_per_layer: r.n_routed_experts,
-        working_slots: working_bank(cfg.raw.num_experts_per_tok, opts) + prefetch_slots(cfg, opts),
+        working_slots: working_bank(cfg.raw.num_experts_per_tok, opts)
+            + prefetch_slots(cfg.raw.num_experts_per_tok, opts),
         pinned_slots: pinned,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
@@ -358,7 +359,7 @@ pub(super) fn setup(
     let residency = Residency::new(
         rc(
             working_bank(cfg.raw.num_experts_per_tok, opts),
-            prefetch_slots(cfg, opts),
+            prefetch_slots(cfg.raw.num_experts_per_tok, opts),
             pinned,
             opts.prefetch == super::Prefetch::Lookahead,
         ),
@@ -448,9 +449,9 @@ pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
 /// Slots reserved for next-layer prefetches: one layer's worth of one row's experts (a
 /// layer's unstarted wrong guesses give theirs back at its router, `Residency::routed`; each
 /// slot is taken from the LRU's budget).
-fn prefetch_slots(cfg: &Config, opts: &LoadOptions) -> usize {
+pub fn prefetch_slots(top_k: usize, opts: &LoadOptions) -> usize {
     match opts.prefetch {
-        super::Prefetch::Pilot => cfg.raw.num_experts_per_tok,
+        super::Prefetch::Pilot => top_k,
         _ => 0,
     }
 }
