@@ -912,9 +912,10 @@ pub struct FitArgs {
     /// it and read --pilot-waste wrong guesses per needed read).
     #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead", "pilot"])]
     pub prefetch: String,
-    /// With --prefetch pilot: the share (0–1) of attention through which PILOT's reads kept
-    /// the disk busy (its queue of the next layer's predicted misses runs on from the MoE block
-    /// before). Default: measured by a calibration decode with PILOT on, else 0 (no credit).
+    /// With --prefetch pilot: the share (0–1) of the predicted layers' attention (MoE layers
+    /// with a layer before them) through which PILOT's reads kept the disk busy (its queue of
+    /// the next layer's predicted misses runs on from the MoE block before). Default: measured
+    /// by a calibration decode with PILOT on, else 0 (no credit).
     #[arg(long, value_parser = unit)]
     pub pilot_busy: Option<f64>,
     /// With --prefetch pilot: PILOT's wrong guesses read (not cancelled at their layer's

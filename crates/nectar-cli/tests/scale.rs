@@ -654,6 +654,21 @@ fn fit_calibrates_pilot_on_the_trace_models_predictions() {
     );
     assert!((0.0..=1.0).contains(&b) && b > 0.0, "{m}");
     assert_eq!(c["busy_in_attention"].as_f64(), Some(b), "{c}");
+    // b is measured over the attention of the layers PILOT predicted (every MoE layer after
+    // the first layer here: 7 of 8), whose halves are part of all the attention halves.
+    let h = |k: &str| c["halves_ms_per_token"][k].as_f64().unwrap();
+    assert!(h("predicted_attention") > 0.0, "{c}");
+    assert!(h("predicted_attention") < h("attention"), "{c}");
+    assert!(
+        h("disk_busy_predicted_attention") <= h("disk_busy_attention") + 1e-9,
+        "{c}"
+    );
+    let want_b = (h("disk_busy_predicted_attention") / h("predicted_attention")).min(1.0);
+    assert!((b - want_b).abs() < 1e-9, "{c}");
+    assert_eq!(
+        p["prefetch"]["pilot"]["predicted_attention_share"].as_f64(),
+        Some(7.0 / 8.0)
+    );
     let want = n("wrong_guesses_read") as f64 / (n("reads") - n("wrong_guesses_read")) as f64;
     assert!((w - want).abs() < 1e-12, "{c}");
     // The projection uses what the calibration measured; no look-ahead decode ran.
@@ -686,6 +701,12 @@ fn fit_projects_pilot_from_its_busy_share_and_its_waste() {
     // the disk busy through more of attention hides more, never past the overlap ceiling.
     assert_eq!(none["prefetch"]["mode"], "pilot");
     assert_eq!(none["prefetch"]["pilot"]["busy_in_attention"], 0.0);
+    // b is a share of the predicted layers' attention: GLM-5.2's MoE layers 3–77 of 78 (the
+    // three dense layers before them have no prediction to read into their attention).
+    assert_eq!(
+        none["prefetch"]["pilot"]["predicted_attention_share"].as_f64(),
+        Some(75.0 / 78.0)
+    );
     let without = none["decode_tok_s_without_lookahead"].as_f64().unwrap();
     assert!((tok(&none) - without).abs() < 1e-12, "{none}");
     assert!(tok(&none) < tok(&off), "{none} {off}");

@@ -446,6 +446,8 @@ fn run_one(
         "mlp": per_tok(halves.mlp),
         "disk_busy_attention": per_tok(halves.disk_busy_attention),
         "disk_busy_mlp": per_tok(halves.disk_busy_mlp),
+        "predicted_attention": per_tok(halves.predicted_attention),
+        "disk_busy_predicted_attention": per_tok(halves.disk_busy_predicted_attention),
     });
     let bound = disk_bound.min(compute_bound);
     let slots = res.capacity(moe[0]);

@@ -90,6 +90,9 @@ pub struct Geometry {
     pub params_per_byte: f64,
     /// Attention dimensions, for prefill's attention work.
     pub attn: AttnShape,
+    /// MoE layers with a layer before them: those whose experts PILOT predicts, so whose
+    /// attention its reads can run into (of `attn.layers`).
+    pub predicted_layers: usize,
     /// The longest context the model takes (`max_position_embeddings`): `--context` past it
     /// projects nothing a run could do (and the probe would hold that many keys).
     pub max_context: usize,
@@ -161,6 +164,8 @@ impl Geometry {
             top_k: 8,
             params_per_byte: 37.75e6 / expert as f64,
             attn: AttnShape::glm52(),
+            // Layers 3–77; the 3 dense layers come first.
+            predicted_layers: 75,
             max_context: 1_048_576,
         };
         let (hidden, vocab, top_k, mtp) = (6144, 154_880, 8, opts.mtp);
@@ -227,6 +232,7 @@ impl Geometry {
             top_k,
             params_per_byte: 37.75e6 / 21.2e6,
             attn: AttnShape::from_config(&cfg),
+            predicted_layers: cfg.dense.iter().skip(1).filter(|d| !**d).count(),
             max_context: cfg.raw.max_position_embeddings.unwrap_or(usize::MAX),
         })
     }
@@ -462,6 +468,7 @@ pub fn project(
     gpu: Option<&GpuTier>,
 ) -> serde_json::Value {
     let lookahead = prefetch == Prefetch::Lookahead;
+    let predicted_share = g.predicted_layers as f64 / g.attn.layers.max(1) as f64;
     let hidden = trace.hidden_layers();
     let main = trace.main_layers(hidden);
     let mtp_l = trace.mtp_layers(hidden);
@@ -541,9 +548,10 @@ pub fn project(
             Ahead::Off => 0.0,
             Ahead::Guesses { phi, .. } => (m.lookahead_hidden * (phi + w) * t_ssd).min(t_attn),
             // PILOT's queue (the next layer's predicted misses, behind this layer's demand
-            // reads) runs on into the next attention: the disk is busy a share `b` of it, with
-            // right and wrong guesses alike, up to all the reads there are.
-            Ahead::Pilot => (m.pilot_busy * t_attn).min((1.0 + w) * t_ssd),
+            // reads) runs on into the next attention: the disk is busy a share `b` of the
+            // predicted layers' attention, with right and wrong guesses alike, up to all the
+            // reads there are (attention taken as even across layers).
+            Ahead::Pilot => (m.pilot_busy * predicted_share * t_attn).min((1.0 + w) * t_ssd),
         };
         let t = t_attn + (t_moe - hide) + hide.max((1.0 + w) * t_ssd - in_attn);
         (t, ssd * (1.0 + w), t_attn + t_moe)
@@ -681,6 +689,7 @@ pub fn project(
                      "per_threshold": per_threshold,
                      "pilot": (prefetch == Prefetch::Pilot).then(|| json!({
                          "busy_in_attention": m.pilot_busy,
+                         "predicted_attention_share": predicted_share,
                          "wasted_per_read": m.pilot_waste}))},
         "layer_overhead_ms": m.layer_overhead_s * 1e3,
         "moe_overlap": m.moe_overlap,
@@ -1168,9 +1177,10 @@ pub fn render(full: &serde_json::Value) -> String {
     let pilot = &o["prefetch"]["pilot"];
     s += &match pilot.is_object() {
         true => format!(
-            "  compute beyond weight streaming: {:.2} ms per layer; PILOT prefetch: the disk busy through {:.0} % of attention, {:.3} wrong guesses read per needed read\n",
+            "  compute beyond weight streaming: {:.2} ms per layer; PILOT prefetch: the disk busy through {:.0} % of the predicted layers' attention ({:.0} % of all attention), {:.3} wrong guesses read per needed read\n",
             f(&o["layer_overhead_ms"]),
             100.0 * f(&pilot["busy_in_attention"]),
+            100.0 * f(&pilot["predicted_attention_share"]),
             f(&pilot["wasted_per_read"])
         ),
         false => format!(

@@ -92,7 +92,9 @@ impl Decode {
         let ms = |s: f64| self.per(s) * 1e3;
         json!({"attention": ms(self.halves.attention), "mlp": ms(self.halves.mlp),
                "disk_busy_attention": ms(self.halves.disk_busy_attention),
-               "disk_busy_mlp": ms(self.halves.disk_busy_mlp)})
+               "disk_busy_mlp": ms(self.halves.disk_busy_mlp),
+               "predicted_attention": ms(self.halves.predicted_attention),
+               "disk_busy_predicted_attention": ms(self.halves.disk_busy_predicted_attention)})
     }
 }
 
@@ -269,8 +271,8 @@ pub fn calibrate(
     if ahead == Prefetch::Pilot {
         let p = decode(dir, budget, Prefetch::Pilot, trace, predicted, 8, tokens)?;
         busy = pilot_busy(
-            p.halves.disk_busy_attention,
-            p.halves.attention,
+            p.halves.disk_busy_predicted_attention,
+            p.halves.predicted_attention,
             p.prefetched,
         );
         waste = pilot_waste(p.dropped, p.reads, p.prefetched);
@@ -370,14 +372,17 @@ pub fn cancelled_share(dropped: u64, cancelled: u64) -> Option<f64> {
     (wrong >= 8).then(|| cancelled as f64 / wrong as f64)
 }
 
-/// `b`: the share of the attention halves through which some read was in flight, from a
-/// decode with PILOT on. PILOT names the next layer's experts before this layer's MoE block;
-/// those not resident queue behind this layer's misses and run on into the next attention,
-/// so the projection credits PILOT with `b` of attention's time as disk time (up to the reads
-/// there are) instead of look-ahead's share of its own reads. On the 8-layer synth the disk
-/// was busy through 87 % of attention at 4 GiB and 77 % at 9 GiB (benchmarks/RESULTS.md,
-/// "PILOT at the slot share"). `None` under 8 reads started ahead (PILOT named nothing
-/// uncached: nothing to tell).
+/// `b`: the share of the predicted layers' attention halves (those whose experts PILOT named
+/// in the layer before) through which some read was in flight, from a decode with PILOT on.
+/// PILOT names the next layer's experts before this layer's MoE block; those not resident
+/// queue behind this layer's misses and run on into the next attention, so the projection
+/// credits PILOT with `b` of those layers' attention time as disk time (up to the reads there
+/// are) instead of look-ahead's share of its own reads. Only those layers: a dense layer, or a
+/// first layer, has no prediction to read into its attention, and how many there are is the
+/// geometry's (the 8-layer synth's first layer, an eighth of its attention; GLM-5.2's 3 dense
+/// layers of 78), not the machine's — over all the synth's attention halves the disk was busy
+/// 80–88 % (benchmarks/RESULTS.md 2026-12-06 17:02). `None` under 8 reads started ahead (PILOT
+/// named nothing uncached: nothing to tell).
 pub fn pilot_busy(busy_in_attention: f64, attention: f64, prefetched: u64) -> Option<f64> {
     (prefetched >= 8 && attention > 0.0).then(|| (busy_in_attention / attention).clamp(0.0, 1.0))
 }

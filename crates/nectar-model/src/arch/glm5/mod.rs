@@ -471,8 +471,11 @@ impl Glm5 {
             if let (Some(a), Some(b), Some(c), false) = (c0, c1, c2, layer.attn.phases.is_prefill())
             {
                 let secs = |p: std::time::Instant, q: std::time::Instant| (q - p).as_secs_f64();
-                self.disk_overlap
-                    .add([secs(a.0, b.0), secs(b.0, c.0)], [b.1 - a.1, c.1 - b.1]);
+                self.disk_overlap.add(
+                    [secs(a.0, b.0), secs(b.0, c.0)],
+                    [b.1 - a.1, c.1 - b.1],
+                    predicted.is_some(),
+                );
             }
             c0 = c2;
             if let Some(p) = predicted.take() {

@@ -100,14 +100,25 @@ impl Phases {
 /// look-ahead with.
 #[derive(Debug, Default)]
 pub(super) struct DiskOverlap {
-    /// Nanoseconds `[attention, mlp, busy in attention, busy in mlp]`.
-    ns: [AtomicU64; 4],
+    /// Nanoseconds `[attention, mlp, busy in attention, busy in mlp]`, then the attention and
+    /// its busy time of the layers whose experts PILOT predicted in the layer before.
+    ns: [AtomicU64; 6],
 }
 
 impl DiskOverlap {
-    /// Adds one layer's halves: wall seconds of each, and the disk's busy seconds in each.
-    pub(super) fn add(&self, halves: [f64; 2], busy: [f64; 2]) {
-        for (slot, s) in self.ns.iter().zip([halves[0], halves[1], busy[0], busy[1]]) {
+    /// Adds one layer's halves: wall seconds of each, and the disk's busy seconds in each;
+    /// `predicted`: PILOT named this layer's experts during the layer before.
+    pub(super) fn add(&self, halves: [f64; 2], busy: [f64; 2], predicted: bool) {
+        let p = if predicted { 1.0 } else { 0.0 };
+        let all = [
+            halves[0],
+            halves[1],
+            busy[0],
+            busy[1],
+            p * halves[0],
+            p * busy[0],
+        ];
+        for (slot, s) in self.ns.iter().zip(all) {
             slot.fetch_add((s.max(0.0) * 1e9) as u64, Ordering::Relaxed);
         }
     }
@@ -120,6 +131,8 @@ impl DiskOverlap {
             mlp: s(1),
             disk_busy_attention: s(2),
             disk_busy_mlp: s(3),
+            predicted_attention: s(4),
+            disk_busy_predicted_attention: s(5),
         }
     }
 }
@@ -136,6 +149,11 @@ pub struct HalfSeconds {
     pub disk_busy_attention: f64,
     /// Disk busy while an MLP half ran.
     pub disk_busy_mlp: f64,
+    /// The attention halves of the layers whose experts PILOT predicted in the layer before
+    /// (every MoE layer but one preceded by none: what PILOT's reads can run into).
+    pub predicted_attention: f64,
+    /// Disk busy while one of those ran.
+    pub disk_busy_predicted_attention: f64,
 }
 
 /// The halves between two readings of [`HalfSeconds`] (since load): what the forwards between
@@ -149,6 +167,9 @@ impl std::ops::Sub for HalfSeconds {
             mlp: self.mlp - o.mlp,
             disk_busy_attention: self.disk_busy_attention - o.disk_busy_attention,
             disk_busy_mlp: self.disk_busy_mlp - o.disk_busy_mlp,
+            predicted_attention: self.predicted_attention - o.predicted_attention,
+            disk_busy_predicted_attention: self.disk_busy_predicted_attention
+                - o.disk_busy_predicted_attention,
         }
     }
 }
@@ -245,17 +266,20 @@ mod tests {
     #[test]
     fn disk_overlap_sums_the_halves_apart() {
         let d = DiskOverlap::default();
-        d.add([0.5, 1.5], [0.25, 1.0]);
-        d.add([0.5, 0.5], [0.0, 0.5]);
+        d.add([0.5, 1.5], [0.25, 1.0], true);
+        d.add([0.5, 0.5], [0.0, 0.5], false);
         let sum = HalfSeconds {
             attention: 1.0,
             mlp: 2.0,
             disk_busy_attention: 0.25,
             disk_busy_mlp: 1.5,
+            // Only the predicted layer's attention and its busy time.
+            predicted_attention: 0.5,
+            disk_busy_predicted_attention: 0.25,
         };
         assert_eq!(d.seconds(), sum);
         // A negative span (clocks read out of order) adds nothing rather than wrapping.
-        d.add([-1.0, 0.0], [0.0, 0.0]);
+        d.add([-1.0, 0.0], [0.0, 0.0], true);
         assert_eq!(d.seconds(), sum);
     }
 
