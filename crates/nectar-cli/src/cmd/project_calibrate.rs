@@ -87,6 +87,18 @@ impl Decode {
         }
     }
 
+    /// The record of a decode with reads ahead (look-ahead's or PILOT's), per token.
+    fn record(&self) -> serde_json::Value {
+        json!({"prompt_rows": self.prompt,
+            "decode_s_per_token": self.per(self.secs),
+            "compute_s_per_token": self.compute(),
+            "wait_s_per_token": self.per(self.waited),
+            "read_gb_per_token": self.per(self.bytes as f64) / 1e9,
+            "reads": self.reads, "prefetched": self.prefetched,
+            "wrong_guesses_read": self.dropped, "wrong_guesses_cancelled": self.cancelled,
+            "halves_ms_per_token": self.halves_ms()})
+    }
+
     /// The halves in milliseconds per token, for the record.
     fn halves_ms(&self) -> serde_json::Value {
         let ms = |s: f64| self.per(s) * 1e3;
@@ -276,15 +288,9 @@ pub fn calibrate(
             p.prefetched,
         );
         waste = pilot_waste(p.dropped, p.reads, p.prefetched);
-        record["pilot"] = json!({"prompt_rows": p.prompt,
-            "decode_s_per_token": p.per(p.secs),
-            "compute_s_per_token": p.compute(),
-            "wait_s_per_token": p.per(p.waited),
-            "read_gb_per_token": p.per(p.bytes as f64) / 1e9,
-            "reads": p.reads, "prefetched": p.prefetched,
-            "wrong_guesses_read": p.dropped, "wrong_guesses_cancelled": p.cancelled,
-            "halves_ms_per_token": p.halves_ms(),
-            "busy_in_attention": busy, "wasted_per_read": waste});
+        record["pilot"] = p.record();
+        record["pilot"]["busy_in_attention"] = json!(busy);
+        record["pilot"]["wasted_per_read"] = json!(waste);
     }
     if ahead == Prefetch::Lookahead {
         let prompt = trace
@@ -307,15 +313,9 @@ pub fn calibrate(
             la.reads,
         );
         cancelled = cancelled_share(la.dropped, la.cancelled);
-        record["lookahead"] = json!({"prompt_rows": la.prompt,
-            "decode_s_per_token": la.per(la.secs),
-            "compute_s_per_token": la.compute(),
-            "wait_s_per_token": la.per(la.waited),
-            "read_gb_per_token": la.per(la.bytes as f64) / 1e9,
-            "reads": la.reads, "prefetched": la.prefetched,
-            "wrong_guesses_read": la.dropped, "wrong_guesses_cancelled": la.cancelled,
-            "halves_ms_per_token": la.halves_ms(),
-            "hidden": hidden, "cancelled_share": cancelled});
+        record["lookahead"] = la.record();
+        record["lookahead"]["hidden"] = json!(hidden);
+        record["lookahead"]["cancelled_share"] = json!(cancelled);
     }
     Ok(Calibration {
         layer_overhead_s: o,
