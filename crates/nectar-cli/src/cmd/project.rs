@@ -262,8 +262,8 @@ pub struct Machine {
     /// The share of look-ahead's wrong guesses cancelled unread at their layer's router
     /// (`project_calibrate::cancelled_share`; 0: every wrong guess is read).
     pub lookahead_cancelled: f64,
-    /// `b`: the share of attention through which PILOT's reads kept the disk busy
-    /// (`project_calibrate::pilot_busy`; 0: no credit).
+    /// `b`: the share of the predicted layers' attention through which PILOT's reads kept the
+    /// disk busy (`project_calibrate::pilot_busy`; 0: no credit).
     pub pilot_busy: f64,
     /// PILOT's wrong guesses read per needed expert read (`project_calibrate::pilot_waste`).
     pub pilot_waste: f64,
@@ -453,7 +453,8 @@ enum Ahead {
     /// offline replay's), a share `r` of their disk time inside attention.
     Guesses { phi: f64, w: f64 },
     /// PILOT: the next layer's predicted misses queue behind this layer's and keep the disk
-    /// busy through a measured share `b` of attention, with `pilot_waste` wrong guesses read.
+    /// busy through a measured share `b` of the predicted layers' attention, with
+    /// `pilot_waste` wrong guesses read.
     Pilot,
 }
 

@@ -6,8 +6,8 @@
 //! disk rate a decode gets, and — a second decode with look-ahead on — what share of the
 //! reads started ahead ran while attention computed (`r`) and what share of its wrong guesses
 //! were cancelled before their read started; or — a second decode with PILOT on, the trace
-//! model's predictions replayed — the share of attention its reads kept the disk busy (`b`)
-//! and its wrong guesses read per needed read.
+//! model's predictions replayed — the share of the predicted layers' attention its reads kept
+//! the disk busy (`b`) and its wrong guesses read per needed read.
 use super::project::Geometry;
 use anyhow::{Context, Result};
 use nectar_model::arch::glm5::{HalfSeconds, LoadOptions, Prefetch};
