@@ -50,12 +50,13 @@ def gain(b, ahead):
         tok = lambda f: f["projection"]["decode_tok_s"]["mtp_off"]
         proj = f"{tok(f_on) / tok(f_off):.2f}×"
     g = statistics.median(r["decode_tok_s"] for r in on) / statistics.median(r["decode_tok_s"] for r in off)
-    # Each run's tok/s × its GB per token ÷ the disk's best rate seen around it: the share of
-    # the disk's rate the decode used, which a drifting disk moves less than tok/s. The best
-    # rate is the higher raw sample, or the decode's own bytes per second of disk busy time
-    # where its reads moved faster than both 1 s samples (a PILOT arm on a drifting virtio
-    # disk did: a share above 1 would mean the samples read low).
+    # Each run's tok/s × its GB per token ÷ the disk's best rate seen around it
+    # (`disk_reference_gb_s`: the higher raw sample, or the decode's own bytes per busy second
+    # where its reads moved faster): the share of the disk's rate the decode used, which a
+    # drifting disk moves less than tok/s. Runs from before that field: the same from halves.
     def best(r):
+        if "disk_reference_gb_s" in r:
+            return r["disk_reference_gb_s"]
         h = r.get("halves_ms_per_token") or {}
         busy = (h.get("disk_busy_attention", 0) + h.get("disk_busy_mlp", 0)) / 1e3
         own = r["gb_per_token"] / busy if busy > 0 else 0

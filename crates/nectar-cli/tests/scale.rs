@@ -177,6 +177,16 @@ fn bench_replay_is_deterministic_and_bounded_by_belady() {
         assert!((hit - offline).abs() <= 0.01, "{x}");
         assert!(x["ratio"].as_f64().unwrap() <= 1.0 + 1e-9, "{x}");
         assert!(x["decode_tok_s"].as_f64().unwrap() > 0.0);
+        // The disk's reference is the best rate seen: both raw samples and the decode's own
+        // bytes per busy second, whichever is highest.
+        let raw = &x["raw_gb_s"];
+        let seen = ["before", "after", "decode_busy"].map(|k| raw[k].as_f64().unwrap());
+        assert!(seen[2] > 0.0, "{x}");
+        assert_eq!(
+            x["disk_reference_gb_s"].as_f64(),
+            Some(seen.into_iter().fold(0.0, f64::max)),
+            "{x}"
+        );
         // The layers' halves per decoded token, and the disk's busy time inside each: this
         // cache misses, so the MLP halves read (busy > 0), and no half holds more busy time
         // than it lasted.
