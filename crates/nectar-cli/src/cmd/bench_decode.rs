@@ -192,7 +192,7 @@ fn routes(
                     Some(p) => p.clone(),
                     None => default_predictor(&rp.dir)?,
                 };
-                let p = super::bench_pilot::predictions(tr, &model)?;
+                let p = super::bench_pilot::predictions(tr, &model, usize::MAX)?;
                 let predicted = map(&|row, tl| p.predicted[row][tl].clone());
                 let pilot = json!({
                     "predictor": model,

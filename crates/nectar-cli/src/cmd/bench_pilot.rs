@@ -49,9 +49,10 @@ impl Observer for Collect {
     }
 }
 
-/// Runs `model_dir` over every segment of `trace` (prompt and decoded rows, as the trace was
-/// recorded) and returns the predictions for every row.
-pub fn predictions(trace: &Trace, model_dir: &Path) -> Result<TracePredictions> {
+/// Runs `model_dir` over every segment of `trace` that starts before row `before` (prompt and
+/// decoded rows, as the trace was recorded; `usize::MAX`: all of them) and returns the
+/// predictions for every row (none for the rows of the segments left out).
+pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<TracePredictions> {
     let (t_all, tl) = (trace.rows, trace.layers.len());
     let tokens = trace.tokens.as_ref().with_context(|| {
         format!(
@@ -77,7 +78,7 @@ pub fn predictions(trace: &Trace, model_dir: &Path) -> Result<TracePredictions> 
     let layers = trace.layers.iter().filter(|&&l| l < hidden_layers).count();
     let mut predicted = vec![vec![Vec::new(); tl]; t_all];
     let (mut chosen, mut named, mut agreed) = (0u64, 0u64, 0u64);
-    for seg in segments {
+    for seg in segments.iter().take_while(|s| s.start < before) {
         let (start, end) = (seg.start, seg.end);
         anyhow::ensure!(
             start < end && end <= t_all,

@@ -734,7 +734,7 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
                 Some(p) => p.clone(),
                 None => super::bench_decode::default_predictor(&dir)?,
             };
-            let predictions = super::bench_pilot::predictions(&trace, &model)?;
+            let predictions = super::bench_pilot::predictions(&trace, &model, usize::MAX)?;
             Some(Pilot { model, predictions })
         }
         false => None,

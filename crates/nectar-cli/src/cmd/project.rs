@@ -931,14 +931,18 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             None => measure_kernel(effort)?.0,
         };
         // PILOT's predictions are the trace model's (the container's early router means
-        // nothing against replayed routes), made once over the trace's texts.
+        // nothing against replayed routes), made over the texts the calibration decodes: its
+        // rows start at the first segment (an 8-row prompt, then its decode steps).
         let predicted = match second {
             Prefetch::Pilot => {
                 let model = match &a.predictor {
                     Some(p) => p.clone(),
                     None => super::bench_decode::default_predictor(&trace_dir)?,
                 };
-                Some(super::bench_pilot::predictions(&trace, &model)?.predicted)
+                let first = trace.segments.first().map_or(0, |s| s.start);
+                let before =
+                    first + super::project_calibrate::PROMPT_ROWS + effort.calibrate_tokens;
+                Some(super::bench_pilot::predictions(&trace, &model, before)?.predicted)
             }
             _ => None,
         };

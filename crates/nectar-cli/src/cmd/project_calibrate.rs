@@ -40,6 +40,9 @@ pub struct Calibration {
     pub record: serde_json::Value,
 }
 
+/// Prompt rows the calibration decodes feed first (look-ahead's at least this many).
+pub const PROMPT_ROWS: usize = 8;
+
 /// The longest prompt the look-ahead decode feeds first (route256's are 43–118 rows; a longer
 /// one would spend the calibration's time on prefill reads under the budget).
 const MAX_LOOKAHEAD_PROMPT: usize = 512;
@@ -245,7 +248,7 @@ pub fn calibrate(
     ahead: Prefetch,
     predicted: Option<&[Vec<Vec<u32>>]>,
 ) -> Result<Calibration> {
-    let off = decode(dir, budget, Prefetch::Off, trace, None, 8, tokens)?;
+    let off = decode(dir, budget, Prefetch::Off, trace, None, PROMPT_ROWS, tokens)?;
     let compute = off.compute();
     let l = g.moe_layers as f64;
     let dec = dec_gbps * 1e9;
@@ -281,7 +284,15 @@ pub fn calibrate(
     let (mut hidden, mut cancelled) = (None, None);
     let (mut busy, mut waste) = (None, None);
     if ahead == Prefetch::Pilot {
-        let p = decode(dir, budget, Prefetch::Pilot, trace, predicted, 8, tokens)?;
+        let p = decode(
+            dir,
+            budget,
+            Prefetch::Pilot,
+            trace,
+            predicted,
+            PROMPT_ROWS,
+            tokens,
+        )?;
         busy = pilot_busy(
             p.halves.disk_busy_predicted_attention,
             p.halves.predicted_attention,
@@ -293,10 +304,9 @@ pub fn calibrate(
         record["pilot"]["wasted_per_read"] = json!(waste);
     }
     if ahead == Prefetch::Lookahead {
-        let prompt = trace
-            .segments
-            .first()
-            .map_or(8, |s| s.warmup.clamp(8, MAX_LOOKAHEAD_PROMPT));
+        let prompt = trace.segments.first().map_or(PROMPT_ROWS, |s| {
+            s.warmup.clamp(PROMPT_ROWS, MAX_LOOKAHEAD_PROMPT)
+        });
         let la = decode(
             dir,
             budget,
