@@ -39,7 +39,7 @@
 //! up to the DSA top k, then linear, plus the indexer's scoring) at the attention core's
 //! GFLOP/s (timed here on the model's own reconstructed core, or `--attn-gflops`), plus one
 //! read of every touched expert per layer (expert-major prefill).
-use super::project_calibrate::calibrate;
+use super::project_calibrate::{calibrate, Second};
 use super::project_gpu::{hot_sets, without, GpuTier};
 use crate::args::FitArgs;
 use anyhow::{Context, Result};
@@ -946,6 +946,11 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             }
             _ => None,
         };
+        let second = match (second, predicted.as_deref()) {
+            (Prefetch::Lookahead, _) => Second::Lookahead,
+            (Prefetch::Pilot, Some(p)) => Second::Pilot(p),
+            _ => Second::None,
+        };
         calibration = Some(calibrate(
             &dir,
             cb,
@@ -954,7 +959,6 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             &trace,
             effort.calibrate_tokens,
             second,
-            predicted.as_deref(),
         )?);
     }
     let (disk_gbps, disk_reference) = match a.disk_gbps {

@@ -40,6 +40,15 @@ pub struct Calibration {
     pub record: serde_json::Value,
 }
 
+/// The second calibration decode: none, look-ahead's, or PILOT's replaying the trace model's
+/// next-layer predictions per trace row (`bench_pilot::predictions`).
+#[derive(Debug, Clone, Copy)]
+pub enum Second<'a> {
+    None,
+    Lookahead,
+    Pilot(&'a [Vec<Vec<u32>>]),
+}
+
 /// Prompt rows the calibration decodes feed first (look-ahead's at least this many).
 pub const PROMPT_ROWS: usize = 8;
 
@@ -221,10 +230,9 @@ fn decode(
 
 /// Calibrates the projection on the container in `dir` under `budget` (`g` its geometry,
 /// `dec_gbps` the kernel's weight rate here): a decode of `tokens` steps after an 8-row prompt
-/// with prefetch off; with `ahead` look-ahead a second one with look-ahead on after the first
-/// conversation's whole prompt (the history its predictor matches contexts in); with `ahead`
-/// PILOT a second one after the same 8 rows replaying `predicted` (the trace model's
-/// next-layer predictions per trace row, `bench_pilot::predictions`).
+/// with prefetch off, and the `second` one: with look-ahead on after the first conversation's
+/// whole prompt (the history its predictor matches contexts in), or with PILOT on after the
+/// same 8 rows, replaying the trace model's predictions.
 ///
 /// - Compute per MoE layer beyond the weights: (time − time waiting for reads − weight bytes
 ///   at `dec_gbps`) per token and MoE layer, the time less the waits of the median step.
@@ -237,7 +245,6 @@ fn decode(
 /// - `r` ([`lookahead_hidden`]) and the share of wrong guesses cancelled unread
 ///   ([`cancelled_share`]) from the look-ahead decode; `b` ([`pilot_busy`]) and the wrong
 ///   guesses read per needed read ([`pilot_waste`]) from the PILOT decode.
-#[allow(clippy::too_many_arguments)]
 pub fn calibrate(
     dir: &Path,
     budget: u64,
@@ -245,8 +252,7 @@ pub fn calibrate(
     dec_gbps: f64,
     trace: &Trace,
     tokens: usize,
-    ahead: Prefetch,
-    predicted: Option<&[Vec<Vec<u32>>]>,
+    second: Second,
 ) -> Result<Calibration> {
     let off = decode(dir, budget, Prefetch::Off, trace, None, PROMPT_ROWS, tokens)?;
     let compute = off.compute();
@@ -283,13 +289,13 @@ pub fn calibrate(
            "halves_ms_per_token": off.halves_ms()});
     let (mut hidden, mut cancelled) = (None, None);
     let (mut busy, mut waste) = (None, None);
-    if ahead == Prefetch::Pilot {
+    if let Second::Pilot(predicted) = second {
         let p = decode(
             dir,
             budget,
             Prefetch::Pilot,
             trace,
-            predicted,
+            Some(predicted),
             PROMPT_ROWS,
             tokens,
         )?;
@@ -303,7 +309,7 @@ pub fn calibrate(
         record["pilot"]["busy_in_attention"] = json!(busy);
         record["pilot"]["wasted_per_read"] = json!(waste);
     }
-    if ahead == Prefetch::Lookahead {
+    if let Second::Lookahead = second {
         let prompt = trace.segments.first().map_or(PROMPT_ROWS, |s| {
             s.warmup.clamp(PROMPT_ROWS, MAX_LOOKAHEAD_PROMPT)
         });
