@@ -20,6 +20,24 @@ fn glm52_projection(args: &[&str]) -> serde_json::Value {
     json(&out)["projection"].clone()
 }
 
+/// `fit --project --json` of the route256 model under 200M, calibrated on itself (the whole
+/// output: machine and projection).
+fn e256_projection(extra: &[&str]) -> serde_json::Value {
+    let model = e256();
+    let base = [
+        "fit",
+        "--model",
+        &model,
+        "--memory-budget",
+        "200M",
+        "--project",
+        "--json",
+    ];
+    let (ok, out, err) = nectar(&[&base[..], extra].concat());
+    assert!(ok, "{err}");
+    json(&out)
+}
+
 /// A described machine for GLM-5.2 (PCIe4 NVMe, dual-channel DDR5): every speed but the
 /// compute rates given, so nothing measured here enters the decode figure.
 const PCIE4_DDR5: [&str; 6] = [
@@ -368,17 +386,7 @@ fn bench_replay_prefill_reads_each_touched_expert_once() {
 
 #[test]
 fn fit_projects_decode_and_prefill_speed() {
-    let (ok, out, err) = nectar(&[
-        "fit",
-        "--model",
-        &e256(),
-        "--memory-budget",
-        "200M",
-        "--project",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = e256_projection(&[]);
     let p = &v["projection"];
     assert!(p["lru_slots_per_layer"].as_u64().unwrap() >= 1);
     assert!(p["decode_tok_s"]["mtp_off"].as_f64().unwrap() > 0.0, "{p}");
@@ -639,19 +647,7 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
 fn fit_calibrates_pilot_on_the_trace_models_predictions() {
     // The route256 model is both the container and the trace's model: the PILOT calibration
     // decode replays that model's next-layer predictions over the trace's first conversation.
-    let (ok, out, err) = nectar(&[
-        "fit",
-        "--model",
-        &e256(),
-        "--memory-budget",
-        "200M",
-        "--project",
-        "--prefetch",
-        "pilot",
-        "--json",
-    ]);
-    assert!(ok, "{err}");
-    let v = json(&out);
+    let v = e256_projection(&["--prefetch", "pilot"]);
     let (m, p) = (&v["machine"], &v["projection"]);
     let c = &m["calibration"]["pilot"];
     let n = |k: &str| c[k].as_u64().unwrap();
