@@ -331,6 +331,31 @@ impl Catalog {
         Ok(Bytes::Owned(Arc::new(buf)))
     }
 
+    /// `buf.len()` bytes of `e` from byte `start` of the tensor, by a positioned read (no map):
+    /// what a caller reads part by part (an embedding table's rows) instead of holding it. A
+    /// range outside the tensor is an error naming it; a short read (the file truncated since
+    /// load) is an error naming the file and offset.
+    pub fn read_part(&self, e: &TensorEntry, start: u64, buf: &mut [u8]) -> Result<()> {
+        let end = start.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > e.len) {
+            return Err(self.tensor_error(
+                e,
+                format!(
+                    "bytes {start}..+{} are outside the tensor ({} bytes)",
+                    buf.len(),
+                    e.len
+                ),
+            ));
+        }
+        let off = e.offset + start;
+        read_exact_at(&self.files[e.shard], buf, off).map_err(|err| {
+            self.changed(
+                e.shard,
+                format!("reading `{}` at offset {off}: {err}", e.name),
+            )
+        })
+    }
+
     /// Fails when a read of a mapped shard found the file shorter than at load since the last
     /// call (the bytes read were zeros: discard what was computed from them). The shard stays
     /// marked until [`Catalog::ensure_intact`] finds the file back.
@@ -501,6 +526,40 @@ pub(crate) mod tests {
         assert_eq!(c.bytes(x), &[0, 0, 128, 63, 0, 0, 0, 64]);
         assert_eq!(&*c.shared_bytes(c.get("y").unwrap()), &[1, 2, 3]);
         assert!(c.require("z").unwrap_err().to_string().contains("`z`"));
+    }
+
+    #[test]
+    fn read_part_reads_inside_the_tensor_and_names_what_fails() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.safetensors");
+        write_st(
+            &p,
+            &[
+                ("a", "U8", &[4], vec![9, 9, 9, 9]),
+                ("t", "U8", &[2, 3], vec![1, 2, 3, 4, 5, 6]),
+            ],
+        );
+        let c = Catalog::open(d.path()).unwrap();
+        let t = c.require("t").unwrap();
+        let mut row = [0u8; 3];
+        c.read_part(t, 3, &mut row).unwrap();
+        assert_eq!(row, [4, 5, 6]);
+        let e = c.read_part(t, 4, &mut row).unwrap_err().to_string();
+        assert!(e.contains("`t`") && e.contains("outside"), "{e}");
+        let e = c.read_part(t, u64::MAX, &mut row).unwrap_err().to_string();
+        assert!(e.contains("outside"), "{e}");
+        // Truncated after load: a short read names the file and the offset.
+        let len = std::fs::metadata(&p).unwrap().len();
+        File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(len - 2)
+            .unwrap();
+        let e = c.read_part(t, 3, &mut row).unwrap_err().to_string();
+        assert!(e.contains("m.safetensors") && e.contains("`t`"), "{e}");
+        c.read_part(t, 0, &mut row).unwrap();
+        assert_eq!(row, [1, 2, 3]);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 mod common;
 use common::*;
 use nectar_format::convert::{convert, ConvertParams};
-use nectar_model::arch::glm5::{LoadOptions, Prefetch};
+use nectar_model::arch::glm5::{
+    classify, expert_of, plan_memory, Config, LoadOptions, Prefetch, TensorClass,
+};
 use nectar_model::{Glm5, MtpStep, NoObserver, SeqStep};
 use std::path::Path;
 
@@ -141,6 +143,30 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             assert!(ev > 0);
         }
     }
+    // The embedding tables are read a row per token under a budget (the logits above are the
+    // resident ones): the plan holds every non-expert byte of the headers but their codes.
+    let cfg = Config::from_dir(out.path()).unwrap();
+    let cat = nectar_format::Catalog::open(out.path()).unwrap();
+    let (mut weights, mut embedding) = (0, 0);
+    for e in cat.tensors() {
+        match classify(&e.name, &cfg) {
+            TensorClass::RoutedExpert => {}
+            TensorClass::Mtp if expert_of(&e.name).is_some() => {}
+            _ if e.name.ends_with("embed_tokens.weight") => embedding += e.len,
+            _ => weights += e.len,
+        }
+    }
+    assert!(embedding > 0 && cfg.head_name() == "lm_head.weight");
+    let plan = plan_memory(
+        out.path(),
+        &LoadOptions {
+            memory_budget: Some(budget_for(out.path(), 3, &base)),
+            ..base.clone()
+        },
+    )
+    .unwrap();
+    let held: u64 = plan.inputs.spine.iter().map(|s| s.1).sum();
+    assert_eq!(held, weights, "{:?}", plan.inputs.spine);
     // Batch-union: two rows routed to the same experts request each expert once per layer, so
     // a forward over both asks the cache exactly what a forward over one does.
     let requests = |rows: usize| {

@@ -10,6 +10,7 @@ pub mod bench_replay;
 pub mod convert;
 pub mod doctor;
 pub mod fit;
+pub mod glm52_spine;
 pub mod gpu_flag;
 pub mod grammar;
 pub mod inspect;

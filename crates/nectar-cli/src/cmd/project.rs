@@ -107,7 +107,7 @@ pub enum Glm52 {
     /// `GLM-5.2-colibri-int4-g64-with-int8-mtp`.
     G64,
     /// `glm52-row`: int4 with a scale per row, 18.9 MB — `GLM-5.2-colibri-int4-with-int8-mtp`,
-    /// the published artifact whose 9.9 GB spine was measured (`convert --group-size 0`).
+    /// the published artifact (`convert --group-size 0`).
     Row,
 }
 
@@ -132,6 +132,15 @@ impl Glm52 {
         }
     }
 
+    /// Columns per int4 scale of the encoding (`None`: one scale per row), the spine's as the
+    /// experts' (`nectar convert --group-size` sets both).
+    fn group(self) -> Option<usize> {
+        match self {
+            Glm52::G64 => Some(64),
+            Glm52::Row => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Glm52::G64 => "int4 g64",
@@ -143,20 +152,23 @@ impl Glm52 {
 impl Geometry {
     /// GLM-5.2 with its experts encoded as `enc` (Nectar's default conversion is int4 g64),
     /// from the model constants of `docs/performance.md` §1: 75 MoE layers, experts 21.2 MB
-    /// (g64) or 18.9 MB (per row) of 37.75 M parameters, MTP experts int8 37.8 MB, 9.5 GB of
-    /// spine read per forward, 9.9 GB resident; and its memory plan for `opts` (context,
+    /// (g64) or 18.9 MB (per row) of 37.75 M parameters, MTP experts int8 37.8 MB, its spine
+    /// counted from its matrices at the encoding's int4 grouping ([`super::glm52_spine`]:
+    /// 10.6 GB at g64, 9.6 GB per row; read per forward and resident, since the embedding
+    /// table is read a row per token); and its memory plan for `opts` (context,
     /// sequences, server, MTP: as the runtime's plan, with GLM-5.2's dimensions —
     /// `nectar_model::arch::glm5::plan_memory`). With `opts.mtp` off the MTP layer's 0.3 GB,
     /// its working bank and its slot row are not planned. `cores`: compute threads of the
     /// machine planned (the runtime reserve counts their stacks).
     pub fn glm52(enc: Glm52, opts: &LoadOptions, cores: usize) -> (Geometry, PlanInputs) {
         let expert = enc.expert_bytes();
+        let spine_bytes = super::glm52_spine::spine_bytes(enc.group());
         let g = Geometry {
             source: format!(
                 "GLM-5.2 constants (docs/performance.md §1), experts {}",
                 enc.name()
             ),
-            spine_read: 9.5e9,
+            spine_read: spine_bytes as f64,
             expert: expert as f64,
             mtp_expert: 37.8e6,
             mtp_spine: 0.3e9,
@@ -170,8 +182,8 @@ impl Geometry {
         };
         let (hidden, vocab, top_k, mtp) = (6144, 154_880, 8, opts.mtp);
         let mut spine = vec![(
-            "resident spine (int4 + int8 embed/head)".into(),
-            9_900_000_000,
+            "resident spine (int4 + int8 head; the embedding read per token)".into(),
+            spine_bytes,
         )];
         if mtp {
             spine.push(("MTP layer (non-expert)".into(), 300_000_000));

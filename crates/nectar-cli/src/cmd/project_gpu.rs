@@ -243,7 +243,7 @@ mod tests {
             &nectar_model::arch::glm5::LoadOptions::default(),
             8,
         );
-        // 22 GB: the 9.5 GB spine, then 12.5 GB / 21.2 MB / 75 = 7.86 → 7 experts per layer.
+        // 22 GB: the 10.6 GB g64 spine, then 11.4 GB / 21.2 MB / 75 = 7.2 → 7 experts per layer.
         let t = GpuTier::glm52(&g, 22_000_000_000, 400.0, 20e-6);
         assert_eq!(t.spine_bytes, g.spine_read);
         assert_eq!(t.spine_products, GLM52_SPINE_PRODUCTS);
@@ -251,7 +251,8 @@ mod tests {
         // 4 GB: part of the spine, its products in proportion, no experts.
         let t = GpuTier::glm52(&g, 4_000_000_000, 400.0, 20e-6);
         assert_eq!(t.spine_bytes, 4e9);
-        assert!((t.spine_products - GLM52_SPINE_PRODUCTS * 4.0 / 9.5).abs() < 1e-9);
+        let share = 4e9 / g.spine_read;
+        assert!((t.spine_products - GLM52_SPINE_PRODUCTS * share).abs() < 1e-9);
         assert_eq!(t.experts_per_layer, 0);
     }
 

@@ -1,7 +1,7 @@
 //! A weight matrix in its stored format, applied through `nectar-kernels`.
 use crate::error::{Error, Result};
 use nectar_format::Bytes;
-use nectar_kernels::{decode_row, matmul, team, MatRef, WeightFormat};
+use nectar_kernels::{matmul, MatRef, WeightFormat};
 
 /// y = W·x for a `[rows, cols]` weight kept in its stored format (never widened in memory).
 #[derive(Debug, Clone)]
@@ -190,72 +190,5 @@ impl Linear {
         } else {
             0
         }
-    }
-}
-
-/// A token-embedding table: rows are gathered and dequantised one at a time, so no f32 copy
-/// of the table ever exists.
-#[derive(Debug, Clone)]
-pub struct Embedding(pub Linear);
-
-impl Embedding {
-    /// The f32 embedding of every token, into consecutive rows of `out` (`tokens.len() ×
-    /// hidden`): a prompt's rows on the compute team (each row alone: the same bits). A token
-    /// outside the vocabulary is an error naming it.
-    pub fn rows(&self, tokens: &[u32], out: &mut [f32]) -> Result<()> {
-        let hidden = self.0.cols;
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.0.rows) {
-            return Err(crate::Error::Input(format!(
-                "token id {t} is outside the vocabulary (size {})",
-                self.0.rows
-            )));
-        }
-        if tokens.is_empty() {
-            return Ok(());
-        }
-        if out.len() != tokens.len() * hidden || hidden == 0 {
-            return Err(crate::Error::Input(format!(
-                "embedding: {} values for {} tokens of {hidden}",
-                out.len(),
-                tokens.len()
-            )));
-        }
-        let mat = self.0.mat()?;
-        team::for_each_row_mut(out, hidden, |i, r| decode_row(&mat, tokens[i] as usize, r));
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An f32 table of `rows` rows of `cols`, row r = [r·100 + c].
-    fn table(rows: usize, cols: usize) -> Embedding {
-        let v: Vec<u8> = (0..rows * cols)
-            .flat_map(|i| ((i / cols * 100 + i % cols) as f32).to_le_bytes())
-            .collect();
-        let data = Bytes::Owned(std::sync::Arc::new(v));
-        Embedding(Linear::new("embed".into(), WeightFormat::F32, rows, cols, data, vec![]).unwrap())
-    }
-
-    #[test]
-    fn embedding_rows_gather_each_token_and_name_a_bad_one() {
-        let e = table(40, 3);
-        // More rows than the team's threshold, so the parallel path runs too.
-        let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 40) as u32).collect();
-        let mut out = vec![f32::NAN; tokens.len() * 3];
-        e.rows(&tokens, &mut out).unwrap();
-        for (r, &t) in tokens.iter().enumerate() {
-            let want: Vec<f32> = (0..3).map(|c| (t as usize * 100 + c) as f32).collect();
-            assert_eq!(&out[r * 3..r * 3 + 3], &want[..], "row {r}, token {t}");
-        }
-        let err = e.rows(&[1, 40], &mut [0.0; 6]).unwrap_err().to_string();
-        assert!(
-            err.contains("token id 40") && err.contains("size 40"),
-            "{err}"
-        );
-        assert!(e.rows(&[1, 2], &mut [0.0; 5]).is_err());
-        assert!(e.rows(&[], &mut []).is_ok());
     }
 }

@@ -1,9 +1,11 @@
 //! Typed access to a catalog's tensors: every tensor is checked for dtype and shape before use,
 //! and errors name the file and the tensor.
-use super::linear::{Embedding, Linear};
+use super::embedding::Embedding;
+use super::linear::Linear;
 use crate::error::Result;
 use nectar_format::{quant, Bytes, Catalog, DType, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
+use std::sync::Arc;
 
 /// How a matrix goes to VRAM ([`PlaceRule`], [`super::Linear::place_on_gpu`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +27,9 @@ pub type PlaceRule<'a> = &'a dyn Fn(&str) -> Option<GpuCopy>;
 pub struct Loader<'a> {
     cat: &'a Catalog,
     owned: bool,
+    /// Embedding tables read row by row from these files instead of held
+    /// ([`Loader::embeddings_from_file`]).
+    rows_from: Option<&'a Arc<Catalog>>,
     /// Matrices placed in VRAM as they load ([`Loader::placing`]).
     #[cfg(feature = "cuda")]
     place: Option<(&'a std::sync::Arc<nectar_cuda::Gpu>, PlaceRule<'a>)>,
@@ -35,6 +40,7 @@ impl std::fmt::Debug for Loader<'_> {
         f.debug_struct("Loader")
             .field("dir", &self.cat.dir())
             .field("owned", &self.owned)
+            .field("rows_from_file", &self.rows_from.is_some())
             .finish()
     }
 }
@@ -45,6 +51,7 @@ impl<'a> Loader<'a> {
         Loader {
             cat,
             owned: false,
+            rows_from: None,
             #[cfg(feature = "cuda")]
             place: None,
         }
@@ -56,6 +63,17 @@ impl<'a> Loader<'a> {
         Loader {
             owned: true,
             ..Self::new(cat)
+        }
+    }
+
+    /// This loader, its embedding tables read from `cat`'s files a token's row at a time (what
+    /// a memory budget wants: only the scales stay in memory). `cat` must be this loader's
+    /// catalog.
+    pub fn embeddings_from_file(self, cat: &'a Arc<Catalog>) -> Self {
+        debug_assert!(std::ptr::eq(cat.as_ref(), self.cat));
+        Loader {
+            rows_from: Some(cat),
+            ..self
         }
     }
 
@@ -137,6 +155,19 @@ impl<'a> Loader<'a> {
 
     /// [`Loader::linear`] in host memory only.
     fn host_linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let (e, format, scales) = self.stored(name, rows, cols)?;
+        Linear::new(name.to_owned(), format, rows, cols, self.data(e)?, scales)
+    }
+
+    /// The entry, format and scales of a `[rows, cols]` matrix, checked against the shape: a
+    /// float tensor, or quantised codes with a `.qs` scale sibling whose format is detected by
+    /// byte arithmetic and checked against any stamp.
+    fn stored(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(&'a TensorEntry, WeightFormat, Vec<f32>)> {
         let e = self.cat.require(name)?;
         let Some(qs) = self.cat.get(&format!("{name}.qs")) else {
             if self.cat.get(&format!("{name}_scale_inv")).is_some() || e.dtype == DType::F8E4M3 {
@@ -145,8 +176,7 @@ impl<'a> Loader<'a> {
             }
             let format = self.float_format(e)?;
             self.check_shape(e, &[rows, cols])?;
-            let data = self.data(e)?;
-            return Linear::new(name.to_owned(), format, rows, cols, data, Vec::new());
+            return Ok((e, format, Vec::new()));
         };
         if !matches!(e.dtype, DType::U8 | DType::I8) {
             let msg = format!("quantised codes must be U8 or I8, found {}", e.dtype);
@@ -168,12 +198,19 @@ impl<'a> Loader<'a> {
             );
             self.cat.tensor_error(e, msg)
         })?;
-        Linear::new(name.to_owned(), format, rows, cols, self.data(e)?, scales)
+        Ok((e, format, scales))
     }
 
-    /// A `[rows, cols]` embedding table.
+    /// A `[rows, cols]` embedding table: held (mapped or owned, as the loader's weights), or
+    /// read a row at a time from the file ([`Loader::embeddings_from_file`]).
     pub fn embedding(&self, name: &str, rows: usize, cols: usize) -> Result<Embedding> {
-        Ok(Embedding(self.host_linear(name, rows, cols)?))
+        match self.rows_from {
+            None => Ok(Embedding::held(self.host_linear(name, rows, cols)?)),
+            Some(cat) => {
+                let (e, format, scales) = self.stored(name, rows, cols)?;
+                Embedding::from_file(cat.clone(), e.clone(), format, (rows, cols), scales)
+            }
+        }
     }
 
     /// A `[len]` vector (norm weight, bias), widened to f32.

@@ -105,6 +105,21 @@ pub struct Config {
 }
 
 impl Config {
+    /// The output head's checkpoint name: the embedding table itself when the two are tied.
+    pub fn head_name(&self) -> &'static str {
+        if self.raw.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        }
+    }
+
+    /// Whether `name` is an embedding table that is not also the output head: one row per token
+    /// is all a forward reads of it, so under a budget it is read per token, not held.
+    pub fn is_embedding_only(&self, name: &str) -> bool {
+        name.ends_with("embed_tokens.weight") && name != self.head_name()
+    }
+
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Config> {
         if !dir.is_dir() {

@@ -151,9 +151,11 @@ impl Glm5 {
             None => None,
         };
         // Under a budget the spine is resident by plan: copy it into process memory, so that
-        // only the streamed experts ever read the files again (and their reads are checked).
+        // only the streamed experts ever read the files again (and their reads are checked) —
+        // and the embedding tables, of which a forward needs one row per token, are read a
+        // row at a time (`blocks/embedding.rs`; the plan leaves them out).
         let ld = if opts.memory_budget.is_some() {
-            Loader::owned(&catalog)
+            Loader::owned(&catalog).embeddings_from_file(&catalog)
         } else {
             Loader::new(&catalog)
         };
@@ -168,11 +170,7 @@ impl Glm5 {
                 DecoderLayer::load(&ld, &cfg, i, cfg.dense[i], cfg.indexer_full[i], streamed(i))
             })
             .collect::<Result<Vec<_>>>()?;
-        let lm_name = if r.tie_word_embeddings {
-            "model.embed_tokens.weight"
-        } else {
-            "lm_head.weight"
-        };
+        let lm_name = cfg.head_name();
         let mut model = Glm5 {
             embed: ld.embedding("model.embed_tokens.weight", v, h)?,
             norm: ld.vector("model.norm.weight", h)?,
@@ -627,7 +625,7 @@ impl Glm5 {
     /// Weight bytes by class: (spine, routed experts, MTP, indexers).
     pub fn bytes_by_class(&self) -> ClassBytes {
         let mut c = ClassBytes::default();
-        c.spine += self.embed.0.bytes() + self.lm_head.bytes() + self.norm.len() * 4;
+        c.spine += self.embed.bytes() + self.lm_head.bytes() + self.norm.len() * 4;
         for l in &self.layers {
             let ix = l.attn.indexer.as_ref().map_or(0, |i| i.bytes());
             c.indexer += ix;

@@ -104,11 +104,6 @@ fn order_key(name: &str, n: usize) -> (usize, usize) {
 
 /// The candidates of a checkpoint (headers only). A quantised matrix counts its `.qs` scales.
 pub fn catalog_candidates(cfg: &Config, cat: &Catalog) -> Candidates {
-    let head = if cfg.raw.tie_word_embeddings {
-        "model.embed_tokens.weight"
-    } else {
-        "lm_head.weight"
-    };
     let mut c = Candidates::default();
     let mut experts: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for e in cat.tensors() {
@@ -120,8 +115,9 @@ pub fn catalog_candidates(cfg: &Config, cat: &Catalog) -> Candidates {
             *experts.entry(k).or_default() += bytes;
             continue;
         }
-        let embedding = e.name.ends_with("embed_tokens.weight") && e.name != head;
-        if embedding || inventory::classify(&e.name, cfg) == inventory::TensorClass::Other {
+        if cfg.is_embedding_only(&e.name)
+            || inventory::classify(&e.name, cfg) == inventory::TensorClass::Other
+        {
             continue;
         }
         c.spine.push((e.name.clone(), bytes));

@@ -198,17 +198,17 @@ pub(super) fn plan_inputs(
         !matrix.ends_with("embed_tokens.weight")
             && gpu.is_some_and(|g| g.placement_of(matrix).is_some_and(|c| c.release_host))
     };
+    // The embedding tables are read a row per token under a budget (`blocks/embedding.rs`):
+    // only their scales are held — unless the table is also the output head (tied), which is.
     let mut spine: std::collections::BTreeMap<&str, u64> = Default::default();
     for e in cat.tensors() {
-        if in_vram_only(&e.name) {
+        if in_vram_only(&e.name) || cfg.is_embedding_only(&e.name) {
             continue;
         }
         let class = match inventory::classify(&e.name, cfg) {
             inventory::TensorClass::RoutedExpert => continue,
             inventory::TensorClass::Mtp if inventory::expert_of(&e.name).is_some() => continue,
-            inventory::TensorClass::Spine => {
-                "attention, norms, dense, shared, routers, embed, head"
-            }
+            inventory::TensorClass::Spine => "attention, norms, dense, shared, routers, head",
             inventory::TensorClass::Indexer => "DSA indexers",
             inventory::TensorClass::Mtp if !mtp => continue,
             inventory::TensorClass::Mtp => "MTP layer (non-expert)",
