@@ -25,6 +25,19 @@ const ATTENTION: [(usize, usize); 5] = [
     (H, 64 * 256),
 ];
 
+/// Products a forward makes on the spine: q_a, q_b, kv_a, kv_b, o_proj on every layer; the
+/// indexer's wq_b, wk and weights_proj on its full-indexer layers; gate, up, down on the dense
+/// layers; the router and the shared expert's gate, up, down on the MoE layers; the LM head.
+pub const PRODUCTS: usize =
+    LAYERS * ATTENTION.len() + INDEXER_LAYERS * 3 + DENSE_LAYERS * 3 + MOE_LAYERS * 4 + 1;
+
+/// Bytes of every layer's `kv_b_proj` (the spine matrices that keep their host copy beside a
+/// VRAM copy: `nectar_model::arch::glm5::keeps_host_copy`).
+pub fn kv_b_bytes(group: Option<usize>) -> u64 {
+    let (rows, cols) = ATTENTION[3];
+    (LAYERS * int4(rows, cols, group)) as u64
+}
+
 /// Bytes of an int4 matrix: two codes a byte and one f32 scale per `group` columns of a row
 /// (`None`: one per row).
 fn int4(rows: usize, cols: usize, group: Option<usize>) -> usize {
@@ -78,5 +91,8 @@ mod tests {
         let (row, g64) = (spine_bytes(None) as f64, spine_bytes(Some(64)) as f64);
         assert!((9.4e9..9.8e9).contains(&row), "{row}");
         assert!((10.4e9..10.8e9).contains(&g64), "{g64}");
+        // kv_b at g64: 7,340,032 bytes of codes and 917,504 of scales a layer.
+        assert_eq!(kv_b_bytes(Some(64)), 78 * (7_340_032 + 917_504));
+        assert_eq!(PRODUCTS, 78 * 5 + 21 * 3 + 3 * 3 + 75 * 4 + 1);
     }
 }

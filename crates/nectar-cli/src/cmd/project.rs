@@ -134,7 +134,7 @@ impl Glm52 {
 
     /// Columns per int4 scale of the encoding (`None`: one scale per row), the spine's as the
     /// experts' (`nectar convert --group-size` sets both).
-    fn group(self) -> Option<usize> {
+    pub fn group(self) -> Option<usize> {
         match self {
             Glm52::G64 => Some(64),
             Glm52::Row => None,
@@ -791,7 +791,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
                     })?;
                     let vram = nectar_model::arch::glm5::resolve_gpu_budget(req)
                         .map_err(|e| anyhow::anyhow!("--gpu-memory {flag}: {e}"))?;
-                    Some(GpuTier::glm52(&geom, vram, gbps, trip))
+                    Some(GpuTier::glm52(enc, &geom, vram, gbps, trip))
                 }
                 _ => None,
             };

@@ -12,22 +12,13 @@
 //! copy (all but `kv_b_proj`, which decode's attention reads on the CPU for sequences whose KV
 //! mirror does not fit in VRAM), so the RAM plan counts only the rest and the budget's expert
 //! slots grow by what was released.
-use super::project::Geometry;
+use super::project::{Geometry, Glm52};
 use anyhow::Result;
 use nectar_model::arch::glm5::GpuPlan;
 use nectar_residency::trace::Trace;
 use std::path::Path;
 
-/// Products GLM-5.2 makes per forward on the spine (78 layers): q_a, q_b, kv_a, kv_b, o_proj on
-/// every layer; the indexer's wq_b, wk and weights_proj on its 21 full-indexer layers; gate, up,
-/// down on the 3 dense layers; the router and the shared expert's gate, up, down on the 75 MoE
-/// layers; the LM head.
-const GLM52_SPINE_PRODUCTS: f64 = (78 * 5 + 21 * 3 + 3 * 3 + 75 * 4 + 1) as f64;
-
-/// Bytes of GLM-5.2's `kv_b_proj` matrices, which keep their host copy in VRAM
-/// (`nectar_model::arch::glm5::keeps_host_copy`): 78 layers of 28,672 × 512 int4 g64 (the
-/// converter's attention format), 7,340,032 bytes of codes and 917,504 of f32 scales each.
-const GLM52_KV_B_BYTES: f64 = 78.0 * (28_672.0 * 512.0 / 2.0 + 28_672.0 * 8.0 * 4.0);
+use super::glm52_spine;
 
 /// The GPU of a projection.
 #[derive(Debug, Clone)]
@@ -61,20 +52,22 @@ pub struct GpuPrefill {
 }
 
 impl GpuTier {
-    /// GLM-5.2 from its constants: the spine (all of it that fits, in proportion when it does
-    /// not — `kv_b_proj`'s kept host copies too), then whole experts evenly over the MoE
-    /// layers.
-    pub fn glm52(g: &Geometry, budget: u64, gbps: f64, product_s: f64) -> GpuTier {
+    /// GLM-5.2 encoded as `enc`, from its matrices: the spine (all of it that fits, in
+    /// proportion when it does not — `kv_b_proj`'s kept host copies too), then whole experts
+    /// evenly over the MoE layers.
+    pub fn glm52(enc: Glm52, g: &Geometry, budget: u64, gbps: f64, product_s: f64) -> GpuTier {
         let b = budget as f64;
         let spine = g.spine_read.min(b);
+        let kept = glm52_spine::kv_b_bytes(enc.group()) as f64;
+        let products = glm52_spine::PRODUCTS as f64;
         let per_layer = ((b - spine) / g.expert / g.moe_layers as f64)
             .floor()
             .max(0.0);
         GpuTier {
             budget: b,
             spine_bytes: spine,
-            released: spine * (1.0 - GLM52_KV_B_BYTES / g.spine_read),
-            spine_products: GLM52_SPINE_PRODUCTS * spine / g.spine_read,
+            released: spine * (1.0 - kept / g.spine_read),
+            spine_products: products * spine / g.spine_read,
             experts_per_layer: per_layer as usize,
             gbps,
             product_s,
@@ -239,20 +232,20 @@ mod tests {
     #[test]
     fn glm52_spine_first_then_whole_experts_evenly() {
         let (g, _) = Geometry::glm52(
-            crate::cmd::project::Glm52::G64,
+            Glm52::G64,
             &nectar_model::arch::glm5::LoadOptions::default(),
             8,
         );
         // 22 GB: the 10.6 GB g64 spine, then 11.4 GB / 21.2 MB / 75 = 7.2 → 7 experts per layer.
-        let t = GpuTier::glm52(&g, 22_000_000_000, 400.0, 20e-6);
+        let t = GpuTier::glm52(Glm52::G64, &g, 22_000_000_000, 400.0, 20e-6);
         assert_eq!(t.spine_bytes, g.spine_read);
-        assert_eq!(t.spine_products, GLM52_SPINE_PRODUCTS);
+        assert_eq!(t.spine_products, glm52_spine::PRODUCTS as f64);
         assert_eq!(t.experts_per_layer, 7);
         // 4 GB: part of the spine, its products in proportion, no experts.
-        let t = GpuTier::glm52(&g, 4_000_000_000, 400.0, 20e-6);
+        let t = GpuTier::glm52(Glm52::G64, &g, 4_000_000_000, 400.0, 20e-6);
         assert_eq!(t.spine_bytes, 4e9);
         let share = 4e9 / g.spine_read;
-        assert!((t.spine_products - GLM52_SPINE_PRODUCTS * share).abs() < 1e-9);
+        assert!((t.spine_products - (glm52_spine::PRODUCTS as f64) * share).abs() < 1e-9);
         assert_eq!(t.experts_per_layer, 0);
     }
 
