@@ -894,6 +894,13 @@ pub struct FitArgs {
     /// prints it as a round trip's fixed cost: about 30 on an H200).
     #[arg(long, value_parser = non_negative)]
     pub gpu_product_us: Option<f64>,
+    /// With --project and --gpu-memory: GB/s of an expert's copy from a RAM slot to the card
+    /// (`run` copies experts that are not in VRAM when that beats computing them on the CPU,
+    /// splitting each layer's step between the two: docs/gpu.md). About 0.95 of the link's
+    /// pinned host-to-device rate (`nectar bench gpu`: 52.7 of 55.3 GB/s on an H200's PCIe5;
+    /// a PCIe4 x16 card about 25). Without it, experts not in VRAM are projected on the CPU.
+    #[arg(long, value_parser = positive)]
+    pub gpu_copy_gbps: Option<f64>,
     /// With --project and --gpu-memory: GPU prefill time per prompt token and layer beyond
     /// attention's quadratic work (the products, routing, norms and the host's share),
     /// microseconds, on the card projected. With --gpu-attn-tflops, prefill is projected on the

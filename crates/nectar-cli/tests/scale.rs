@@ -864,6 +864,34 @@ fn fit_projects_a_gpu_tier_from_the_card_described() {
     );
     let tok = |p: &serde_json::Value| f(&p["decode_tok_s"]["mtp_off"]);
     assert!(tok(&fast) > tok(&cpu), "{fast} {cpu}");
+    // Experts not in VRAM stay on the CPU unless a copy rate is given; with one, part of each
+    // layer's RAM-tier experts is copied to the card (where both sides finish soonest), which
+    // raises the RAM wall; a link too slow to pay copies nothing.
+    assert!(
+        g["copies"].as_str().unwrap().contains("--gpu-copy-gbps"),
+        "{g}"
+    );
+    let copying = |gbps: &str| {
+        project(
+            &[
+                &card[..],
+                &["--gpu-product-us", "15", "--gpu-copy-gbps", gbps],
+            ]
+            .concat(),
+        )
+    };
+    let (link, crawl) = (copying("25"), copying("1"));
+    let copied = |p: &serde_json::Value| f(&p["gpu"]["copies"]["copied_per_layer"]);
+    let ram_tier = f(&link["gpu"]["experts_per_forward"]["ram_tier"]);
+    assert!(copied(&link) > 0.0 && copied(&link) < ram_tier, "{link}");
+    assert!(
+        wall(&link) > wall(&fast) && tok(&link) >= tok(&fast),
+        "{link} {fast}"
+    );
+    assert_eq!(copied(&crawl), 0.0, "{crawl}");
+    assert_eq!(tok(&crawl), tok(&fast), "{crawl} {fast}");
+    let err = glm52_refused(&["--gpu-copy-gbps", "25"]);
+    assert!(err.contains("--gpu-memory"), "{err}");
     // The card's speeds are the user's to give (refused by name otherwise).
     let refused = |extra: &[&str]| {
         let base = [

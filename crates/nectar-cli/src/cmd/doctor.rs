@@ -330,6 +330,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         calibrate: None,
         gpu_gbps: None,
         gpu_product_us: None,
+        gpu_copy_gbps: None,
         gpu_prefill_us: None,
         gpu_attn_tflops: None,
         prefetch: "lookahead".into(),

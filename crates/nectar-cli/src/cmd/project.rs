@@ -532,6 +532,46 @@ pub fn project(
     let shared = (l * g.expert).min(spine_cpu);
     let t_attn =
         (spine_cpu - shared) / dec + spine_gpu / gpu_bps + products * trip + l * m.layer_overhead_s;
+    // The MoE blocks of a forward whose RAM tier serves `u` experts per layer and the VRAM `uv`:
+    // (seconds, experts per layer copied to the card). The CPU computes the RAM tier's experts
+    // and the shared one, the GPU its own beside them (two launches per layer); with a copy
+    // rate the runtime also copies x of the RAM tier's to the card (`offload::decide`: the
+    // split that finishes both sides soonest), each copy overlapping the previous expert's
+    // product after the first, and the copies' and the CPU's reads of RAM sharing its rate.
+    let copy_bps = gpu.and_then(|t| t.copy_bps);
+    let moe = |u: f64, uv: f64| -> (f64, f64) {
+        let cpu = |x: f64| (l * (u - x) * g.expert + shared) / dec;
+        let gpu_side = |x: f64| {
+            let launches = if uv > 0.0 || x > 0.0 {
+                2.0 * l * trip
+            } else {
+                0.0
+            };
+            let copies = match (copy_bps, x > 0.0) {
+                (Some(cb), true) => {
+                    l * g.expert / cb + l * x * (g.expert / gpu_bps).max(g.expert / cb)
+                }
+                _ => 0.0,
+            };
+            l * uv * g.expert / gpu_bps + launches + copies
+        };
+        let none = cpu(0.0).max(gpu_side(0.0));
+        let Some(cb) = copy_bps.filter(|_| u > 0.0) else {
+            return (none, 0.0);
+        };
+        // Where the two sides meet (the GPU's launches and first copy included).
+        let per = (g.expert / gpu_bps).max(g.expert / cb);
+        let fill = l * g.expert / cb + if uv > 0.0 { 0.0 } else { 2.0 * l * trip };
+        let x = ((cpu(0.0) - gpu_side(0.0) - fill) / (l * g.expert / dec + l * per)).clamp(0.0, u);
+        // A copy reads RAM as the CPU's product would: together they read no faster than RAM.
+        let ram = (l * u * g.expert + shared) / (m.mem_gbps * 1e9);
+        let split = cpu(x).max(gpu_side(x)).max(ram);
+        if x > 0.0 && split < none {
+            (split, x)
+        } else {
+            (none, 0.0)
+        }
+    };
     // (seconds, disk bytes, seconds without the disk) of a forward that asks the RAM tier for
     // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, with the reads
     // `ahead` starts before their layers. The GPU's experts (two launches per layer) run
@@ -545,11 +585,7 @@ pub fn project(
             Ahead::Guesses { w, .. } => w * (1.0 - m.lookahead_cancelled),
             Ahead::Pilot => m.pilot_waste,
         };
-        let gpu_moe = match uv > 0.0 {
-            true => l * uv * g.expert / gpu_bps + 2.0 * l * trip,
-            false => 0.0,
-        };
-        let t_moe = ((l * u * g.expert + shared) / dec).max(gpu_moe);
+        let t_moe = moe(u, uv).0;
         let ssd = l * u * (1.0 - h) * g.expert;
         let t_ssd = ssd / (m.disk_gbps * 1e9);
         // Reads started ahead of their layer (the wasted ones too) run while the disk would
@@ -723,6 +759,10 @@ pub fn project(
             "product_us": t.product_s * 1e6,
             "vram_ranking": vram.as_ref().map(|v| v.1.clone()),
             "experts_per_forward": {"gpu": uv1, "ram_tier": u1},
+            "copies": match t.copy_bps {
+                Some(cb) => json!({"gbps": cb / 1e9, "copied_per_layer": moe(u1, uv1).1}),
+                None => json!("experts not in VRAM on the CPU (not projected: --gpu-copy-gbps)"),
+            },
             "prefill": match &gpu_prefill_parts {
                 Some(parts) => {
                     let split = |p: usize| {
@@ -833,8 +873,13 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             (geom, [off.inputs, on.inputs], Some(dir), gpu)
         }
     };
+    anyhow::ensure!(
+        a.gpu_copy_gbps.is_none() || a.gpu_memory.is_some(),
+        "--gpu-copy-gbps projects expert copies to the GPU tier: it needs --gpu-memory SIZE"
+    );
     let gpu = gpu.map(|t| GpuTier {
         prefill: gpu_prefill,
+        copy_bps: a.gpu_copy_gbps.map(|g| g * 1e9),
         ..t
     });
     anyhow::ensure!(

@@ -39,6 +39,9 @@ pub struct GpuTier {
     pub product_s: f64,
     /// Prefill on the card, when its speeds are given ([`GpuTier::prefill_speeds`]).
     pub prefill: Option<GpuPrefill>,
+    /// Bytes per second of an expert's copy to the card (`--gpu-copy-gbps`); `None`: experts
+    /// not in VRAM run on the CPU.
+    pub copy_bps: Option<f64>,
 }
 
 /// How fast the card prefills: `T(P) = layers·P·per_token_layer_s + attention(P)/attn_flops
@@ -72,6 +75,7 @@ impl GpuTier {
             gbps,
             product_s,
             prefill: None,
+            copy_bps: None,
         }
     }
 
@@ -87,6 +91,7 @@ impl GpuTier {
             gbps,
             product_s,
             prefill: None,
+            copy_bps: None,
         }
     }
 
