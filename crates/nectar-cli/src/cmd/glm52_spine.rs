@@ -6,13 +6,17 @@
 //! of it per token, and under a budget it is read from the file, not held
 //! (`nectar_model::blocks::Embedding`).
 
-const H: usize = 6144;
-const VOCAB: usize = 154_880;
-const LAYERS: usize = 78;
-const MOE_LAYERS: usize = 75;
+/// Hidden size.
+pub const H: usize = 6144;
+/// Vocabulary.
+pub const VOCAB: usize = 154_880;
+/// Main decoder layers.
+pub const LAYERS: usize = 78;
+/// MoE layers (the rest, the first three, are dense).
+pub const MOE_LAYERS: usize = 75;
 const DENSE_LAYERS: usize = 3;
 /// Layers with their own DSA indexer (GLM-5.2 shares the others' selections).
-const INDEXER_LAYERS: usize = 21;
+pub const INDEXER_LAYERS: usize = 21;
 const EXPERTS: usize = 256;
 
 /// `[rows, cols]` weights of one layer's attention: q_a, q_b, kv_a (with the rope key), kv_b,

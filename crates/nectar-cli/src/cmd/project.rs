@@ -162,7 +162,8 @@ impl Geometry {
     /// machine planned (the runtime reserve counts their stacks).
     pub fn glm52(enc: Glm52, opts: &LoadOptions, cores: usize) -> (Geometry, PlanInputs) {
         let expert = enc.expert_bytes();
-        let spine_bytes = super::glm52_spine::spine_bytes(enc.group());
+        use super::glm52_spine::{spine_bytes, H, INDEXER_LAYERS, LAYERS, MOE_LAYERS, VOCAB};
+        let spine_bytes = spine_bytes(enc.group());
         let g = Geometry {
             source: format!(
                 "GLM-5.2 constants (docs/performance.md §1), experts {}",
@@ -172,15 +173,15 @@ impl Geometry {
             expert: expert as f64,
             mtp_expert: 37.8e6,
             mtp_spine: 0.3e9,
-            moe_layers: 75,
+            moe_layers: MOE_LAYERS,
             top_k: 8,
             params_per_byte: 37.75e6 / expert as f64,
             attn: AttnShape::glm52(),
             // Layers 3–77; the 3 dense layers come first.
-            predicted_layers: 75,
+            predicted_layers: MOE_LAYERS,
             max_context: 1_048_576,
         };
-        let (hidden, vocab, top_k, mtp) = (6144, 154_880, 8, opts.mtp);
+        let (hidden, vocab, top_k, mtp) = (H, VOCAB as u64, 8, opts.mtp);
         let mut spine = vec![(
             "resident spine (int4 + int8 head; the embedding read per token)".into(),
             spine_bytes,
@@ -193,7 +194,7 @@ impl Geometry {
             budget: opts.memory_budget.unwrap_or(0),
             spine,
             slot_bytes: expert,
-            sparse_layers: 75,
+            sparse_layers: MOE_LAYERS,
             mtp_slot_bytes: if mtp { 37_800_000 } else { 0 },
             experts_per_layer: 256,
             working_slots: working_bank(top_k, opts) + prefetch_slots(top_k, opts),
@@ -202,8 +203,8 @@ impl Geometry {
             // 78 layers (+ MTP) of MLA latent (512) + rope key (64); indexer keys (128) on the
             // 21 full-indexer layers (+ MTP).
             kv_bytes_per_token: kv_bytes_per_token(
-                78 + usize::from(mtp),
-                21 + usize::from(mtp),
+                LAYERS + usize::from(mtp),
+                INDEXER_LAYERS + usize::from(mtp),
                 512 + 64,
                 128,
             ),
