@@ -18,9 +18,9 @@ pub struct Cli {
     pub isa: Option<String>,
     /// How int4 products run on the CPU: `exact` (default: each weight dequantised to f32, the
     /// canonical order, bit-identical on every path) or `digits` (opt-in: exact integer dot
-    /// products over activations split into three 8-bit digits per 64 columns, AVX-512 VNNI
-    /// only; f32-level accuracy, different bits; faster at one or two rows, slower at four or
-    /// more — docs/performance.md).
+    /// products over activations split into three 8-bit digits per 64 columns, on AVX2 or
+    /// AVX-512 VNNI; f32-level accuracy, different bits; faster at one or two rows, slower at
+    /// four or more — docs/performance.md).
     #[arg(long, global = true, default_value = "exact", value_parser = ["exact", "digits"])]
     pub int4_order: String,
     /// Log lines on stderr: `text` (coloured only on a terminal) or `json` (one object per

@@ -1,20 +1,29 @@
 //! `--int4-order digits` (opt-in): the int4 demo's logits stay within f32 accuracy of the exact
 //! order's, a greedy decode is the same, one and two threads give the same bits, and the JSON
-//! says which order ran. Where the CPU has no AVX-512 VNNI the flag is refused, clearly.
+//! says which order ran. Where the kernel path has neither AVX2 nor AVX-512 VNNI (the scalar
+//! path, forced here on any CPU) the flag is refused, clearly.
 
 mod common;
 use common::{code_long, code_long_ids, json, nectar};
 
 fn logits(model: &str, order: &str) -> Vec<Vec<f64>> {
-    let (ok, out, err) = nectar(&[
+    logits_on(model, order, &[])
+}
+
+/// [`logits`] with global flags in front (`--isa avx2`).
+fn logits_on(model: &str, order: &str, global: &[&str]) -> Vec<Vec<f64>> {
+    let ids = code_long_ids();
+    let mut args = global.to_vec();
+    args.extend([
         "--int4-order",
         order,
         "logits",
         "--model",
         model,
         "--prompt-ids",
-        &code_long_ids(),
+        &ids,
     ]);
+    let (ok, out, err) = nectar(&args);
     assert!(ok, "{err}");
     serde_json::from_value(json(&out)["logits"].clone()).unwrap()
 }
@@ -43,7 +52,7 @@ fn decode(model: &str, order: &str, threads: &str) -> serde_json::Value {
 
 #[test]
 fn digits_keep_the_int4_demos_logits_and_decode() {
-    // Any CPU: a path without VNNI refuses the order by name.
+    // Any CPU: the scalar path refuses the order by name.
     let (ok, _, err) = nectar(&["--isa", "scalar", "--int4-order", "digits", "run"]);
     assert!(
         !ok && err.contains("--int4-order") && err.contains("VNNI"),
@@ -55,7 +64,7 @@ fn digits_keep_the_int4_demos_logits_and_decode() {
     let (ok, _, err) = nectar(&["--int4-order", "digits", "inspect", "--model", model]);
     if !ok {
         assert!(err.contains("VNNI"), "{err}");
-        eprintln!("skipped: this CPU has no AVX-512 VNNI ({err})");
+        eprintln!("skipped: this CPU has neither AVX2 nor AVX-512 VNNI ({err})");
         return;
     }
     let (exact, digits) = (logits(model, "exact"), logits(model, "digits"));
@@ -73,6 +82,12 @@ fn digits_keep_the_int4_demos_logits_and_decode() {
         diff <= 1e-5 * max,
         "max |Δlogit| {diff} against max|logit| {max}"
     );
+    // The AVX2 kernel computes the order's bits too (on an AVX-512 VNNI CPU this compares
+    // the two kernels; where AVX2 is the best path it is the same kernel twice).
+    let (ok, _, _) = nectar(&["--isa", "avx2", "inspect", "--model", model]);
+    if ok {
+        assert_eq!(logits_on(model, "digits", &["--isa", "avx2"]), digits);
+    }
     let one = decode(model, "digits", "1");
     assert_eq!(one["stats"]["int4_order"], "digits");
     assert_eq!(one["tokens"], decode(model, "exact", "1")["tokens"]);

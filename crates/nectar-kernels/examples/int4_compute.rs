@@ -19,7 +19,8 @@ fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(at) = args.iter().position(|a| a == "digits") {
         args.remove(at);
-        nectar_kernels::set_int4_order("digits").expect("AVX-512 VNNI for the digits order");
+        nectar_kernels::set_int4_order("digits")
+            .expect("AVX2 or AVX-512 VNNI for the digits order");
     }
     let named = match args.first().map(String::as_str) {
         Some("row") => Some(WeightFormat::Int4Row),

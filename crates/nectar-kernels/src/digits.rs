@@ -6,6 +6,8 @@
 //! computes int4-g64 slower than one core reads DRAM (`benchmarks/RESULTS.md`: 17 GB/s hot in
 //! L2 against a 27 GB/s read). `vpdpbusd` multiplies 64 codes by 64 digits per instruction:
 //! about two thirds of the operations per weight, so the stream, not the arithmetic, bounds M = 1.
+//! On AVX2 the exact order takes six operations per 8 weights; `vpmaddubsw` and `vpmaddwd`
+//! take the digits' products at about 22 operations per 64.
 //!
 //! It is not the default because its bits differ from the canonical order's (`dot.rs`) — not
 //! its accuracy, which is that of f32 arithmetic: an activation block's values are represented
@@ -30,8 +32,9 @@
 //!   `dot.rs`.
 //!
 //! Formats: int4 per row and int4 in groups of a multiple of 64 columns ([`supports`]); other
-//! formats keep the canonical order whatever the setting. It runs with AVX-512 VNNI; elsewhere
-//! [`set_int4_order`] refuses it.
+//! formats keep the canonical order whatever the setting. It runs on AVX-512 VNNI
+//! (`x86/digits.rs`) or AVX2 (`x86/digits_avx2.rs`), the same bits; elsewhere (the scalar or
+//! NEON path) [`set_int4_order`] refuses it.
 use crate::dot::{fold16, LANES};
 use crate::driver::{par_rows, SharedOut};
 use crate::error::{Error, Result};
@@ -54,22 +57,48 @@ pub(crate) const POW: usize = OFF + 64;
 
 static DIGITS: AtomicBool = AtomicBool::new(false);
 
+/// Which kernel computes this order: the scalar definition, or a SIMD path with its bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Scalar,
+    /// AVX2 (`x86/digits_avx2.rs`).
+    Avx2,
+    /// AVX-512 VNNI (`x86/digits.rs`).
+    Vnni,
+}
+
+impl Kernel {
+    /// The fastest kernel on the kernel path in use (`--isa`): VNNI where AVX-512 with VNNI is
+    /// in use, else AVX2 on any x86 path but the scalar one, else none.
+    pub(crate) fn detect() -> Option<Kernel> {
+        if vnni_available() {
+            return Some(Kernel::Vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::dot::isa_detect() != crate::dot::Isa::Scalar {
+            return Some(Kernel::Avx2);
+        }
+        None
+    }
+}
+
 /// Selects how int4 products are computed, process-wide: `"exact"` (the default: dequantise
-/// each weight to f32, the canonical order) or `"digits"` (this module's order; needs AVX-512
-/// VNNI). Returns the name set. Call it before the first product: switching while products run
-/// changes which order later ones use.
+/// each weight to f32, the canonical order) or `"digits"` (this module's order; needs AVX2 or
+/// AVX-512 VNNI on the kernel path in use). Returns the name set. Call it before the first
+/// product: switching while products run changes which order later ones use.
 pub fn set_int4_order(name: &str) -> Result<&'static str> {
     match name {
         "exact" => {
             DIGITS.store(false, Ordering::Relaxed);
             Ok("exact")
         }
-        "digits" if vnni_available() => {
+        "digits" if Kernel::detect().is_some() => {
             DIGITS.store(true, Ordering::Relaxed);
             Ok("digits")
         }
         "digits" => Err(Error::Isa(
-            "int4 order `digits` needs AVX-512 VNNI, which this CPU (or the forced --isa) lacks"
+            "int4 order `digits` needs AVX2 or AVX-512 VNNI, which this CPU (or the forced \
+             --isa) lacks"
                 .into(),
         )),
         other => Err(Error::Isa(format!(
@@ -78,9 +107,10 @@ pub fn set_int4_order(name: &str) -> Result<&'static str> {
     }
 }
 
-/// Whether [`set_int4_order`] accepts `"digits"` here (AVX-512 VNNI on the kernel path in use).
+/// Whether [`set_int4_order`] accepts `"digits"` here (AVX2 or AVX-512 VNNI on the kernel path
+/// in use).
 pub fn int4_digits_available() -> bool {
-    vnni_available()
+    Kernel::detect().is_some()
 }
 
 /// The int4 order in use: `"exact"` or `"digits"`.
@@ -120,9 +150,9 @@ pub(crate) struct DPack {
 }
 
 impl DPack {
-    /// Packs `m` activation rows for products with `w`, SIMD where `simd` (the bytes are the
-    /// same: [`pack_chunk`] defines them).
-    pub(crate) fn new(x: &[f32], m: usize, w: &MatRef<'_>, simd: bool) -> DPack {
+    /// Packs `m` activation rows for products with `w` on `kernel` (the bytes are the same
+    /// whichever packs them: [`pack_chunk`] defines them).
+    pub(crate) fn new(x: &[f32], m: usize, w: &MatRef<'_>, kernel: Kernel) -> DPack {
         let cols = w.cols;
         let chunks = cols.div_ceil(CHUNK);
         let mut packed = vec![0u8; chunks * m * RECORD];
@@ -131,12 +161,18 @@ impl DPack {
             for k in 0..chunks {
                 let rec = &mut packed[(k * m + i) * RECORD..(k * m + i + 1) * RECORD];
                 let xc = &xr[k * CHUNK..((k + 1) * CHUNK).min(cols)];
+                // SAFETY (both): the caller checked the CPU runs `kernel` (VNNI implies
+                // AVX-512F/BW); `rec` holds RECORD bytes.
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `simd` is only set where VNNI (so AVX-512F/BW) was detected.
-                if simd && unsafe { crate::x86::digits::pack_chunk(xc, rec) } {
-                    continue;
+                match kernel {
+                    Kernel::Vnni if unsafe { crate::x86::digits::pack_chunk(xc, rec) } => continue,
+                    Kernel::Vnni | Kernel::Avx2 => {
+                        unsafe { crate::x86::digits_avx2::pack_chunk(xc, rec) };
+                        continue;
+                    }
+                    Kernel::Scalar => {}
                 }
-                let _ = simd;
+                let _ = kernel;
                 pack_chunk(xc, rec);
             }
         }
@@ -169,6 +205,7 @@ impl DPack {
 
 /// The definition of one record: the activations `xc` of one chunk (at most [`CHUNK`]; the
 /// rest are zero columns) into `rec` ([`RECORD`] bytes, zeroed).
+#[inline(always)]
 pub(crate) fn pack_chunk(xc: &[f32], rec: &mut [u8]) {
     let mut v = [0i32; CHUNK];
     let mut pw = [1.0f32; 2];
@@ -196,6 +233,7 @@ pub(crate) fn pack_chunk(xc: &[f32], rec: &mut [u8]) {
 }
 
 /// `v` (|v| ≤ 2²²) as balanced base-256 digits `[d₂, d₁, d₀]`.
+#[inline(always)]
 fn split(v: i32) -> [i8; 3] {
     let d0 = v as i8;
     let r1 = (v - d0 as i32) >> 8;
@@ -216,6 +254,7 @@ pub(crate) fn pow2(p: i32) -> f32 {
 }
 
 /// Writes one block's integer values into `v` and returns its `2^(E−22)`.
+#[inline(always)]
 fn block_digits(xb: &[f32], v: &mut [i32]) -> f32 {
     if xb.iter().any(|a| !a.is_finite()) {
         return f32::NAN;
@@ -272,9 +311,9 @@ pub(crate) fn row_scalar(w: &MatRef<'_>, r: usize, dp: &DPack, i: usize) -> f32 
 }
 
 /// `y[i] = W · x[i]` in this order for `m` activation rows, over output rows `rows` (y holds
-/// `m × rows.len()`), on the VNNI kernel where `vnni`, else the scalar definition.
+/// `m × rows.len()`), on `kernel`, which the caller checked this CPU runs.
 pub(crate) fn matmul_digits_with(
-    vnni: bool,
+    kernel: Kernel,
     w: &MatRef<'_>,
     rows: std::ops::Range<usize>,
     x: &[f32],
@@ -287,21 +326,35 @@ pub(crate) fn matmul_digits_with(
     if n == 0 || m == 0 {
         return;
     }
-    let dp = DPack::new(x, m, w, vnni);
+    let dp = DPack::new(x, m, w, kernel);
     let out = SharedOut(y.as_mut_ptr());
     let base = rows.start;
     par_rows(rows, w.format.row_bytes(w.cols), m, |t| {
+        // SAFETY (both kernels): the caller checked the CPU runs `kernel` (`Kernel::detect`);
+        // `w` is validated and int4 of a supported layout; rows t exist; the task owns the
+        // output elements (i, r − base) for r in t, inside y's m × n.
         #[cfg(target_arch = "x86_64")]
-        if vnni {
-            // SAFETY: VNNI was detected (`vnni` comes from `vnni_available`); `w` is validated
-            // and int4 of a supported layout; rows t exist; the task owns the output elements
-            // (i, r − base) for r in t, inside y's m × n.
-            unsafe {
-                crate::x86::digits::rows(w, t.clone(), &dp, out.get().add(t.start - base), n)
-            };
-            return;
+        match kernel {
+            Kernel::Vnni => {
+                unsafe {
+                    crate::x86::digits::rows(w, t.clone(), &dp, out.get().add(t.start - base), n)
+                };
+                return;
+            }
+            Kernel::Avx2 => {
+                unsafe {
+                    crate::x86::digits_avx2::rows(
+                        w,
+                        t.clone(),
+                        &dp,
+                        out.get().add(t.start - base),
+                        n,
+                    )
+                };
+                return;
+            }
+            Kernel::Scalar => {}
         }
-        let _ = vnni;
         for r in t {
             for i in 0..m {
                 // SAFETY: this task owns output elements (i, r − base) for r in its rows.
@@ -311,7 +364,7 @@ pub(crate) fn matmul_digits_with(
     });
 }
 
-/// [`matmul_digits_with`] on the VNNI kernel.
+/// [`matmul_digits_with`] on the fastest kernel here (the scalar definition where none).
 pub(crate) fn matmul_digits(
     w: &MatRef<'_>,
     rows: std::ops::Range<usize>,
@@ -319,7 +372,8 @@ pub(crate) fn matmul_digits(
     m: usize,
     y: &mut [f32],
 ) {
-    matmul_digits_with(vnni_available(), w, rows, x, m, y)
+    let kernel = Kernel::detect().unwrap_or(Kernel::Scalar);
+    matmul_digits_with(kernel, w, rows, x, m, y)
 }
 
 #[cfg(test)]
@@ -328,6 +382,20 @@ mod tests {
     use crate::matmul::matmul_with;
     use crate::matmul::tests::{activations, random_matrix};
     use proptest::prelude::*;
+
+    /// Every SIMD kernel this CPU runs (AVX2 on an AVX-512 machine too).
+    fn simd_kernels() -> Vec<Kernel> {
+        let mut k = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            k.push(Kernel::Avx2);
+        }
+        if vnni_available() {
+            k.push(Kernel::Vnni);
+        }
+        k
+    }
 
     fn formats() -> [WeightFormat; 4] {
         [
@@ -341,7 +409,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
-        fn vnni_matches_the_scalar_definition_bitwise(
+        fn simd_kernels_match_the_scalar_definition_bitwise(
             rows in 1usize..30, cols in 1usize..700, m in 1usize..11, f in 0usize..4,
             seed in any::<u64>(), r0 in 0usize..8
         ) {
@@ -351,11 +419,13 @@ mod tests {
             let x = activations(m, cols, seed);
             let r = r0.min(rows - 1)..rows;
             let mut scalar = vec![0.0; m * r.len()];
-            matmul_digits_with(false, &w, r.clone(), &x, m, &mut scalar);
-            let mut fast = vec![0.0; m * r.len()];
-            matmul_digits_with(vnni_available(), &w, r, &x, m, &mut fast);
-            for (a, b) in fast.iter().zip(&scalar) {
-                prop_assert_eq!(a.to_bits(), b.to_bits());
+            matmul_digits_with(Kernel::Scalar, &w, r.clone(), &x, m, &mut scalar);
+            for kernel in simd_kernels() {
+                let mut fast = vec![0.0; m * r.len()];
+                matmul_digits_with(kernel, &w, r.clone(), &x, m, &mut fast);
+                for (a, b) in fast.iter().zip(&scalar) {
+                    prop_assert_eq!(a.to_bits(), b.to_bits(), "{:?}", kernel);
+                }
             }
         }
 
@@ -379,12 +449,17 @@ mod tests {
             let mut want = vec![0u8; RECORD];
             pack_chunk(&xc, &mut want);
             #[cfg(target_arch = "x86_64")]
-            if vnni_available() {
+            for kernel in simd_kernels() {
                 let mut got = vec![0u8; RECORD];
-                // SAFETY: VNNI (so AVX-512F/BW) detected; RECORD bytes.
-                let packed = unsafe { crate::x86::digits::pack_chunk(&xc, &mut got) };
-                prop_assert!(packed);
-                prop_assert_eq!(got, want);
+                // SAFETY: the kernel's instructions were detected; RECORD bytes.
+                match kernel {
+                    Kernel::Vnni => {
+                        let packed = unsafe { crate::x86::digits::pack_chunk(&xc, &mut got) };
+                        prop_assert!(packed);
+                    }
+                    _ => unsafe { crate::x86::digits_avx2::pack_chunk(&xc, &mut got) },
+                }
+                prop_assert_eq!(&got, &want, "{:?}", kernel);
             }
         }
 
@@ -419,8 +494,14 @@ mod tests {
         x[256..300].fill(1e-41); // a block of denormals: flushed, within 2^-127
         let (data, scales) = random_matrix(WeightFormat::Int4Row, 1, cols, 4);
         let w = MatRef::new(WeightFormat::Int4Row, 1, cols, &data, &scales).unwrap();
-        let dp = DPack::new(&x, 1, &w, false);
-        assert_eq!(dp.packed, DPack::new(&x, 1, &w, vnni_available()).packed);
+        let dp = DPack::new(&x, 1, &w, Kernel::Scalar);
+        for kernel in simd_kernels() {
+            assert_eq!(
+                dp.packed,
+                DPack::new(&x, 1, &w, kernel).packed,
+                "{kernel:?}"
+            );
+        }
         for b in 0..cols.div_ceil(BLOCK) {
             let xb = &x[b * BLOCK..((b + 1) * BLOCK).min(cols)];
             let mx = xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64;

@@ -3,4 +3,5 @@
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod digits;
+pub(crate) mod digits_avx2;
 pub(crate) mod vnni;
