@@ -59,6 +59,7 @@ static DIGITS: AtomicBool = AtomicBool::new(false);
 
 /// Which kernel computes this order: the scalar definition, or a SIMD path with its bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum Kernel {
     Scalar,
     /// AVX2 (`x86/digits_avx2.rs`).
