@@ -33,8 +33,8 @@
 //!
 //! Formats: int4 per row and int4 in groups of a multiple of 64 columns ([`supports`]); other
 //! formats keep the canonical order whatever the setting. It runs on AVX-512 VNNI
-//! (`x86/digits.rs`) or AVX2 (`x86/digits_avx2.rs`), the same bits; elsewhere (the scalar or
-//! NEON path) [`set_int4_order`] refuses it.
+//! (`x86/digits.rs`) or AVX2, with AVX-VNNI where the CPU has it (`x86/digits_avx2.rs`), the
+//! same bits; elsewhere (the scalar or NEON path) [`set_int4_order`] refuses it.
 use crate::dot::{fold16, LANES};
 use crate::driver::{par_rows, SharedOut};
 use crate::error::{Error, Result};
@@ -64,20 +64,26 @@ pub(crate) enum Kernel {
     Scalar,
     /// AVX2 (`x86/digits_avx2.rs`).
     Avx2,
+    /// AVX2 with AVX-VNNI's 256-bit `vpdpbusd` (`x86/digits_avx2.rs`).
+    AvxVnni,
     /// AVX-512 VNNI (`x86/digits.rs`).
     Vnni,
 }
 
 impl Kernel {
     /// The fastest kernel on the kernel path in use (`--isa`): VNNI where AVX-512 with VNNI is
-    /// in use, else AVX2 on any x86 path but the scalar one, else none.
+    /// in use, else on any x86 path but the scalar one AVX2, with AVX-VNNI where the CPU has
+    /// it; else none.
     pub(crate) fn detect() -> Option<Kernel> {
         if vnni_available() {
             return Some(Kernel::Vnni);
         }
         #[cfg(target_arch = "x86_64")]
         if crate::dot::isa_detect() != crate::dot::Isa::Scalar {
-            return Some(Kernel::Avx2);
+            return Some(match std::arch::is_x86_feature_detected!("avxvnni") {
+                true => Kernel::AvxVnni,
+                false => Kernel::Avx2,
+            });
         }
         None
     }
@@ -167,7 +173,7 @@ impl DPack {
                 #[cfg(target_arch = "x86_64")]
                 match kernel {
                     Kernel::Vnni if unsafe { crate::x86::digits::pack_chunk(xc, rec) } => continue,
-                    Kernel::Vnni | Kernel::Avx2 => {
+                    Kernel::Vnni | Kernel::Avx2 | Kernel::AvxVnni => {
                         unsafe { crate::x86::digits_avx2::pack_chunk(xc, rec) };
                         continue;
                     }
@@ -354,6 +360,18 @@ pub(crate) fn matmul_digits_with(
                 };
                 return;
             }
+            Kernel::AvxVnni => {
+                unsafe {
+                    crate::x86::digits_avx2::rows_vnni(
+                        w,
+                        t.clone(),
+                        &dp,
+                        out.get().add(t.start - base),
+                        n,
+                    )
+                };
+                return;
+            }
             Kernel::Scalar => {}
         }
         for r in t {
@@ -391,6 +409,9 @@ mod tests {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             k.push(Kernel::Avx2);
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                k.push(Kernel::AvxVnni);
+            }
         }
         if vnni_available() {
             k.push(Kernel::Vnni);

@@ -41,6 +41,43 @@ pub(crate) unsafe fn rows(
     out: *mut f32,
     stride: usize,
 ) {
+    // SAFETY: forwarded; AVX2 and FMA are enabled here, so the inlined body's instructions run.
+    unsafe { rows_in::<false>(w, rows, dp, out, stride) }
+}
+
+/// [`rows`] with AVX-VNNI (`vpdpbusd` on 256-bit registers: Intel's client cores since Alder
+/// Lake): a digit plane's products and their lane sums in one instruction per 32 codes
+/// instead of two `vpmaddubsw`, an add and a `vpmaddwd` per 64 — the same exact sums, so the
+/// same bits.
+///
+/// # Safety
+/// As [`rows`], and the CPU supports AVX-VNNI.
+#[target_feature(enable = "avx2,fma,avxvnni")]
+pub(crate) unsafe fn rows_vnni(
+    w: &MatRef<'_>,
+    rows: Range<usize>,
+    dp: &DPack,
+    out: *mut f32,
+    stride: usize,
+) {
+    // SAFETY: forwarded; AVX2, FMA and AVX-VNNI are enabled here.
+    unsafe { rows_in::<true>(w, rows, dp, out, stride) }
+}
+
+/// The body of [`rows`] (`VNNI` false) and [`rows_vnni`]: inlined into them, so it runs with
+/// their instruction sets (a function with its own `target_feature` could not be generic over
+/// which).
+///
+/// # Safety
+/// As [`rows`] / [`rows_vnni`], from which alone it is called.
+#[inline(always)]
+unsafe fn rows_in<const VNNI: bool>(
+    w: &MatRef<'_>,
+    rows: Range<usize>,
+    dp: &DPack,
+    out: *mut f32,
+    stride: usize,
+) {
     prefetch_start(w, rows.clone());
     for r in rows.clone() {
         let mut i = 0;
@@ -55,9 +92,9 @@ pub(crate) unsafe fn rows(
             i += unsafe {
                 let o = out.add(i * stride + r - rows.start);
                 match dp.m - i {
-                    1 => tile::<1>(w, r, dp, i, o, stride),
-                    2 | 3 => tile::<2>(w, r, dp, i, o, stride),
-                    _ => tile::<4>(w, r, dp, i, o, stride),
+                    1 => tile::<1, VNNI>(w, r, dp, i, o, stride),
+                    2 | 3 => tile::<2, VNNI>(w, r, dp, i, o, stride),
+                    _ => tile::<4, VNNI>(w, r, dp, i, o, stride),
                 }
             };
         }
@@ -69,9 +106,9 @@ pub(crate) unsafe fn rows(
 /// row.
 ///
 /// # Safety
-/// As [`rows`] for this row and these activation rows.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const MB: usize>(
+/// As [`rows_in`] for this row and these activation rows.
+#[inline(always)]
+unsafe fn tile<const MB: usize, const VNNI: bool>(
     w: &MatRef<'_>,
     r: usize,
     dp: &DPack,
@@ -83,7 +120,8 @@ unsafe fn tile<const MB: usize>(
     let ng = w.format.row_scales(w.cols);
     // SAFETY: row r exists (caller), so its bytes and scales start inside the views.
     let (rp, sp) = unsafe { (w.data.as_ptr().add(r * rb), w.scales.as_ptr().add(r * ng)) };
-    let mut acc = [[_mm256_setzero_ps(); 2]; MB];
+    // SAFETY: AVX2 (the callers' target features).
+    let mut acc = unsafe { [[_mm256_setzero_ps(); 2]; MB] };
     let ahead = i0 == 0;
     // The next row, one block ahead (see `Prefetch` for why).
     let mut pf = Prefetch::new(w, r + 1, 1).beside(dp.chunks * RECORD);
@@ -93,13 +131,14 @@ unsafe fn tile<const MB: usize>(
     // Whole chunks are read in place; a ragged last one (fewer than 64 bytes: the row's end)
     // from a copy padded with zeros, whose columns' digits are 0 as well.
     let whole = rb / CHUNK_BYTES;
-    let k = consts();
+    // SAFETY: AVX2 (the callers' target features).
+    let k = unsafe { consts() };
     for c in 0..whole {
         if ahead {
             pf.steps(CHUNK / 16);
         }
-        // SAFETY: chunk c lies in the row (c < whole); the rest as `rows`.
-        unsafe { chunk::<MB>(rp.add(c * CHUNK_BYTES), sp, dp, c, i0, &mut acc, k) };
+        // SAFETY: chunk c lies in the row (c < whole); the rest as `rows_in`.
+        unsafe { chunk::<MB, VNNI>(rp.add(c * CHUNK_BYTES), sp, dp, c, i0, &mut acc, k) };
     }
     if whole < dp.chunks {
         let mut tail = [0u8; CHUNK_BYTES];
@@ -111,11 +150,11 @@ unsafe fn tile<const MB: usize>(
                 rb % CHUNK_BYTES,
             )
         };
-        // SAFETY: 64 readable bytes in `tail`; the rest as `rows`.
-        unsafe { chunk::<MB>(tail.as_ptr(), sp, dp, whole, i0, &mut acc, k) };
+        // SAFETY: 64 readable bytes in `tail`; the rest as `rows_in`.
+        unsafe { chunk::<MB, VNNI>(tail.as_ptr(), sp, dp, whole, i0, &mut acc, k) };
     }
     for (j, a) in acc.iter().enumerate() {
-        // SAFETY: the caller's output region.
+        // SAFETY: the caller's output region; AVX2 and FMA (the callers' target features).
         unsafe { *out.add(j * stride) = fold(a[0], a[1]) };
     }
     MB
@@ -127,11 +166,10 @@ unsafe fn tile<const MB: usize>(
 /// `k`: the constants [`consts`] (made once per row, not per chunk).
 ///
 /// # Safety
-/// AVX2 and FMA; `at` holds 64 readable bytes; `sp` is the row's scales; chunk c and
+/// As [`rows_in`]; `at` holds 64 readable bytes; `sp` is the row's scales; chunk c and
 /// activations i0..i0 + MB lie in `dp`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn chunk<const MB: usize>(
+#[inline(always)]
+unsafe fn chunk<const MB: usize, const VNNI: bool>(
     at: *const u8,
     sp: *const f32,
     dp: &DPack,
@@ -146,43 +184,51 @@ unsafe fn chunk<const MB: usize>(
     // SAFETY: the records of chunk c, activations i0..i0 + MB, lie in the pack.
     let recs = unsafe { dp.packed.as_ptr().add((c * dp.m + i0) * RECORD) };
     for h in 0..2 {
-        // SAFETY: 32 bytes of half h (caller); the half's group is clamped to the row's scales
-        // (`chunk_groups`).
-        let (v, s) = unsafe {
+        // SAFETY (this block and the loop's): 32 bytes of half h (caller); the half's group is
+        // clamped to the row's scales (`chunk_groups`); plane p's bytes of half h, and the
+        // half's offsets and powers, lie in activation i0 + j's record (the layout in
+        // `digits.rs`); AVX2, FMA and, for VNNI, AVX-VNNI are the callers' target features.
+        unsafe {
             let v = _mm256_loadu_si256(at.add(32 * h).cast());
-            (v, _mm256_set1_ps(*sp.add(groups[h] as usize)))
-        };
-        let lo = _mm256_and_si256(v, nib);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-        for (j, a) in acc.iter_mut().enumerate() {
-            // SAFETY: plane p's bytes of half h, and the half's offsets and powers, lie in
-            // activation i0 + j's record (the layout in `digits.rs`).
-            let ld =
-                |o: usize| unsafe { _mm256_loadu_si256(recs.add(j * RECORD + o + 32 * h).cast()) };
-            let t2 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(lo, ld(0)),
-                _mm256_maddubs_epi16(hi, ld(64)),
-            );
-            let t1 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(lo, ld(128)),
-                _mm256_maddubs_epi16(hi, ld(192)),
-            );
-            let t0 = _mm256_add_epi16(
-                _mm256_maddubs_epi16(lo, ld(256)),
-                _mm256_maddubs_epi16(hi, ld(320)),
-            );
-            let u = _mm256_add_epi32(_mm256_madd_epi16(t2, b256), _mm256_madd_epi16(t1, one));
-            let p = _mm256_add_epi32(_mm256_slli_epi32::<8>(u), _mm256_madd_epi16(t0, one));
-            let p = _mm256_sub_epi32(p, ld(OFF));
-            let scale = _mm256_mul_ps(s, _mm256_castsi256_ps(ld(POW)));
-            a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, a[h]);
+            let s = _mm256_set1_ps(*sp.add(groups[h] as usize));
+            let lo = _mm256_and_si256(v, nib);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            for (j, a) in acc.iter_mut().enumerate() {
+                let ld = |o: usize| _mm256_loadu_si256(recs.add(j * RECORD + o + 32 * h).cast());
+                // P = (S₂·2⁸ + S₁)·2⁸ + S₀, S_p = Σ n·d_p over each 8-column lane.
+                let p = if VNNI {
+                    let mut s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, ld(0));
+                    s = _mm256_dpbusd_avx_epi32(s, hi, ld(64));
+                    s = _mm256_slli_epi32::<8>(s);
+                    s = _mm256_dpbusd_avx_epi32(s, lo, ld(128));
+                    s = _mm256_dpbusd_avx_epi32(s, hi, ld(192));
+                    s = _mm256_slli_epi32::<8>(s);
+                    s = _mm256_dpbusd_avx_epi32(s, lo, ld(256));
+                    _mm256_dpbusd_avx_epi32(s, hi, ld(320))
+                } else {
+                    let t = |p: usize| {
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, ld(128 * p)),
+                            _mm256_maddubs_epi16(hi, ld(128 * p + 64)),
+                        )
+                    };
+                    let u = _mm256_add_epi32(
+                        _mm256_madd_epi16(t(0), b256),
+                        _mm256_madd_epi16(t(1), one),
+                    );
+                    _mm256_add_epi32(_mm256_slli_epi32::<8>(u), _mm256_madd_epi16(t(2), one))
+                };
+                let p = _mm256_sub_epi32(p, ld(OFF));
+                let scale = _mm256_mul_ps(s, _mm256_castsi256_ps(ld(POW)));
+                a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, a[h]);
+            }
         }
     }
 }
 
 /// The nibble mask, and the 16-bit multipliers 1 and 256 of the digits' sums.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2")]
 fn consts() -> [__m256i; 3] {
     [
         _mm256_set1_epi8(0x0F),
