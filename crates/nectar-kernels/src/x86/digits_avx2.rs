@@ -16,6 +16,11 @@
 //! order), then per half `t_p = maddubs(lo, even_p) + maddubs(hi, odd_p)` for the three digits
 //! p, `P = (madd(t₂, 256) + madd(t₁, 1))·2⁸ + madd(t₀, 1)` — exact: the true value fits i32 —
 //! the offset subtracted, one conversion and the order's FMA.
+//!
+//! Where the CPU has AVX-VNNI (`vpdpbusd` on 256-bit registers: Intel's client cores since
+//! Alder Lake, and Zen 5, which takes the AVX-512 kernel), [`rows_vnni`] does each plane's
+//! products and lane sums in one instruction per 32 codes, as the AVX-512 kernel does per 64:
+//! the same exact sums, the same bits.
 use crate::digits::{block_exponent, pow2, DPack, CHUNK, OFF, POW, RECORD};
 use crate::driver::{prefetch_scales, prefetch_start, Prefetch};
 use crate::format::MatRef;
