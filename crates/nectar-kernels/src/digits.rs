@@ -337,42 +337,22 @@ pub(crate) fn matmul_digits_with(
     let out = SharedOut(y.as_mut_ptr());
     let base = rows.start;
     par_rows(rows, w.format.row_bytes(w.cols), m, |t| {
-        // SAFETY (both kernels): the caller checked the CPU runs `kernel` (`Kernel::detect`);
-        // `w` is validated and int4 of a supported layout; rows t exist; the task owns the
-        // output elements (i, r − base) for r in t, inside y's m × n.
         #[cfg(target_arch = "x86_64")]
-        match kernel {
-            Kernel::Vnni => {
-                unsafe {
-                    crate::x86::digits::rows(w, t.clone(), &dp, out.get().add(t.start - base), n)
-                };
+        {
+            type Rows = unsafe fn(&MatRef<'_>, std::ops::Range<usize>, &DPack, *mut f32, usize);
+            let simd: Option<Rows> = match kernel {
+                Kernel::Vnni => Some(crate::x86::digits::rows),
+                Kernel::Avx2 => Some(crate::x86::digits_avx2::rows),
+                Kernel::AvxVnni => Some(crate::x86::digits_avx2::rows_vnni),
+                Kernel::Scalar => None,
+            };
+            if let Some(rows) = simd {
+                // SAFETY: the caller checked the CPU runs `kernel` (`Kernel::detect`); `w` is
+                // validated and int4 of a supported layout; rows t exist; the task owns the
+                // output elements (i, r − base) for r in t, inside y's m × n.
+                unsafe { rows(w, t.clone(), &dp, out.get().add(t.start - base), n) };
                 return;
             }
-            Kernel::Avx2 => {
-                unsafe {
-                    crate::x86::digits_avx2::rows(
-                        w,
-                        t.clone(),
-                        &dp,
-                        out.get().add(t.start - base),
-                        n,
-                    )
-                };
-                return;
-            }
-            Kernel::AvxVnni => {
-                unsafe {
-                    crate::x86::digits_avx2::rows_vnni(
-                        w,
-                        t.clone(),
-                        &dp,
-                        out.get().add(t.start - base),
-                        n,
-                    )
-                };
-                return;
-            }
-            Kernel::Scalar => {}
         }
         for r in t {
             for i in 0..m {
