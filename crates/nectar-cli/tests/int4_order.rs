@@ -82,8 +82,9 @@ fn digits_keep_the_int4_demos_logits_and_decode() {
         diff <= 1e-5 * max,
         "max |Δlogit| {diff} against max|logit| {max}"
     );
-    // The AVX2 kernel computes the order's bits too (on an AVX-512 VNNI CPU this compares
-    // the two kernels; where AVX2 is the best path it is the same kernel twice).
+    // The AVX2 path's kernel (AVX-VNNI where the CPU has it) computes the order's bits too
+    // (on an AVX-512 VNNI CPU this compares two kernels; where AVX2 is the best path it is the
+    // same kernel twice).
     let (ok, _, _) = nectar(&["--isa", "avx2", "inspect", "--model", model]);
     if ok {
         assert_eq!(logits_on(model, "digits", &["--isa", "avx2"]), digits);

@@ -540,6 +540,9 @@ pub fn project(
     // split that finishes both sides soonest), each copy overlapping the previous expert's
     // product after the first, and the copies' and the CPU's reads of RAM sharing its rate.
     let copy_bps = gpu.and_then(|t| t.copy_bps);
+    // Seconds per copied expert once the pipeline is full: its copy or its product, whichever
+    // is slower.
+    let per = copy_bps.map(|cb| (g.expert / gpu_bps).max(g.expert / cb));
     let moe = |u: f64, uv: f64| -> (f64, f64) {
         let cpu = |x: f64| (l * (u - x) * g.expert + shared) / dec;
         let gpu_side = |x: f64| {
@@ -548,20 +551,17 @@ pub fn project(
             } else {
                 0.0
             };
-            let copies = match (copy_bps, x > 0.0) {
-                (Some(cb), true) => {
-                    l * g.expert / cb + l * x * (g.expert / gpu_bps).max(g.expert / cb)
-                }
+            let copies = match (copy_bps.zip(per), x > 0.0) {
+                (Some((cb, per)), true) => l * g.expert / cb + l * x * per,
                 _ => 0.0,
             };
             l * uv * g.expert / gpu_bps + launches + copies
         };
         let none = cpu(0.0).max(gpu_side(0.0));
-        let Some(cb) = copy_bps.filter(|_| u > 0.0) else {
+        let Some((cb, per)) = copy_bps.zip(per).filter(|_| u > 0.0) else {
             return (none, 0.0);
         };
         // Where the two sides meet (the GPU's launches and first copy included).
-        let per = (g.expert / gpu_bps).max(g.expert / cb);
         let fill = l * g.expert / cb + if uv > 0.0 { 0.0 } else { 2.0 * l * trip };
         let x = ((cpu(0.0) - gpu_side(0.0) - fill) / (l * g.expert / dec + l * per)).clamp(0.0, u);
         // A copy reads RAM as the CPU's product would: together they read no faster than RAM.
