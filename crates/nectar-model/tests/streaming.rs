@@ -94,17 +94,45 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         working_slots: 16,
         ..Default::default()
     };
-    for lru in [1usize, 3, 32] {
-        let budget = budget_for(out.path(), lru, &base);
-        let m = Glm5::load_with(
+    let load = |budget: u64| {
+        Glm5::load_with(
             out.path(),
             &LoadOptions {
                 memory_budget: Some(budget),
                 ..base.clone()
             },
         )
-        .unwrap();
-        assert_eq!(m.memory_plan().unwrap().lru_per_layer, lru);
+        .unwrap()
+    };
+    // (LRU slots, slots' bytes beyond the least budget for them: the plan's last partial row).
+    for (lru, more) in [(1usize, 0u64), (3, 0), (3, 5), (32, 0)] {
+        let mut budget = budget_for(out.path(), lru, &base);
+        if more > 0 {
+            // The bytes of `more` slots and the safety margin's 2 % of them.
+            let slot = load(budget).residency().unwrap().slot_bytes() as u64;
+            budget += more * slot * 52 / 50;
+        }
+        let m = load(budget);
+        let plan = m.memory_plan().unwrap();
+        assert_eq!(plan.lru_per_layer, lru);
+        // The runtime's capacities are the plan's: one slot more on `lru_extra_layers` evenly
+        // spaced sparse layers, the MTP tier at the base count.
+        let main = m.residency().unwrap();
+        let caps: Vec<usize> = (0..main.layers()).map(|l| main.capacity(l)).collect();
+        let sparse: Vec<usize> = caps.iter().copied().filter(|&c| c > 0).collect();
+        assert_eq!(sparse.len(), plan.sparse_layers, "{caps:?}");
+        for (i, &c) in sparse.iter().enumerate() {
+            assert_eq!(c, plan.lru_slots(i), "sparse layer {i}: {caps:?}");
+        }
+        let extra = sparse.iter().filter(|&&c| c == lru + 1).count();
+        assert_eq!(extra, plan.lru_extra_layers);
+        if more > 0 {
+            assert!((4..=6).contains(&extra), "{more} slots' bytes: {caps:?}");
+        } else {
+            // The least budget for `lru` slots leaves less than a slot over.
+            assert_eq!(extra, 0, "{caps:?}");
+        }
+        assert_eq!(m.mtp_residency().unwrap().capacity(8), lru);
         let got = run(&m, &prompt, 12);
         assert_eq!(
             got, want,
@@ -129,8 +157,8 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             "MTP experts use their own tier"
         );
         assert!(
-            t.occupancy.lru <= lru * 8,
-            "at most {lru} slots in each of 8 MoE tiers"
+            t.occupancy.lru <= lru * 8 + extra,
+            "at most {lru} slots in each of 8 MoE tiers, one more on {extra}"
         );
         eprintln!(
             "LRU {lru}: hit rate {:.3}, {} reads, {} B",

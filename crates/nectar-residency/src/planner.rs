@@ -7,8 +7,11 @@
 //! ```
 //! The LRU capacity is what remains, divided evenly over the sparse layers — and the MTP layer,
 //! whose tier has the same capacity at its own slot size (Colibri's int8 MTP experts are ~1.8×
-//! the int4 main ones; sizing every slot for them would waste ~44 % of each main slot). A budget
-//! that cannot hold one LRU slot per sparse layer is refused with the whole equation.
+//! the int4 main ones; sizing every slot for them would waste ~44 % of each main slot). What is
+//! left after the last whole row of slots becomes one more slot on as many sparse layers as it
+//! holds, spread evenly: a row of GLM-5.2's slots is 1.4 GB, so left unused it would waste up
+//! to 5 % of a 32 GB machine (1.0 GB at 29 GiB). A budget that cannot hold one LRU slot per
+//! sparse layer is refused with the whole equation.
 use crate::error::{Error, Result};
 use serde::Serialize;
 
@@ -48,8 +51,13 @@ pub struct PlanInputs {
 pub struct Plan {
     /// Every term of the equation, in bytes.
     pub terms: Vec<(String, u64)>,
-    /// LRU slots per sparse layer.
+    /// LRU slots of every sparse layer (and of the MTP tier), at least.
     pub lru_per_layer: usize,
+    /// Sparse layers holding one LRU slot more than [`Plan::lru_per_layer`] (fewer than the
+    /// sparse layers; [`Plan::lru_slots`] says which).
+    pub lru_extra_layers: usize,
+    /// Sparse (MoE) main layers planned for.
+    pub sparse_layers: usize,
     /// Bytes of all LRU slots (every sparse layer's, and the MTP tier's).
     pub lru_bytes: u64,
     /// Bytes left over after the LRU.
@@ -143,15 +151,33 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
     let per_slot_row = p.sparse_layers.max(1) as u64 * p.slot_bytes.max(1) + p.mtp_slot_bytes;
     let lru =
         (p.budget.saturating_sub(fixed) / per_slot_row).min(p.experts_per_layer.max(1) as u64);
-    let lru_bytes = lru * per_slot_row;
+    // The remainder of a row: one slot more on some layers (none once every expert fits, and
+    // none where not even one row does: that budget is refused below).
+    let extra = if lru >= 1 && lru < p.experts_per_layer as u64 {
+        ((p.budget.saturating_sub(fixed + lru * per_slot_row)) / p.slot_bytes.max(1))
+            .min(p.sparse_layers.saturating_sub(1) as u64)
+    } else {
+        0
+    };
+    let lru_bytes = lru * per_slot_row + extra * p.slot_bytes;
     let mtp = if p.mtp_slot_bytes > 0 { " + MTP" } else { "" };
+    let more = if extra > 0 {
+        format!(", {} on {extra} of them", lru + 1)
+    } else {
+        String::new()
+    };
     terms.push((
-        format!("LRU ({lru} slots × {} sparse layers{mtp})", p.sparse_layers),
+        format!(
+            "LRU ({lru} slots × {} sparse layers{more}{mtp})",
+            p.sparse_layers
+        ),
         lru_bytes,
     ));
     let plan = Plan {
         slack: p.budget.saturating_sub(fixed + lru_bytes),
         lru_per_layer: lru as usize,
+        lru_extra_layers: extra as usize,
+        sparse_layers: p.sparse_layers,
         lru_bytes,
         terms,
     };
@@ -164,6 +190,39 @@ pub fn plan(p: &PlanInputs) -> Result<Plan> {
         )));
     }
     Ok(plan)
+}
+
+impl Plan {
+    /// LRU slots of the `i`-th sparse layer (counted in model order): the extra slots go to
+    /// evenly spaced layers. Replayed on route256 the layers gain alike from a slot (an
+    /// allocation by layer beats the even one by under 0.05 % of hits,
+    /// `benchmarks/policy-research/layer_alloc.py`), so where they go matters little.
+    pub fn lru_slots(&self, i: usize) -> usize {
+        let n = self.sparse_layers.max(1);
+        let e = self.lru_extra_layers.min(n);
+        self.lru_per_layer + usize::from((i + 1) * e / n > i * e / n)
+    }
+
+    /// The LRU slots of a sparse layer in words: `13 LRU slots`, or with extra slots on some
+    /// layers `13–14 LRU slots (14 on 56 of 75 layers)`.
+    pub fn lru_words(&self) -> String {
+        let c = self.lru_per_layer;
+        match self.lru_extra_layers {
+            0 if c == 1 => "1 LRU slot".into(),
+            0 => format!("{c} LRU slots"),
+            e => format!(
+                "{c}–{} LRU slots ({} on {e} of {} layers)",
+                c + 1,
+                c + 1,
+                self.sparse_layers
+            ),
+        }
+    }
+
+    /// The share of the sparse layers holding one slot more (what a projection mixes in).
+    pub fn lru_extra_share(&self) -> f64 {
+        self.lru_extra_layers as f64 / self.sparse_layers.max(1) as f64
+    }
 }
 
 /// The least budget `b` with `b − safety_margin(b) ≥ fixed + row`: the margin grows with the
@@ -315,15 +374,52 @@ mod tests {
         // fixed = 1000 + 400 + 100 + 2 % of budget
         let p = plan(&inputs(10_000)).unwrap();
         assert_eq!(p.lru_per_layer, (10_000 - 1500 - 200) / 300);
-        assert_eq!(p.lru_bytes, p.lru_per_layer as u64 * 300);
+        // 8300 − 27 × 300 = 200: two of the three layers hold a 28th slot.
+        assert_eq!(p.lru_extra_layers, 2);
+        assert_eq!(p.lru_bytes, p.lru_per_layer as u64 * 300 + 200);
+        assert_eq!(p.slack, 0);
         let mut few = inputs(10_000);
         few.experts_per_layer = 5;
-        assert_eq!(plan(&few).unwrap().lru_per_layer, 5);
+        let all = plan(&few).unwrap();
+        assert_eq!((all.lru_per_layer, all.lru_extra_layers), (5, 0));
         let e = plan(&inputs(1_700)).unwrap_err().to_string();
         assert!(
             e.contains("working bank") && e.contains("budget") && e.contains("one LRU slot"),
             "{e}"
         );
+    }
+
+    /// The remainder of a row goes to evenly spaced layers, one slot each, every byte of it
+    /// counted: the terms sum to the budget less the slack, which is under one slot.
+    #[test]
+    fn the_last_partial_row_becomes_slots_on_some_layers() {
+        for budget in (2_000..40_000).step_by(37) {
+            for (layers, mtp) in [(3, 0), (7, 0), (7, 170), (75, 0)] {
+                let mut inp = inputs(budget);
+                inp.sparse_layers = layers;
+                inp.mtp_slot_bytes = mtp;
+                let Ok(p) = plan(&inp) else { continue };
+                let caps: Vec<usize> = (0..layers).map(|i| p.lru_slots(i)).collect();
+                let more = caps.iter().filter(|&&c| c > p.lru_per_layer).count();
+                assert_eq!(more, p.lru_extra_layers, "{caps:?}");
+                assert!(more < layers && caps.iter().all(|&c| c <= p.lru_per_layer + 1));
+                let row = layers as u64 * 100 + mtp;
+                assert_eq!(
+                    p.lru_bytes,
+                    p.lru_per_layer as u64 * row + more as u64 * 100
+                );
+                let total: u64 = p.terms.iter().map(|t| t.1).sum();
+                assert_eq!(total + p.slack, budget, "{budget} {layers}");
+                assert!(p.slack < 100 || more == layers - 1, "{budget}: {p:?}");
+                // Evenly spread: no two layers with an extra slot closer than n / extra − 1.
+                if more > 0 {
+                    let at: Vec<usize> =
+                        (0..layers).filter(|&i| caps[i] > p.lru_per_layer).collect();
+                    let gap = at.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(layers);
+                    assert!(gap >= layers / more, "{caps:?}");
+                }
+            }
+        }
     }
 
     #[test]

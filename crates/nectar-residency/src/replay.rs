@@ -104,6 +104,9 @@ impl Count {
 pub struct CacheSetup {
     /// LRU slots per layer.
     pub capacity: usize,
+    /// Per replayed layer, LRU slots beyond `capacity` (a memory plan's last partial row puts
+    /// one more on some layers; missing entries are 0).
+    pub extra: Vec<usize>,
     /// What a full layer keeps.
     pub admission: Admission,
     /// Pinned experts per replayed layer (index = position in the replayed layers).
@@ -117,15 +120,22 @@ impl CacheSetup {
     pub fn lru_only(capacity: usize, admission: Admission) -> Self {
         CacheSetup {
             capacity,
+            extra: Vec::new(),
             admission,
             pinned: Vec::new(),
             repin_swaps: 0,
         }
     }
 
-    /// Slots per layer in all (LRU + the most any layer pins): Belady's capacity.
-    pub fn slots(&self) -> usize {
-        self.capacity + self.pinned.iter().map(Vec::len).max().unwrap_or(0)
+    /// LRU slots of the replayed layer `li`.
+    pub fn lru_of(&self, li: usize) -> usize {
+        self.capacity + self.extra.get(li).copied().unwrap_or(0)
+    }
+
+    /// Slots of the replayed layer `li` in all (its LRU + the most any layer pins): Belady's
+    /// capacity there.
+    pub fn slots(&self, li: usize) -> usize {
+        self.lru_of(li) + self.pinned.iter().map(Vec::len).max().unwrap_or(0)
     }
 }
 
@@ -210,7 +220,7 @@ fn replay(
     setup: &CacheSetup,
     prefetch: Option<PrefetchSetup>,
 ) -> (Vec<Count>, LookaheadStats) {
-    let (capacity, admission) = (setup.capacity, setup.admission);
+    let admission = setup.admission;
     let reqs: Vec<Vec<Vec<u32>>> = layers
         .iter()
         .map(|&l| layer_requests(trace, steps, l))
@@ -228,8 +238,8 @@ fn replay(
         .enumerate()
         .flat_map(|(li, v)| v.iter().map(move |&e| ExpertKey::new(li, e as usize)))
         .collect();
-    let fresh =
-        || Policy::new(vec![capacity; layers.len()], working, &pins).with_admission(admission);
+    let caps: Vec<usize> = (0..layers.len()).map(|li| setup.lru_of(li)).collect();
+    let fresh = || Policy::new(caps.clone(), working, &pins).with_admission(admission);
     let mut policy = fresh();
     let mut counts = vec![Count::default(); layers.len()];
     let mut stats = LookaheadStats::default();
@@ -391,9 +401,9 @@ pub fn compare_setup(
     for c in replay_setup(trace, &st, layers, setup) {
         out.policy.add(c);
     }
-    for &l in layers {
+    for (li, &l) in layers.iter().enumerate() {
         out.belady
-            .add(belady(&layer_requests(trace, &st, l), &st, setup.slots()));
+            .add(belady(&layer_requests(trace, &st, l), &st, setup.slots(li)));
     }
     out
 }
@@ -614,6 +624,28 @@ mod tests {
         assert_eq!(a.policy.requests, 24 * 256 * 7 * 8);
         assert_eq!(a.belady.requests, a.policy.requests);
         assert!(a.policy.hits < a.belady.hits && a.ratio() > 0.3, "{a:?}");
+    }
+
+    /// A layer given one slot more (a plan's last partial row) replays as that layer alone at
+    /// the larger capacity, the others as they were: the layers' caches do not share slots.
+    #[test]
+    fn extra_slots_replay_per_layer() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/traces/route256");
+        let t = Trace::load(&dir, "decode").unwrap();
+        let layers = t.main_layers(t.hidden_layers());
+        let st = steps(&t, 1);
+        let adm = Admission::PREDICTIVE;
+        let mut mixed = CacheSetup::lru_only(12, adm);
+        mixed.extra = (0..layers.len()).map(|i| i % 2).collect();
+        let got = replay_setup(&t, &st, &layers, &mixed);
+        for (i, &l) in layers.iter().enumerate() {
+            let alone = replay_policy(&t, &st, &[l], 12 + i % 2, adm);
+            assert_eq!(got[i], alone[0], "layer {l}");
+        }
+        // One slot more hits more, and Belady's capacity follows the layer's.
+        assert!(got[1].hits > replay_policy(&t, &st, &[layers[1]], 12, adm)[0].hits);
+        assert_eq!((mixed.slots(0), mixed.slots(1)), (12, 13));
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
             for (name, adm) in &admissions {
                 let setup = CacheSetup {
                     capacity: slots,
+                    extra: Vec::new(),
                     admission: *adm,
                     pinned: pinned.clone(),
                     repin_swaps: a.repin,

@@ -187,8 +187,8 @@ fn load_planned(
 /// (`nectar_residency::replay`) on the runtime's step model. The runtime's own hit rate
 /// departs from it only through what the offline replay leaves out (I/O timing, the working
 /// bank's waves, prefetch): the two together say whether a gap to the simulator's figures is
-/// the runtime's or the workload's. `None` with experts in VRAM (they are never requested of
-/// the RAM tier) or layers whose slots differ.
+/// the runtime's or the workload's, with each layer's slots (the plan's last partial row puts
+/// one more on some). `None` with experts in VRAM (they are never requested of the RAM tier).
 fn offline_replay(
     a: &BenchReplayArgs,
     trace: &Trace,
@@ -198,11 +198,10 @@ fn offline_replay(
     res: &Residency,
     pins: &[ExpertKey],
 ) -> Result<Option<f64>> {
-    let capacity = res.capacity(moe[0]);
-    if obs.vram.values().any(|v| !v.is_empty()) || moe.iter().any(|&l| res.capacity(l) != capacity)
-    {
+    if obs.vram.values().any(|v| !v.is_empty()) {
         return Ok(None);
     }
+    let capacity = least_slots(res, moe);
     let Some(layers) = moe
         .iter()
         .map(|&l| obs.routes.trace_layer(l))
@@ -212,6 +211,7 @@ fn offline_replay(
     };
     let setup = CacheSetup {
         capacity,
+        extra: moe.iter().map(|&l| res.capacity(l) - capacity).collect(),
         admission: admission(a)?,
         pinned: moe
             .iter()
@@ -229,6 +229,18 @@ fn offline_replay(
         c.add(l);
     }
     Ok(Some(c.rate()))
+}
+
+/// The fewest LRU slots of the streamed main layers (the plan's base; some layers may hold one
+/// more), and how many layers hold more.
+fn least_slots(res: &Residency, moe: &[usize]) -> usize {
+    moe.iter().map(|&l| res.capacity(l)).min().unwrap_or(0)
+}
+
+/// Streamed main layers holding more LRU slots than [`least_slots`].
+fn layers_with_more(res: &Residency, moe: &[usize]) -> usize {
+    let least = least_slots(res, moe);
+    moe.iter().filter(|&&l| res.capacity(l) > least).count()
 }
 
 /// One run: a budget, a speculation mode.
@@ -458,7 +470,8 @@ fn run_one(
         "disk_busy_predicted_attention": per_tok(halves.disk_busy_predicted_attention),
     });
     let bound = disk_bound.min(compute_bound);
-    let slots = res.capacity(moe[0]);
+    let slots = least_slots(&res, &moe);
+    let more = layers_with_more(&res, &moe);
     let u = union.stats();
     let union_text = if u.verify_steps > 0 {
         format!(
@@ -522,9 +535,10 @@ fn run_one(
     });
     // Beyond the macro's recursion limit in one object.
     json["pilot"] = pilot_json.into();
+    json["lru_extra_layers"] = more.into();
     json["prefetch_cancelled"] = dec_pf[3].into();
     let line = format!(
-        "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
+        "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3}{:<3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} (offline {}) / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
          ratio {:.2}  prefetch used {}/{} (coverage {:.2})  per token: attention {:.1} ms (disk busy {:.1}), \
@@ -532,6 +546,7 @@ fn run_one(
         if mtp { "on" } else { "off" },
         prefetch.as_str(),
         gpu.0,
+        if more > 0 { format!("+{more}") } else { String::new() },
         pre_tok as f64 / pre_s,
         offline.map_or("-".into(), |h| format!("{h:.3}")),
         disk_s / a.io_threads as f64 / dec_s,
@@ -696,7 +711,8 @@ fn prefill_run(
         "gpu": model.gpu_placement().map(|p| p.summary.clone()),
         "expert_runs": runs,
         "copy": copy.map(|c| c.json()),
-        "lru_slots_per_layer": res.capacity(moe[0]),
+        "lru_slots_per_layer": least_slots(&res, &moe),
+        "lru_extra_layers": layers_with_more(&res, &moe),
         "prompt_tokens": rows,
         "chunk": a.prefill_chunk,
         "span": span,

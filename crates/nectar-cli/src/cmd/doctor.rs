@@ -287,10 +287,10 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
             "memory plan",
             Status::Ok,
             format!(
-                "budget {} (context {}): {} LRU slots per sparse layer × {} layers of {} each, {} unused",
+                "budget {} (context {}): {} per sparse layer × {} layers of {} each, {} unused",
                 human(budget),
                 a.ctx_size,
-                p.lru_per_layer,
+                p.lru_words(),
                 inputs.sparse_layers,
                 human(inputs.slot_bytes),
                 human(p.slack)
@@ -302,7 +302,10 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
                 "memory plan",
                 Status::Fail,
                 format!("budget {}: {e}", human(budget)),
-                Some("raise --memory-budget (see `nectar fit`), shorten --ctx-size, or free memory".into()),
+                Some(
+                    "raise --memory-budget (see `nectar fit`), shorten --ctx-size, or free memory"
+                        .into(),
+                ),
             ));
             return false;
         }

@@ -113,6 +113,7 @@ fn show(
         let mut out = json!({
             "budget": budget, "ctx_size": a.ctx_size, "slot_bytes": inputs.slot_bytes,
             "sparse_layers": inputs.sparse_layers, "lru_per_layer": p.lru_per_layer,
+            "lru_extra_layers": p.lru_extra_layers,
             "terms": terms, "slack": p.slack, "gpu": gpu_json,
         });
         out[key] = json!(title);
@@ -125,8 +126,8 @@ fn show(
         );
         print!("{}", render(p, budget));
         println!(
-            "  => {} LRU slots per sparse layer ({} layers, {} per slot), {} unused",
-            p.lru_per_layer,
+            "  => {} per sparse layer ({} layers, {} per slot), {} unused",
+            p.lru_words(),
             inputs.sparse_layers,
             human(inputs.slot_bytes),
             human(p.slack)

@@ -497,15 +497,15 @@ pub fn project(
     let rt = ram_trace.as_ref().unwrap_or(trace);
     // Experts per layer and forward the GPU computes (n rows per forward).
     let u_vram = |n: usize, u_ram: f64| match vram {
-        Some(_) => hit_curve(trace, &main, c, n).1 - u_ram,
+        Some(_) => at_slots(c, slots.extra_off, |c| hit_curve(trace, &main, c, n)).1 - u_ram,
         None => 0.0,
     };
     // Three independent replays (deterministic each): run side by side.
     let (((h1, u1), (h2, u2)), (hm, _)) = rayon::join(
         || {
             rayon::join(
-                || hit_curve(rt, &main, c, 1),
-                || hit_curve(rt, &main, c_on, 2),
+                || at_slots(c, slots.extra_off, |c| hit_curve(rt, &main, c, 1)),
+                || at_slots(c_on, slots.extra_on, |c| hit_curve(rt, &main, c, 2)),
             )
         },
         || {
@@ -615,7 +615,7 @@ pub fn project(
             if n > LONGEST_CONTEXT {
                 (0.0, 0.0)
             } else {
-                prefetch_curve(rt, &main, c, n)
+                at_slots(c, slots.extra_off, |c| prefetch_curve(rt, &main, c, n))
             }
         })
     };
@@ -725,6 +725,7 @@ pub fn project(
     json!({
         "lru_slots_per_layer": slots.mtp_off,
         "lru_slots_per_layer_mtp_on": slots.mtp_on,
+        "lru_extra_slot_share": {"mtp_off": slots.extra_off, "mtp_on": slots.extra_on},
         "hit_rate": {"mtp_off": h1, "mtp_on": h2, "mtp_layer": hm},
         "unique_experts_per_layer": {"mtp_off": u1, "mtp_on": u2},
         "ssd_gb_per_token": {"mtp_off": ssd1 / 1e9, "mtp_on": (ssd2 + mtp_ssd) / 1e9 / tau},
@@ -784,6 +785,20 @@ pub fn project(
 pub struct Slots {
     pub mtp_off: usize,
     pub mtp_on: usize,
+    /// Shares of the sparse layers holding one slot more (each plan's last partial row).
+    pub extra_off: f64,
+    pub extra_on: f64,
+}
+
+/// A curve (hit rate and the like) at a plan's slots: `c` on a share `1 − f` of the layers,
+/// `c + 1` on the rest. The layers gain alike from a slot on average, so the two mix linearly.
+fn at_slots(c: usize, f: f64, curve: impl Fn(usize) -> (f64, f64)) -> (f64, f64) {
+    let a = curve(c);
+    if f <= 0.0 {
+        return a;
+    }
+    let b = curve(c + 1);
+    (a.0 + f * (b.0 - a.0), a.1 + f * (b.1 - a.1))
 }
 
 /// `nectar fit --project`.
@@ -1102,6 +1117,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         Slots {
             mtp_off: p_off.lru_per_layer,
             mtp_on: p_on.lru_per_layer,
+            extra_off: p_off.lru_extra_share(),
+            extra_on: p_on.lru_extra_share(),
         },
         &trace,
         a.acceptance,
@@ -1192,7 +1209,17 @@ pub fn render(full: &serde_json::Value) -> String {
     let o = &full["projection"];
     let m = &full["machine"];
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
-    let slots = o["lru_slots_per_layer"].as_u64().unwrap_or(0);
+    // `13` or, with the plan's last partial row, `13–14 (75 % 14)`.
+    let words = |c: &serde_json::Value, x: &serde_json::Value| {
+        let (c, x) = (c.as_u64().unwrap_or(0), f(x));
+        if x > 0.0 {
+            format!("{c}–{} ({:.0} % {})", c + 1, 100.0 * x, c + 1)
+        } else {
+            c.to_string()
+        }
+    };
+    let x = &o["lru_extra_slot_share"];
+    let slots = words(&o["lru_slots_per_layer"], &x["mtp_off"]);
     let share = |p: &str| {
         let t = &o["prefill_seconds"][p];
         100.0 * f(&t["attention_s"])
@@ -1202,7 +1229,7 @@ pub fn render(full: &serde_json::Value) -> String {
         "projection for {} under {} ({slots} LRU slots per layer; {} with the MTP layer loaded)\n",
         full["geometry"].as_str().unwrap_or(""),
         nectar_residency::planner::human(full["budget"].as_u64().unwrap_or(0)),
-        o["lru_slots_per_layer_mtp_on"],
+        words(&o["lru_slots_per_layer_mtp_on"], &x["mtp_on"]),
     );
     s += &format!(
         "  machine: decode kernel {:.1} GB/s (read {:.1} GB/s), disk {:.2} GB/s{}, prefill {:.0} GFLOP/s (attention {:.1})\n",

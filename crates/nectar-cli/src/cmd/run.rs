@@ -189,7 +189,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         if let (Some(t), Some(plan)) = (&residency, bundle.model.memory_plan()) {
             eprintln!(
                 "[experts streamed: {} per layer, hit rate {:.1} %, {:.3} GB read from disk ({} reads), {:.2} s disk time, {:.2} s waiting]",
-                super::count(plan.lru_per_layer as u64, "LRU slot", "LRU slots"),
+                plan.lru_words(),
                 100.0 * t.hit_rate(),
                 t.bytes_read as f64 / 1e9,
                 t.reads,
@@ -343,6 +343,7 @@ fn residency_json(t: &Telemetry, bundle: &ModelBundle, budget: Option<u64>) -> V
     json!({
         "memory_budget": budget,
         "lru_per_layer": bundle.model.memory_plan().map(|p| p.lru_per_layer),
+        "lru_extra_layers": bundle.model.memory_plan().map(|p| p.lru_extra_layers),
         "hit_rate": t.hit_rate(),
         // Expert requests (hits + misses) over all layers: ÷ main forwards ÷ MoE layers is the
         // per-layer expert union a forward needs (it grows with the rows of a verify).

@@ -344,9 +344,15 @@ pub(super) fn setup(
         }
         ls
     };
+    // The plan's slots by layer: its extra slots on evenly spaced sparse layers, the MTP
+    // tier at the base count.
+    let mut caps = vec![plan.lru_per_layer; n + 1];
+    for (i, l) in (0..n).filter(|&l| !cfg.dense[l]).enumerate() {
+        caps[l] = plan.lru_slots(i);
+    }
     let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>, lookahead: bool| {
         ResidencyConfig {
-            lru_per_layer: vec![plan.lru_per_layer; n + 1],
+            lru_per_layer: caps.clone(),
             working_slots: working,
             prefetch_slots: prefetch,
             io_threads: opts.io_threads,

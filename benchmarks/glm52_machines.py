@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""GLM-5.2's decode projected on the machines of benchmarks/RESULTS.md, as one table.
+
+Deterministic: every speed is a flag (`nectar fit --geometry ... --project`), so two binaries
+give the same figures unless the plan or the projection changed. The calibrated constants are
+the RESULTS ones: the MoE block 0.76 hidden behind reads (eta), look-ahead r 0.17 / c 0.96,
+PILOT b 1.00 / w 0.071, CPU kernels at 0.6 of the memory bandwidth, 1000 GFLOP/s prefill.
+
+    python3 benchmarks/glm52_machines.py [NECTAR_BINARY]   # default target/release/nectar
+"""
+import json
+import subprocess
+import sys
+
+NECTAR = sys.argv[1] if len(sys.argv) > 1 else "target/release/nectar"
+COMMON = "--project --kernel-share 0.6 --gflops 1000 --moe-overlap 0.76 --json".split()
+CARD = "--gpu-memory 21G --gpu-gbps 350 --gpu-product-us 30 --gpu-copy-gbps 25".split()
+MACHINES = [
+    ("32 GB + PCIe4 (7 GB/s), DDR5 65 GB/s, 8 cores",
+     "--memory-budget 29G --disk-gbps 7 --mem-gbps 65 --cores 8 --layer-overhead-ms 1.0".split()),
+    ("64 GB + PCIe5 (14 GB/s), DDR5 65 GB/s, 8 cores",
+     "--memory-budget 61G --disk-gbps 14 --mem-gbps 65 --cores 8 --layer-overhead-ms 1.0".split()),
+    ("128 GB unified, 400 GB/s, 7 GB/s SSD, 12 cores",
+     "--memory-budget 122G --disk-gbps 7 --mem-gbps 400 --cores 12 --layer-overhead-ms 0.67".split()),
+    ("64 GB + PCIe4 + a 24 GB card",
+     "--memory-budget 61G --disk-gbps 7 --mem-gbps 65 --cores 8 --layer-overhead-ms 1.0".split() + CARD),
+    ("32 GB + PCIe4 + a 24 GB card",
+     "--memory-budget 29G --disk-gbps 7 --mem-gbps 65 --cores 8 --layer-overhead-ms 1.0".split() + CARD),
+]
+PREFETCH = {
+    "off": ["--prefetch", "off"],
+    "lookahead": "--prefetch lookahead --lookahead-hidden 0.17 --lookahead-cancelled 0.96".split(),
+    "pilot": "--prefetch pilot --pilot-busy 1.0 --pilot-waste 0.071".split(),
+}
+
+
+def project(geometry, flags, prefetch):
+    cmd = [NECTAR, "fit", "--geometry", geometry] + COMMON + flags + PREFETCH[prefetch]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["projection"]
+
+
+def slots(p):
+    c, x = p["lru_slots_per_layer"], p.get("lru_extra_slot_share", {}).get("mtp_off", 0.0)
+    return f"{c}" if not x else f"{c}–{c + 1} ({100 * x:.0f} % {c + 1})"
+
+
+print("| machine | geometry | slots/layer | hit | off | look-ahead | PILOT | MTP on | ceiling |")
+print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
+for name, flags in MACHINES:
+    for geometry in ("glm52-row", "glm52"):
+        runs = {k: project(geometry, flags, k) for k in PREFETCH}
+        la = runs["lookahead"]
+        tok = {k: v["decode_tok_s"]["mtp_off"] for k, v in runs.items()}
+        pilot_slots = "" if runs["pilot"]["lru_slots_per_layer"] == la["lru_slots_per_layer"] \
+            else f"; PILOT {slots(runs['pilot'])}"
+        print(f"| {name} | {'per row' if geometry == 'glm52-row' else 'g64'} "
+              f"| {slots(la)}{pilot_slots} | {la['hit_rate']['mtp_off']:.3f} "
+              f"| {tok['off']:.2f} | {tok['lookahead']:.2f} | {tok['pilot']:.2f} "
+              f"| {la['decode_tok_s']['mtp_on']:.2f} | {la['overlap_ceiling_tok_s']:.2f} |")
+        name = ""
