@@ -411,12 +411,12 @@ mod tests {
                 let total: u64 = p.terms.iter().map(|t| t.1).sum();
                 assert_eq!(total + p.slack, budget, "{budget} {layers}");
                 assert!(p.slack < 100 || more == layers - 1, "{budget}: {p:?}");
-                // Evenly spread: no two layers with an extra slot closer than n / extra − 1.
-                if more > 0 {
+                // Evenly spread: no two layers with an extra slot closer than n / extra.
+                if let Some(spacing) = layers.checked_div(more) {
                     let at: Vec<usize> =
                         (0..layers).filter(|&i| caps[i] > p.lru_per_layer).collect();
                     let gap = at.windows(2).map(|w| w[1] - w[0]).min().unwrap_or(layers);
-                    assert!(gap >= layers / more, "{caps:?}");
+                    assert!(gap >= spacing, "{caps:?}");
                 }
             }
         }
