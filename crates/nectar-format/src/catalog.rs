@@ -1,6 +1,7 @@
 //! A model directory's shards, validated header-first, with borrowed views of tensor bytes.
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::floats::Floats;
 use crate::guard::GuardedMap;
 use crate::header::{parse_header, MAX_HEADER_BYTES};
 use std::collections::BTreeMap;
@@ -256,16 +257,21 @@ impl Catalog {
         self.stamps.get(name).map(String::as_str)
     }
 
-    /// Reads an F32 tensor (scales, biases) into a vector.
-    pub fn read_f32(&self, e: &TensorEntry) -> Result<Vec<f32>> {
+    /// An F32 tensor (scales, biases) as values: with `owned` false a view of the map where
+    /// its bytes are aligned (every tensor of a converted container is), else read into
+    /// process memory (`owned`: by positioned reads, as [`Catalog::read_owned`]).
+    pub fn f32s(&self, e: &TensorEntry, owned: bool) -> Result<Floats> {
         if e.dtype != DType::F32 {
             return Err(self.tensor_error(e, format!("dtype {}, expected F32", e.dtype)));
         }
-        Ok(self
-            .bytes(e)
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        if owned {
+            return Ok(Floats::copied(&self.read_owned(e)?));
+        }
+        let shared = self.shared_bytes(e);
+        Ok(match Floats::view(shared.clone()) {
+            Some(v) => v,
+            None => Floats::copied(&shared),
+        })
     }
 
     /// The model directory.
@@ -526,6 +532,51 @@ pub(crate) mod tests {
         assert_eq!(c.bytes(x), &[0, 0, 128, 63, 0, 0, 0, 64]);
         assert_eq!(&*c.shared_bytes(c.get("y").unwrap()), &[1, 2, 3]);
         assert!(c.require("z").unwrap_err().to_string().contains("`z`"));
+    }
+
+    /// F32 tensors at a 4-aligned file offset are views of the map, others (and owned reads)
+    /// copies; all give the same values, and other dtypes are refused by name.
+    #[test]
+    fn f32_tensors_are_views_where_aligned() {
+        let vals = [1.5f32, -0.0, f32::MIN_POSITIVE, 3.0e38, f32::NAN, -7.25];
+        let le: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let d = tempfile::tempdir().unwrap();
+        // Four copies at data offsets 1, 26, 51 and 76 (1, 2, 3, 0 mod 4): whatever the
+        // header's length, exactly one sits at a 4-aligned file offset (a map is page-aligned).
+        write_st(
+            &d.path().join("m.safetensors"),
+            &[
+                ("p0", "U8", &[1], vec![0]),
+                ("f0", "F32", &[6], le.clone()),
+                ("p1", "U8", &[1], vec![0]),
+                ("f1", "F32", &[6], le.clone()),
+                ("p2", "U8", &[1], vec![0]),
+                ("f2", "F32", &[6], le.clone()),
+                ("p3", "U8", &[1], vec![0]),
+                ("f3", "F32", &[6], le.clone()),
+                ("codes", "U8", &[4], vec![1; 4]),
+            ],
+        );
+        let c = Catalog::open(d.path()).unwrap();
+        let bits = |f: &Floats| f.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let want: Vec<u32> = vals.iter().map(|x| x.to_bits()).collect();
+        let mut mapped = 0;
+        for name in ["f0", "f1", "f2", "f3"] {
+            let e = c.require(name).unwrap();
+            let aligned = (c.bytes(e).as_ptr() as usize).is_multiple_of(4);
+            let view = c.f32s(e, false).unwrap();
+            assert_eq!(view.is_mapped(), aligned, "{name}: {view:?}");
+            mapped += usize::from(view.is_mapped());
+            let owned = c.f32s(e, true).unwrap();
+            assert!(!owned.is_mapped());
+            assert_eq!((bits(&view), bits(&owned)), (want.clone(), want.clone()));
+        }
+        assert_eq!(mapped, 1, "one of the four offsets is aligned");
+        let e = c.f32s(c.require("codes").unwrap(), false).unwrap_err();
+        assert!(
+            e.to_string().contains("`codes`") && e.to_string().contains("F32"),
+            "{e}"
+        );
     }
 
     #[test]

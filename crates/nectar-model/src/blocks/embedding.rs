@@ -6,7 +6,7 @@
 //! where the table lives.
 use super::linear::Linear;
 use crate::error::{Error, Result};
-use nectar_format::{Catalog, TensorEntry};
+use nectar_format::{Catalog, Floats, TensorEntry};
 use nectar_kernels::{decode_row, team, MatRef, WeightFormat};
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ enum Store {
         cat: Arc<Catalog>,
         entry: TensorEntry,
         format: WeightFormat,
-        scales: Vec<f32>,
+        scales: Floats,
     },
 }
 
@@ -49,7 +49,7 @@ impl Embedding {
         entry: TensorEntry,
         format: WeightFormat,
         (rows, cols): (usize, usize),
-        scales: Vec<f32>,
+        scales: Floats,
     ) -> Result<Embedding> {
         // The whole-table view checks the byte and scale counts once, for every later row.
         if rows.checked_mul(format.row_bytes(cols)) != Some(entry.len as usize) {

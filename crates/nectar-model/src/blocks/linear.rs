@@ -1,6 +1,6 @@
 //! A weight matrix in its stored format, applied through `nectar-kernels`.
 use crate::error::{Error, Result};
-use nectar_format::Bytes;
+use nectar_format::{Bytes, Floats};
 use nectar_kernels::{matmul, MatRef, WeightFormat};
 
 /// y = W·x for a `[rows, cols]` weight kept in its stored format (never widened in memory).
@@ -15,7 +15,8 @@ pub struct Linear {
     /// Input features.
     pub cols: usize,
     data: Bytes,
-    scales: Vec<f32>,
+    /// The scales of a quantised format: a view of the map beside `data` when that is one.
+    scales: Floats,
     /// Bytes of the stored matrix (weights + scales), wherever it is held.
     stored: usize,
     /// False once the host copy was released for a VRAM copy ([`Linear::place_on_gpu`]):
@@ -34,8 +35,9 @@ impl Linear {
         rows: usize,
         cols: usize,
         data: Bytes,
-        scales: Vec<f32>,
+        scales: impl Into<Floats>,
     ) -> Result<Self> {
+        let scales = scales.into();
         MatRef::new(format, rows, cols, &data, &scales)?;
         Ok(Linear {
             name,
@@ -126,7 +128,7 @@ impl Linear {
             // An owned buffer is freed here (a shared one when its last holder goes); a map
             // view only drops its handle. Loaders read matrices to release into owned buffers.
             self.data = Bytes::Owned(std::sync::Arc::new(Vec::new()));
-            self.scales = Vec::new();
+            self.scales = Vec::new().into();
             self.host = false;
         }
         Ok(bytes)
@@ -175,6 +177,12 @@ impl Linear {
         return self.gpu.is_some();
         #[cfg(not(feature = "cuda"))]
         false
+    }
+
+    /// Whether its scales are a view of the model file's map (a resident load's) rather than
+    /// a copy in process memory.
+    pub fn scales_mapped(&self) -> bool {
+        self.scales.is_mapped()
     }
 
     /// Bytes of the stored matrix (weights + scales), wherever it is held.

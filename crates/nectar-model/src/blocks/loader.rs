@@ -3,7 +3,7 @@
 use super::embedding::Embedding;
 use super::linear::Linear;
 use crate::error::Result;
-use nectar_format::{quant, Bytes, Catalog, DType, TensorEntry};
+use nectar_format::{quant, Bytes, Catalog, DType, Floats, TensorEntry};
 use nectar_kernels::{decode_row, MatRef, WeightFormat};
 use std::sync::Arc;
 
@@ -167,7 +167,7 @@ impl<'a> Loader<'a> {
         name: &str,
         rows: usize,
         cols: usize,
-    ) -> Result<(&'a TensorEntry, WeightFormat, Vec<f32>)> {
+    ) -> Result<(&'a TensorEntry, WeightFormat, Floats)> {
         let e = self.cat.require(name)?;
         let Some(qs) = self.cat.get(&format!("{name}.qs")) else {
             if self.cat.get(&format!("{name}_scale_inv")).is_some() || e.dtype == DType::F8E4M3 {
@@ -176,13 +176,15 @@ impl<'a> Loader<'a> {
             }
             let format = self.float_format(e)?;
             self.check_shape(e, &[rows, cols])?;
-            return Ok((e, format, Vec::new()));
+            return Ok((e, format, Vec::new().into()));
         };
         if !matches!(e.dtype, DType::U8 | DType::I8) {
             let msg = format!("quantised codes must be U8 or I8, found {}", e.dtype);
             return Err(self.cat.tensor_error(e, msg).into());
         }
-        let scales = self.cat.read_f32(qs)?;
+        // Views of the map beside the codes' when those are (no copy of an eighth of a g64
+        // model), copies when the loader owns its weights.
+        let scales = self.cat.f32s(qs, self.owned)?;
         let detected = quant::resolve(
             rows,
             cols,
@@ -223,5 +225,37 @@ impl<'a> Loader<'a> {
         let mut out = vec![0.0; len];
         decode_row(&m, 0, &mut out);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resident load's scales are views of the map, an owned (budgeted) load's are copies;
+    /// both compute the same bits.
+    #[test]
+    fn resident_scales_are_mapped_and_owned_ones_copied() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/nectar-demo-glm5-e256-int4");
+        let cat = Catalog::open(&dir).unwrap();
+        // int4 in groups of 64 (384 × 1024) and int8 per row (the output head, 8192 × 384).
+        for (name, rows, cols) in [
+            ("model.layers.0.mlp.down_proj.weight", 384, 1024),
+            ("lm_head.weight", 8192, 384),
+        ] {
+            let mapped = Loader::new(&cat).linear(name, rows, cols).unwrap();
+            let owned = Loader::owned(&cat).linear(name, rows, cols).unwrap();
+            assert!(mapped.scales_mapped() && !owned.scales_mapped(), "{name}");
+            let x: Vec<f32> = (0..2 * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+            let bits = |l: &Linear| -> Vec<u32> {
+                l.forward(&x, 2)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&mapped), bits(&owned), "{name}");
+        }
     }
 }
