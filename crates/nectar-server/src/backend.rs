@@ -387,7 +387,7 @@ pub struct ModelInfo {
     /// Experts are streamed under a memory budget (bytes), if one was given.
     pub memory_budget: Option<u64>,
     /// The memory equation for that budget (`{"terms": [[name, bytes]…], "lru_per_layer",
-    /// "slack"}`), when experts are streamed.
+    /// "lru_extra_layers", "sparse_layers", "lru_bytes", "slack"}`), when experts are streamed.
     pub memory_plan: Option<Value>,
 }
 
