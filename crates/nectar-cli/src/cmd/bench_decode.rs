@@ -197,6 +197,7 @@ fn routes(
                 let pilot = json!({
                     "predictor": model,
                     "recall": p.recall,
+                    "precision_by_rank": p.precision_by_rank,
                     "route_agreement_with_trace": p.route_agreement,
                 });
                 (Some(predicted), pilot)

@@ -17,6 +17,9 @@ pub struct TracePredictions {
     pub predicted: Vec<Vec<Vec<u32>>>,
     /// Share of the trace's chosen experts the prediction named.
     pub recall: f64,
+    /// Per rank of a prediction (its router's order: most confident first), the share of
+    /// predictions at that rank the layer then chose.
+    pub precision_by_rank: Vec<f64>,
     /// Share of the trace's chosen experts our model's router also chose (a routing-parity
     /// check: the predictions are only meaningful on the trace's own routes).
     pub route_agreement: f64,
@@ -78,6 +81,8 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
     let layers = trace.layers.iter().filter(|&&l| l < hidden_layers).count();
     let mut predicted = vec![vec![Vec::new(); tl]; t_all];
     let (mut chosen, mut named, mut agreed) = (0u64, 0u64, 0u64);
+    // (predictions, right ones) per rank.
+    let mut by_rank: Vec<(u64, u64)> = Vec::new();
     for seg in segments.iter().take_while(|s| s.start < before) {
         let (start, end) = (seg.start, seg.end);
         anyhow::ensure!(
@@ -106,6 +111,13 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
                 let truth: Vec<u32> = trace.experts(start + r, i).collect();
                 chosen += truth.len() as u64;
                 named += truth.iter().filter(|e| p.contains(e)).count() as u64;
+                if by_rank.len() < p.len() {
+                    by_rank.resize(p.len(), (0, 0));
+                }
+                for (k, e) in p.iter().enumerate() {
+                    by_rank[k].0 += 1;
+                    by_rank[k].1 += u64::from(truth.contains(e));
+                }
                 agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
                 predicted[start + r][i] = std::mem::take(p);
             }
@@ -114,6 +126,10 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
     Ok(TracePredictions {
         predicted,
         recall: named as f64 / chosen.max(1) as f64,
+        precision_by_rank: by_rank
+            .iter()
+            .map(|&(n, right)| right as f64 / n.max(1) as f64)
+            .collect(),
         route_agreement: agreed as f64 / chosen.max(1) as f64,
     })
 }

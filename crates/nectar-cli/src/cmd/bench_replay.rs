@@ -485,6 +485,7 @@ fn run_one(
         json!({
             "predictor": p.model.display().to_string(),
             "recall": p.predictions.recall,
+            "precision_by_rank": p.predictions.precision_by_rank,
             "route_agreement_with_trace": p.predictions.route_agreement,
         })
     });
