@@ -980,6 +980,23 @@ fn fit_projects_the_per_row_artifact_from_its_expert_bytes() {
     let slots = |v: &serde_json::Value| v["projection"]["lru_slots_per_layer"].as_u64().unwrap();
     assert_eq!(slots(&g64), 11, "{g64}");
     assert_eq!(slots(&row), 13, "{row}");
+    // What is left after the last whole row of slots holds a 12th (14th) on 45 (56) of the 75
+    // layers, and the projection's hit rate counts them: 2 of 75 at a budget 300 MiB smaller.
+    let share = |v: &serde_json::Value| f(v, "lru_extra_slot_share");
+    assert!((share(&g64) - 45.0 / 75.0).abs() < 1e-9, "{g64}");
+    assert!((share(&row) - 56.0 / 75.0).abs() < 1e-9, "{row}");
+    let mut less = vec!["fit", "--geometry", "glm52-row", "--project", "--json"];
+    less.extend_from_slice(&machine);
+    less[6] = "28700M";
+    let (ok, out, err) = nectar(&less);
+    assert!(ok, "{err}");
+    let less = json(&out);
+    assert_eq!(slots(&less), 13, "{less}");
+    assert!((share(&less) - 2.0 / 75.0).abs() < 1e-9, "{less}");
+    assert!(
+        f(&row, "hit_rate") > f(&less, "hit_rate") + 0.005,
+        "{row} {less}"
+    );
     assert!(
         row["geometry"].as_str().unwrap().contains("per row"),
         "{row}"
