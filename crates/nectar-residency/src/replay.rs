@@ -626,15 +626,21 @@ mod tests {
         assert!(a.policy.hits < a.belady.hits && a.ratio() > 0.3, "{a:?}");
     }
 
-    /// A layer given one slot more (a plan's last partial row) replays as that layer alone at
-    /// the larger capacity, the others as they were: the layers' caches do not share slots.
-    #[test]
-    fn extra_slots_replay_per_layer() {
+    /// route256's decode trace, its main layers and its one-row steps.
+    fn route256_decode() -> (Trace, Vec<usize>, Vec<Step>) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/fixtures/traces/route256");
         let t = Trace::load(&dir, "decode").unwrap();
         let layers = t.main_layers(t.hidden_layers());
         let st = steps(&t, 1);
+        (t, layers, st)
+    }
+
+    /// A layer given one slot more (a plan's last partial row) replays as that layer alone at
+    /// the larger capacity, the others as they were: the layers' caches do not share slots.
+    #[test]
+    fn extra_slots_replay_per_layer() {
+        let (t, layers, st) = route256_decode();
         let adm = Admission::PREDICTIVE;
         let mut mixed = CacheSetup::lru_only(12, adm);
         mixed.extra = (0..layers.len()).map(|i| i % 2).collect();
@@ -650,11 +656,7 @@ mod tests {
 
     #[test]
     fn prefetch_keeps_the_hit_rate_and_reads_ahead_on_route256() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/traces/route256");
-        let t = Trace::load(&dir, "decode").unwrap();
-        let layers = t.main_layers(t.hidden_layers());
-        let st = steps(&t, 1);
+        let (t, layers, st) = route256_decode();
         let setup = CacheSetup::lru_only(12, Admission::PREDICTIVE);
         let p = PrefetchSetup {
             slack: t.top_k,
