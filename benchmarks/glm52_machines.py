@@ -42,7 +42,7 @@ def project(geometry, flags, prefetch):
 
 def slots(p):
     c, x = p["lru_slots_per_layer"], p.get("lru_extra_slot_share", {}).get("mtp_off", 0.0)
-    return f"{c}" if not x else f"{c}–{c + 1} ({100 * x:.0f} % {c + 1})"
+    return f"{c}" if not x else f"{c}–{c + 1} ({c + 1} on {100 * x:.0f} %)"
 
 
 print("| machine | geometry | slots/layer | hit | off | look-ahead | PILOT | MTP on | ceiling |")

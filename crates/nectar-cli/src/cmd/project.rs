@@ -1209,11 +1209,11 @@ pub fn render(full: &serde_json::Value) -> String {
     let o = &full["projection"];
     let m = &full["machine"];
     let f = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
-    // `13` or, with the plan's last partial row, `13–14 (75 % 14)`.
+    // `13` or, with the plan's last partial row, `13–14 (14 on 75 % of layers)`.
     let words = |c: &serde_json::Value, x: &serde_json::Value| {
         let (c, x) = (c.as_u64().unwrap_or(0), f(x));
         if x > 0.0 {
-            format!("{c}–{} ({:.0} % {})", c + 1, 100.0 * x, c + 1)
+            format!("{c}–{} ({} on {:.0} % of layers)", c + 1, c + 1, 100.0 * x)
         } else {
             c.to_string()
         }
