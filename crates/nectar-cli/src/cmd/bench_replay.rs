@@ -232,7 +232,7 @@ fn offline_replay(
 }
 
 /// The fewest LRU slots of the streamed main layers (the plan's base; some layers may hold one
-/// more), and how many layers hold more.
+/// more).
 fn least_slots(res: &Residency, moe: &[usize]) -> usize {
     moe.iter().map(|&l| res.capacity(l)).min().unwrap_or(0)
 }
