@@ -8,11 +8,15 @@
 use crate::catalog::Bytes;
 use std::sync::Arc;
 
-/// Little-endian f32 values: a view of stored bytes, or an owned vector.
+/// Little-endian f32 values: a view of stored bytes, or an owned vector (private, so that a
+/// view exists only where [`Floats::view`] checked it).
 #[derive(Clone)]
-pub enum Floats {
+pub struct Floats(Repr);
+
+#[derive(Clone)]
+enum Repr {
     /// Bytes whose address is 4-aligned and whose length is a multiple of 4, on a
-    /// little-endian target (checked by [`Floats::view`]).
+    /// little-endian target.
     View(Bytes),
     /// Values in process memory.
     Owned(Arc<Vec<f32>>),
@@ -24,38 +28,38 @@ impl Floats {
     pub fn view(bytes: Bytes) -> Option<Floats> {
         let ok =
             cfg!(target_endian = "little") && bytemuck::try_cast_slice::<u8, f32>(&bytes).is_ok();
-        ok.then_some(Floats::View(bytes))
+        ok.then_some(Floats(Repr::View(bytes)))
     }
 
     /// `bytes` decoded from little-endian into process memory.
     pub fn copied(bytes: &[u8]) -> Floats {
-        Floats::Owned(Arc::new(
+        Floats(Repr::Owned(Arc::new(
             bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
-        ))
+        )))
     }
 
     /// Whether the values are a view of a file's map (not counted as process memory).
     pub fn is_mapped(&self) -> bool {
-        matches!(self, Floats::View(Bytes::Mapped { .. }))
+        matches!(self.0, Repr::View(Bytes::Mapped { .. }))
     }
 }
 
 impl From<Vec<f32>> for Floats {
     fn from(v: Vec<f32>) -> Self {
-        Floats::Owned(Arc::new(v))
+        Floats(Repr::Owned(Arc::new(v)))
     }
 }
 
 impl std::ops::Deref for Floats {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        match self {
+        match &self.0 {
             // Checked when the view was made, and the bytes of a `Bytes` never move.
-            Floats::View(b) => bytemuck::cast_slice(b),
-            Floats::Owned(v) => v,
+            Repr::View(b) => bytemuck::cast_slice(b),
+            Repr::Owned(v) => v,
         }
     }
 }
