@@ -1016,6 +1016,12 @@ pub struct ServeArgs {
     /// `--features cuda` — or `off`).
     #[arg(long, value_name = "SIZE|auto|off")]
     pub gpu_memory: Option<String>,
+    /// Expert prefetch with --memory-budget, as `nectar run --prefetch`: `lookahead` (the
+    /// default: each decode step of one sequence reads its predicted misses ahead; a step that
+    /// batches several sequences plans none, its interleaved tokens being no one's context),
+    /// `pilot`, `measure` or `off`. Never changes the output.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
+    pub prefetch: String,
     /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
     /// forward verifies all rows' drafts; `auto` chooses the step's depth (0 included) for the
     /// batch from measured acceptance and the measured cost of steps of its shape (tokens per

@@ -485,16 +485,19 @@ impl Residency {
     /// of its waves can have (`rows × top-k`, at most [`Residency::max_wave`]). Plans the
     /// experts the policy predicts for every layer of this step and starts reading those the
     /// free working slots allow beyond `need`; each safe point starts more. A forward of more
-    /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway.
+    /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway. Nor
+    /// does a step whose rows belong to more than one of the `streams` (sequences) decoded
+    /// together: the look-ahead matches the token context of one stream, and a batch's
+    /// interleaved tokens are no stream's context — neither is measured for the controller.
     /// The shortest matched context planned is the controller's (`policy/control.rs`), fed
     /// here with the previous decode step's measurements. Returns the reads started now.
-    pub fn begin_step(&self, rows: usize, need: usize) -> usize {
+    pub fn begin_step(&self, rows: usize, streams: usize, need: usize) -> usize {
         if !self.lookahead {
             return 0;
         }
         let mut st = self.lock();
         let now = Instant::now();
-        let decode = rows <= MAX_LOOKAHEAD_ROWS;
+        let decode = rows <= MAX_LOOKAHEAD_ROWS && streams <= 1;
         if let Some(StepClock {
             start: (t0, a),
             last: Some((t1, b)),
@@ -514,7 +517,8 @@ impl Residency {
                 }
             }
         }
-        // A prompt is not a decode step: it is neither measured nor planned.
+        // A prompt (or a batch of several streams) is not a decode step of one stream: it is
+        // neither measured nor planned.
         st.step = decode.then(|| StepClock {
             start: (now, st.snapshot(now)),
             last: None,

@@ -776,17 +776,18 @@ fn placements_and_evictions_follow_the_slots() {
     assert!(r.evictions_since(1).is_empty());
 }
 
-/// Feeds one decode step of `token` whose layers request `routes[layer]`, checking every
-/// lease's bytes; returns the reads `begin_step` started.
+/// Feeds one decode step of `token` (of a batch of `streams` sequences) whose layers request
+/// `routes[layer]`, checking every lease's bytes; returns the reads `begin_step` started.
 fn lookahead_step(
     r: &Residency,
     token: u32,
+    streams: usize,
     routes: &[Vec<u32>],
     layouts: &[Vec<SlotLayout>],
     file: &[u8],
 ) -> usize {
     r.observe_token(token);
-    let started = r.begin_step(1, 2);
+    let started = r.begin_step(1, streams, 2);
     for (layer, ids) in routes.iter().enumerate() {
         let leases: Vec<_> = r
             .acquire(layer, ids)
@@ -815,6 +816,8 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
     };
     let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
     let off = Residency::new(mk(false), layouts.clone(), io.clone()).unwrap();
+    // The same steps declared as rows of a two-sequence batch: no stream's context, no plan.
+    let batch = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
     // A token sequence that repeats itself (the context of the second pass matches the first,
     // at least 8 tokens long from its 8th token on), each token routing to its own experts.
     let tokens: Vec<u32> = (0..12).chain(0..12).collect();
@@ -825,8 +828,9 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
     };
     let mut started = 0;
     for &t in &tokens {
-        started += lookahead_step(&on, t, &routes(t), &layouts, &file);
-        lookahead_step(&off, t, &routes(t), &layouts, &file);
+        started += lookahead_step(&on, t, 1, &routes(t), &layouts, &file);
+        lookahead_step(&off, t, 1, &routes(t), &layouts, &file);
+        assert_eq!(lookahead_step(&batch, t, 2, &routes(t), &layouts, &file), 0);
         // Same requests, same cache: the look-ahead never changes what stays resident.
         let key_set = |r: &Residency| {
             let mut v: Vec<_> = r
@@ -845,6 +849,9 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
         t.layers.iter().map(f).sum::<u64>()
     };
     assert_eq!(sum(&b, |l| l.prefetched), 0);
+    assert_eq!(sum(&batch.telemetry(), |l| l.prefetched), 0);
+    // Nor is a batch step measured for the controller.
+    assert_eq!(batch.telemetry().lookahead.map(|c| c.windows), Some(0));
     // The second pass's steps from token 7 on (5 steps × 4 layers × 2 experts, less what
     // stayed resident) were read ahead, and every one was requested.
     let (issued, used, dropped) = (
@@ -881,7 +888,7 @@ fn lookahead_leaves_a_wave_its_working_slots() {
     for round in 0..3 {
         for t in 0..10u32 {
             r.observe_token(t);
-            assert_eq!(r.begin_step(2, 4), 0, "round {round} token {t}");
+            assert_eq!(r.begin_step(2, 1, 4), 0, "round {round} token {t}");
             let ids: Vec<u32> = (0..4).map(|i| (t + i + round) % 16).collect();
             let p = r.acquire(0, &ids).unwrap();
             drop(p.into_iter().map(|p| p.wait().unwrap()).collect::<Vec<_>>());
@@ -912,7 +919,7 @@ fn the_lookahead_controller_measures_decode_steps_and_its_threshold_decides_the_
     // 17 decode steps: each begin_step measures the step before it, 16 steps = 2 windows.
     let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
     for t in 0..17 {
-        lookahead_step(&on, t, &routes(t), &layouts, &file);
+        lookahead_step(&on, t, 1, &routes(t), &layouts, &file);
     }
     let c = on
         .telemetry()
@@ -954,7 +961,7 @@ fn the_lookahead_controller_measures_decode_steps_and_its_threshold_decides_the_
     let tokens: Vec<u32> = (100..112).chain(100..112).collect();
     let mut started = 0;
     for &t in &tokens {
-        started += lookahead_step(&on, t, &routes(t), &layouts, &file);
+        started += lookahead_step(&on, t, 1, &routes(t), &layouts, &file);
     }
     let after = on
         .telemetry()

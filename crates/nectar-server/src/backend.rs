@@ -386,6 +386,8 @@ pub struct ModelInfo {
     pub parallel: usize,
     /// Experts are streamed under a memory budget (bytes), if one was given.
     pub memory_budget: Option<u64>,
+    /// Expert prefetch in force under that budget (`off`, `measure`, `pilot`, `lookahead`).
+    pub prefetch: String,
     /// The memory equation for that budget (`{"terms": [[name, bytes]…], "lru_per_layer",
     /// "lru_extra_layers", "sparse_layers", "lru_bytes", "slack"}`), when experts are streamed.
     pub memory_plan: Option<Value>,
@@ -588,6 +590,8 @@ pub struct EngineOptions {
     pub threads: Option<usize>,
     /// VRAM for the GPU tier (`--gpu-memory`; `None`: the CPU only).
     pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
+    /// Expert prefetch under a memory budget (`--prefetch`; `nectar run`'s default, look-ahead).
+    pub prefetch: nectar_model::arch::glm5::Prefetch,
 }
 
 impl EngineOptions {
@@ -602,6 +606,7 @@ impl EngineOptions {
             speculation: None,
             threads: None,
             gpu_memory: None,
+            prefetch: nectar_model::arch::glm5::Prefetch::Lookahead,
         }
     }
 }

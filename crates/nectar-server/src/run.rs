@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub memory_budget: Option<u64>,
     /// VRAM for the GPU tier (`--gpu-memory`; `None`: the CPU only).
     pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
+    /// Expert prefetch under the budget (`--prefetch`).
+    pub prefetch: nectar_model::arch::glm5::Prefetch,
     /// Requests decoded together (continuous batching when above 1).
     pub parallel: usize,
     /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts for every row inside the
@@ -95,6 +97,7 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         ctx_size: opts.ctx_size,
         memory_budget: opts.memory_budget,
         gpu_memory: opts.gpu_memory,
+        prefetch: opts.prefetch,
         queue_capacity: opts.queue_capacity,
         threads: opts.threads,
         parallel: opts.parallel,

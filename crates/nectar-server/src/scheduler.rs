@@ -68,6 +68,7 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
             })
         ),
         gpu_memory: opts.gpu_memory,
+        prefetch: opts.prefetch,
         ..Default::default()
     };
     ModelBundle::open_with(&opts.model_dir, &load).map_err(|e| e.to_string())
@@ -166,6 +167,7 @@ pub(crate) fn model_thread(
             mtp: mtp.into(),
             parallel: opts.parallel.max(1),
             memory_budget: opts.memory_budget,
+            prefetch: bundle.model.prefetch.as_str().into(),
             memory_plan: bundle
                 .model
                 .memory_plan()

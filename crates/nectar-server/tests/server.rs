@@ -513,6 +513,11 @@ async fn memory_budget_streams_experts_and_reports_residency() {
     let (_, body) = send(&app, "GET", "/stats", None).await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["model_info"]["memory_budget"], 1u64 << 30);
+    // Look-ahead prefetch by default, as `nectar run`: its controller has measured the decode
+    // steps of this one-sequence request (8 steps a window; 12 tokens leave one window).
+    assert_eq!(v["model_info"]["prefetch"], "lookahead");
+    let la = &v["residency"]["lookahead"];
+    assert!(la["windows"].as_u64().unwrap() >= 1, "{la}");
     // The memory equation the budget was planned with.
     let plan = &v["model_info"]["memory_plan"];
     assert!(plan["lru_per_layer"].as_u64().unwrap() >= 1, "{plan}");

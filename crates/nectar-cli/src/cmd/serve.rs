@@ -31,6 +31,7 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         ctx_size: a.ctx_size,
         memory_budget,
         gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,
+        prefetch: nectar_model::arch::glm5::Prefetch::parse(&a.prefetch).unwrap_or_default(),
         parallel: a.parallel,
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,

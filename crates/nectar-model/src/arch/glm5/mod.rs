@@ -368,7 +368,9 @@ impl Glm5 {
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
             .collect();
-        let mut x = self.embed_step(&tokens)?;
+        // Sequences with rows in this step: a batch of several is no one stream's context.
+        let streams = counts.iter().filter(|&&c| c > 0).count();
+        let mut x = self.embed_step(&tokens, streams)?;
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
         let mut caches: Vec<&mut SeqCache> = steps.iter_mut().map(|s| &mut *s.cache).collect();
         self.run_layers(
@@ -382,9 +384,9 @@ impl Glm5 {
         Ok(self.final_norm(&x, &self.norm))
     }
 
-    /// The residual stream of a step's rows (their embeddings); tells the expert cache the
-    /// tokens and starts its look-ahead for the step.
-    fn embed_step(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// The residual stream of a step's rows (their embeddings), which belong to `streams`
+    /// sequences; tells the expert cache the tokens and starts its look-ahead for the step.
+    fn embed_step(&self, tokens: &[u32], streams: usize) -> Result<Vec<f32>> {
         let hd = self.hidden_size();
         let mut x = vec![0.0f32; tokens.len() * hd];
         self.embed.rows(tokens, &mut x)?;
@@ -396,7 +398,7 @@ impl Glm5 {
             }
             // Look-ahead prefetch (a no-op unless on): this step's predicted misses start
             // reading now, behind the layers' attention.
-            res.begin_step(m, m * self.cfg.raw.num_experts_per_tok);
+            res.begin_step(m, streams, m * self.cfg.raw.num_experts_per_tok);
         }
         Ok(x)
     }

@@ -61,7 +61,7 @@ impl Glm5 {
                 tokens.len()
             )));
         }
-        let x = self.guarded(|| self.embed_step(tokens))?;
+        let x = self.guarded(|| self.embed_step(tokens, 1))?;
         Ok(Prefill {
             start,
             count: tokens.len(),
