@@ -4,7 +4,7 @@
 //! previous layer's post-attention state. The replay then prefetches exactly what the real
 //! predictor would have, on the synth container's geometry.
 use anyhow::{Context, Result};
-use nectar_model::arch::glm5::{LoadOptions, Prefetch};
+use nectar_model::arch::glm5::{LoadOptions, PilotStats, Prefetch};
 use nectar_model::{Glm5, Observer, SeqStep};
 use nectar_residency::trace::Trace;
 use std::path::Path;
@@ -80,9 +80,9 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
     let hidden_layers = model.cfg.raw.num_hidden_layers as u32;
     let layers = trace.layers.iter().filter(|&&l| l < hidden_layers).count();
     let mut predicted = vec![vec![Vec::new(); tl]; t_all];
-    let (mut chosen, mut named, mut agreed) = (0u64, 0u64, 0u64);
-    // (predictions, right ones) per rank.
-    let mut by_rank: Vec<(u64, u64)> = Vec::new();
+    // The runtime's own scoring: recall and precision by rank.
+    let mut score = PilotStats::default();
+    let mut agreed = 0u64;
     for seg in segments.iter().take_while(|s| s.start < before) {
         let (start, end) = (seg.start, seg.end);
         anyhow::ensure!(
@@ -109,27 +109,16 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
         for (r, (pred, routed)) in obs.predicted.iter_mut().zip(&obs.routed).enumerate() {
             for (i, (p, got)) in pred.iter_mut().zip(routed).enumerate() {
                 let truth: Vec<u32> = trace.experts(start + r, i).collect();
-                chosen += truth.len() as u64;
-                named += truth.iter().filter(|e| p.contains(e)).count() as u64;
-                if by_rank.len() < p.len() {
-                    by_rank.resize(p.len(), (0, 0));
-                }
-                for (k, e) in p.iter().enumerate() {
-                    by_rank[k].0 += 1;
-                    by_rank[k].1 += u64::from(truth.contains(e));
-                }
                 agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
+                score.score(std::slice::from_ref(p), std::slice::from_ref(&truth));
                 predicted[start + r][i] = std::mem::take(p);
             }
         }
     }
     Ok(TracePredictions {
         predicted,
-        recall: named as f64 / chosen.max(1) as f64,
-        precision_by_rank: by_rank
-            .iter()
-            .map(|&(n, right)| right as f64 / n.max(1) as f64)
-            .collect(),
-        route_agreement: agreed as f64 / chosen.max(1) as f64,
+        recall: score.recall(),
+        precision_by_rank: score.precision_by_rank(),
+        route_agreement: agreed as f64 / score.chosen.max(1) as f64,
     })
 }
