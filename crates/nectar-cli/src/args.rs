@@ -182,12 +182,6 @@ pub struct RunArgs {
     /// replayed, `benchmarks/RESULTS.md`). Never changes the output.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,
-    /// With `--prefetch pilot`: the precision (0–1) a rank of the prediction (the router's
-    /// order) must hold, scored since load, for its experts to be read ahead. Default 0.5: where
-    /// the disk binds a wrong guess read costs its read and a right one saves at most as much
-    /// (on route256 ranks 6–8 fall below it). 0 reads every rank. Never changes the output.
-    #[arg(long, default_value_t = nectar_model::arch::glm5::PILOT_MIN_PRECISION, value_parser = unit)]
-    pub pilot_min_precision: f64,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
     /// this token context occurred, learned expert transitions), `frequency` (only a miss whose
@@ -602,10 +596,6 @@ pub struct BenchReplayArgs {
     /// loaded model.
     #[arg(long, value_delimiter = ',', default_value = "off")]
     pub prefetch: Vec<String>,
-    /// With the `pilot` arm: the precision a rank of the prediction must hold to be read ahead
-    /// (as `nectar run --pilot-min-precision`; 0 reads every rank).
-    #[arg(long, default_value_t = nectar_model::arch::glm5::PILOT_MIN_PRECISION, value_parser = unit)]
-    pub pilot_min_precision: f64,
     /// VRAM arms, comma-separated (`off`, a size such as `16G`, `auto`; `--gpu-memory` of
     /// `nectar run`, a build with `--features cuda`): each (budget, MTP, prefetch) point runs
     /// every arm in turn on a freshly loaded model, so the CPU path and the GPU tier are

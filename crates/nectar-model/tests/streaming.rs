@@ -225,19 +225,10 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         "7 MoE layers × top-4, each expert requested once"
     );
     // Next-layer prediction: `measure` and `pilot` (prefetch) never change a bit; the predictor
-    // names most chosen experts, and prefetches serve real requests. PILOT reads every rank at
-    // a precision floor of 0, and at 1 none that missed once it has been scored (the prompt's
-    // 40 rows score every rank 280 times, past the warm-up).
-    let mut cut = Vec::new();
-    for (mode, floor) in [
-        (Prefetch::Measure, 0.5),
-        (Prefetch::Pilot, 0.0),
-        (Prefetch::Pilot, 0.5),
-        (Prefetch::Pilot, 1.0),
-    ] {
+    // names most chosen experts, and prefetches serve real requests.
+    for mode in [Prefetch::Measure, Prefetch::Pilot] {
         let o = LoadOptions {
             prefetch: mode,
-            pilot_min_precision: floor,
             ..base.clone()
         };
         let m = Glm5::load_with(
@@ -252,10 +243,9 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         let s = m.pilot_stats();
         // 7 predicted MoE layers × (40 prompt rows + 12 steps) × top-4.
         assert_eq!(s.chosen, 7 * 52 * 4);
+        // Scored rank by rank as well: every prediction names top-4.
         assert_eq!(s.rank_predicted.iter().sum::<u64>(), 7 * 52 * 4);
         assert!(s.recall() > 0.5, "recall {:.3}", s.recall());
-        let imperfect = s.precision_by_rank().iter().filter(|&&p| p < 1.0).count();
-        assert!(imperfect > 0, "{:?}", s.precision_by_rank());
         let t = m.residency().unwrap().telemetry();
         // Dropped after its read, or cancelled before it by its layer's router.
         let (hits, dropped) = t.layers.iter().fold((0, 0), |(h, d), l| {
@@ -265,11 +255,7 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             )
         });
         if mode == Prefetch::Pilot {
-            cut.push(s.below_precision);
-            assert!(
-                floor == 1.0 || (s.issued > 0 && hits > 0),
-                "{s:?}, {hits} prefetch hits"
-            );
+            assert!(s.issued > 0 && hits > 0, "{s:?}, {hits} prefetch hits");
             assert_eq!(
                 s.issued,
                 hits + dropped,
@@ -279,8 +265,6 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
             assert_eq!((s.issued, hits, dropped), (0, 0, 0));
         }
     }
-    // Nothing is held back at 0; at 1 every decode step holds back its imperfect ranks.
-    assert!(cut[0] == 0 && cut[2] > cut[1], "{cut:?}");
     // Look-ahead prefetch (the cache's own prediction, reading ahead into spare working
     // slots) never changes a bit either, runs no router early, and every read it starts is
     // used or dropped.

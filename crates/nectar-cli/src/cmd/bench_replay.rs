@@ -165,7 +165,6 @@ fn load_planned(
         io_threads: a.io_threads,
         admission: admission(a)?,
         prefetch,
-        pilot_min_precision: a.pilot_min_precision,
         sequences: serve.map_or(1, serve_sequences),
         server: serve.is_some(),
         mtp,
@@ -488,11 +487,6 @@ fn run_one(
             "recall": p.predictions.recall,
             "precision_by_rank": p.predictions.precision_by_rank,
             "route_agreement_with_trace": p.predictions.route_agreement,
-            "min_precision": model.pilot_min_precision,
-            // The runtime's scoring of this run (decode and prompts): ranks below the minimum
-            // were not read ahead once scored enough.
-            "below_precision": model.pilot_stats().below_precision,
-            "runtime_precision_by_rank": model.pilot_stats().precision_by_rank(),
         })
     });
     let mut json = json!({

@@ -28,7 +28,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         ctx_size: a.ctx_size,
         io_threads: a.io_threads,
         prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
-        pilot_min_precision: a.pilot_min_precision,
         admission: nectar_residency::Admission::from_name(&a.admission)
             .unwrap_or(nectar_model::arch::glm5::DEFAULT_ADMISSION),
         pin: match budget {
@@ -302,8 +301,6 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
         "candidates": s.candidates,
         "issued": s.issued,
         "precision_by_rank": s.precision_by_rank(),
-        "min_precision": bundle.model.pilot_min_precision,
-        "below_precision": s.below_precision,
         "prefetch_hits": hits,
         "prefetch_dropped": dropped,
         "prefetch_cancelled": cancelled,
@@ -331,12 +328,11 @@ fn prefetch_summary(mode: Prefetch, s: &PilotStats, t: Option<&Telemetry>) -> St
         );
     }
     format!(
-        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} not for a rank below the precision floor, {} used, {} dropped, {} cancelled unread]",
+        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped, {} cancelled unread]",
         100.0 * s.recall(),
         s.predicted_right,
         s.chosen,
         s.issued,
-        s.below_precision,
         hits,
         dropped,
         cancelled

@@ -41,7 +41,7 @@ pub use layout::{Layout, RowInfo};
 pub use moe::{ExpertRuns, Experts, Route};
 pub use offload::{decide as decide_copies, CopyStats, Costs, Step as CopyStep};
 pub use phases::{HalfSeconds, PhaseSeconds};
-pub use pilot::{PilotStats, Prefetch, MIN_PRECISION as PILOT_MIN_PRECISION};
+pub use pilot::{PilotStats, Prefetch};
 pub use placement::{
     auto_budget, catalog_candidates, keeps_host_copy, plan as plan_gpu, plan_with as plan_gpu_with,
     resolve_budget as resolve_gpu_budget, staging_slot_bytes, staging_slots, Candidates, ClassLine,
@@ -104,9 +104,6 @@ pub struct Glm5 {
     pub mla_mode: MlaMode,
     /// Next-layer expert prediction (see [`Prefetch`]); from [`LoadOptions::prefetch`].
     pub prefetch: Prefetch,
-    /// The precision a rank of PILOT's prediction must hold to be read ahead
-    /// ([`LoadOptions::pilot_min_precision`]).
-    pub pilot_min_precision: f64,
     pilot: Mutex<PilotStats>,
     /// The main layers' halves of decode forwards against the disk (under a budget).
     disk_overlap: phases::DiskOverlap,
@@ -187,7 +184,6 @@ impl Glm5 {
             layers,
             mla_mode: MlaMode::Auto,
             prefetch: opts.prefetch,
-            pilot_min_precision: opts.pilot_min_precision,
             pilot: Mutex::new(PilotStats::default()),
             disk_overlap: Default::default(),
             catalog: catalog.clone(),
@@ -421,11 +417,6 @@ impl Glm5 {
     ) -> Result<()> {
         let m = layout.rows.len();
         let mut stats = PilotStats::default();
-        // The scores so far, which decide the ranks PILOT reads ahead in this step.
-        let scored = match self.prefetch {
-            Prefetch::Pilot => self.pilot_stats(),
-            _ => PilotStats::default(),
-        };
         // The prediction for the layer about to run (made during the previous one).
         let mut predicted: Option<Vec<Vec<u32>>> = None;
         // The disk's busy time at the halves' boundaries (under a budget).
@@ -463,11 +454,7 @@ impl Glm5 {
             let mut issue = || -> Result<()> {
                 if let Some(((res, tier), p, mlp)) = &target {
                     // Experts in VRAM are never read into RAM.
-                    // Only ranks that hold the minimum precision so far are read ahead.
-                    let named = pilot::union(p, |_| true).len();
-                    let mut ids =
-                        pilot::union(p, |k| scored.confident(k, self.pilot_min_precision));
-                    stats.below_precision += (named - ids.len()) as u64;
+                    let mut ids = pilot::union(p);
                     ids.retain(|&e| !mlp.in_vram(e));
                     stats.candidates += ids.len() as u64;
                     stats.issued += res.prefetch(*tier, &ids)? as u64;

@@ -60,17 +60,6 @@ impl Prefetch {
 /// deeper rank counts as the last one.
 pub const RANKS: usize = 16;
 
-/// The precision a rank of the prediction must hold for PILOT to read its experts ahead (the
-/// default of [`super::LoadOptions::pilot_min_precision`]). Where PILOT pays — the disk is the
-/// bottleneck, as for GLM-5.2 on a 32 GB machine — a wrong guess read adds its read to the
-/// step, and a right one saves at most the same read (it moves into attention, when the disk
-/// would idle): below one chance in two a read ahead costs more than it can gain. On route256
-/// ranks 6–8 fall below it (0.47, 0.39, 0.32; ranks 1–5 hold 0.86–0.57).
-pub const MIN_PRECISION: f64 = 0.5;
-
-/// Predictions a rank is scored on before its precision may cut it (until then it is read).
-pub const WARMUP: u64 = 64;
-
 /// Prediction quality, summed over every predicted (row, layer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct PilotStats {
@@ -82,8 +71,6 @@ pub struct PilotStats {
     pub candidates: u64,
     /// Prefetch reads issued (candidates not already resident, within the prefetch slots).
     pub issued: u64,
-    /// Named experts not read ahead because their rank's precision is below the minimum.
-    pub below_precision: u64,
     /// Per rank of a prediction (the router's order, most confident first): predictions
     /// scored, and of those how many the layer then chose.
     pub rank_predicted: [u64; RANKS],
@@ -109,21 +96,12 @@ impl PilotStats {
             .collect()
     }
 
-    /// Whether rank `k`'s experts are read ahead at `min_precision`: it holds that precision,
-    /// or has not been scored [`WARMUP`] times yet.
-    pub fn confident(&self, k: usize, min_precision: f64) -> bool {
-        let k = k.min(RANKS - 1);
-        let n = self.rank_predicted[k];
-        n < WARMUP || self.rank_right[k] as f64 >= min_precision * n as f64
-    }
-
     /// Adds another run's counts.
     pub fn add(&mut self, o: &PilotStats) {
         self.chosen += o.chosen;
         self.predicted_right += o.predicted_right;
         self.candidates += o.candidates;
         self.issued += o.issued;
-        self.below_precision += o.below_precision;
         for k in 0..RANKS {
             self.rank_predicted[k] += o.rank_predicted[k];
             self.rank_right[k] += o.rank_right[k];
@@ -146,14 +124,17 @@ impl PilotStats {
 }
 
 /// The distinct experts of `predicted` (rows of router-ordered ids, most confident first) in
-/// the prefetch order, keeping only ranks `k` with `keep(k)`: every row's first choice, then
-/// every row's second, and so on. The prefetch slots (one row's top-k) fill with the likeliest
-/// experts of all rows, not with one row's long shots: on route256 the predictor's rank 1 is
-/// right 0.86 of the time, rank 8 0.32 (`bench replay --prefetch pilot`'s `precision_by_rank`).
-pub fn union(predicted: &[Vec<u32>], keep: impl Fn(usize) -> bool) -> Vec<u32> {
+/// the prefetch order: every row's first choice, then every row's second, and so on. The
+/// prefetch slots (one row's top-k) fill with the likeliest experts of all rows, not with one
+/// row's long shots: on route256 the predictor's rank 1 is right 0.86 of the time, rank 8 0.32
+/// (`bench replay --prefetch pilot`'s `precision_by_rank`). Every rank is read: a floor on
+/// that precision (ranks 6–8 are below one in two) was measured and not kept — the reads it
+/// held back were right 0.56–0.83 of the time, the low ranks' uncached names being likelier
+/// than their rank's average (`benchmarks/RESULTS.md` 2026-12-07 06:22).
+pub fn union(predicted: &[Vec<u32>]) -> Vec<u32> {
     let mut out = Vec::new();
     let ranks = predicted.iter().map(Vec::len).max().unwrap_or(0);
-    for k in (0..ranks).filter(|&k| keep(k)) {
+    for k in 0..ranks {
         for e in predicted.iter().filter_map(|row| row.get(k)) {
             if !out.contains(e) {
                 out.push(*e);
@@ -178,32 +159,21 @@ mod tests {
         assert_eq!(&s.rank_predicted[..4], &[2, 2, 2, 0]);
         assert_eq!(&s.rank_right[..4], &[0, 1, 2, 0]);
         assert_eq!(s.precision_by_rank(), vec![0.0, 0.5, 1.0]);
-        let all = |_| true;
-        // Rank by rank across rows: a one-row step keeps the router's order.
-        assert_eq!(union(&p, all), vec![1, 4, 2, 3, 9]);
-        assert_eq!(union(&p[1..], all), vec![4, 1, 9]);
-        assert_eq!(union(&[vec![5], vec![6, 7, 8]], all), vec![5, 6, 7, 8]);
-        // Ranks left out are skipped in every row.
-        assert_eq!(union(&p, |k| k != 1), vec![1, 4, 3, 9]);
-        // A rank is cut only once scored WARMUP times and below the minimum.
-        let mut s = PilotStats::default();
-        for i in 0..WARMUP {
-            // Rank 1 always right, rank 2 right one time in four.
-            let chosen = if i % 4 == 0 {
-                vec![10, 11]
-            } else {
-                vec![10, 12]
-            };
-            assert!(s.confident(0, MIN_PRECISION) && s.confident(1, MIN_PRECISION));
-            s.score(&[vec![10, 11]], &[chosen]);
-        }
-        assert!(s.confident(0, MIN_PRECISION) && !s.confident(1, MIN_PRECISION));
-        assert!(s.confident(1, 0.25) && !s.confident(1, 0.26) && s.confident(1, 0.0));
-        assert!(s.confident(2, MIN_PRECISION), "never scored");
         let mut t = s;
         t.add(&s);
         assert_eq!(t.precision_by_rank(), s.precision_by_rank());
-        assert_eq!(t.rank_predicted[1], 2 * WARMUP);
+        assert_eq!((t.chosen, t.rank_predicted[1]), (12, 4));
+        // Ranks deeper than RANKS count as the last one.
+        let mut d = PilotStats::default();
+        d.score(&[(0..20).collect()], &[vec![19]]);
+        assert_eq!(
+            (d.rank_predicted[RANKS - 1], d.rank_right[RANKS - 1]),
+            (5, 1)
+        );
+        // Rank by rank across rows: a one-row step keeps the router's order.
+        assert_eq!(union(&p), vec![1, 4, 2, 3, 9]);
+        assert_eq!(union(&p[1..]), vec![4, 1, 9]);
+        assert_eq!(union(&[vec![5], vec![6, 7, 8]]), vec![5, 6, 7, 8]);
         for m in [
             Prefetch::Off,
             Prefetch::Measure,

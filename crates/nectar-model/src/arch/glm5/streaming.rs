@@ -38,10 +38,6 @@ pub struct LoadOptions {
     /// Next-layer expert prediction; `Pilot` with a budget adds `2 × top-k` prefetch slots to
     /// the working bank (counted in the memory plan).
     pub prefetch: super::Prefetch,
-    /// With `Pilot`: the precision (0–1) a rank of the prediction must hold, scored since
-    /// load, for its experts to be read ahead ([`super::pilot::MIN_PRECISION`] by default; 0
-    /// reads every rank).
-    pub pilot_min_precision: f64,
     /// Pin the hottest main-layer experts of a usage ledger at startup (with a budget).
     pub pin: Option<PinRequest>,
     /// How a full layer admits misses (default: [`DEFAULT_ADMISSION`]).
@@ -103,7 +99,6 @@ impl Default for LoadOptions {
             runtime_reserve: None,
             server: false,
             prefetch: super::Prefetch::Off,
-            pilot_min_precision: super::pilot::MIN_PRECISION,
             pin: None,
             admission: DEFAULT_ADMISSION,
             gpu_memory: None,
