@@ -597,6 +597,15 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     assert!(tok(&ahead) > tok(&slow), "{ahead} {slow}");
     assert!(tok(&all) > tok(&ahead), "{all} {ahead}");
     assert!(tok(&all) <= all["overlap_ceiling_tok_s"].as_f64().unwrap() + 1e-9);
+    // MTP on has its own ceiling (τ tokens a verify and draft, each taking only its slower
+    // resource), never below its own projection.
+    for x in [&base, &slow, &ahead, &all, &none] {
+        let c_on = x["overlap_ceiling_tok_s_mtp_on"].as_f64().unwrap();
+        assert!(
+            x["decode_tok_s"]["mtp_on"].as_f64().unwrap() <= c_on + 1e-9,
+            "{x}"
+        );
+    }
     assert_eq!(slow["prefetch"]["coverage"], 0.0);
     // Nothing to calibrate on and no flag: the MoE block hides no reads (the serial end). Reads
     // hidden behind the whole block save its compute time on this disk-bound machine.
