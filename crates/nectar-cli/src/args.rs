@@ -1022,6 +1022,20 @@ pub struct ServeArgs {
     /// `pilot`, `measure` or `off`. Never changes the output.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,
+    /// Expert-reading threads (with --memory-budget), as `nectar run --io-threads`.
+    #[arg(long, default_value_t = 3)]
+    pub io_threads: usize,
+    /// What a full layer of the expert cache keeps (with --memory-budget), as `nectar run
+    /// --admission`: `predictive`, `frequency` or `lru`.
+    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
+    pub admission: String,
+    /// Pinned experts (with --memory-budget), as `nectar run --pin`: `auto` (the model
+    /// directory's usage ledger by Colibri's auto rule), `off`, or a ledger FILE.
+    #[arg(long, default_value = "auto")]
+    pub pin: String,
+    /// Bytes of pinned experts (e.g. 10G) instead of the auto rule.
+    #[arg(long)]
+    pub pin_size: Option<String>,
     /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
     /// forward verifies all rows' drafts; `auto` chooses the step's depth (0 included) for the
     /// batch from measured acceptance and the measured cost of steps of its shape (tokens per

@@ -592,6 +592,32 @@ pub struct EngineOptions {
     pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
     /// Expert prefetch under a memory budget (`--prefetch`; `nectar run`'s default, look-ahead).
     pub prefetch: nectar_model::arch::glm5::Prefetch,
+    /// Expert-reading threads under a memory budget (`--io-threads`).
+    pub io_threads: usize,
+    /// What a full layer of the expert cache keeps (`--admission`).
+    pub admission: nectar_residency::Admission,
+    /// Which experts a memory budget pins (`--pin`, `--pin-size`).
+    pub pin: Pin,
+}
+
+/// Which experts a budgeted server pins, as `nectar run --pin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    /// None.
+    Off,
+    /// The most used experts of the model directory's usage ledger, by Colibri's auto rule
+    /// (`bytes`: this many instead); a ledger another engine wrote is refused with a warning.
+    Auto {
+        /// Bytes to pin instead of the auto rule.
+        bytes: Option<u64>,
+    },
+    /// The most used experts of this ledger, trusted even if another engine wrote it.
+    Ledger {
+        /// The ledger.
+        file: PathBuf,
+        /// Bytes to pin instead of the auto rule.
+        bytes: Option<u64>,
+    },
 }
 
 impl EngineOptions {
@@ -607,6 +633,9 @@ impl EngineOptions {
             threads: None,
             gpu_memory: None,
             prefetch: nectar_model::arch::glm5::Prefetch::Lookahead,
+            io_threads: 3,
+            admission: nectar_model::arch::glm5::DEFAULT_ADMISSION,
+            pin: Pin::Auto { bytes: None },
         }
     }
 }

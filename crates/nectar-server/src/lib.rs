@@ -42,7 +42,7 @@ pub mod state;
 pub mod store;
 pub mod web;
 
-pub use backend::{Backend, EngineBackend, EngineOptions};
+pub use backend::{Backend, EngineBackend, EngineOptions, Pin};
 pub use run::{run, ServeError, ServeOptions};
 pub use state::{AppState, ServerConfig};
 

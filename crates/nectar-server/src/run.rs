@@ -35,6 +35,12 @@ pub struct ServeOptions {
     pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
     /// Expert prefetch under the budget (`--prefetch`).
     pub prefetch: nectar_model::arch::glm5::Prefetch,
+    /// Expert-reading threads under the budget (`--io-threads`).
+    pub io_threads: usize,
+    /// What a full layer of the expert cache keeps (`--admission`).
+    pub admission: nectar_residency::Admission,
+    /// Pinned experts under the budget (`--pin`, `--pin-size`).
+    pub pin: crate::Pin,
     /// Requests decoded together (continuous batching when above 1).
     pub parallel: usize,
     /// Speculative decoding: `"off"`, `"on"` or `"auto"` (MTP drafts for every row inside the
@@ -98,6 +104,9 @@ async fn serve_async(opts: ServeOptions) -> Result<(), ServeError> {
         memory_budget: opts.memory_budget,
         gpu_memory: opts.gpu_memory,
         prefetch: opts.prefetch,
+        io_threads: opts.io_threads,
+        admission: opts.admission,
+        pin: opts.pin.clone(),
         queue_capacity: opts.queue_capacity,
         threads: opts.threads,
         parallel: opts.parallel,

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::Router;
 use common::{post_json, send};
 use nectar_server::backend::{Backend, LoadState};
-use nectar_server::{router, AppState, EngineBackend, EngineOptions, ServerConfig};
+use nectar_server::{router, AppState, EngineBackend, EngineOptions, Pin, ServerConfig};
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -535,6 +535,47 @@ async fn memory_budget_streams_experts_and_reports_residency() {
         .map(|l| l["misses"].as_u64().unwrap())
         .sum();
     assert!(misses > 0, "{}", v["residency"]);
+}
+
+#[tokio::test]
+async fn a_budgeted_server_takes_runs_cache_flags() {
+    // `--pin FILE --pin-size`, `--admission`, `--io-threads`, `--prefetch off`, as `nectar run`:
+    // a ledger from another engine is trusted when named, and pins exactly what it names.
+    let ledger =
+        std::env::temp_dir().join(format!("nectar-serve-pin-{}.usage", std::process::id()));
+    std::fs::write(&ledger, "-1 8 32\n-2 1 42\n1 3 100\n2 5 90\n").unwrap();
+    let opts = |pin: Pin| EngineOptions {
+        memory_budget: Some(1 << 30),
+        prefetch: nectar_model::arch::glm5::Prefetch::Off,
+        admission: nectar_residency::Admission::Lru,
+        io_threads: 1,
+        pin,
+        ..EngineOptions::new(DEMO)
+    };
+    for (pin, pinned) in [
+        (
+            Pin::Ledger {
+                file: ledger.clone(),
+                bytes: Some(1 << 20),
+            },
+            2,
+        ),
+        (Pin::Off, 0),
+    ] {
+        let b = Arc::new(EngineBackend::spawn(opts(pin)).unwrap());
+        let app = app_over(b).await;
+        assert!(chat_text(&app, HARBOR, 12).await.starts_with(HARBOR_REF));
+        let (_, body) = send(&app, "GET", "/stats", None).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["model_info"]["prefetch"], "off");
+        assert!(v["residency"]["lookahead"].is_null(), "{}", v["residency"]);
+        assert_eq!(
+            v["residency"]["occupancy"]["pinned"], pinned,
+            "{}",
+            v["residency"]
+        );
+    }
+    let _ = std::fs::remove_file(&ledger);
 }
 
 #[tokio::test]

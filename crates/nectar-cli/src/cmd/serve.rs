@@ -6,7 +6,7 @@ use crate::args::ServeArgs;
 use crate::demo::model_dir;
 use anyhow::{bail, Result};
 use nectar_residency::planner::parse_size;
-use nectar_server::ServeOptions;
+use nectar_server::{Pin, ServeOptions};
 
 /// Requests that may wait for the model thread before new ones get 429.
 const QUEUE_CAPACITY: usize = 64;
@@ -23,6 +23,21 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    if a.io_threads == 0 {
+        bail!("--io-threads must be at least 1");
+    }
+    let bytes = match a.pin_size.as_deref() {
+        Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let pin = match a.pin.as_str() {
+        "off" => Pin::Off,
+        "auto" => Pin::Auto { bytes },
+        f => Pin::Ledger {
+            file: f.into(),
+            bytes,
+        },
+    };
     nectar_server::run(ServeOptions {
         model_dir: dir,
         host: a.host,
@@ -32,6 +47,10 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         memory_budget,
         gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,
         prefetch: nectar_model::arch::glm5::Prefetch::parse(&a.prefetch).unwrap_or_default(),
+        io_threads: a.io_threads,
+        admission: nectar_residency::Admission::from_name(&a.admission)
+            .unwrap_or(nectar_model::arch::glm5::DEFAULT_ADMISSION),
+        pin,
         parallel: a.parallel,
         mtp: a.mtp,
         queue_capacity: QUEUE_CAPACITY,
