@@ -74,4 +74,5 @@ def main():
     print(f"{dest}: {len(segs)} conversations, {row} rows")
 
 
-main()
+if __name__ == "__main__":
+    main()
