@@ -149,6 +149,38 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
+/// How a memory budget's expert cache runs (`nectar run` and `nectar serve`).
+#[derive(Debug, Args)]
+pub struct ExpertCacheArgs {
+    /// I/O threads reading experts (with --memory-budget).
+    #[arg(long, default_value_t = 3, value_parser = at_least_one)]
+    pub io_threads: usize,
+    /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
+    /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
+    /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
+    /// --memory-budget and predictive admission: read each step's misses predicted from the last
+    /// time this token context occurred before their layers run, into spare working slots; a
+    /// step that batches several sequences, as `serve` does, plans none: their interleaved
+    /// tokens are no one's context). Default `lookahead` (it shortened the time decode waits
+    /// for reads at every budget replayed, `benchmarks/RESULTS.md`). Never changes the output.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
+    pub prefetch: String,
+    /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
+    /// with the highest predicted value: decayed frequency, a look-ahead from the last time
+    /// this token context occurred, learned expert transitions), `frequency` (only a miss whose
+    /// decayed request count beats the weakest resident's; half-life 64 tokens) or `lru`.
+    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
+    pub admission: String,
+    /// Pinned experts (with --memory-budget): `auto` pins the most used experts of the model
+    /// directory's usage ledger (`.coli_usage`) by Colibri's auto rule, `off` pins none, a FILE
+    /// names a ledger to pin from (trusted even if another engine wrote it).
+    #[arg(long, default_value = "auto")]
+    pub pin: String,
+    /// Bytes of pinned experts (e.g. 10G) instead of the auto rule.
+    #[arg(long)]
+    pub pin_size: Option<String>,
+}
+
 /// `nectar run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -170,32 +202,8 @@ pub struct RunArgs {
     /// a prompt that fills it is refused, a reply stops where it ends).
     #[arg(long, default_value_t = 4096, value_parser = at_least_one)]
     pub ctx_size: usize,
-    /// I/O threads reading experts (with --memory-budget).
-    #[arg(long, default_value_t = 3)]
-    pub io_threads: usize,
-    /// Next-layer expert prediction: `off`; `measure` (route the next layer from this layer's
-    /// post-attention state and report recall, reading nothing); `pilot` (also prefetch the
-    /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
-    /// --memory-budget and predictive admission: read each step's misses predicted from the last
-    /// time this token context occurred before their layers run, into spare working slots).
-    /// Default `lookahead` (it shortened the time decode waits for reads at every budget
-    /// replayed, `benchmarks/RESULTS.md`). Never changes the output.
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
-    pub prefetch: String,
-    /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
-    /// with the highest predicted value: decayed frequency, a look-ahead from the last time
-    /// this token context occurred, learned expert transitions), `frequency` (only a miss whose
-    /// decayed request count beats the weakest resident's; half-life 64 tokens) or `lru`.
-    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
-    pub admission: String,
-    /// Pinned experts (with --memory-budget): `auto` pins the most used experts of the model
-    /// directory's usage ledger (`.coli_usage`) by Colibri's auto rule, `off` pins none, a FILE
-    /// names a ledger to pin from (trusted even if another engine wrote it).
-    #[arg(long, default_value = "auto")]
-    pub pin: String,
-    /// Bytes of pinned experts (e.g. 10G) instead of the auto rule.
-    #[arg(long)]
-    pub pin_size: Option<String>,
+    #[command(flatten)]
+    pub cache: ExpertCacheArgs,
     /// Do not add this run's expert selections to the model directory's `.coli_usage`.
     #[arg(long)]
     pub no_usage_save: bool,
@@ -1016,26 +1024,8 @@ pub struct ServeArgs {
     /// `--features cuda` — or `off`).
     #[arg(long, value_name = "SIZE|auto|off")]
     pub gpu_memory: Option<String>,
-    /// Expert prefetch with --memory-budget, as `nectar run --prefetch`: `lookahead` (the
-    /// default: each decode step of one sequence reads its predicted misses ahead; a step that
-    /// batches several sequences plans none, its interleaved tokens being no one's context),
-    /// `pilot`, `measure` or `off`. Never changes the output.
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
-    pub prefetch: String,
-    /// Expert-reading threads (with --memory-budget), as `nectar run --io-threads`.
-    #[arg(long, default_value_t = 3)]
-    pub io_threads: usize,
-    /// What a full layer of the expert cache keeps (with --memory-budget), as `nectar run
-    /// --admission`: `predictive`, `frequency` or `lru`.
-    #[arg(long, default_value = "predictive", value_parser = ["predictive", "frequency", "lru"])]
-    pub admission: String,
-    /// Pinned experts (with --memory-budget), as `nectar run --pin`: `auto` (the model
-    /// directory's usage ledger by Colibri's auto rule), `off`, or a ledger FILE.
-    #[arg(long, default_value = "auto")]
-    pub pin: String,
-    /// Bytes of pinned experts (e.g. 10G) instead of the auto rule.
-    #[arg(long)]
-    pub pin_size: Option<String>,
+    #[command(flatten)]
+    pub cache: ExpertCacheArgs,
     /// MTP speculative decoding: on, off or auto. Every row drafts inside the batch step and one
     /// forward verifies all rows' drafts; `auto` chooses the step's depth (0 included) for the
     /// batch from measured acceptance and the measured cost of steps of its shape (tokens per

@@ -26,12 +26,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let opts = LoadOptions {
         memory_budget: budget,
         ctx_size: a.ctx_size,
-        io_threads: a.io_threads,
-        prefetch: Prefetch::parse(&a.prefetch).unwrap_or_default(),
-        admission: nectar_residency::Admission::from_name(&a.admission)
+        io_threads: a.cache.io_threads,
+        prefetch: Prefetch::parse(&a.cache.prefetch).unwrap_or_default(),
+        admission: nectar_residency::Admission::from_name(&a.cache.admission)
             .unwrap_or(nectar_model::arch::glm5::DEFAULT_ADMISSION),
         pin: match budget {
-            Some(_) => super::usage::pin_request(&dir, &a.pin, a.pin_size.as_deref())?,
+            Some(_) => super::usage::pin_request(&dir, &a.cache.pin, a.cache.pin_size.as_deref())?,
             None => None,
         },
         gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,

@@ -23,14 +23,11 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    if a.io_threads == 0 {
-        bail!("--io-threads must be at least 1");
-    }
-    let bytes = match a.pin_size.as_deref() {
+    let bytes = match a.cache.pin_size.as_deref() {
         Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let pin = match a.pin.as_str() {
+    let pin = match a.cache.pin.as_str() {
         "off" => Pin::Off,
         "auto" => Pin::Auto { bytes },
         f => Pin::Ledger {
@@ -46,9 +43,9 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         ctx_size: a.ctx_size,
         memory_budget,
         gpu_memory: super::gpu_flag::resolve(a.gpu_memory.as_deref())?,
-        prefetch: nectar_model::arch::glm5::Prefetch::parse(&a.prefetch).unwrap_or_default(),
-        io_threads: a.io_threads,
-        admission: nectar_residency::Admission::from_name(&a.admission)
+        prefetch: nectar_model::arch::glm5::Prefetch::parse(&a.cache.prefetch).unwrap_or_default(),
+        io_threads: a.cache.io_threads,
+        admission: nectar_residency::Admission::from_name(&a.cache.admission)
             .unwrap_or(nectar_model::arch::glm5::DEFAULT_ADMISSION),
         pin,
         parallel: a.parallel,
