@@ -240,12 +240,38 @@ pub struct CacheDims {
 }
 
 /// All caches of one sequence: the main layers and the MTP layer.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub struct SeqCache {
     /// One per main decoder layer.
     pub layers: Vec<LayerCache>,
     /// The MTP layer's own cache.
     pub mtp: LayerCache,
+    /// This sequence's id in the process, unique per cache (a clone is another sequence): the
+    /// expert cache's predictor learns each sequence's tokens as its own stream.
+    id: u64,
+}
+
+/// The next [`SeqCache::id`].
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Default for SeqCache {
+    fn default() -> Self {
+        SeqCache::new(0)
+    }
+}
+
+impl Clone for SeqCache {
+    fn clone(&self) -> Self {
+        SeqCache {
+            layers: self.layers.clone(),
+            mtp: self.mtp.clone(),
+            id: next_id(),
+        }
+    }
 }
 
 impl SeqCache {
@@ -254,7 +280,13 @@ impl SeqCache {
         SeqCache {
             layers: vec![LayerCache::default(); n_layers],
             mtp: LayerCache::default(),
+            id: next_id(),
         }
+    }
+
+    /// This sequence's id (unique in the process; a clone gets its own).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Tokens in the main cache (the next position).

@@ -367,13 +367,15 @@ impl Policy {
         }
     }
 
-    /// Hands in the token id the next step feeds the model (predictive admission; a no-op
-    /// otherwise). Call it once per step (one token per wave), before that step's first
-    /// [`Policy::access`]; the waves that follow are recorded as that token's routes. Only ids
-    /// up to the current token are ever used — never the next one.
-    pub fn observe_token(&mut self, token: u32) {
+    /// Hands in the token id the next step feeds the model for one of its rows, and the stream
+    /// (sequence) the row belongs to (predictive admission; a no-op otherwise). Call it once per
+    /// row, in row order, before that step's first [`Policy::access`]; the waves that follow are
+    /// recorded as those tokens' routes. Contexts and transitions follow each stream's own rows,
+    /// so a batch of several sequences learns and predicts each as if it ran alone. Only ids up
+    /// to the current token are ever used — never the next one.
+    pub fn observe_token(&mut self, stream: u64, token: u32) {
         if let Admission::Predictive { .. } = self.admission {
-            self.predictor.observe_token(token);
+            self.predictor.observe_token(stream, token);
             self.learned.iter_mut().for_each(|l| *l = None);
         }
     }
@@ -670,6 +672,7 @@ impl Policy {
             wave
         };
         let mass = self.decayed(self.mass[layer], layer);
+        let currents = self.predictor.current_routes(layer);
         // (slot, key, resident, last_use, score)
         let mut cands: Vec<(usize, ExpertKey, bool, u64, f64)> = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
@@ -690,7 +693,14 @@ impl Policy {
                 0.0
             };
             let m = self.predictor.lookahead(layer, e);
-            let (num, den) = self.predictor.transition(layer, &cur, e);
+            // A batch of several streams: the transitions from each stream's current row.
+            let (num, den) = match currents.len() > 1 {
+                true => currents.iter().fold((0.0, 0.0), |(n, d), r| {
+                    let (a, b) = self.predictor.transition(layer, r, e);
+                    (n + a, d + b)
+                }),
+                false => self.predictor.transition(layer, &cur, e),
+            };
             let x = (num + f) / (den + 1.0);
             c.4 = f + match_weight * m + transition_weight * x;
         }

@@ -266,7 +266,8 @@ fn replay(
         }
         if let Some(tok) = &trace.tokens {
             for r in s.rows.clone() {
-                policy.observe_token(u32::from(tok[r]));
+                let stream = trace.streams.as_ref().map_or(0, |s| u64::from(s[r]));
+                policy.observe_token(stream, u32::from(tok[r]));
             }
         }
         if let Some(p) = prefetch {
@@ -430,6 +431,7 @@ mod tests {
             rows: rows.len(),
             ids,
             tokens: None,
+            streams: None,
             segments,
             reset_per_segment: reset,
             num_hidden_layers: None,

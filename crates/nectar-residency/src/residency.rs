@@ -552,11 +552,12 @@ impl Residency {
         started.len()
     }
 
-    /// Hands the policy the token id the next step feeds the model (used by
-    /// [`crate::Admission::Predictive`], a no-op otherwise): call it once per step, before the
-    /// step's first [`Residency::acquire`].
-    pub fn observe_token(&self, token: u32) {
-        self.lock().policy.observe_token(token);
+    /// Hands the policy the token id the next step feeds the model for one row, and the stream
+    /// (sequence) the row belongs to (used by [`crate::Admission::Predictive`], a no-op
+    /// otherwise): call it once per row, in row order, before the step's first
+    /// [`Residency::acquire`]. Each stream's rows are learned and predicted as if it ran alone.
+    pub fn observe_token(&self, stream: u64, token: u32) {
+        self.lock().policy.observe_token(stream, token);
     }
 
     /// Bytes of the slot slab on transparent huge pages (`None`: not known here).

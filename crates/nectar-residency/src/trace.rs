@@ -1,6 +1,7 @@
 //! Recorded routing traces (`tests/fixtures/traces/*`, as written by the trace tool of the demo
 //! models): `{kind}.experts.npy` (int8 or int16 `[T, layers, k]`, -1 = absent), the optional
-//! `{kind}.tokens.npy` (uint16 `[T]`), and `manifest.json` naming the model layers of axis 1,
+//! `{kind}.tokens.npy` (uint16 `[T]`), the optional `{kind}.streams.npy` (uint16 `[T]`: the
+//! sequence of each row, where a batch interleaves several), and `manifest.json` naming the model layers of axis 1,
 //! the segments of each kind (a conversation: `warmup` prompt rows, then decode rows) and
 //! whether a replay resets the cache per segment. One reader for every consumer (the policy
 //! replay, `bench decode`, `bench replay`), so the format knowledge lives here only.
@@ -58,6 +59,8 @@ struct KindEntry {
     experts: String,
     #[serde(default)]
     tokens: Option<String>,
+    #[serde(default)]
+    streams: Option<String>,
     segments: Vec<Segment>,
     #[serde(default)]
     replay: Replay,
@@ -89,6 +92,9 @@ pub struct Trace {
     pub ids: Vec<i32>,
     /// Token id per row, when the trace has them.
     pub tokens: Option<Vec<u16>>,
+    /// The stream (sequence) of each row, when rows of several sequences interleave (a batch:
+    /// `{kind}.streams.npy`, uint16 `[T]`); without it every row is one stream's.
+    pub streams: Option<Vec<u16>>,
     /// Segments, in row order.
     pub segments: Vec<Segment>,
     /// The cache starts empty at every segment (conversations) rather than once.
@@ -149,18 +155,18 @@ impl Trace {
                 ),
             ));
         }
-        let tokens = match &entry.tokens {
-            Some(t) => {
-                let tp = dir.join(t);
-                let b = std::fs::read(&tp).map_err(|e| err(&tp, e.to_string()))?;
-                let (ts, tv) = read_npy_u16(&b).map_err(|e| err(&tp, e))?;
-                if ts != [rows] {
-                    return Err(err(&tp, format!("shape {ts:?}, expected [{rows}]")));
-                }
-                Some(tv)
+        let per_row = |name: &Option<String>| -> Result<Option<Vec<u16>>, TraceError> {
+            let Some(t) = name else { return Ok(None) };
+            let tp = dir.join(t);
+            let b = std::fs::read(&tp).map_err(|e| err(&tp, e.to_string()))?;
+            let (ts, tv) = read_npy_u16(&b).map_err(|e| err(&tp, e))?;
+            if ts != [rows] {
+                return Err(err(&tp, format!("shape {ts:?}, expected [{rows}]")));
             }
-            None => None,
+            Ok(Some(tv))
         };
+        let tokens = per_row(&entry.tokens)?;
+        let streams = per_row(&entry.streams)?;
         let mut prev = 0;
         for s in &entry.segments {
             if s.start < prev || s.end < s.start || s.end > rows || s.warmup > s.end - s.start {
@@ -205,6 +211,7 @@ impl Trace {
             rows,
             ids,
             tokens,
+            streams,
             segments: entry.segments.clone(),
             reset_per_segment,
             num_hidden_layers,
@@ -284,6 +291,7 @@ mod tests {
             rows: 240,
             ids: vec![0; 240],
             tokens: None,
+            streams: None,
             segments: (0..24).map(seg).collect(),
             reset_per_segment: true,
             num_hidden_layers: None,

@@ -786,7 +786,7 @@ fn lookahead_step(
     layouts: &[Vec<SlotLayout>],
     file: &[u8],
 ) -> usize {
-    r.observe_token(token);
+    r.observe_token(0, token);
     let started = r.begin_step(1, streams, 2);
     for (layer, ids) in routes.iter().enumerate() {
         let leases: Vec<_> = r
@@ -887,7 +887,7 @@ fn lookahead_leaves_a_wave_its_working_slots() {
     .unwrap();
     for round in 0..3 {
         for t in 0..10u32 {
-            r.observe_token(t);
+            r.observe_token(0, t);
             assert_eq!(r.begin_step(2, 1, 4), 0, "round {round} token {t}");
             let ids: Vec<u32> = (0..4).map(|i| (t + i + round) % 16).collect();
             let p = r.acquire(0, &ids).unwrap();

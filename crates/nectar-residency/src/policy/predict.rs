@@ -2,6 +2,14 @@
 //! index (longest earlier occurrence of the current context), the routes every layer took at
 //! each history row, and per-layer expert-to-expert transition counts (row `s` → row `s + 1`).
 //! Everything here is learned online from rows already processed; nothing reads ahead.
+//!
+//! The history holds the rows of every stream (sequence) fed to the cache, in the order they
+//! arrive; each row links to its stream's previous and next rows, and a context, its
+//! continuation and a transition follow those links. A server's batch interleaves the rows of
+//! its sequences, which as one token stream would be no sequence's context: two route256
+//! conversations decoded together cost the policy 0.09–0.12 of Belady that way
+//! (`benchmarks/RESULTS.md`, "Two conversations in one batch"). One stream behaves exactly as
+//! the plain history did.
 use foldhash::HashMap;
 use std::collections::VecDeque;
 
@@ -23,29 +31,57 @@ pub(crate) const HISTORY: usize = 8192;
 /// outside the memory plan) while recent transitions keep their weight.
 pub(crate) const TRANSITIONS: usize = 1 << 20;
 
+/// No row (a link to a row that does not exist or is no longer kept).
+const NONE: u64 = u64::MAX;
+
+#[derive(Debug, Clone)]
+struct Row {
+    token: u32,
+    /// The stream (sequence) the row belongs to.
+    stream: u64,
+    /// Absolute index of the same stream's previous row ([`NONE`]: none).
+    prev: u64,
+    /// Absolute index of the same stream's next row ([`NONE`]: none yet).
+    next: u64,
+    /// Per layer: the experts that layer requested for this row.
+    routes: Vec<Vec<u32>>,
+}
+
+/// What the predictor knows of one stream's current row.
+#[derive(Debug, Clone, Default)]
+struct Stream {
+    /// Absolute index of the stream's last row.
+    last: u64,
+    /// The current row's match: the latest earlier row ending the same context, at least two
+    /// rows back along the stream (its continuation complete).
+    matched: Option<u64>,
+    /// Every kept occurrence of that context (latest first; `matched` is the first).
+    occurrences: Vec<u64>,
+    /// The context length of that match.
+    matched_len: usize,
+    /// Per layer: the experts of the stream's previous wave at that layer.
+    prev: Vec<Option<Vec<u32>>>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Predictor {
-    /// Token of each kept row; row index `base + i`.
-    tokens: VecDeque<u32>,
-    /// Per kept row, per layer: the experts that layer requested for that row.
-    rows: VecDeque<Vec<Vec<u32>>>,
-    /// Absolute index of `tokens[0]`.
+    /// Kept rows of every stream, in arrival order; row index `base + i`.
+    rows: VecDeque<Row>,
+    /// Absolute index of `rows[0]`.
     base: u64,
     /// (context length, hash of the context) → absolute indices of the context's last row at
     /// its latest [`OCCURRENCES`] occurrences, latest first (`u64::MAX`: none).
     grams: HashMap<(usize, u64), [u64; OCCURRENCES]>,
-    /// The current row's match: the latest earlier row `p <= t - 2` ending the same context.
-    matched: Option<u64>,
-    /// Every kept occurrence of that context (latest first; `matched` is the first).
-    occurrences: Vec<u64>,
-    /// The context length of that match (tokens equal up to and including `p` and `t`).
-    matched_len: usize,
+    /// Streams by id.
+    streams: HashMap<u64, Stream>,
+    /// The streams of the current step, in the order of their first row in it.
+    current: Vec<u64>,
+    /// A wave was learned since the last row arrived: the next row starts a new step.
+    stepped: bool,
     /// (layer, from, to) → rows whose layer requested `from` followed by a row requesting `to`.
     trans: HashMap<(u32, u32, u32), u32>,
     /// (layer, from) → rows whose layer requested `from` and that have a successor row.
     succ: HashMap<(u32, u32), u32>,
-    /// Per layer: the experts of the layer's previous wave.
-    prev: Vec<Option<Vec<u32>>>,
 }
 
 fn hash(tokens: impl Iterator<Item = u32>) -> u64 {
@@ -60,25 +96,61 @@ fn hash(tokens: impl Iterator<Item = u32>) -> u64 {
 
 impl Predictor {
     fn end(&self) -> u64 {
-        self.base + self.tokens.len() as u64
+        self.base + self.rows.len() as u64
     }
 
-    fn token(&self, abs: u64) -> u32 {
-        self.tokens[(abs - self.base) as usize]
+    /// The kept row at absolute index `abs`.
+    fn row(&self, abs: u64) -> Option<&Row> {
+        abs.checked_sub(self.base)
+            .and_then(|i| self.rows.get(i as usize))
     }
 
-    /// `n` tokens ending at absolute row `last`, if all are kept.
+    /// The row `back` rows before `abs` along its stream, if kept.
+    fn back(&self, mut abs: u64, back: usize) -> Option<u64> {
+        for _ in 0..back {
+            abs = self.row(abs)?.prev;
+        }
+        self.row(abs).map(|_| abs)
+    }
+
+    /// The `n` tokens of the stream ending at row `last`, oldest first, if all are kept.
+    fn tokens(&self, last: u64, n: usize) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(n);
+        let mut r = last;
+        for i in 0..n {
+            let row = self.row(r)?;
+            out.push(row.token);
+            if i + 1 < n {
+                r = row.prev;
+            }
+        }
+        out.reverse();
+        Some(out)
+    }
+
+    /// The hash of the `n` tokens ending at row `last`, if all are kept.
     fn context(&self, last: u64, n: usize) -> Option<u64> {
-        let first = (last + 1).checked_sub(n as u64)?;
-        (first >= self.base && last < self.end())
-            .then(|| hash((first..=last).map(|i| self.token(i))))
+        self.tokens(last, n).map(|t| hash(t.into_iter()))
     }
 
-    /// A new row for `token` (the token this step feeds the model).
-    pub(crate) fn observe_token(&mut self, token: u32) {
+    /// A new row of `stream` for `token` (the token this step feeds the model for it).
+    pub(crate) fn observe_token(&mut self, stream: u64, token: u32) {
+        if std::mem::take(&mut self.stepped) {
+            self.current.clear();
+        }
+        if !self.current.contains(&stream) {
+            self.current.push(stream);
+        }
         let t = self.end();
-        // Contexts ending at t - 2 become visible: their continuation (t - 1) is complete.
-        if let Some(q) = t.checked_sub(2) {
+        let prev = self
+            .streams
+            .get(&stream)
+            .map(|s| s.last)
+            .filter(|&p| self.row(p).is_some())
+            .unwrap_or(NONE);
+        // Contexts ending two rows back along the stream become visible: their continuation
+        // (the stream's previous row) is complete.
+        if let Some(q) = self.row(prev).map(|r| r.prev).filter(|&q| q != NONE) {
             for n in NGRAMS {
                 if let Some(h) = self.context(q, n) {
                     let ps = self.grams.entry((n, h)).or_insert([u64::MAX; OCCURRENCES]);
@@ -87,34 +159,41 @@ impl Predictor {
                 }
             }
         }
-        self.tokens.push_back(token);
-        self.rows.push_back(Vec::new());
-        self.matched = None;
-        self.occurrences.clear();
+        if let Some(i) = prev.checked_sub(self.base).filter(|_| prev != NONE) {
+            self.rows[i as usize].next = t;
+        }
+        self.rows.push_back(Row {
+            token,
+            stream,
+            prev,
+            next: NONE,
+            routes: Vec::new(),
+        });
+        let (mut occurrences, mut matched_len) = (Vec::new(), 0);
         for n in NGRAMS {
-            let Some(h) = self.context(t, n) else {
+            let Some(cur) = self.tokens(t, n) else {
                 continue;
             };
-            let Some(&ps) = self.grams.get(&(n, h)) else {
+            let Some(&ps) = self.grams.get(&(n, hash(cur.iter().copied()))) else {
                 continue;
             };
-            // Verify (hash collisions) and that the context and its continuation are kept.
+            // Verify (hash collisions) and that the context is kept.
             for p in ps {
-                if p == u64::MAX || p + 1 < self.base + n as u64 {
-                    continue;
-                }
-                if (0..n as u64).all(|i| self.token(p - i) == self.token(t - i)) {
-                    self.occurrences.push(p);
+                if p != u64::MAX && self.tokens(p, n).as_ref() == Some(&cur) {
+                    occurrences.push(p);
                 }
             }
-            if let Some(&p) = self.occurrences.first() {
-                self.matched = Some(p);
-                self.matched_len = n;
+            if !occurrences.is_empty() {
+                matched_len = n;
                 break;
             }
         }
-        while self.tokens.len() > HISTORY {
-            self.tokens.pop_front();
+        let s = self.streams.entry(stream).or_default();
+        s.last = t;
+        s.matched = occurrences.first().copied();
+        s.occurrences = occurrences;
+        s.matched_len = matched_len;
+        while self.rows.len() > HISTORY {
             self.rows.pop_front();
             self.base += 1;
         }
@@ -122,45 +201,69 @@ impl Predictor {
             let base = self.base;
             self.grams.retain(|_, p| p[0] >= base);
         }
+        if self.streams.len() > 64 {
+            let base = self.base;
+            self.streams.retain(|_, s| s.last >= base);
+        }
+    }
+
+    /// The stream of row `abs`, if kept.
+    fn stream_of(&self, abs: u64) -> Option<u64> {
+        self.row(abs).map(|r| r.stream)
     }
 
     /// `layer`'s wave of the current row requested `cur`: learn the transitions from the
-    /// layer's previous wave and record the row.
+    /// stream's previous wave and record the row.
     pub(crate) fn learn(&mut self, layer: usize, cur: &[u32]) {
-        self.learn_transition(layer, cur);
+        self.stepped = true;
+        let t = self.end().wrapping_sub(1);
+        let stream = self.stream_of(t);
+        self.learn_transition(stream, layer, cur);
         if let Some(row) = self.rows.back_mut() {
-            if row.len() <= layer {
-                row.resize(layer + 1, Vec::new());
+            if row.routes.len() <= layer {
+                row.routes.resize(layer + 1, Vec::new());
             }
-            row[layer] = cur.to_vec();
+            row.routes[layer] = cur.to_vec();
         }
     }
 
     /// `layer`'s routes of the last `rows.len()` rows (one step of several tokens), in row
-    /// order: each learns the transition from the row before it and is recorded as its row's.
+    /// order: each learns the transition from its stream's row before it and is recorded as
+    /// its row's.
     pub(crate) fn learn_rows(&mut self, layer: usize, rows: &[Vec<u32>]) {
+        self.stepped = true;
         let kept = self.rows.len();
         let first = kept.saturating_sub(rows.len());
         let skip = rows.len().saturating_sub(kept);
+        // Rows older than the history (a prompt longer than it) are the first kept row's.
+        let first_stream = self.stream_of(self.base + first as u64);
         for (i, r) in rows.iter().enumerate() {
-            self.learn_transition(layer, r);
+            let stream = match i >= skip {
+                true => self.stream_of(self.base + (first + i - skip) as u64),
+                false => first_stream,
+            };
+            self.learn_transition(stream, layer, r);
             if i >= skip {
                 let row = &mut self.rows[first + i - skip];
-                if row.len() <= layer {
-                    row.resize(layer + 1, Vec::new());
+                if row.routes.len() <= layer {
+                    row.routes.resize(layer + 1, Vec::new());
                 }
-                row[layer] = r.clone();
+                row.routes[layer] = r.clone();
             }
         }
     }
 
-    /// Counts the transitions from `layer`'s previous routes to `cur`, which become previous.
-    fn learn_transition(&mut self, layer: usize, cur: &[u32]) {
+    /// Counts the transitions from `layer`'s previous routes in `stream` to `cur`, which become
+    /// previous.
+    fn learn_transition(&mut self, stream: Option<u64>, layer: usize, cur: &[u32]) {
         let l = layer as u32;
-        if self.prev.len() <= layer {
-            self.prev.resize(layer + 1, None);
+        let Some(s) = stream.and_then(|id| self.streams.get_mut(&id)) else {
+            return;
+        };
+        if s.prev.len() <= layer {
+            s.prev.resize(layer + 1, None);
         }
-        if let Some(prev) = &self.prev[layer] {
+        if let Some(prev) = &s.prev[layer] {
             for &a in prev {
                 *self.succ.entry((l, a)).or_insert(0) += 1;
                 for &b in cur {
@@ -168,7 +271,7 @@ impl Predictor {
                 }
             }
         }
-        self.prev[layer] = Some(cur.to_vec());
+        s.prev[layer] = Some(cur.to_vec());
         if self.trans.len() > TRANSITIONS {
             self.trans.retain(|_, n| {
                 *n /= 2;
@@ -181,44 +284,64 @@ impl Predictor {
         }
     }
 
-    /// The mean over the current row t's matched occurrences p of
-    /// Σ_{k=1..min(HORIZON, t-1-p)} GAMMA^(k-1) · [expert ∈ routes(p + k, layer)] (0 without a
-    /// match).
+    /// Summed over the current step's streams s, the mean over the current row t_s's matched
+    /// occurrences p of Σ_{k=1..HORIZON} GAMMA^(k-1) · [expert ∈ routes(p_k, layer)], where p_k
+    /// is the k-th row after p along p's stream, before t_s (0 without a match).
     pub(crate) fn lookahead(&self, layer: usize, expert: u32) -> f64 {
-        if self.occurrences.is_empty() {
-            return 0.0;
-        }
-        let t = self.end() - 1;
-        let mut total = 0.0;
-        for &p in &self.occurrences {
-            let last = (t - 1).min(p + HORIZON);
-            let (mut sum, mut w) = (0.0, 1.0);
-            for r in p + 1..=last {
-                if r >= self.base {
-                    let row = &self.rows[(r - self.base) as usize];
-                    if row.get(layer).is_some_and(|x| x.contains(&expert)) {
+        let mut value = 0.0;
+        for s in self.current.iter().filter_map(|id| self.streams.get(id)) {
+            if s.occurrences.is_empty() {
+                continue;
+            }
+            let mut total = 0.0;
+            for &p in &s.occurrences {
+                let (mut sum, mut w) = (0.0, 1.0);
+                let mut r = self.row(p).map_or(NONE, |x| x.next);
+                for _ in 0..HORIZON {
+                    if r == NONE || r >= s.last {
+                        break;
+                    }
+                    let Some(row) = self.row(r) else { break };
+                    if row.routes.get(layer).is_some_and(|x| x.contains(&expert)) {
                         sum += w;
                     }
+                    w *= GAMMA;
+                    r = row.next;
                 }
-                w *= GAMMA;
+                total += sum;
             }
-            total += sum;
+            value += total / s.occurrences.len() as f64;
         }
-        total / self.occurrences.len() as f64
+        value
     }
 
     /// The routes `layer` took at the row `back` rows before the current row's match, and the
     /// match's context length: the same context as `back` rows before the current row (up to
     /// `back` tokens shorter), so the best guess of what that row will request. `None` without
-    /// a match, or when that row is no longer kept or was never recorded at `layer`.
+    /// a match, when that row is no longer kept or was never recorded at `layer`, or when the
+    /// step holds rows of several streams (a batch: no one row is "the current row").
     pub(crate) fn matched_routes(&self, layer: usize, back: usize) -> Option<(&[u32], usize)> {
-        let p = self.matched?.checked_sub(back as u64)?;
-        if p < self.base || self.matched_len <= back {
+        let [id] = self.current.as_slice() else {
+            return None;
+        };
+        let s = self.streams.get(id)?;
+        if s.matched_len <= back {
             return None;
         }
-        let row = self.rows.get((p - self.base) as usize)?;
-        let r = row.get(layer)?;
-        (!r.is_empty()).then_some((r.as_slice(), self.matched_len - back))
+        let p = self.back(s.matched?, back)?;
+        let r = self.row(p)?.routes.get(layer)?;
+        (!r.is_empty()).then_some((r.as_slice(), s.matched_len - back))
+    }
+
+    /// Each current stream's routes at `layer` for its current row, where recorded.
+    pub(crate) fn current_routes(&self, layer: usize) -> Vec<&[u32]> {
+        self.current
+            .iter()
+            .filter_map(|id| self.streams.get(id))
+            .filter_map(|s| self.row(s.last)?.routes.get(layer))
+            .filter(|r| !r.is_empty())
+            .map(Vec::as_slice)
+            .collect()
     }
 
     /// (Σ_{a ∈ cur} N(a → expert), Σ_{a ∈ cur} n(a)) for `layer`.
@@ -243,22 +366,22 @@ mod tests {
         // Tokens 7 8 9 7 8 fed as one step of three rows, then two single rows.
         let mut bulk = Predictor::default();
         for t in [7, 8, 9] {
-            bulk.observe_token(t);
+            bulk.observe_token(0, t);
         }
         bulk.learn_rows(0, &[vec![1], vec![2], vec![3]]);
         // The same rows fed one per step.
         let mut single = Predictor::default();
         for (t, r) in [(7, 1), (8, 2), (9, 3)] {
-            single.observe_token(t);
+            single.observe_token(0, t);
             single.learn(0, &[r]);
         }
         for p in [&mut bulk, &mut single] {
-            p.observe_token(7);
+            p.observe_token(0, 7);
             p.learn(0, &[1]);
-            p.observe_token(8);
+            p.observe_token(0, 8);
         }
         for p in [&bulk, &single] {
-            let rows: Vec<Vec<u32>> = p.rows.iter().take(4).map(|r| r[0].clone()).collect();
+            let rows: Vec<Vec<u32>> = p.rows.iter().take(4).map(|r| r.routes[0].clone()).collect();
             assert_eq!(rows, [vec![1], vec![2], vec![3], vec![1]]);
             assert_eq!(p.transition(0, &[1], 2), (1.0, 1.0));
             assert_eq!(p.transition(0, &[2], 3), (1.0, 1.0));
@@ -268,14 +391,60 @@ mod tests {
         // The transition table is bounded: past the cap every count halves.
         let mut big = Predictor::default();
         for i in 0..(TRANSITIONS / 64 + 2) as u32 {
-            big.observe_token(i);
+            big.observe_token(0, i);
             big.learn(0, &(0..8).map(|j| (i * 8 + j) % 65_536).collect::<Vec<_>>());
         }
         assert!(big.trans.len() <= TRANSITIONS);
         // More rows than kept tokens: only the last ones are recorded, none out of range.
         let mut short = Predictor::default();
-        short.observe_token(1);
+        short.observe_token(0, 1);
         short.learn_rows(0, &[vec![4], vec![5]]);
-        assert_eq!(short.rows[0][0], vec![5]);
+        assert_eq!(short.rows[0].routes[0], vec![5]);
+    }
+
+    #[test]
+    fn interleaved_streams_keep_their_own_contexts() {
+        // Stream 1 decodes 7 8 9 7 8 (routes 1 2 3 1 …) alone, and again in steps that batch
+        // it with stream 2 (other tokens and routes); and, as one history would see the batch,
+        // with both in a single stream.
+        let a = [(7, 1), (8, 2), (9, 3), (7, 1)];
+        let (mut alone, mut mixed, mut flat) = (
+            Predictor::default(),
+            Predictor::default(),
+            Predictor::default(),
+        );
+        for (i, &(t, e)) in a.iter().enumerate() {
+            let other = (100 + i as u32, 50 + i as u32);
+            alone.observe_token(1, t);
+            alone.learn(0, &[e]);
+            mixed.observe_token(1, t);
+            mixed.observe_token(2, other.0);
+            mixed.learn_rows(0, &[vec![e], vec![other.1]]);
+            flat.observe_token(0, t);
+            flat.observe_token(0, other.0);
+            flat.learn_rows(0, &[vec![e], vec![other.1]]);
+        }
+        alone.observe_token(1, 8);
+        mixed.observe_token(1, 8);
+        mixed.observe_token(2, 104);
+        flat.observe_token(0, 8);
+        flat.observe_token(0, 104);
+        // "7 8" occurred before along stream 1: what followed it (expert 3) is predicted, and
+        // the transitions are stream 1's own (1 → 2 once).
+        for p in [&alone, &mixed] {
+            assert!(p.lookahead(0, 3) > 0.0 && p.lookahead(0, 50) == 0.0);
+            assert_eq!(p.lookahead(0, 3), alone.lookahead(0, 3));
+            assert_eq!(p.transition(0, &[1], 2), (1.0, 1.0));
+        }
+        assert_eq!(mixed.transition(0, &[50], 51), (1.0, 1.0));
+        // One history for both: no context repeats, and 1 is followed by 50, not 2.
+        assert_eq!(flat.lookahead(0, 3), 0.0);
+        assert_eq!(flat.transition(0, &[1], 2), (0.0, 2.0));
+        // The look-ahead plan is one stream's: a batch step has no single current row.
+        assert!(alone.matched_routes(0, 0).is_some());
+        assert!(mixed.matched_routes(0, 0).is_none());
+        // Each stream's current routes, once recorded.
+        mixed.learn_rows(0, &[vec![2], vec![54]]);
+        assert_eq!(mixed.current_routes(0), vec![&[2][..], &[54][..]]);
     }
 }

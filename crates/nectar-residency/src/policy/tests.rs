@@ -184,7 +184,7 @@ proptest! {
         let mut r = Reference::new(2, cap, 1.0, wm, wx);
         let mut ev = Vec::new();
         for (tok, layers) in &steps {
-            p.observe_token(*tok);
+            p.observe_token(0, *tok);
             r.tokens.push(*tok);
             r.routes.push(vec![vec![]; 2]);
             for (l, req) in layers.iter().enumerate() {
@@ -237,7 +237,7 @@ proptest! {
         let mut ev = Vec::new();
         let mut routes: Vec<Vec<Vec<u32>>> = Vec::new();
         for (tok, layers) in &steps {
-            p.observe_token(*tok);
+            p.observe_token(0, *tok);
             r.tokens.push(*tok);
             r.routes.push(vec![vec![]; 2]);
             routes.push(layers.clone());
@@ -280,7 +280,7 @@ fn predictive_is_deterministic() {
         let mut rng = crate::sim::Rng::new(7);
         let mut ev = Vec::new();
         for _ in 0..300 {
-            p.observe_token((rng.next_u64() % 5) as u32);
+            p.observe_token(0, (rng.next_u64() % 5) as u32);
             for l in 0..2 {
                 let mut req: Vec<usize> = (0..3).map(|_| (rng.next_u64() % 12) as usize).collect();
                 req.dedup();
@@ -317,7 +317,7 @@ fn a_prompt_in_one_step_counts_its_rows_as_decoding_does() {
         let mut step = |p: &mut Policy, rows: &[Vec<u32>]| {
             for i in 0..rows.len() {
                 if tokens {
-                    p.observe_token(i as u32);
+                    p.observe_token(0, i as u32);
                 }
             }
             if rows.len() > 1 {
@@ -407,7 +407,7 @@ fn replay(kind: &str, reset: bool, cap: usize, adm: Admission) -> Option<f64> {
             p = fresh();
         }
         for row in start..end {
-            p.observe_token(toks[row] as u32);
+            p.observe_token(0, toks[row] as u32);
             for l in 0..7 {
                 for j in 0..k {
                     let e = ids[(row * nl + l) * k + j];

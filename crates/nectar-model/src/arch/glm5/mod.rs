@@ -368,9 +368,12 @@ impl Glm5 {
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
             .collect();
-        // Sequences with rows in this step: a batch of several is no one stream's context.
-        let streams = counts.iter().filter(|&&c| c > 0).count();
-        let mut x = self.embed_step(&tokens, streams)?;
+        // The sequence of each row: the expert cache learns each one's tokens as its own stream.
+        let seqs: Vec<u64> = steps
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.cache.id(), s.tokens.len()))
+            .collect();
+        let mut x = self.embed_step(&tokens, &seqs)?;
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; layout.rows.len()];
         let mut caches: Vec<&mut SeqCache> = steps.iter_mut().map(|s| &mut *s.cache).collect();
         self.run_layers(
@@ -384,18 +387,21 @@ impl Glm5 {
         Ok(self.final_norm(&x, &self.norm))
     }
 
-    /// The residual stream of a step's rows (their embeddings), which belong to `streams`
-    /// sequences; tells the expert cache the tokens and starts its look-ahead for the step.
-    fn embed_step(&self, tokens: &[u32], streams: usize) -> Result<Vec<f32>> {
+    /// The residual stream of a step's rows (their embeddings), row `i` of sequence
+    /// `seqs[i]` (rows of a sequence together, as a layout orders them); tells the expert cache
+    /// the tokens and starts its look-ahead for the step.
+    fn embed_step(&self, tokens: &[u32], seqs: &[u64]) -> Result<Vec<f32>> {
         let hd = self.hidden_size();
         let mut x = vec![0.0f32; tokens.len() * hd];
         self.embed.rows(tokens, &mut x)?;
-        // The expert cache's predictive admission keys its look-ahead on the token stream.
+        // The expert cache's predictive admission keys its look-ahead on each sequence's tokens.
         let m = tokens.len();
         if let Some(res) = self.residency() {
-            for &t in tokens {
-                res.observe_token(t);
+            for (&t, &s) in tokens.iter().zip(seqs) {
+                res.observe_token(s, t);
             }
+            // The look-ahead plans only a step of one sequence (see `Residency::begin_step`).
+            let streams = 1 + seqs.windows(2).filter(|w| w[0] != w[1]).count();
             // Look-ahead prefetch (a no-op unless on): this step's predicted misses start
             // reading now, behind the layers' attention.
             res.begin_step(m, streams, m * self.cfg.raw.num_experts_per_tok);
@@ -582,8 +588,10 @@ impl Glm5 {
         }
         let mut x = mtp.eh_proj.forward(&cat, m)?;
         if let Some(res) = self.mtp_residency() {
-            for &t in steps.iter().flat_map(|s| s.next_tokens.iter()) {
-                res.observe_token(t);
+            for s in steps.iter() {
+                for &t in s.next_tokens {
+                    res.observe_token(s.cache.id(), t);
+                }
             }
         }
         let mut sel: Vec<Option<Vec<u32>>> = vec![None; m];

@@ -61,7 +61,7 @@ impl Glm5 {
                 tokens.len()
             )));
         }
-        let x = self.guarded(|| self.embed_step(tokens, 1))?;
+        let x = self.guarded(|| self.embed_step(tokens, &vec![cache.id(); tokens.len()]))?;
         Ok(Prefill {
             start,
             count: tokens.len(),
