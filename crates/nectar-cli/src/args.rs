@@ -160,8 +160,8 @@ pub struct ExpertCacheArgs {
     /// predicted experts into their own slots, with --memory-budget); `lookahead` (with
     /// --memory-budget and predictive admission: read each step's misses predicted from the last
     /// time this token context occurred before their layers run, into spare working slots; a
-    /// step that batches several sequences, as `serve` does, plans none: their interleaved
-    /// tokens are no one's context). Default `lookahead` (it shortened the time decode waits
+    /// step that batches several sequences, as `serve` does, reads each one's, the expert
+    /// cache keeping their token histories apart). Default `lookahead` (it shortened the time decode waits
     /// for reads at every budget replayed, `benchmarks/RESULTS.md`). Never changes the output.
     #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
     pub prefetch: String,

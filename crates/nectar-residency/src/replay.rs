@@ -672,16 +672,22 @@ mod tests {
     }
 
     /// Look-ahead prefetch on route256 by shortest context used (run with `--ignored
-    /// --nocapture`): the research behind [`crate::policy::MIN_CONTEXT`].
+    /// --nocapture`): the research behind [`crate::policy::MIN_CONTEXT`]. `NECTAR_TRACE_DIR`
+    /// replays every kind of another trace directory instead (e.g. `trace_interleave.py`'s),
+    /// `NECTAR_WINDOW` rows per decode step (default 1).
     #[test]
     #[ignore]
     fn prefetch_research() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/traces/route256");
-        for kind in ["decode", "session", "decode-sampled"] {
-            let t = Trace::load(&dir, kind).unwrap();
+        let dir = match std::env::var_os("NECTAR_TRACE_DIR") {
+            Some(d) => std::path::PathBuf::from(d),
+            None => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../tests/fixtures/traces/route256"),
+        };
+        let window = std::env::var("NECTAR_WINDOW").map_or(1, |w| w.parse().unwrap());
+        for kind in Trace::kinds(&dir).unwrap() {
+            let t = Trace::load(&dir, &kind).unwrap();
             let layers = t.main_layers(t.hidden_layers());
-            let st = steps(&t, 1);
+            let st = steps(&t, window);
             for cap in [12, 32] {
                 let setup = CacheSetup::lru_only(cap, Admission::PREDICTIVE);
                 for slack in [8, 1000] {

@@ -485,10 +485,10 @@ impl Residency {
     /// of its waves can have (`rows × top-k`, at most [`Residency::max_wave`]). Plans the
     /// experts the policy predicts for every layer of this step and starts reading those the
     /// free working slots allow beyond `need`; each safe point starts more. A forward of more
-    /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway. Nor
-    /// does a step whose rows belong to more than one of the `streams` (sequences) decoded
-    /// together: the look-ahead matches the token context of one stream, and a batch's
-    /// interleaved tokens are no stream's context — neither is measured for the controller.
+    /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway. A
+    /// step whose rows belong to several `streams` (sequences decoded together) plans each
+    /// one's matched routes (the predictor keeps their histories apart) but is not measured
+    /// for the controller, whose windows compare one sequence's steps.
     /// The shortest matched context planned is the controller's (`policy/control.rs`), fed
     /// here with the previous decode step's measurements. Returns the reads started now.
     pub fn begin_step(&self, rows: usize, streams: usize, need: usize) -> usize {
@@ -497,13 +497,14 @@ impl Residency {
         }
         let mut st = self.lock();
         let now = Instant::now();
-        let decode = rows <= MAX_LOOKAHEAD_ROWS && streams <= 1;
+        let decode = rows <= MAX_LOOKAHEAD_ROWS;
+        let measured = decode && streams <= 1;
         if let Some(StepClock {
             start: (t0, a),
             last: Some((t1, b)),
         }) = st.step.take()
         {
-            if decode {
+            if measured {
                 let m = Measurement {
                     steps: 1,
                     seconds: t1.saturating_duration_since(t0).as_secs_f64(),
@@ -517,9 +518,9 @@ impl Residency {
                 }
             }
         }
-        // A prompt (or a batch of several streams) is not a decode step of one stream: it is
-        // neither measured nor planned.
-        st.step = decode.then(|| StepClock {
+        // A prompt is not a decode step: it is neither measured nor planned; a batch of several
+        // streams is planned, not measured.
+        st.step = measured.then(|| StepClock {
             start: (now, st.snapshot(now)),
             last: None,
         });

@@ -61,7 +61,7 @@ impl Policy {
     /// context the prediction rests on: per layer, the recorded routes of the rows that ended
     /// the same context earlier. Empty without predictive admission or without a match.
     pub fn predict_step(&self, rows: usize) -> Vec<(ExpertKey, usize)> {
-        if !matches!(self.admission, Admission::Predictive { .. }) {
+        if rows == 0 || !matches!(self.admission, Admission::Predictive { .. }) {
             return Vec::new();
         }
         let mut out: Vec<(ExpertKey, usize)> = Vec::new();
@@ -69,10 +69,7 @@ impl Policy {
             if cap == 0 {
                 continue;
             }
-            for back in (0..rows).rev() {
-                let Some((routes, n)) = self.predictor.matched_routes(layer, back) else {
-                    continue;
-                };
+            for (routes, n) in self.predictor.step_routes(layer, rows) {
                 for &e in routes {
                     let k = ExpertKey::new(layer, e as usize);
                     match out.iter_mut().find(|(x, _)| *x == k) {

@@ -74,8 +74,9 @@ pub(crate) struct Predictor {
     grams: HashMap<(usize, u64), [u64; OCCURRENCES]>,
     /// Streams by id.
     streams: HashMap<u64, Stream>,
-    /// The streams of the current step, in the order of their first row in it.
-    current: Vec<u64>,
+    /// The streams of the current step, in the order of their first row in it, with their
+    /// rows in it.
+    current: Vec<(u64, usize)>,
     /// A wave was learned since the last row arrived: the next row starts a new step.
     stepped: bool,
     /// (layer, from, to) → rows whose layer requested `from` followed by a row requesting `to`.
@@ -138,8 +139,9 @@ impl Predictor {
         if std::mem::take(&mut self.stepped) {
             self.current.clear();
         }
-        if !self.current.contains(&stream) {
-            self.current.push(stream);
+        match self.current.iter_mut().find(|(id, _)| *id == stream) {
+            Some((_, n)) => *n += 1,
+            None => self.current.push((stream, 1)),
         }
         let t = self.end();
         let prev = self
@@ -289,7 +291,11 @@ impl Predictor {
     /// is the k-th row after p along p's stream, before t_s (0 without a match).
     pub(crate) fn lookahead(&self, layer: usize, expert: u32) -> f64 {
         let mut value = 0.0;
-        for s in self.current.iter().filter_map(|id| self.streams.get(id)) {
+        for s in self
+            .current
+            .iter()
+            .filter_map(|(id, _)| self.streams.get(id))
+        {
             if s.occurrences.is_empty() {
                 continue;
             }
@@ -315,29 +321,41 @@ impl Predictor {
         value
     }
 
-    /// The routes `layer` took at the row `back` rows before the current row's match, and the
-    /// match's context length: the same context as `back` rows before the current row (up to
-    /// `back` tokens shorter), so the best guess of what that row will request. `None` without
-    /// a match, when that row is no longer kept or was never recorded at `layer`, or when the
-    /// step holds rows of several streams (a batch: no one row is "the current row").
-    pub(crate) fn matched_routes(&self, layer: usize, back: usize) -> Option<(&[u32], usize)> {
-        let [id] = self.current.as_slice() else {
-            return None;
-        };
-        let s = self.streams.get(id)?;
-        if s.matched_len <= back {
-            return None;
+    /// For each row of the current step, along its stream: the routes `layer` took at the row
+    /// as many rows before its stream's match as the row is before the stream's current row,
+    /// and that match's context length shortened as much — the same context, so the best guess
+    /// of what the row will request. Rows without a match, whose row is no longer kept or was
+    /// never recorded at `layer`, are left out; each stream's rows in row order, at most
+    /// `rows` of them (the step's).
+    pub(crate) fn step_routes(&self, layer: usize, rows: usize) -> Vec<(&[u32], usize)> {
+        let mut out = Vec::new();
+        for (s, n) in self
+            .current
+            .iter()
+            .filter_map(|(id, n)| Some((self.streams.get(id)?, *n)))
+        {
+            let rows = n.min(rows);
+            let Some(m) = s.matched else { continue };
+            for back in (0..rows).rev().filter(|&b| b < s.matched_len) {
+                let Some(r) = self
+                    .back(m, back)
+                    .and_then(|p| self.row(p)?.routes.get(layer))
+                else {
+                    continue;
+                };
+                if !r.is_empty() {
+                    out.push((r.as_slice(), s.matched_len - back));
+                }
+            }
         }
-        let p = self.back(s.matched?, back)?;
-        let r = self.row(p)?.routes.get(layer)?;
-        (!r.is_empty()).then_some((r.as_slice(), s.matched_len - back))
+        out
     }
 
     /// Each current stream's routes at `layer` for its current row, where recorded.
     pub(crate) fn current_routes(&self, layer: usize) -> Vec<&[u32]> {
         self.current
             .iter()
-            .filter_map(|id| self.streams.get(id))
+            .filter_map(|(id, _)| self.streams.get(id))
             .filter_map(|s| self.row(s.last)?.routes.get(layer))
             .filter(|r| !r.is_empty())
             .map(Vec::as_slice)
@@ -440,9 +458,11 @@ mod tests {
         // One history for both: no context repeats, and 1 is followed by 50, not 2.
         assert_eq!(flat.lookahead(0, 3), 0.0);
         assert_eq!(flat.transition(0, &[1], 2), (0.0, 2.0));
-        // The look-ahead plan is one stream's: a batch step has no single current row.
-        assert!(alone.matched_routes(0, 0).is_some());
-        assert!(mixed.matched_routes(0, 0).is_none());
+        // The look-ahead plan: stream 1's match (the earlier "8", which requested expert 2),
+        // alone or in the batch; one history plans nothing.
+        assert_eq!(alone.step_routes(0, 2), vec![(&[2][..], 2)]);
+        assert_eq!(mixed.step_routes(0, 2), alone.step_routes(0, 2));
+        assert!(flat.step_routes(0, 2).is_empty());
         // Each stream's current routes, once recorded.
         mixed.learn_rows(0, &[vec![2], vec![54]]);
         assert_eq!(mixed.current_routes(0), vec![&[2][..], &[54][..]]);
