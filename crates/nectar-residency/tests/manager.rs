@@ -961,7 +961,7 @@ fn the_lookahead_controller_measures_decode_steps_and_its_threshold_decides_the_
         .map(|l| l.prefetched)
         .sum::<u64>();
     let tokens: Vec<u32> = (100..112).chain(100..112).collect();
-    let (mut started, mut batch_started) = (0, 0);
+    let mut started = 0;
     for &t in &tokens {
         started += lookahead_step(&on, t, 1, &routes(t), &layouts, &file);
     }
