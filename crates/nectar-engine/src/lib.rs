@@ -78,4 +78,4 @@ pub use spec::{
 pub use stop::{stop_token_ids, StopMatcher, StopScan};
 pub use stream_decoder::StreamDecoder;
 pub use tokenizer::Tokenizer;
-pub use usage_log::{pin_request, UsageLog, LEDGER_FILE};
+pub use usage_log::{pin_request, Pin, UsageLog, LEDGER_FILE};

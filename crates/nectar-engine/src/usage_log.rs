@@ -87,6 +87,37 @@ impl UsageLog {
     }
 }
 
+/// Which experts a budgeted load pins (`--pin`, `--pin-size` of `run` and `serve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    /// None.
+    Off,
+    /// The most used experts of the model directory's usage ledger, by Colibri's auto rule
+    /// (`bytes`: this many instead); a ledger another engine wrote is refused with a warning.
+    Auto {
+        /// Bytes to pin instead of the auto rule.
+        bytes: Option<u64>,
+    },
+    /// The most used experts of this ledger, trusted even if another engine wrote it.
+    Ledger {
+        /// The ledger.
+        file: PathBuf,
+        /// Bytes to pin instead of the auto rule.
+        bytes: Option<u64>,
+    },
+}
+
+impl Pin {
+    /// The pin request for the model in `dir` ([`pin_request`]; `Off`: none, no warning).
+    pub fn request(&self, dir: &Path) -> crate::Result<(Option<PinRequest>, Option<String>)> {
+        match self {
+            Pin::Off => Ok((None, None)),
+            Pin::Auto { bytes } => pin_request(dir, None, *bytes),
+            Pin::Ledger { file, bytes } => pin_request(dir, Some(file), *bytes),
+        }
+    }
+}
+
 /// The pin request for the model in `dir` from a usage ledger: `file` names one explicitly
 /// (trusted even if another engine wrote it; an unreadable one is an error), `None` uses the
 /// directory's `.coli_usage`, where an unreadable or foreign ledger is derived state: `Ok(None)`

@@ -672,7 +672,11 @@ impl Policy {
             wave
         };
         let mass = self.decayed(self.mass[layer], layer);
-        let currents = self.predictor.current_routes(layer);
+        let mut currents = self.predictor.current_routes(layer);
+        if currents.is_empty() {
+            // No token observed (a replay without token ids): the wave's own routes.
+            currents.push(&cur);
+        }
         // (slot, key, resident, last_use, score)
         let mut cands: Vec<(usize, ExpertKey, bool, u64, f64)> = Vec::new();
         for (i, s) in self.slots.iter().enumerate() {
@@ -693,14 +697,11 @@ impl Policy {
                 0.0
             };
             let m = self.predictor.lookahead(layer, e);
-            // A batch of several streams: the transitions from each stream's current row.
-            let (num, den) = match currents.len() > 1 {
-                true => currents.iter().fold((0.0, 0.0), |(n, d), r| {
-                    let (a, b) = self.predictor.transition(layer, r, e);
-                    (n + a, d + b)
-                }),
-                false => self.predictor.transition(layer, &cur, e),
-            };
+            // The transitions from each stream's current row (one stream: `cur`).
+            let (num, den) = currents.iter().fold((0.0, 0.0), |(n, d), r| {
+                let (a, b) = self.predictor.transition(layer, r, e);
+                (n + a, d + b)
+            });
             let x = (num + f) / (den + 1.0);
             c.4 = f + match_weight * m + transition_weight * x;
         }

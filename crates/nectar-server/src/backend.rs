@@ -600,25 +600,7 @@ pub struct EngineOptions {
     pub pin: Pin,
 }
 
-/// Which experts a budgeted server pins, as `nectar run --pin`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pin {
-    /// None.
-    Off,
-    /// The most used experts of the model directory's usage ledger, by Colibri's auto rule
-    /// (`bytes`: this many instead); a ledger another engine wrote is refused with a warning.
-    Auto {
-        /// Bytes to pin instead of the auto rule.
-        bytes: Option<u64>,
-    },
-    /// The most used experts of this ledger, trusted even if another engine wrote it.
-    Ledger {
-        /// The ledger.
-        file: PathBuf,
-        /// Bytes to pin instead of the auto rule.
-        bytes: Option<u64>,
-    },
-}
+pub use nectar_engine::Pin;
 
 impl EngineOptions {
     /// Defaults for `dir`: model-sized context, no budget, a queue of 64.

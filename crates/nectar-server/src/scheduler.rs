@@ -14,7 +14,7 @@
 
 use crate::backend::{
     engine_err, AutoChoice, CancelToken, EngineOptions, Failure, Finish, FinishReason, GenEvent,
-    Job, LoadState, ModelInfo, Pin, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
+    Job, LoadState, ModelInfo, Shared, TextSide, TokenLogprob, Usage, DEFAULT_CTX,
 };
 use crate::guard::MemoryGuard;
 use nectar_engine::{
@@ -42,21 +42,18 @@ fn open_bundle(opts: &EngineOptions) -> Result<ModelBundle, String> {
         .map(nectar_engine::budget_for_this_process);
     // With a budget, the hottest experts of a usage ledger are pinned (by default the model
     // directory's, by the auto rule).
-    let (file, bytes) = match &opts.pin {
-        Pin::Off => (None, None),
-        Pin::Auto { bytes } => (None, Some(*bytes)),
-        Pin::Ledger { file, bytes } => (Some(file.as_path()), Some(*bytes)),
-    };
-    let pin = match (budget, bytes) {
-        (Some(_), Some(bytes)) => {
-            let (req, warning) = nectar_engine::pin_request(&opts.model_dir, file, bytes)
+    let pin = match budget {
+        Some(_) => {
+            let (req, warning) = opts
+                .pin
+                .request(&opts.model_dir)
                 .map_err(|e| e.to_string())?;
             if let Some(w) = warning {
                 tracing::warn!(warning = %w, "not pinning");
             }
             req
         }
-        _ => None,
+        None => None,
     };
     let load = nectar_model::arch::glm5::LoadOptions {
         pin,

@@ -6,7 +6,7 @@ use crate::args::ServeArgs;
 use crate::demo::model_dir;
 use anyhow::{bail, Result};
 use nectar_residency::planner::parse_size;
-use nectar_server::{Pin, ServeOptions};
+use nectar_server::ServeOptions;
 
 /// Requests that may wait for the model thread before new ones get 429.
 const QUEUE_CAPACITY: usize = 64;
@@ -23,18 +23,7 @@ pub fn run(a: ServeArgs, threads: Option<usize>) -> Result<()> {
         Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let bytes = match a.cache.pin_size.as_deref() {
-        Some(s) => Some(parse_size(s).map_err(anyhow::Error::msg)?),
-        None => None,
-    };
-    let pin = match a.cache.pin.as_str() {
-        "off" => Pin::Off,
-        "auto" => Pin::Auto { bytes },
-        f => Pin::Ledger {
-            file: f.into(),
-            bytes,
-        },
-    };
+    let pin = super::usage::pin(&a.cache.pin, a.cache.pin_size.as_deref())?;
     nectar_server::run(ServeOptions {
         model_dir: dir,
         host: a.host,

@@ -161,8 +161,8 @@ impl Predictor {
                 }
             }
         }
-        if let Some(i) = prev.checked_sub(self.base).filter(|_| prev != NONE) {
-            self.rows[i as usize].next = t;
+        if prev != NONE {
+            self.rows[(prev - self.base) as usize].next = t;
         }
         self.rows.push_back(Row {
             token,
