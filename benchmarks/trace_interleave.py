@@ -14,6 +14,7 @@ reset), each pair's decode cut to the shorter of the two; INTER carries `session
 """
 import json
 import os
+import shutil
 import struct
 import sys
 
@@ -73,6 +74,9 @@ def main():
             write_npy(os.path.join(dest, "session.streams.npy"), "<u2", (len(rows),),
                       b"".join(struct.pack("<H", x) for x in seq))
             entry["streams"] = "session.streams.npy"
+        # The traced model's layer count (which trace layer is the MTP layer), for `bench replay`.
+        if os.path.exists(os.path.join(src, "model-config.json")):
+            shutil.copy(os.path.join(src, "model-config.json"), dest)
         json.dump(dict(man, traces={"session": entry}), open(os.path.join(dest, "manifest.json"), "w"), indent=1)
         print(dest, len(rows), "rows,", len(out), "segments")
 

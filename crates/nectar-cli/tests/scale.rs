@@ -1084,3 +1084,152 @@ fn fit_plans_the_geometry_it_is_given() {
     let (ok, _, err) = nectar(&["fit", "--geometry", "glm52", "--memory-budget", "8G"]);
     assert!(!ok && err.contains("needs at least"), "{err}");
 }
+
+/// The payload of a `.npy` file (version 1: a 10-byte preamble and its header).
+fn npy_data(bytes: &[u8]) -> &[u8] {
+    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    &bytes[10 + header..]
+}
+
+/// A version-1 `.npy` file of `descr` and `shape` holding `data`.
+fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + h.len() + 1) % 64 != 0 {
+        h.push(' ');
+    }
+    h.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(h.len() as u16).to_le_bytes());
+    b.extend_from_slice(h.as_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
+/// Two of route256's conversations served together, as `benchmarks/trace_interleave.py`'s
+/// INTER writes them: both prompts, then the decode rows alternating (A1 B1 A2 B2 …), each
+/// `decoded` long; with `streams`, `session.streams.npy` names each row's conversation.
+fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
+    let src = root().join("tests/fixtures/traces/route256");
+    let man: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("manifest.json")).unwrap()).unwrap();
+    let e = &man["traces"]["decode"];
+    let experts = std::fs::read(src.join("decode.experts.npy")).unwrap();
+    let tokens = std::fs::read(src.join("decode.tokens.npy")).unwrap();
+    let (experts, tokens) = (npy_data(&experts), npy_data(&tokens));
+    let row_bytes = 8 * 8 * 2;
+    let seg = |i: usize, k: &str| e["segments"][i][k].as_u64().unwrap() as usize;
+    let prompt = |i: usize| seg(i, "start")..seg(i, "start") + seg(i, "warmup");
+    let decode = |i: usize| (seg(i, "start") + seg(i, "warmup")..).take(decoded);
+    let mut rows: Vec<(usize, u16)> = Vec::new();
+    rows.extend(prompt(0).map(|r| (r, 0)));
+    rows.extend(prompt(1).map(|r| (r, 1)));
+    for (a, b) in decode(0).zip(decode(1)) {
+        rows.extend([(a, 0), (b, 1)]);
+    }
+    let n = rows.len();
+    let pick = |data: &[u8], w: usize| -> Vec<u8> {
+        rows.iter()
+            .flat_map(|&(r, _)| data[r * w..(r + 1) * w].to_vec())
+            .collect()
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    let shape = format!("({n}, 8, 8)");
+    std::fs::write(
+        dir.join("session.experts.npy"),
+        npy("<i2", &shape, &pick(experts, row_bytes)),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("session.tokens.npy"),
+        npy("<u2", &format!("({n},)"), &pick(tokens, 2)),
+    )
+    .unwrap();
+    let mut entry = serde_json::json!({
+        "experts": "session.experts.npy",
+        "tokens": "session.tokens.npy",
+        "shape": [n, 8, 8],
+        "replay": {"reset": "never"},
+        "segments": [{"start": 0, "end": n, "warmup": seg(0, "warmup") + seg(1, "warmup")}],
+    });
+    if streams {
+        let s: Vec<u8> = rows.iter().flat_map(|&(_, s)| s.to_le_bytes()).collect();
+        std::fs::write(
+            dir.join("session.streams.npy"),
+            npy("<u2", &format!("({n},)"), &s),
+        )
+        .unwrap();
+        entry["streams"] = "session.streams.npy".into();
+    }
+    let mut man = man.clone();
+    man["traces"] = serde_json::json!({ "session": entry });
+    std::fs::write(dir.join("manifest.json"), man.to_string()).unwrap();
+    std::fs::copy(src.join("model-config.json"), dir.join("model-config.json")).unwrap();
+}
+
+#[test]
+fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (inter, flat) = (tmp.path().join("inter"), tmp.path().join("flat"));
+    interleaved_trace(&inter, 12, true);
+    interleaved_trace(&flat, 12, false);
+    let model = e256();
+    let replay = |trace: &std::path::Path, mtp: &str| {
+        nectar(&[
+            "bench",
+            "replay",
+            "--model",
+            &model,
+            "--trace",
+            trace.to_str().unwrap(),
+            "--kind",
+            "session",
+            "--memory-budget",
+            "150M",
+            "--tokens",
+            "12",
+            "--raw-seconds",
+            "0.05",
+            "--mtp",
+            mtp,
+            "--prefetch",
+            "off,lookahead",
+            "--json",
+        ])
+    };
+    let (ok, out, err) = replay(&inter, "off");
+    assert!(ok, "{err}");
+    for run in json(&out)["runs"].as_array().unwrap() {
+        // Two conversations of 12 tokens each, decoded together: 12 steps of two rows (one
+        // token of each sequence), planned as `serve --parallel 2`.
+        assert_eq!(run["batch"], 2, "{run}");
+        assert_eq!(run["decode_tokens"], 24, "{run}");
+        assert_eq!(run["decode_steps"], 12, "{run}");
+        // A step's union holds both rows' experts: more than one row's 8, at most 16.
+        let u = run["expert_union"]["plain_experts_per_layer"]
+            .as_f64()
+            .unwrap();
+        assert!(u > 8.0 && u <= 16.0, "{run}");
+        let (hit, opt) = (
+            run["hit_rate"].as_f64().unwrap(),
+            run["belady_hit_rate"].as_f64().unwrap(),
+        );
+        assert!(hit > 0.0 && hit <= opt + 1e-9, "{run}");
+        // The runtime keeps each sequence's history apart as the policy's replay of the same
+        // batch steps does (the trace's streams).
+        let offline = run["policy_replay_hit_rate"].as_f64().unwrap();
+        assert!((hit - offline).abs() <= 0.01, "{run}");
+    }
+    // The same rows without the streams file are one sequence: one row a step.
+    let (ok, out, err) = replay(&flat, "off");
+    assert!(ok, "{err}");
+    let run = &json(&out)["runs"][0];
+    assert_eq!(run["batch"], 1, "{run}");
+    assert_eq!(run["decode_steps"], 12, "{run}");
+    assert_eq!(run["expert_union"]["plain_experts_per_layer"], 8.0, "{run}");
+    // A verify step is one sequence's: MTP on is refused for a batch trace, by name.
+    let (ok, _, err) = replay(&inter, "on");
+    assert!(
+        !ok && err.contains("batch trace") && err.contains("--mtp off"),
+        "{err}"
+    );
+}

@@ -93,6 +93,8 @@ struct State {
 /// A decode step being measured: its start, and its latest safe point so far.
 #[derive(Debug, Clone, Copy)]
 struct StepClock {
+    /// Sequences the step decodes together (the controller's windows keep one width).
+    sequences: usize,
     start: (Instant, Snapshot),
     last: Option<(Instant, Snapshot)>,
 }
@@ -487,8 +489,8 @@ impl Residency {
     /// free working slots allow beyond `need`; each safe point starts more. A forward of more
     /// rows than a verify (`rows > 4`, a prompt) plans nothing: its union is read anyway. A
     /// step whose rows belong to several `streams` (sequences decoded together) plans each
-    /// one's matched routes (the predictor keeps their histories apart) but is not measured
-    /// for the controller, whose windows compare one sequence's steps.
+    /// one's matched routes (the predictor keeps their histories apart) and is measured for
+    /// the controller as a step of that width (its windows keep one width).
     /// The shortest matched context planned is the controller's (`policy/control.rs`), fed
     /// here with the previous decode step's measurements. Returns the reads started now.
     pub fn begin_step(&self, rows: usize, streams: usize, need: usize) -> usize {
@@ -498,29 +500,27 @@ impl Residency {
         let mut st = self.lock();
         let now = Instant::now();
         let decode = rows <= MAX_LOOKAHEAD_ROWS;
-        let measured = decode && streams <= 1;
         if let Some(StepClock {
+            sequences,
             start: (t0, a),
             last: Some((t1, b)),
         }) = st.step.take()
         {
-            if measured {
-                let m = Measurement {
-                    steps: 1,
-                    seconds: t1.saturating_duration_since(t0).as_secs_f64(),
-                    busy_seconds: b.busy - a.busy,
-                    wait_seconds: b.wait - a.wait,
-                    reads: b.reads - a.reads,
-                    wasted: b.wasted - a.wasted,
-                };
-                if let Some(c) = st.control.as_mut() {
-                    c.record(m);
-                }
+            let m = Measurement {
+                steps: 1,
+                seconds: t1.saturating_duration_since(t0).as_secs_f64(),
+                busy_seconds: b.busy - a.busy,
+                wait_seconds: b.wait - a.wait,
+                reads: b.reads - a.reads,
+                wasted: b.wasted - a.wasted,
+            };
+            if let Some(c) = st.control.as_mut() {
+                c.record_batch(sequences, m);
             }
         }
-        // A prompt is not a decode step: it is neither measured nor planned; a batch of several
-        // streams is planned, not measured.
-        st.step = measured.then(|| StepClock {
+        // A prompt is not a decode step: it is neither measured nor planned.
+        st.step = decode.then(|| StepClock {
+            sequences: streams.max(1),
             start: (now, st.snapshot(now)),
             last: None,
         });

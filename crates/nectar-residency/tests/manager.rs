@@ -817,7 +817,7 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
     let on = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
     let off = Residency::new(mk(false), layouts.clone(), io.clone()).unwrap();
     // The same steps declared as rows of a two-sequence batch: planned alike (the rows are one
-    // stream's to the predictor), never measured for the controller.
+    // stream's to the predictor), measured for the controller as steps of that width.
     let batch = Residency::new(mk(true), layouts.clone(), io.clone()).unwrap();
     // A token sequence that repeats itself (the context of the second pass matches the first,
     // at least 8 tokens long from its 8th token on), each token routing to its own experts.
@@ -853,7 +853,14 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
     assert_eq!(sum(&b, |l| l.prefetched), 0);
     assert!(batch_started > 0 && sum(&batch.telemetry(), |l| l.prefetched) > 0);
     assert!(on.telemetry().lookahead.unwrap().windows > 0);
-    assert_eq!(batch.telemetry().lookahead.map(|c| c.windows), Some(0));
+    let (one, two) = (
+        on.telemetry().lookahead.unwrap(),
+        batch.telemetry().lookahead.unwrap(),
+    );
+    assert_eq!(
+        (two.windows, two.sequences, one.sequences),
+        (one.windows, 2, 1)
+    );
     // The second pass's steps from token 7 on (5 steps × 4 layers × 2 experts, less what
     // stayed resident) were read ahead, and every one was requested.
     let (issued, used, dropped) = (

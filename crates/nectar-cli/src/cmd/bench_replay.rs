@@ -32,7 +32,7 @@ use nectar_residency::io::FileIo;
 use nectar_residency::layout::SlotLayout;
 use nectar_residency::replay::{belady, replay_setup, CacheSetup, Count, Step};
 use nectar_residency::sim::Rng;
-use nectar_residency::trace::Trace;
+use nectar_residency::trace::{Segment, Trace};
 use nectar_residency::{ExpertKey, Residency, Telemetry, Tier};
 use serde_json::json;
 use std::collections::HashMap;
@@ -100,6 +100,40 @@ fn step(rows: std::ops::Range<usize>, counted: bool) -> Step {
     }
 }
 
+/// The sequence a trace row belongs to (`{kind}.streams.npy`; 0 without one).
+fn stream_of(trace: &Trace, row: usize) -> u16 {
+    trace
+        .streams
+        .as_ref()
+        .and_then(|s| s.get(row))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// The sequences of a segment in order of their first row: one without a streams file; a
+/// batch trace (`benchmarks/trace_interleave.py`'s INTER) has one per conversation.
+fn seg_streams(trace: &Trace, seg: &Segment) -> Vec<u16> {
+    let mut out: Vec<u16> = Vec::new();
+    for r in seg.start..seg.end {
+        let s = stream_of(trace, r);
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// The most sequences one segment decodes together (1 without a streams file).
+fn batch_width(trace: &Trace) -> usize {
+    trace
+        .segments
+        .iter()
+        .map(|s| seg_streams(trace, s).len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// Hits and misses of the main layers (or the MTP tier) between two snapshots: a request a
 /// prefetch had started reading counts as a miss (the cache did not hold it; the read only
 /// started earlier), so hit rates compare with Belady's whatever the prefetch.
@@ -138,19 +172,9 @@ fn admission(a: &BenchReplayArgs) -> Result<nectar_residency::Admission> {
 }
 
 /// The container loaded afresh (a cold cache) under `budget_s`: the model, its expert cache
-/// and the budget in bytes. `mtp`: load the MTP layer (as `run --mtp on` does; `--mtp off`
-/// leaves it out of memory, and its bytes to the main layers' cache).
-fn load(
-    a: &BenchReplayArgs,
-    budget_s: &str,
-    prefetch: Prefetch,
-    mtp: bool,
-    gpu: GpuArm,
-) -> Result<(Glm5, Arc<Residency>, u64)> {
-    load_planned(a, budget_s, prefetch, None, mtp, gpu)
-}
-
-/// [`load`], planned as `nectar serve --parallel N` plans memory when `serve` is `Some(N)`.
+/// and the budget in bytes, planned as `nectar serve --parallel N` plans memory when `serve`
+/// is `Some(N)` (else as `nectar run`). `mtp`: load the MTP layer (as `run --mtp on` does;
+/// `--mtp off` leaves it out of memory, and its bytes to the main layers' cache).
 fn load_planned(
     a: &BenchReplayArgs,
     budget_s: &str,
@@ -263,7 +287,16 @@ fn run_one(
 ) -> Result<RunOut> {
     // Only the pilot arm replays the trace model's predictions.
     let pilot = pilot.filter(|_| prefetch == Prefetch::Pilot);
-    let (model, res, budget) = load(a, budget_s, prefetch, mtp, gpu.1)?;
+    // A batch trace replays as `serve --parallel N` decodes N requests, and is planned so.
+    let width = batch_width(trace);
+    anyhow::ensure!(
+        !mtp || width == 1,
+        "{}: a batch trace ({width} sequences) replays with --mtp off (a verify step is one \
+         sequence's)",
+        trace.path.display()
+    );
+    let serve = (width > 1).then_some(width);
+    let (model, res, budget) = load_planned(a, budget_s, prefetch, serve, mtp, gpu.1)?;
     // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
     let pins: Vec<ExpertKey> = res
         .placements()
@@ -308,62 +341,112 @@ fn run_one(
     let segs = trace.spread(a.conversations);
     anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
     for seg in segs {
-        let mut cache = model.new_cache();
-        let prompt: Vec<usize> = (seg.start..seg.start + seg.warmup.max(1)).collect();
-        let ids: Vec<u32> = prompt.iter().map(|&r| tok(r)).collect();
-        obs.begin(prompt.clone(), &moe);
-        steps.push(step(prompt[0]..prompt[0] + prompt.len(), false));
-        let t0 = Instant::now();
-        model.forward(
-            &mut [SeqStep {
-                cache: &mut cache,
-                tokens: &ids,
-            }],
-            &mut obs,
-        )?;
-        pre_s += t0.elapsed().as_secs_f64();
-        pre_tok += ids.len();
-        let hd = model.hidden_size();
-        let end = seg.end.min(seg.start + seg.warmup.max(1) + a.tokens);
-        let mut t = seg.start + seg.warmup.max(1);
-        let before = res.telemetry();
-        let before_mtp = model.mtp_residency().map(|r| r.telemetry());
-        let t0 = Instant::now();
-        while t < end {
-            let rows: Vec<usize> = if mtp && t + 1 < end {
-                vec![t, t + 1]
-            } else {
-                vec![t]
-            };
-            let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
-            obs.begin(rows.clone(), &moe);
-            // Row 0 is the token plain decoding runs; row 1 the draft.
-            obs.union.begin((0..rows.len()).map(|i| i > 0).collect());
-            steps.push(step(t..t + rows.len(), true));
-            let h = model.forward(
+        // One cache per sequence of the segment (one without a streams file).
+        let streams = seg_streams(trace, seg);
+        let mut caches: Vec<_> = streams.iter().map(|_| model.new_cache()).collect();
+        let cache_of = |r: usize| streams.iter().position(|&s| s == stream_of(trace, r));
+        let prompt_end = seg.start + seg.warmup.max(1);
+        // Each sequence's prompt rows in one forward (a run of one stream's rows each).
+        let mut p = seg.start;
+        while p < prompt_end {
+            let q = (p..prompt_end)
+                .find(|&r| stream_of(trace, r) != stream_of(trace, p))
+                .unwrap_or(prompt_end);
+            let ids: Vec<u32> = (p..q).map(tok).collect();
+            obs.begin((p..q).collect(), &moe);
+            steps.push(step(p..q, false));
+            let cache = cache_of(p)
+                .and_then(|i| caches.get_mut(i))
+                .context("a prompt row's sequence")?;
+            let t0 = Instant::now();
+            model.forward(
                 &mut [SeqStep {
-                    cache: &mut cache,
+                    cache,
                     tokens: &ids,
                 }],
                 &mut obs,
             )?;
+            pre_s += t0.elapsed().as_secs_f64();
+            pre_tok += ids.len();
+            p = q;
+        }
+        let hd = model.hidden_size();
+        let end = seg.end.min(prompt_end + a.tokens * streams.len());
+        let mut t = prompt_end;
+        let before = res.telemetry();
+        let before_mtp = model.mtp_residency().map(|r| r.telemetry());
+        let t0 = Instant::now();
+        while t < end {
+            let rows: Vec<usize> = if streams.len() > 1 {
+                // A batch step: the next rows while each is another sequence's, one token each
+                // (as `serve` decodes its requests together).
+                let mut rows = vec![t];
+                while t + rows.len() < end
+                    && !rows
+                        .iter()
+                        .any(|&r| stream_of(trace, r) == stream_of(trace, t + rows.len()))
+                {
+                    rows.push(t + rows.len());
+                }
+                rows
+            } else if mtp && t + 1 < end {
+                vec![t, t + 1]
+            } else {
+                vec![t]
+            };
+            obs.begin(rows.clone(), &moe);
+            // One sequence: row 0 is the token plain decoding runs, row 1 the draft; a batch's
+            // rows are all plain.
+            obs.union.begin(
+                (0..rows.len())
+                    .map(|i| i > 0 && streams.len() == 1)
+                    .collect(),
+            );
+            steps.push(step(t..t + rows.len(), true));
+            let h = if streams.len() > 1 {
+                let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
+                let mut free: Vec<Option<&mut nectar_model::SeqCache>> =
+                    caches.iter_mut().map(Some).collect();
+                let mut seqs = Vec::with_capacity(rows.len());
+                for (i, &r) in rows.iter().enumerate() {
+                    let cache = cache_of(r)
+                        .and_then(|c| free.get_mut(c))
+                        .and_then(Option::take)
+                        .context("a batch row's sequence")?;
+                    seqs.push(SeqStep {
+                        cache,
+                        tokens: &ids[i..i + 1],
+                    });
+                }
+                model.forward(&mut seqs, &mut obs)?
+            } else {
+                let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
+                model.forward(
+                    &mut [SeqStep {
+                        cache: &mut caches[0],
+                        tokens: &ids,
+                    }],
+                    &mut obs,
+                )?
+            };
             union.add(&obs.union.end());
             // Every row's logits, as decoding does (the verify checks the draft with them).
             model.logits(&h)?;
-            let advance = if rows.len() == 2 {
+            let advance = if rows.len() == 2 && streams.len() == 1 {
                 drafted += 1;
                 if rng.unit() < a.acceptance {
                     accepted += 1;
                     2
                 } else {
-                    let len = cache.len();
-                    cache.truncate(len - 1);
+                    let len = caches[0].len();
+                    caches[0].truncate(len - 1);
                     1
                 }
             } else {
-                1
+                rows.len()
             };
             if mtp {
+                let cache = &mut caches[0];
                 // The MTP layer over the accepted rows (hidden of row r, token of row r + 1),
                 // drafting the next step's token.
                 let acc: Vec<usize> = rows[..advance]
@@ -377,7 +460,7 @@ fn run_one(
                     obs.begin(acc.clone(), &[n]);
                     let hm = model.mtp_forward(
                         &mut [MtpStep {
-                            cache: &mut cache,
+                            cache,
                             hidden: hs,
                             next_tokens: &next,
                         }],
@@ -537,9 +620,10 @@ fn run_one(
     // Beyond the macro's recursion limit in one object.
     json["pilot"] = pilot_json.into();
     json["lru_extra_layers"] = more.into();
+    json["batch"] = width.into();
     json["prefetch_cancelled"] = dec_pf[3].into();
     let line = format!(
-        "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} {slots:>3}{:<3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
+        "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} batch {width} {slots:>3}{:<3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
          hit {hit_rate:.3} (offline {}) / Belady {opt_rate:.3}  {union_text}  {gb_tok:.3} GB/tok (Belady {opt_gb_tok:.3})  \
          io-busy {:.2}  wait {:.2}  bounds: disk {disk_bound:.3} compute {compute_bound:.3}  \
          ratio {:.2}  prefetch used {}/{} (coverage {:.2})  per token: attention {:.1} ms (disk busy {:.1}), \

@@ -21,6 +21,12 @@
 //!   rejected trial in a row (2, 4, …, [`MAX_HOLD`]) — the hysteresis that keeps it from
 //!   flapping between two rungs, while still re-probing when the machine or the text changes.
 //!
+//! A window holds steps of one batch width (the sequences decoded together: a server's steps
+//! batch its requests, and a two-sequence step's time is not one sequence's): a step of
+//! another width drops the partial window, and a trial in progress — its reference measured at
+//! the other width — goes back unjudged. So a server decoding two requests at a time tunes the
+//! threshold on its own steps, where measuring only one-sequence steps left it at its start.
+//!
 //! Pure and deterministic: the same measurements give the same moves (tested; the projection
 //! in `nectar fit --project` runs this same state machine on its modelled measurements).
 use serde::Serialize;
@@ -109,12 +115,18 @@ pub struct ControlStats {
     pub hold: u32,
     /// The last full window's measurements.
     pub last: Measurement,
+    /// Sequences decoded together in the steps measured now (1: one alone).
+    pub sequences: usize,
+    /// Windows restarted by a change of that width (the partial window dropped).
+    pub restarts: u64,
 }
 
 /// The controller (see the module docs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Controller {
     rung: usize,
+    /// Sequences decoded together in the window's steps.
+    sequences: usize,
     window: Measurement,
     trial: Option<Trial>,
     hold: u32,
@@ -137,6 +149,7 @@ impl Controller {
             .unwrap_or(RUNGS.len() - 1);
         Controller {
             rung,
+            sequences: 1,
             window: Measurement::default(),
             trial: None,
             hold: 0,
@@ -149,6 +162,8 @@ impl Controller {
                 rejected: 0,
                 hold: 0,
                 last: Measurement::default(),
+                sequences: 1,
+                restarts: 0,
             },
         }
     }
@@ -163,15 +178,33 @@ impl Controller {
         self.stats
     }
 
-    /// Adds a measured decode step (or several); every [`WINDOW`] steps the window is judged.
-    /// Returns true when the threshold moved.
+    /// Adds a measured decode step (or several) of one sequence; every [`WINDOW`] steps the
+    /// window is judged. Returns true when the threshold moved.
     pub fn record(&mut self, m: Measurement) -> bool {
+        self.record_batch(1, m)
+    }
+
+    /// [`Controller::record`] for steps that decode `sequences` sequences together: a width
+    /// other than the window's restarts it (see the module docs).
+    pub fn record_batch(&mut self, sequences: usize, m: Measurement) -> bool {
+        let mut moved = false;
+        if sequences != self.sequences {
+            self.sequences = sequences;
+            self.window = Measurement::default();
+            if let Some(t) = self.trial.take() {
+                moved = t.from != self.rung;
+                self.rung = t.from;
+            }
+            self.stats.sequences = sequences;
+            self.stats.restarts += 1;
+            self.stats.min_context = RUNGS[self.rung];
+        }
         self.window.add(&m);
         if self.window.steps < WINDOW {
-            return false;
+            return moved;
         }
         let w = std::mem::take(&mut self.window);
-        self.judge(w)
+        self.judge(w) || moved
     }
 
     /// One full window's verdict (see the module docs).
@@ -305,6 +338,36 @@ mod tests {
             });
         }
         assert_eq!(c.stats().windows, 0);
+    }
+
+    #[test]
+    fn a_change_of_batch_width_restarts_the_window_and_abandons_a_trial() {
+        // Idle disk, compute waiting: the first full window proposes a looser trial.
+        let serial = window(1.0, 0.5, 0.2);
+        let mut c = Controller::new(8);
+        assert!(c.record(serial));
+        assert_eq!(c.min_context(), 4);
+        // Two sequences a step from here: the trial's reference was one sequence's steps, so
+        // it goes back unjudged; and WINDOW - 1 two-sequence steps judge nothing yet.
+        let step = Measurement {
+            steps: 1,
+            ..window(2.0, 0.5, 0.2)
+        };
+        assert!(c.record_batch(2, step));
+        assert_eq!(
+            (c.min_context(), c.stats().restarts, c.stats().sequences),
+            (8, 1, 2)
+        );
+        for _ in 2..WINDOW {
+            assert!(!c.record_batch(2, step));
+        }
+        assert_eq!(c.stats().windows, 1);
+        // The WINDOW-th is a full window of its own width: judged (a new trial, looser).
+        assert!(c.record_batch(2, step));
+        assert_eq!((c.stats().windows, c.min_context()), (2, 4));
+        // A one-sequence step drops the partial window again; steps of the same width never do.
+        c.record(Measurement { steps: 1, ..serial });
+        assert_eq!((c.stats().restarts, c.stats().sequences), (2, 1));
     }
 
     #[test]
