@@ -211,7 +211,7 @@ impl Predictor {
             self.grams.retain(|_, p| p[0] >= base);
         }
         // And once per turnover of the history, when every stream kept then may have ended.
-        let turnover = self.base > 0 && self.base % HISTORY as u64 == 0;
+        let turnover = self.base > 0 && self.base.is_multiple_of(HISTORY as u64);
         let many = self.streams.len() > STREAMS_PRUNED;
         if self.streams.len() > STREAMS_PRUNED.max(2 * self.streams_kept) || (turnover && many) {
             let base = self.base;
