@@ -403,8 +403,8 @@ fn run_one(
                     .collect(),
             );
             steps.push(step(t..t + rows.len(), true));
+            let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
             let h = if streams.len() > 1 {
-                let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
                 let mut free: Vec<Option<&mut nectar_model::SeqCache>> =
                     caches.iter_mut().map(Some).collect();
                 let mut seqs = Vec::with_capacity(rows.len());
@@ -420,7 +420,6 @@ fn run_one(
                 }
                 model.forward(&mut seqs, &mut obs)?
             } else {
-                let ids: Vec<u32> = rows.iter().map(|&r| tok(r)).collect();
                 model.forward(
                     &mut [SeqStep {
                         cache: &mut caches[0],
