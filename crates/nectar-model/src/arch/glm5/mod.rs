@@ -400,7 +400,7 @@ impl Glm5 {
             for (&t, &s) in tokens.iter().zip(seqs) {
                 res.observe_token(s, t);
             }
-            // The look-ahead's controller measures only steps of one sequence (`begin_step`).
+            // The look-ahead's controller keeps steps of one width per window (`begin_step`).
             let streams = 1 + seqs.windows(2).filter(|w| w[0] != w[1]).count();
             // Look-ahead prefetch (a no-op unless on): this step's predicted misses start
             // reading now, behind the layers' attention.
