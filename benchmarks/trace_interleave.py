@@ -11,6 +11,7 @@ reset), each pair's decode cut to the shorter of the two; INTER carries `session
 
     python3 benchmarks/trace_interleave.py SRC_DIR KIND DEST_PREFIX [--flat]   # e.g. ... route256 decode /tmp/ilv
     nectar bench policy --trace /tmp/ilv-INTER --window 2 --slots 12,16,32 --admission lru,predictive
+    nectar bench replay --model SYNTH --trace /tmp/ilv-INTER --kind session --memory-budget 5200M  # as serve --parallel 2
 """
 import json
 import os
