@@ -1085,12 +1085,6 @@ fn fit_plans_the_geometry_it_is_given() {
     assert!(!ok && err.contains("needs at least"), "{err}");
 }
 
-/// The payload of a `.npy` file (version 1: a 10-byte preamble and its header).
-fn npy_data(bytes: &[u8]) -> &[u8] {
-    let header = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
-    &bytes[10 + header..]
-}
-
 /// A version-1 `.npy` file of `descr` and `shape` holding `data`.
 fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
     let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
@@ -1110,46 +1104,45 @@ fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
 /// `decoded` long; with `streams`, `session.streams.npy` names each row's conversation.
 fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
     let src = root().join("tests/fixtures/traces/route256");
-    let man: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("manifest.json")).unwrap()).unwrap();
-    let e = &man["traces"]["decode"];
-    let experts = std::fs::read(src.join("decode.experts.npy")).unwrap();
-    let tokens = std::fs::read(src.join("decode.tokens.npy")).unwrap();
-    let (experts, tokens) = (npy_data(&experts), npy_data(&tokens));
-    let row_bytes = 8 * 8 * 2;
-    let seg = |i: usize, k: &str| e["segments"][i][k].as_u64().unwrap() as usize;
-    let prompt = |i: usize| seg(i, "start")..seg(i, "start") + seg(i, "warmup");
-    let decode = |i: usize| (seg(i, "start") + seg(i, "warmup")..).take(decoded);
+    let t = nectar_residency::trace::Trace::load(&src, "decode").unwrap();
+    let tokens = t.tokens.as_ref().unwrap();
+    let (a, b) = (&t.segments[0], &t.segments[1]);
+    let decode = |s: &nectar_residency::trace::Segment| (s.start + s.warmup..).take(decoded);
     let mut rows: Vec<(usize, u16)> = Vec::new();
-    rows.extend(prompt(0).map(|r| (r, 0)));
-    rows.extend(prompt(1).map(|r| (r, 1)));
-    for (a, b) in decode(0).zip(decode(1)) {
-        rows.extend([(a, 0), (b, 1)]);
+    rows.extend((a.start..a.start + a.warmup).map(|r| (r, 0)));
+    rows.extend((b.start..b.start + b.warmup).map(|r| (r, 1)));
+    for (x, y) in decode(a).zip(decode(b)) {
+        rows.extend([(x, 0), (y, 1)]);
     }
-    let n = rows.len();
-    let pick = |data: &[u8], w: usize| -> Vec<u8> {
-        rows.iter()
-            .flat_map(|&(r, _)| data[r * w..(r + 1) * w].to_vec())
-            .collect()
-    };
+    let (n, layers, k) = (rows.len(), t.layers.len(), t.top_k);
+    let width = layers * k;
+    let experts: Vec<u8> = rows
+        .iter()
+        .flat_map(|&(r, _)| &t.ids[r * width..(r + 1) * width])
+        .flat_map(|&e| (e as i16).to_le_bytes())
+        .collect();
+    let toks: Vec<u8> = rows
+        .iter()
+        .flat_map(|&(r, _)| tokens[r].to_le_bytes())
+        .collect();
     std::fs::create_dir_all(dir).unwrap();
-    let shape = format!("({n}, 8, 8)");
+    let shape = format!("({n}, {layers}, {k})");
     std::fs::write(
         dir.join("session.experts.npy"),
-        npy("<i2", &shape, &pick(experts, row_bytes)),
+        npy("<i2", &shape, &experts),
     )
     .unwrap();
     std::fs::write(
         dir.join("session.tokens.npy"),
-        npy("<u2", &format!("({n},)"), &pick(tokens, 2)),
+        npy("<u2", &format!("({n},)"), &toks),
     )
     .unwrap();
     let mut entry = serde_json::json!({
         "experts": "session.experts.npy",
         "tokens": "session.tokens.npy",
-        "shape": [n, 8, 8],
+        "shape": [n, layers, k],
         "replay": {"reset": "never"},
-        "segments": [{"start": 0, "end": n, "warmup": seg(0, "warmup") + seg(1, "warmup")}],
+        "segments": [{"start": 0, "end": n, "warmup": a.warmup + b.warmup}],
     });
     if streams {
         let s: Vec<u8> = rows.iter().flat_map(|&(_, s)| s.to_le_bytes()).collect();
@@ -1160,7 +1153,9 @@ fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
         .unwrap();
         entry["streams"] = "session.streams.npy".into();
     }
-    let mut man = man.clone();
+    // The source's manifest (its format and model), with this one trace kind.
+    let mut man: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("manifest.json")).unwrap()).unwrap();
     man["traces"] = serde_json::json!({ "session": entry });
     std::fs::write(dir.join("manifest.json"), man.to_string()).unwrap();
     std::fs::copy(src.join("model-config.json"), dir.join("model-config.json")).unwrap();

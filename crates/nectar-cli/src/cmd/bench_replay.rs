@@ -123,17 +123,6 @@ fn seg_streams(trace: &Trace, seg: &Segment) -> Vec<u16> {
     out
 }
 
-/// The most sequences one segment decodes together (1 without a streams file).
-fn batch_width(trace: &Trace) -> usize {
-    trace
-        .segments
-        .iter()
-        .map(|s| seg_streams(trace, s).len())
-        .max()
-        .unwrap_or(1)
-        .max(1)
-}
-
 /// Hits and misses of the main layers (or the MTP tier) between two snapshots: a request a
 /// prefetch had started reading counts as a miss (the cache did not hold it; the read only
 /// started earlier), so hit rates compare with Belady's whatever the prefetch.
@@ -287,8 +276,15 @@ fn run_one(
 ) -> Result<RunOut> {
     // Only the pilot arm replays the trace model's predictions.
     let pilot = pilot.filter(|_| prefetch == Prefetch::Pilot);
-    // A batch trace replays as `serve --parallel N` decodes N requests, and is planned so.
-    let width = batch_width(trace);
+    // The replayed segments with their sequences; a batch trace replays as `serve --parallel
+    // N` decodes N requests, and is planned so.
+    let segs: Vec<(&Segment, Vec<u16>)> = trace
+        .spread(a.conversations)
+        .into_iter()
+        .map(|seg| (seg, seg_streams(trace, seg)))
+        .collect();
+    anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
+    let width = segs.iter().map(|(_, s)| s.len()).max().unwrap_or(1);
     anyhow::ensure!(
         !mtp || width == 1,
         "{}: a batch trace ({width} sequences) replays with --mtp off (a verify step is one \
@@ -338,11 +334,8 @@ fn run_one(
     // The decode's disk-busy seconds and expert reads (look-ahead's hidden share).
     let (mut dec_busy, mut dec_reads) = (0.0f64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
-    let segs = trace.spread(a.conversations);
-    anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
-    for seg in segs {
+    for (seg, streams) in segs {
         // One cache per sequence of the segment (one without a streams file).
-        let streams = seg_streams(trace, seg);
         let mut caches: Vec<_> = streams.iter().map(|_| model.new_cache()).collect();
         let cache_of = |r: usize| streams.iter().position(|&s| s == stream_of(trace, r));
         let prompt_end = seg.start + seg.warmup.max(1);

@@ -34,9 +34,6 @@ pub(crate) const TRANSITIONS: usize = 1 << 20;
 /// No row (a link to a row that does not exist or is no longer kept).
 const NONE: u64 = u64::MAX;
 
-/// Streams kept before those with no row left in the history are dropped.
-const STREAMS_PRUNED: usize = 64;
-
 #[derive(Debug, Clone)]
 struct Row {
     token: u32,
@@ -77,10 +74,6 @@ pub(crate) struct Predictor {
     grams: HashMap<(usize, u64), [u64; OCCURRENCES]>,
     /// Streams by id.
     streams: HashMap<u64, Stream>,
-    /// Streams kept after the last prune of those with no kept row (0: never pruned): the
-    /// next prune waits until twice as many (or the history's turnover), so a server decoding
-    /// more than [`STREAMS_PRUNED`] live sequences does not scan them all at every row.
-    streams_kept: usize,
     /// The streams of the current step, in the order of their first row in it, with their
     /// rows in it.
     current: Vec<(u64, usize)>,
@@ -210,13 +203,11 @@ impl Predictor {
             let base = self.base;
             self.grams.retain(|_, p| p[0] >= base);
         }
-        // And once per turnover of the history, when every stream kept then may have ended.
-        let turnover = self.base > 0 && self.base.is_multiple_of(HISTORY as u64);
-        let many = self.streams.len() > STREAMS_PRUNED;
-        if self.streams.len() > STREAMS_PRUNED.max(2 * self.streams_kept) || (turnover && many) {
+        // Streams with no row left are dropped once per turnover of the history (a scan at
+        // every row would cost a server of many sequences a pass over all of them per token).
+        if self.base > 0 && self.base.is_multiple_of(HISTORY as u64) {
             let base = self.base;
             self.streams.retain(|_, s| s.last >= base);
-            self.streams_kept = self.streams.len();
         }
     }
 
@@ -433,26 +424,26 @@ mod tests {
 
     #[test]
     fn ended_streams_are_dropped_without_a_scan_at_every_row() {
-        // 100 sequences at once (more than STREAMS_PRUNED), each a token a step, then every
-        // row of them pushed out of the history by one other sequence.
+        // 100 sequences at once, each a token a step: all live, none dropped.
         let mut p = Predictor::default();
-        let mut prunes = 0;
         for step in 0..4u32 {
             for s in 0..100u64 {
-                let kept = p.streams_kept;
                 p.observe_token(s, step);
-                prunes += usize::from(p.streams_kept != kept);
             }
         }
-        // All 100 are live: nothing dropped, and the prune ran once (at 65), not at every row.
         assert_eq!(p.streams.len(), 100);
-        assert_eq!(prunes, 1);
-        // A live stream keeps its rows linked along it: its context "0 1 2" is found.
+        // A live stream keeps its rows linked along it: its context "1 2 3" is found.
         assert_eq!(p.tokens(p.streams[&7].last, 3), Some(vec![1, 2, 3]));
-        for i in 0..2 * HISTORY as u32 {
+        // One other sequence pushes every row of theirs out of the history: they are ended,
+        // but kept until the history's turnover, not dropped by a scan at the next row.
+        for i in 0..HISTORY as u32 {
             p.observe_token(1_000, i);
         }
-        // The ended ones went at the history's turnover, once their rows had left it.
+        assert_eq!(p.streams.values().filter(|s| s.last < p.base).count(), 100);
+        for i in 0..HISTORY as u32 {
+            p.observe_token(1_000, i);
+        }
+        // The turnover dropped them.
         assert_eq!(p.streams.keys().collect::<Vec<_>>(), [&1_000]);
     }
 
