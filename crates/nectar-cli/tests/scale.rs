@@ -69,6 +69,62 @@ fn glm52_32g(extra: &[&str]) -> serde_json::Value {
     glm52_projection(&[&["--memory-budget", "29G"], &PCIE4_DDR5[..], extra].concat())
 }
 
+/// `fit --project --parallel N`: N conversations decoded together, their experts' union asked
+/// of the cache. Where the disk binds (32 GB) the batch reads nearly N rows' misses and gains
+/// nothing; where RAM bandwidth binds and the slots are many (64 GB, a fast disk) one read of
+/// the spine serves N rows and the batch moves more tokens; each sequence is slower than alone.
+#[test]
+fn fit_projects_sequences_decoded_together() {
+    let fast = [
+        "--memory-budget",
+        "61G",
+        "--disk-gbps",
+        "14",
+        "--mem-gbps",
+        "65",
+        "--kernel-share",
+        "0.6",
+    ];
+    let at = |machine: &[&str], n: &str| {
+        let extra = [
+            "--moe-overlap",
+            "0.76",
+            "--layer-overhead-ms",
+            "1.0",
+            "--parallel",
+            n,
+        ];
+        glm52_projection(&[machine, &extra[..]].concat())
+    };
+    let slow = glm52_32g_flags();
+    let one = at(&slow, "1");
+    assert!(one["parallel"].is_null(), "{one}");
+    for (machine, more) in [(&slow[..], false), (&fast[..], true)] {
+        let o = at(machine, "2");
+        let b = &o["parallel"];
+        let f = |v: &serde_json::Value| v.as_f64().unwrap();
+        assert_eq!(b["sequences"], 2);
+        // Two texts share few experts: nearly 16 a layer, never more.
+        let u = f(&b["unique_experts_per_layer"]);
+        assert!(u > 14.0 && u <= 16.0, "{b}");
+        let single = f(&o["decode_tok_s"]["mtp_off"]);
+        assert!(f(&b["hit_rate"]) < f(&o["hit_rate"]["mtp_off"]), "{o}");
+        assert!(
+            f(&b["ssd_gb_per_token"]) > f(&o["ssd_gb_per_token"]["mtp_off"]),
+            "{o}"
+        );
+        assert!(f(&b["decode_tok_s_per_sequence"]) < single, "{o}");
+        assert!((f(&b["decode_tok_s"]) - 2.0 * f(&b["decode_tok_s_per_sequence"])).abs() < 1e-9);
+        assert!((f(&b["gain_over_one_sequence"]) - f(&b["decode_tok_s"]) / single).abs() < 1e-9);
+        assert_eq!(f(&b["gain_over_one_sequence"]) > 1.0, more, "{o}");
+    }
+}
+
+/// [`glm52_32g`]'s flags.
+fn glm52_32g_flags() -> Vec<&'static str> {
+    [&["--memory-budget", "29G"], &PCIE4_DDR5[..]].concat()
+}
+
 #[test]
 fn fit_projects_decode_after_a_long_context() {
     // GLM-5.2's attention at 8,192 tokens of context (timed here on the model's own code):

@@ -25,6 +25,7 @@ pub mod policy;
 pub mod replay;
 mod residency;
 pub mod rss;
+pub mod served;
 pub mod sim;
 mod slab;
 mod telemetry;

@@ -53,7 +53,10 @@ use nectar_residency::io::FileIo;
 use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
 use nectar_residency::policy::control::{self, Controller, Measurement};
 use nectar_residency::policy::LONGEST_CONTEXT;
-use nectar_residency::replay::{replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup};
+use nectar_residency::replay::{
+    replay_policy, replay_prefetch, steps, CacheSetup, PrefetchSetup, Step,
+};
+use nectar_residency::served::{served, Served};
 use nectar_residency::trace::Trace;
 use nectar_residency::Admission;
 use serde_json::json;
@@ -407,10 +410,14 @@ pub fn measure_disk(dir: &Path, threads: usize, secs: f64) -> Result<(f64, usize
 /// Hit rate and unique experts per layer and forward at `c` slots, `window` rows per forward,
 /// from the trace replayed through the default policy.
 fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, f64) {
+    hit_curve_of(trace, &steps(trace, window), layers, c)
+}
+
+/// [`hit_curve`] over given steps (a server's batch steps: [`served`]).
+fn hit_curve_of(trace: &Trace, st: &[Step], layers: &[usize], c: usize) -> (f64, f64) {
     // The policy alone: Belady-OPT (what `compare` adds) is not part of the projection and
     // took most of its time.
-    let st = steps(trace, window);
-    let (hits, requests) = replay_policy(trace, &st, layers, c, Admission::PREDICTIVE)
+    let (hits, requests) = replay_policy(trace, st, layers, c, Admission::PREDICTIVE)
         .iter()
         .fold((0, 0), |a, x| (a.0 + x.hits, a.1 + x.requests));
     let fwd = st.iter().filter(|s| s.counted).count() * layers.len();
@@ -422,17 +429,25 @@ fn hit_curve(trace: &Trace, layers: &[usize], c: usize, window: usize) -> (f64, 
     (rate, requests as f64 / fwd.max(1) as f64)
 }
 
-/// Look-ahead prefetch at `c` slots with contexts of at least `min_context` tokens, one row
-/// per forward, from the trace replayed through the default policy as the residency drives it
-/// (`top-k` spare working slots): (φ = misses read ahead ÷ misses, w = wasted reads ÷ misses).
-fn prefetch_curve(trace: &Trace, layers: &[usize], c: usize, min_context: usize) -> (f64, f64) {
-    let st = steps(trace, 1);
+/// Look-ahead prefetch at `c` slots with contexts of at least `min_context` tokens over
+/// `st` (one row per forward: `steps(trace, 1)`; a server's batch steps: [`served`]), from
+/// the trace replayed through the default policy as the residency drives it (`top-k` spare
+/// working slots per row: the bank holds `2 × top-k` per sequence): (φ = misses read ahead ÷
+/// misses, w = wasted reads ÷ misses).
+fn prefetch_curve(
+    trace: &Trace,
+    st: &[Step],
+    rows: usize,
+    layers: &[usize],
+    c: usize,
+    min_context: usize,
+) -> (f64, f64) {
     let setup = CacheSetup::lru_only(c, Admission::PREDICTIVE);
     let p = PrefetchSetup {
-        slack: trace.top_k,
+        slack: trace.top_k * rows,
         min_context,
     };
-    let (_, s) = replay_prefetch(trace, &st, layers, &setup, p);
+    let (_, s) = replay_prefetch(trace, st, layers, &setup, p);
     let needed = (s.misses + s.used).max(1) as f64;
     (s.coverage(), s.wasted as f64 / needed)
 }
@@ -471,7 +486,9 @@ enum Ahead {
     Pilot,
 }
 
-/// One projection (`prefetch`: the prefetch projected — `Off`, `Lookahead` or `Pilot`).
+/// One projection (`prefetch`: the prefetch projected — `Off`, `Lookahead` or `Pilot`;
+/// `width`: sequences a server decodes together, projected beside one when above 1).
+#[allow(clippy::too_many_arguments)]
 pub fn project(
     g: &Geometry,
     m: &Machine,
@@ -480,6 +497,7 @@ pub fn project(
     acceptance: f64,
     prefetch: Prefetch,
     gpu: Option<&GpuTier>,
+    width: usize,
 ) -> serde_json::Value {
     let lookahead = prefetch == Prefetch::Lookahead;
     let predicted_share = g.predicted_layers as f64 / g.attn.layers.max(1) as f64;
@@ -577,7 +595,10 @@ pub fn project(
     // `u` experts per layer (of which it hits `h`) and the GPU for `uv`, with the reads
     // `ahead` starts before their layers. The GPU's experts (two launches per layer) run
     // beside the CPU's.
-    let forward = |u: f64, uv: f64, h: f64, ahead: Ahead| -> (f64, f64, f64) {
+    // A forward of `rows` rows of different sequences (a server's batch step) reads the spine
+    // once but attends, routes and synchronises per row: `o` is taken per row.
+    let forward_rows = |rows: f64, u: f64, uv: f64, h: f64, ahead: Ahead| -> (f64, f64, f64) {
+        let t_attn = t_attn + (rows - 1.0) * l * m.layer_overhead_s;
         let w = match ahead {
             Ahead::Off => 0.0,
             // Of the wrong guesses only those not cancelled at their layer's router are read:
@@ -606,16 +627,33 @@ pub fn project(
         let t = t_attn + (t_moe - hide) + hide.max((1.0 + w) * t_ssd - in_attn);
         (t, ssd * (1.0 + w), t_attn + t_moe)
     };
+    let forward = |u: f64, uv: f64, h: f64, ahead: Ahead| forward_rows(1.0, u, uv, h, ahead);
+    // The controller's measurement of a window of forwards (seconds, disk bytes, seconds
+    // without the disk) with `w` wrong guesses per miss.
+    let measure = |(t, ssd, ram): (f64, f64, f64), w: f64| {
+        let n_reads = 1_000_000u64;
+        Measurement {
+            steps: control::WINDOW,
+            seconds: t * control::WINDOW as f64,
+            busy_seconds: (ssd / (m.disk_gbps * 1e9)).min(t) * control::WINDOW as f64,
+            wait_seconds: (t - ram).max(0.0) * control::WINDOW as f64,
+            reads: n_reads,
+            wasted: (n_reads as f64 * w / (1.0 + w)).round() as u64,
+        }
+    };
     // The look-ahead's threshold: what the runtime controller (policy/control.rs) settles on
     // when every window measures this model at its current threshold (φ and w replayed there).
     let mut curves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
+    let st1 = steps(rt, 1);
     let mut curve = |n: usize| -> (f64, f64) {
         // Above the longest context the predictor matches nothing is read ahead.
         *curves.entry(n).or_insert_with(|| {
             if n > LONGEST_CONTEXT {
                 (0.0, 0.0)
             } else {
-                at_slots(c, slots.extra_off, |c| prefetch_curve(rt, &main, c, n))
+                at_slots(c, slots.extra_off, |c| {
+                    prefetch_curve(rt, &st1, 1, &main, c, n)
+                })
             }
         })
     };
@@ -623,16 +661,7 @@ pub fn project(
     let (min_context, spent) = if lookahead {
         Controller::default().settle(CONTROL_WINDOWS, |n| {
             let (phi, w) = curve(n);
-            let (t, ssd, ram) = forward(u1, uv1, h1, guesses((phi, w)));
-            let n_reads = 1_000_000u64;
-            Measurement {
-                steps: control::WINDOW,
-                seconds: t * control::WINDOW as f64,
-                busy_seconds: (ssd / (m.disk_gbps * 1e9)).min(t) * control::WINDOW as f64,
-                wait_seconds: (t - ram).max(0.0) * control::WINDOW as f64,
-                reads: n_reads,
-                wasted: (n_reads as f64 * w / (1.0 + w)).round() as u64,
-            }
+            measure(forward(u1, uv1, h1, guesses((phi, w))), w)
         })
     } else {
         (usize::MAX, Vec::new())
@@ -726,6 +755,67 @@ pub fn project(
         json!({"products_s": products, "attention_s": attention, "reads_s": reads,
                "kv_blocks": g.attn.kv_blocks(p)})
     };
+    // `serve --parallel N` at full load: N conversations decoded together, one row of each a
+    // forward, their experts' union asked of the cache (route256's conversations served N at
+    // a time through the default policy, `served`), look-ahead replayed over the same batch
+    // steps with the bank's spare slots for N rows and settled by the controller as above.
+    // MTP off; PILOT's reads beside a batch are not measured, so not credited.
+    let batch = (width > 1).then(|| {
+        let n = width as f64;
+        let sv: Served = served(rt, width);
+        let (hb, ub) = at_slots(c, slots.extra_off, |c| {
+            hit_curve_of(&sv.trace, &sv.steps, &main, c)
+        });
+        let uvb = match vram {
+            Some(_) => {
+                let all = served(trace, width);
+                at_slots(c, slots.extra_off, |c| {
+                    hit_curve_of(&all.trace, &all.steps, &main, c)
+                })
+                .1 - ub
+            }
+            None => 0.0,
+        };
+        let mut bcurves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
+        let mut bcurve = |k: usize| -> (f64, f64) {
+            *bcurves.entry(k).or_insert_with(|| {
+                if k > LONGEST_CONTEXT {
+                    (0.0, 0.0)
+                } else {
+                    at_slots(c, slots.extra_off, |c| {
+                        prefetch_curve(&sv.trace, &sv.steps, width, &main, c, k)
+                    })
+                }
+            })
+        };
+        let ((phi, w), min_context) = if lookahead {
+            let (k, _) = Controller::default().settle(CONTROL_WINDOWS, |k| {
+                let pw = bcurve(k);
+                measure(forward_rows(n, ub, uvb, hb, guesses(pw)), pw.1)
+            });
+            (bcurve(k), Some(k))
+        } else {
+            ((0.0, 0.0), None)
+        };
+        let ahead = if lookahead {
+            guesses((phi, w))
+        } else {
+            Ahead::Off
+        };
+        let (t, ssd, ram) = forward_rows(n, ub, uvb, hb, ahead);
+        json!({
+            "sequences": width,
+            "hit_rate": hb,
+            "unique_experts_per_layer": ub,
+            "ssd_gb_per_token": ssd / n / 1e9,
+            "decode_tok_s": n / t,
+            "decode_tok_s_per_sequence": 1.0 / t,
+            "gain_over_one_sequence": (n / t) * t1,
+            "ram_wall_tok_s": n / ram,
+            "prefetch": {"lookahead": lookahead, "coverage": phi, "wasted_per_miss": w,
+                         "min_context": min_context},
+        })
+    });
     json!({
         "lru_slots_per_layer": slots.mtp_off,
         "lru_slots_per_layer_mtp_on": slots.mtp_on,
@@ -759,6 +849,7 @@ pub fn project(
         "prefill_tok_s": {"512": prefill(512), "2048": prefill(2048), "8192": prefill(8192)},
         "prefill_seconds": {"512": prefill_split(512), "2048": prefill_split(2048), "8192": prefill_split(8192)},
         "acceptance": acceptance,
+        "parallel": batch,
         "gpu": gpu.map(|t| json!({
             "budget": t.budget, "spine_bytes": spine_gpu, "spine_products": products,
             "ram_released_bytes": t.released,
@@ -1129,6 +1220,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         a.acceptance,
         prefetch,
         gpu.as_ref(),
+        a.parallel.max(1),
     );
     if let Some(n) = a.context {
         anyhow::ensure!(
@@ -1297,6 +1389,21 @@ pub fn render(full: &serde_json::Value) -> String {
         f(&o["overlap_ceiling_tok_s"]),
         f(&o["overlap_ceiling_tok_s_mtp_on"])
     );
+    if let Some(b) = o["parallel"].as_object() {
+        s += &format!(
+            "  {} sequences decoded together (serve --parallel, MTP off): {:.2} tok/s in all, {:.2} \
+             per sequence ({:.2}× one sequence): hit rate {:.3}, {:.1} experts per layer a step, \
+             {:.2} GB/token from disk, RAM wall {:.2}\n",
+            b["sequences"],
+            f(&b["decode_tok_s"]),
+            f(&b["decode_tok_s_per_sequence"]),
+            f(&b["gain_over_one_sequence"]),
+            f(&b["hit_rate"]),
+            f(&b["unique_experts_per_layer"]),
+            f(&b["ssd_gb_per_token"]),
+            f(&b["ram_wall_tok_s"]),
+        );
+    }
     if let Some(c) = o["context"].as_object() {
         s += &format!(
             "  decode after {} tokens of context: {:.2} tok/s (MTP off), {:.2} (MTP on): {:.1} ms \
