@@ -7,12 +7,18 @@ the RESULTS ones: the MoE block 0.76 hidden behind reads (eta), look-ahead r 0.1
 PILOT b 1.00 / w 0.071, CPU kernels at 0.6 of the memory bandwidth, 1000 GFLOP/s prefill.
 
     python3 benchmarks/glm52_machines.py [NECTAR_BINARY]   # default target/release/nectar
+    python3 benchmarks/glm52_machines.py [NECTAR_BINARY] --parallel   # serve --parallel 2 / 4
+
+`--parallel` prints a second table instead: `nectar serve --parallel N` at full load (N
+conversations decoded together, planned as `fit --serve` plans them; look-ahead, MTP off).
 """
 import json
 import subprocess
 import sys
 
-NECTAR = sys.argv[1] if len(sys.argv) > 1 else "target/release/nectar"
+ARGS = [a for a in sys.argv[1:] if a != "--parallel"]
+NECTAR = ARGS[0] if ARGS else "target/release/nectar"
+PARALLEL = "--parallel" in sys.argv[1:]
 COMMON = "--project --kernel-share 0.6 --gflops 1000 --moe-overlap 0.76 --json".split()
 CARD = "--gpu-memory 21G --gpu-gbps 350 --gpu-product-us 30 --gpu-copy-gbps 25".split()
 MACHINES = [
@@ -34,8 +40,8 @@ PREFETCH = {
 }
 
 
-def project(geometry, flags, prefetch):
-    cmd = [NECTAR, "fit", "--geometry", geometry] + COMMON + flags + PREFETCH[prefetch]
+def project(geometry, flags, prefetch, extra=()):
+    cmd = [NECTAR, "fit", "--geometry", geometry] + COMMON + flags + PREFETCH[prefetch] + list(extra)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)["projection"]
 
@@ -44,6 +50,27 @@ def slots(p):
     c, x = p["lru_slots_per_layer"], p.get("lru_extra_slot_share", {}).get("mtp_off", 0.0)
     return f"{c}" if not x else f"{c}–{c + 1} ({c + 1} on {100 * x:.0f} %)"
 
+
+def parallel_table():
+    print("| machine | geometry | sequences | slots/layer | hit | experts a layer a step | GB/token from disk | tok/s in all | per sequence | ÷ one sequence (same plan) |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for name, flags in MACHINES:
+        if "--gpu-memory" in flags:
+            continue
+        for geometry in ("glm52-row", "glm52"):
+            for n in (2, 4):
+                p = project(geometry, flags, "lookahead", ["--serve", "--parallel", str(n)])
+                b = p["parallel"]
+                print(f"| {name} | {'per row' if geometry == 'glm52-row' else 'g64'} | {n} "
+                      f"| {slots(p)} | {b['hit_rate']:.3f} | {b['unique_experts_per_layer']:.1f} "
+                      f"| {b['ssd_gb_per_token']:.2f} | {b['decode_tok_s']:.2f} "
+                      f"| {b['decode_tok_s_per_sequence']:.2f} | {b['gain_over_one_sequence']:.2f} |")
+                name = ""
+
+
+if PARALLEL:
+    parallel_table()
+    sys.exit(0)
 
 print("| machine | geometry | slots/layer | hit | off | look-ahead | PILOT | overlap ceiling (one row a forward: the bound of off / look-ahead / PILOT) | MTP on (look-ahead; 1.686 tokens a forward) | MTP on's overlap ceiling |")
 print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
