@@ -118,6 +118,12 @@ fn fit_projects_sequences_decoded_together() {
         assert!((f(&b["gain_over_one_sequence"]) - f(&b["decode_tok_s"]) / single).abs() < 1e-9);
         assert_eq!(f(&b["gain_over_one_sequence"]) > 1.0, more, "{o}");
     }
+    // More sequences than the trace has conversations: nothing to serve side by side.
+    let err = glm52_refused(&["--parallel", "25"]);
+    assert!(
+        err.contains("--parallel 25") && err.contains("holds 24"),
+        "{err}"
+    );
 }
 
 /// [`glm52_32g`]'s flags.

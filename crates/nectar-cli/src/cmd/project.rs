@@ -915,6 +915,15 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         .clone()
         .unwrap_or_else(super::bench_policy::default_trace_dir);
     let trace = Trace::load(&trace_dir, "decode")?;
+    // Every lane of a projected batch needs a conversation of its own (`served`).
+    anyhow::ensure!(
+        a.parallel <= trace.segments.len().max(1),
+        "--parallel {} projects that many conversations decoded together, but the decode \
+         trace of {} holds {} (route256's has 24)",
+        a.parallel,
+        trace_dir.display(),
+        trace.segments.len()
+    );
     // `--gpu-memory`: the card's speeds (flags), and below the VRAM plan `run` applies (a
     // container's, from its headers, or GLM-5.2's from its constants). The RAM plans count
     // only the spine left on the CPU: a spine matrix in VRAM releases its host copy.
