@@ -148,9 +148,18 @@ fn fit_projects_decode_after_a_long_context() {
             long["decode_tok_s"]
         );
     }
-    // Below the top k the indexer does not select: no share of its own.
-    let short = glm52_32g(&["--context", "1000"]);
-    assert_eq!(f(&short["context"]["index_ms_per_indexer_layer"]), 0.0);
+    assert!(c["parallel_decode_tok_s"].is_null(), "{c}");
+    // Below the top k the indexer does not select: no share of its own. Two sequences decoded
+    // together each pay their rows' longer attention.
+    let short = glm52_32g(&["--context", "1000", "--parallel", "2"]);
+    let sc = &short["context"];
+    assert_eq!(f(&sc["index_ms_per_indexer_layer"]), 0.0);
+    let all = f(&short["parallel"]["decode_tok_s"]);
+    let want = 1.0 / (1.0 / all + f(&sc["attention_ms_per_row"]) / 1e3);
+    assert!(
+        (f(&sc["parallel_decode_tok_s"]) - want).abs() < 1e-9 && want < all,
+        "{short}"
+    );
     // Past the model's longest context (GLM-5.2: 1,048,576) nothing is projected: refused by
     // name, as are speeds a projection cannot divide by.
     let refused = |extra: &[&str]| {

@@ -1243,6 +1243,10 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         let per_row =
             cost.per_row_s(&geom.attn) * a.cores.map_or(1.0, |c| threads as f64 / c.max(1) as f64);
         out["context"] = at_context(&out, n, per_row, a.acceptance);
+        // A batch forward of N rows pays each row's longer attention: N/(N/x + N·a).
+        if let Some(all) = out["parallel"]["decode_tok_s"].as_f64() {
+            out["context"]["parallel_decode_tok_s"] = json!(1.0 / (1.0 / all + per_row));
+        }
         out["context"]["attend_ms_per_layer"] = json!(cost.attend_s * 1e3);
         out["context"]["index_ms_per_indexer_layer"] = json!(cost.index_s * 1e3);
     }
@@ -1415,11 +1419,15 @@ pub fn render(full: &serde_json::Value) -> String {
     }
     if let Some(c) = o["context"].as_object() {
         s += &format!(
-            "  decode after {} tokens of context: {:.2} tok/s (MTP off), {:.2} (MTP on): {:.1} ms \
+            "  decode after {} tokens of context: {:.2} tok/s (MTP off), {:.2} (MTP on){}: {:.1} ms \
              more attention per token ({:.2} ms per layer, {:.2} more per indexer layer)\n",
             c["tokens"],
             f(&c["decode_tok_s"]["mtp_off"]),
             f(&c["decode_tok_s"]["mtp_on"]),
+            match c.get("parallel_decode_tok_s").and_then(|v| v.as_f64()) {
+                Some(x) => format!(", {x:.2} in all with {} sequences", o["parallel"]["sequences"]),
+                None => String::new(),
+            },
             f(&c["attention_ms_per_row"]),
             f(&c["attend_ms_per_layer"]),
             f(&c["index_ms_per_indexer_layer"]),
