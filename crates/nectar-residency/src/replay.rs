@@ -266,8 +266,7 @@ fn replay(
         }
         if let Some(tok) = &trace.tokens {
             for r in s.rows.clone() {
-                let stream = trace.streams.as_ref().map_or(0, |s| u64::from(s[r]));
-                policy.observe_token(stream, u32::from(tok[r]));
+                policy.observe_token(u64::from(trace.stream(r)), u32::from(tok[r]));
             }
         }
         if let Some(p) = prefetch {

@@ -39,11 +39,8 @@ pub fn served(trace: &Trace, width: usize) -> Served {
     let mut streams: Vec<u16> = Vec::with_capacity(trace.rows);
     let mut steps = Vec::new();
     let mut first = true;
-    let mut push = |order: &mut Vec<usize>,
-                    streams: &mut Vec<u16>,
-                    rows: &[(usize, usize)],
-                    counted: bool,
-                    turn: bool| {
+    // One step of `(row, conversation)`s.
+    let mut push = |rows: &[(usize, usize)], counted: bool, turn: bool| {
         let start = order.len();
         for &(row, seg) in rows {
             order.push(row);
@@ -67,7 +64,7 @@ pub fn served(trace: &Trace, width: usize) -> Served {
                 let seg: &Segment = &segs[s];
                 let decode = (seg.start + seg.warmup).min(seg.end);
                 for (i, r) in (seg.start..decode).enumerate() {
-                    push(&mut order, &mut streams, &[(r, s)], false, i == 0);
+                    push(&[(r, s)], false, i == 0);
                 }
                 *cur = Some((s, decode));
             }
@@ -84,7 +81,7 @@ pub fn served(trace: &Trace, width: usize) -> Served {
             break;
         }
         let full = rows.len() == w;
-        push(&mut order, &mut streams, &rows, full, false);
+        push(&rows, full, false);
     }
     let per_row = trace.layers.len() * trace.top_k;
     let ids = order

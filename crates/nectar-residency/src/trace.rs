@@ -227,6 +227,15 @@ impl Trace {
             .map(|&e| e as u32)
     }
 
+    /// The sequence `row` belongs to (`{kind}.streams.npy`; 0 without one, or past its end).
+    pub fn stream(&self, row: usize) -> u16 {
+        self.streams
+            .as_ref()
+            .and_then(|s| s.get(row))
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// Trace layers (axis-1 indices) of the main model, given its `num_hidden_layers`: every
     /// layer whose id is below it (layer ids at or above it are MTP layers). Pass
     /// [`Trace::hidden_layers`] when the trace itself says.

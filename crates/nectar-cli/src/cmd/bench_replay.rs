@@ -100,22 +100,12 @@ fn step(rows: std::ops::Range<usize>, counted: bool) -> Step {
     }
 }
 
-/// The sequence a trace row belongs to (`{kind}.streams.npy`; 0 without one).
-fn stream_of(trace: &Trace, row: usize) -> u16 {
-    trace
-        .streams
-        .as_ref()
-        .and_then(|s| s.get(row))
-        .copied()
-        .unwrap_or(0)
-}
-
 /// The sequences of a segment in order of their first row: one without a streams file; a
 /// batch trace (`benchmarks/trace_interleave.py`'s INTER) has one per conversation.
 fn seg_streams(trace: &Trace, seg: &Segment) -> Vec<u16> {
     let mut out: Vec<u16> = Vec::new();
     for r in seg.start..seg.end {
-        let s = stream_of(trace, r);
+        let s = trace.stream(r);
         if !out.contains(&s) {
             out.push(s);
         }
@@ -337,13 +327,13 @@ fn run_one(
     for (seg, streams) in segs {
         // One cache per sequence of the segment (one without a streams file).
         let mut caches: Vec<_> = streams.iter().map(|_| model.new_cache()).collect();
-        let cache_of = |r: usize| streams.iter().position(|&s| s == stream_of(trace, r));
+        let cache_of = |r: usize| streams.iter().position(|&s| s == trace.stream(r));
         let prompt_end = seg.start + seg.warmup.max(1);
         // Each sequence's prompt rows in one forward (a run of one stream's rows each).
         let mut p = seg.start;
         while p < prompt_end {
             let q = (p..prompt_end)
-                .find(|&r| stream_of(trace, r) != stream_of(trace, p))
+                .find(|&r| trace.stream(r) != trace.stream(p))
                 .unwrap_or(prompt_end);
             let ids: Vec<u32> = (p..q).map(tok).collect();
             obs.begin((p..q).collect(), &moe);
@@ -377,7 +367,7 @@ fn run_one(
                 while t + rows.len() < end
                     && !rows
                         .iter()
-                        .any(|&r| stream_of(trace, r) == stream_of(trace, t + rows.len()))
+                        .any(|&r| trace.stream(r) == trace.stream(t + rows.len()))
                 {
                     rows.push(t + rows.len());
                 }

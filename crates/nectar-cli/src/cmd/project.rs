@@ -452,6 +452,60 @@ fn prefetch_curve(
     (s.coverage(), s.wasted as f64 / needed)
 }
 
+/// Look-ahead's (φ, w) by threshold over one set of steps at a plan's slots ([`prefetch_curve`]
+/// mixed by [`at_slots`]), each replayed once: the controller asks for the same rungs many
+/// times. Above the longest context the predictor matches nothing is read ahead.
+struct Curves<'a> {
+    trace: &'a Trace,
+    steps: &'a [Step],
+    rows: usize,
+    layers: &'a [usize],
+    c: usize,
+    extra: f64,
+    by_threshold: std::collections::BTreeMap<usize, (f64, f64)>,
+}
+
+impl<'a> Curves<'a> {
+    fn new(
+        trace: &'a Trace,
+        steps: &'a [Step],
+        rows: usize,
+        layers: &'a [usize],
+        (c, extra): (usize, f64),
+    ) -> Self {
+        Curves {
+            trace,
+            steps,
+            rows,
+            layers,
+            c,
+            extra,
+            by_threshold: Default::default(),
+        }
+    }
+
+    fn at(&mut self, min_context: usize) -> (f64, f64) {
+        let Curves {
+            trace,
+            steps,
+            rows,
+            layers,
+            c,
+            extra,
+            ..
+        } = *self;
+        *self.by_threshold.entry(min_context).or_insert_with(|| {
+            if min_context > LONGEST_CONTEXT {
+                (0.0, 0.0)
+            } else {
+                at_slots(c, extra, |c| {
+                    prefetch_curve(trace, steps, rows, layers, c, min_context)
+                })
+            }
+        })
+    }
+}
+
 /// Windows the projection runs the look-ahead controller for (it settles within ~10; the
 /// rest show its re-probing, whose backoff caps at 64 windows).
 const CONTROL_WINDOWS: usize = 400;
@@ -643,20 +697,10 @@ pub fn project(
     };
     // The look-ahead's threshold: what the runtime controller (policy/control.rs) settles on
     // when every window measures this model at its current threshold (φ and w replayed there).
-    let mut curves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
     let st1 = steps(rt, 1);
-    let mut curve = |n: usize| -> (f64, f64) {
-        // Above the longest context the predictor matches nothing is read ahead.
-        *curves.entry(n).or_insert_with(|| {
-            if n > LONGEST_CONTEXT {
-                (0.0, 0.0)
-            } else {
-                at_slots(c, slots.extra_off, |c| {
-                    prefetch_curve(rt, &st1, 1, &main, c, n)
-                })
-            }
-        })
-    };
+    let at_plan = (c, slots.extra_off);
+    let mut curves = Curves::new(rt, &st1, 1, &main, at_plan);
+    let mut curve = |n: usize| curves.at(n);
     let guesses = |(phi, w): (f64, f64)| Ahead::Guesses { phi, w };
     let (min_context, spent) = if lookahead {
         Controller::default().settle(CONTROL_WINDOWS, |n| {
@@ -689,6 +733,7 @@ pub fn project(
         f64::NAN
     };
     let per_threshold: serde_json::Map<String, serde_json::Value> = curves
+        .by_threshold
         .iter()
         .map(|(&n, &(phi, w))| {
             (
@@ -776,24 +821,13 @@ pub fn project(
             }
             None => 0.0,
         };
-        let mut bcurves: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
-        let mut bcurve = |k: usize| -> (f64, f64) {
-            *bcurves.entry(k).or_insert_with(|| {
-                if k > LONGEST_CONTEXT {
-                    (0.0, 0.0)
-                } else {
-                    at_slots(c, slots.extra_off, |c| {
-                        prefetch_curve(&sv.trace, &sv.steps, width, &main, c, k)
-                    })
-                }
-            })
-        };
+        let mut bcurves = Curves::new(&sv.trace, &sv.steps, width, &main, at_plan);
         let ((phi, w), min_context) = if lookahead {
             let (k, _) = Controller::default().settle(CONTROL_WINDOWS, |k| {
-                let pw = bcurve(k);
+                let pw = bcurves.at(k);
                 measure(forward_rows(n, ub, uvb, hb, guesses(pw)), pw.1)
             });
-            (bcurve(k), Some(k))
+            (bcurves.at(k), Some(k))
         } else {
             ((0.0, 0.0), None)
         };
