@@ -4,7 +4,8 @@
 Deterministic: every speed is a flag (`nectar fit --geometry ... --project`), so two binaries
 give the same figures unless the plan or the projection changed. The calibrated constants are
 the RESULTS ones: the MoE block 0.76 hidden behind reads (eta), look-ahead r 0.17 / c 0.96,
-PILOT b 1.00 / w 0.071, CPU kernels at 0.6 of the memory bandwidth, 1000 GFLOP/s prefill.
+PILOT b 1.00 / w 0.071, both (look-ahead and PILOT) b 0.99 / w 0.078, CPU kernels at 0.6 of
+the memory bandwidth, 1000 GFLOP/s prefill.
 
     python3 benchmarks/glm52_machines.py [NECTAR_BINARY]   # default target/release/nectar
     python3 benchmarks/glm52_machines.py [NECTAR_BINARY] --parallel   # serve --parallel 2 / 4
@@ -37,6 +38,7 @@ PREFETCH = {
     "off": ["--prefetch", "off"],
     "lookahead": "--prefetch lookahead --lookahead-hidden 0.17 --lookahead-cancelled 0.96".split(),
     "pilot": "--prefetch pilot --pilot-busy 1.0 --pilot-waste 0.071".split(),
+    "both": "--prefetch both --pilot-busy 0.99 --pilot-waste 0.078".split(),
 }
 
 
@@ -72,8 +74,8 @@ if PARALLEL:
     parallel_table()
     sys.exit(0)
 
-print("| machine | geometry | slots/layer | hit | off | look-ahead | PILOT | overlap ceiling (one row a forward: the bound of off / look-ahead / PILOT) | MTP on (look-ahead; 1.686 tokens a forward) | MTP on's overlap ceiling |")
-print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
+print("| machine | geometry | slots/layer | hit | off | look-ahead | PILOT | both | overlap ceiling (one row a forward: the bound of off / look-ahead / PILOT / both) | MTP on (look-ahead; 1.686 tokens a forward) | MTP on's overlap ceiling |")
+print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 for name, flags in MACHINES:
     for geometry in ("glm52-row", "glm52"):
         runs = {k: project(geometry, flags, k) for k in PREFETCH}
@@ -83,7 +85,7 @@ for name, flags in MACHINES:
             else f"; PILOT {slots(runs['pilot'])}"
         print(f"| {name} | {'per row' if geometry == 'glm52-row' else 'g64'} "
               f"| {slots(la)}{pilot_slots} | {la['hit_rate']['mtp_off']:.3f} "
-              f"| {tok['off']:.2f} | {tok['lookahead']:.2f} | {tok['pilot']:.2f} "
+              f"| {tok['off']:.2f} | {tok['lookahead']:.2f} | {tok['pilot']:.2f} | {tok['both']:.2f} "
               f"| {la['overlap_ceiling_tok_s']:.2f} | {la['decode_tok_s']['mtp_on']:.2f} "
               f"| {la['overlap_ceiling_tok_s_mtp_on']:.2f} |")
         name = ""

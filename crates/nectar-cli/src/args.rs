@@ -161,9 +161,11 @@ pub struct ExpertCacheArgs {
     /// --memory-budget and predictive admission: read each step's misses predicted from the last
     /// time this token context occurred before their layers run, into spare working slots; a
     /// step that batches several sequences, as `serve` does, reads each one's, the expert
-    /// cache keeping their token histories apart). Default `lookahead` (it shortened the time decode waits
-    /// for reads at every budget replayed, `benchmarks/RESULTS.md`). Never changes the output.
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead"])]
+    /// cache keeping their token histories apart); `both` (`lookahead` and `pilot` together,
+    /// PILOT's slots kept for its next-layer reads). Default `lookahead` (it shortened the time
+    /// decode waits for reads at every budget replayed, `benchmarks/RESULTS.md`). Never changes
+    /// the output.
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead", "both"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
@@ -599,7 +601,7 @@ pub struct BenchReplayArgs {
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Prefetch arms, comma-separated (`off`, `lookahead`, `pilot`; see `nectar run
+    /// Prefetch arms, comma-separated (`off`, `lookahead`, `pilot`, `both`; see `nectar run
     /// --prefetch`): each (budget, MTP) point runs every arm in turn, alternating, on a freshly
     /// loaded model.
     #[arg(long, value_delimiter = ',', default_value = "off")]
@@ -610,7 +612,7 @@ pub struct BenchReplayArgs {
     /// measured in the same run.
     #[arg(long, value_delimiter = ',', default_value = "off")]
     pub gpu_memory: Vec<String>,
-    /// The model that produced the trace, for the `pilot` arm: it re-runs the trace's texts and
+    /// The model that produced the trace, for the `pilot` and `both` arms: it re-runs the trace's texts and
     /// its next-layer predictions (the router of layer L+1 applied to layer L's state) are what
     /// the replay prefetches — the container's own early router means nothing against
     /// replayed routes. Default: the model the trace's manifest names
@@ -924,21 +926,22 @@ pub struct FitArgs {
     /// Prefetch projected: `lookahead` (the default of `run` and `serve`), `off`, or `pilot`
     /// (`run --prefetch pilot`: the next layer's router applied early; its prefetch slots come
     /// out of the plan, its reads keep the disk busy through attention a share --pilot-busy of
-    /// it and read --pilot-waste wrong guesses per needed read).
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead", "pilot"])]
+    /// it and read --pilot-waste wrong guesses per needed read), or `both` (`run --prefetch
+    /// both`: projected as PILOT, with b and w measured by a calibration decode of both).
+    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead", "pilot", "both"])]
     pub prefetch: String,
-    /// With --prefetch pilot: the share (0–1) of the predicted layers' attention (MoE layers
+    /// With --prefetch pilot (or both): the share (0–1) of the predicted layers' attention (MoE layers
     /// with a layer before them) through which PILOT's reads kept the disk busy (its queue of
     /// the next layer's predicted misses runs on from the MoE block before). Default: measured
     /// by a calibration decode with PILOT on, else 0 (no credit).
     #[arg(long, value_parser = unit)]
     pub pilot_busy: Option<f64>,
-    /// With --prefetch pilot: PILOT's wrong guesses read (not cancelled at their layer's
+    /// With --prefetch pilot (or both): the wrong guesses read (not cancelled at their layer's
     /// router) per needed expert read. Default: measured by the calibration decode with PILOT
     /// on, else 0.
     #[arg(long, value_parser = non_negative)]
     pub pilot_waste: Option<f64>,
-    /// With --prefetch pilot: the model that produced the trace, whose next-layer predictions
+    /// With --prefetch pilot (or both): the model that produced the trace, whose next-layer predictions
     /// the PILOT calibration decode replays (as `bench replay --predictor`). Default: the model
     /// the trace's manifest names (`models/nectar-demo-glm5-e256-int4` for route256).
     #[arg(long)]

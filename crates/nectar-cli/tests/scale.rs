@@ -732,11 +732,20 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
 
 #[test]
 fn fit_calibrates_pilot_on_the_trace_models_predictions() {
+    for mode in ["pilot", "both"] {
+        calibrates_pilot(mode);
+    }
+}
+
+/// `mode`: `pilot`, or `both` (look-ahead beside PILOT, calibrated and projected alike).
+fn calibrates_pilot(mode: &str) {
     // The route256 model is both the container and the trace's model: the PILOT calibration
     // decode replays that model's next-layer predictions over the trace's first conversation.
-    let v = e256_projection(&["--prefetch", "pilot"]);
+    let v = e256_projection(&["--prefetch", mode]);
     let (m, p) = (&v["machine"], &v["projection"]);
     let c = &m["calibration"]["pilot"];
+    assert_eq!(c["mode"], mode, "{c}");
+    assert_eq!(p["prefetch"]["mode"], mode, "{p}");
     let n = |k: &str| c[k].as_u64().unwrap();
     // It read ahead (the cache starts cold), and no more wrong guesses than it started.
     assert!(n("prefetched") >= 8 && n("prefetched") <= n("reads"), "{c}");
@@ -826,6 +835,22 @@ fn fit_projects_pilot_from_its_busy_share_and_its_waste() {
         "{wasteful} {half}"
     );
     assert!(tok(&wasteful) < tok(&half), "{wasteful} {half}");
+    // `both` is projected as PILOT at the b and w given (its own calibration measures them),
+    // with the same slots taken.
+    let both = project(&[
+        "--prefetch",
+        "both",
+        "--pilot-busy",
+        "0.5",
+        "--pilot-waste",
+        "0",
+    ]);
+    assert_eq!(both["prefetch"]["mode"], "both");
+    assert_eq!(
+        (slots(&both), tok(&both)),
+        (slots(&half), tok(&half)),
+        "{both} {half}"
+    );
     // Look-ahead's figures do not enter a PILOT projection.
     assert_eq!(half["prefetch"]["lookahead"], false);
     assert_eq!(half["prefetch"]["coverage"], 0.0);

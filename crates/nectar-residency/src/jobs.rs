@@ -5,7 +5,7 @@
 //! at its full rate, so a second one beside it would only delay the first, and while it waits
 //! in the queue the layer's router can still cancel it ([`Jobs::cancel`]). A prefetch that its wave requests while still queued is moved
 //! to the demand class; one its layer did not request is cancelled before it starts
-//! ([`Jobs::cancel`]).
+//! ([`Jobs::cancel`]). Prefetches start in layer order.
 use crate::policy::ExpertKey;
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -53,7 +53,13 @@ impl Jobs {
     pub fn push(&self, job: Job, ahead: bool) {
         let mut q = self.lock();
         if ahead {
-            q.ahead.push_back(job);
+            // Prefetches start in layer order (the order compute will need them), arrival
+            // order within a layer: look-ahead plans a whole step at its start, PILOT the next
+            // layer as each layer runs, and the nearer layer's read must not wait behind the
+            // plan's later ones.
+            let n = q.ahead.len();
+            let at = q.ahead.iter().position(|j| j.key.layer > job.key.layer);
+            q.ahead.insert(at.unwrap_or(n), job);
         } else {
             q.demand.push_back(job);
         }
@@ -177,6 +183,26 @@ mod tests {
         let w = waiting("two prefetches ran at once");
         q.finished(false);
         assert_eq!(w.join().unwrap(), Some((3, false)));
+    }
+
+    #[test]
+    fn prefetches_start_in_layer_order() {
+        let q = Jobs::default();
+        let at = |layer: usize, slot: usize| Job {
+            slot,
+            gen: 1,
+            key: ExpertKey::new(layer, slot),
+        };
+        // A step's plan for layers 1–3, then the next layer's prediction made during layer 0.
+        for (l, s) in [(1, 10), (2, 20), (3, 30), (3, 31)] {
+            q.push(at(l, s), true);
+        }
+        q.push(at(1, 11), true);
+        q.push(at(2, 21), true);
+        q.push(at(0, 1), false);
+        q.close();
+        let order: Vec<usize> = std::iter::from_fn(|| q.pop()).map(|j| j.0.slot).collect();
+        assert_eq!(order, [1, 10, 11, 20, 21, 30, 31]);
     }
 
     #[test]

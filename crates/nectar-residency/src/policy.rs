@@ -128,7 +128,12 @@ pub enum Event {
     /// A request found its key prefetched (loaded or loading).
     PrefetchHit(ExpertKey),
     /// A prefetch nobody requested was dropped at its layer's safe point.
-    PrefetchDropped(ExpertKey),
+    PrefetchDropped {
+        /// The expert.
+        key: ExpertKey,
+        /// Whether the look-ahead plan had started it.
+        planned: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -139,6 +144,9 @@ struct Slot {
     wave: u64,
     /// A prefetched working slot not yet requested.
     prefetch: bool,
+    /// Of a prefetch: started by the look-ahead plan, not by [`Policy::prefetch`] (whose limit
+    /// counts only its own, so look-ahead and PILOT together keep PILOT its slots).
+    planned: bool,
 }
 
 /// How a full layer decides whether a miss enters its cache.
@@ -255,6 +263,7 @@ impl Policy {
                 last_use: 0,
                 wave: 0,
                 prefetch: false,
+                planned: false,
             });
         }
         for (l, &c) in capacity.iter().enumerate() {
@@ -265,6 +274,7 @@ impl Policy {
                     last_use: 0,
                     wave: 0,
                     prefetch: false,
+                    planned: false,
                 });
             }
         }
@@ -275,6 +285,7 @@ impl Policy {
                 last_use: 0,
                 wave: 0,
                 prefetch: false,
+                planned: false,
             });
         }
         let wave = vec![1; capacity.len()];
@@ -498,6 +509,7 @@ impl Policy {
             last_use: self.clock,
             wave: self.wave[key.layer as usize],
             prefetch: false,
+            planned: false,
         };
         self.map.insert(key, s);
         self.wave_misses.push((key, s));
@@ -518,16 +530,21 @@ impl Policy {
         if key.layer as usize >= self.capacity.len() {
             return Err(PolicyError::UnknownLayer(key.layer));
         }
-        if self.map.contains_key(&key) || self.slots.iter().filter(|s| s.prefetch).count() >= limit
-        {
+        let own = self.slots.iter().filter(|s| s.prefetch && !s.planned);
+        if self.map.contains_key(&key) || own.count() >= limit {
             return Ok(None);
         }
-        Ok(self.claim_prefetch_slot(key, events))
+        Ok(self.claim_prefetch_slot(key, false, events))
     }
 
     /// Takes a free working slot for a prefetch of `key` (not resident or loading), or `None`
-    /// when no slot is free. Shared by [`Policy::prefetch`] and the look-ahead plan.
-    fn claim_prefetch_slot(&mut self, key: ExpertKey, events: &mut Vec<Event>) -> Option<usize> {
+    /// when no slot is free. Shared by [`Policy::prefetch`] and the look-ahead plan (`planned`).
+    fn claim_prefetch_slot(
+        &mut self,
+        key: ExpertKey,
+        planned: bool,
+        events: &mut Vec<Event>,
+    ) -> Option<usize> {
         let s = self.slots.iter().position(|s| s.role == Role::Free)?;
         self.slots[s] = Slot {
             role: Role::Working,
@@ -535,6 +552,7 @@ impl Policy {
             last_use: self.clock,
             wave: 0,
             prefetch: true,
+            planned,
         };
         self.map.insert(key, s);
         self.wave_misses.push((key, s));
@@ -588,11 +606,12 @@ impl Policy {
             .into_iter()
             .partition(|&(_, ws)| self.slots[ws].prefetch);
         for (key, ws) in unused {
+            let planned = std::mem::take(&mut self.slots[ws].planned);
             self.slots[ws].prefetch = false;
             self.map.remove(&key);
             self.slots[ws].key = None;
             self.slots[ws].role = Role::Free;
-            events.push(Event::PrefetchDropped(key));
+            events.push(Event::PrefetchDropped { key, planned });
         }
         if let Admission::Predictive { .. } = self.admission {
             let swaps = self.end_wave_predictive(layer, &misses, events);
@@ -854,6 +873,7 @@ impl Policy {
                 last_use: 0,
                 wave: 0,
                 prefetch: false,
+                planned: false,
             };
             self.capacity[layer] += 1;
             out.push(s);

@@ -253,7 +253,7 @@ fn replay(
                 Event::Miss(_) => stats.misses += 1,
                 Event::PrefetchHit(_) => stats.used += 1,
                 Event::Prefetch(_) => stats.issued += 1,
-                Event::PrefetchDropped(_) => stats.wasted += 1,
+                Event::PrefetchDropped { .. } => stats.wasted += 1,
                 _ => {}
             }
         }

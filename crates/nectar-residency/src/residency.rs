@@ -88,6 +88,9 @@ struct State {
     /// point has run, the latest one (the step ends at its last safe point, so the time between
     /// turns is never counted).
     step: Option<StepClock>,
+    /// The look-ahead plan's reads dropped unrequested: the waste its threshold controls (a
+    /// PILOT beside it, `--prefetch both`, wastes reads the threshold does not decide).
+    planned_wasted: u64,
 }
 
 /// A decode step being measured: its start, and its latest safe point so far.
@@ -145,7 +148,7 @@ impl State {
             busy,
             wait,
             reads: self.stats.reads,
-            wasted: self.stats.layers.iter().map(|l| l.prefetch_dropped).sum(),
+            wasted: self.planned_wasted,
         }
     }
 }
@@ -272,6 +275,7 @@ impl Residency {
             control: (cfg.lookahead && matches!(cfg.admission, Admission::Predictive { .. }))
                 .then(Controller::default),
             step: None,
+            planned_wasted: 0,
         };
         let inner = Arc::new(Inner {
             slab,
@@ -528,7 +532,8 @@ impl Residency {
             .control
             .as_ref()
             .map_or(crate::policy::MIN_CONTEXT, |c| c.min_context());
-        let need = need.min(self.working);
+        // With PILOT beside it (`prefetch_slots`), its slots stay free for its next-layer reads.
+        let need = need.min(self.working) + self.prefetch_slots;
         let rows = if decode { rows } else { 0 };
         st.policy.plan_prefetch(rows, need, min_context);
         self.issue_planned(&mut st)
@@ -654,7 +659,10 @@ impl Residency {
                     l.hits += 1;
                     l.prefetch_hits += 1;
                 }
-                Event::PrefetchDropped(k) => st.stats.layers[layer(k)].prefetch_dropped += 1,
+                Event::PrefetchDropped { key, planned } => {
+                    st.stats.layers[layer(key)].prefetch_dropped += 1;
+                    st.planned_wasted += planned as u64;
+                }
             }
         }
         st.events = events;

@@ -878,6 +878,79 @@ fn lookahead_reads_a_repeated_contexts_routes_ahead_and_changes_no_residency() {
     );
 }
 
+/// Look-ahead and PILOT together (`--prefetch both`): the plan leaves PILOT's slots free, and
+/// PILOT's limit counts only its own reads, so a step whose plan is reading still takes the
+/// next layer's predictions; every wave still finds its working slots.
+#[test]
+fn lookahead_beside_pilot_keeps_pilots_slots() {
+    let (io, layouts) = setup(4, 16);
+    let file = io.files[0].clone();
+    let io = Arc::new(io);
+    // Working bank 4 (a step's need 2), two PILOT slots: 6 in all.
+    let r = Residency::new(
+        ResidencyConfig {
+            lookahead: true,
+            admission: nectar_residency::Admission::PREDICTIVE,
+            ..cfg_prefetch(1, 4, 2)
+        },
+        layouts.clone(),
+        io,
+    )
+    .unwrap();
+    let routes = |t: u32| -> Vec<Vec<u32>> {
+        (0..4)
+            .map(|l| vec![(t + l) % 16, (t * 3 + l + 1) % 16])
+            .collect()
+    };
+    // A first pass the second one repeats (contexts of 8 tokens and more match from its 8th).
+    for t in 0..12 {
+        lookahead_step(&r, t, 1, &routes(t), &layouts, &file);
+    }
+    let mut full = 0;
+    for t in 0..12u32 {
+        r.observe_token(0, t);
+        let started = r.begin_step(1, 1, 2);
+        // The plan reads only beyond the need and PILOT's slots: 6 − (2 + 2).
+        assert!(started <= 2, "token {t}: {started}");
+        // PILOT's guesses for the last layer: two experts neither resident, loading nor chosen.
+        // Its slots are free even where the plan's reads fill the rest.
+        let busy: Vec<ExpertKey> = r.placements().into_iter().map(|p| p.key).collect();
+        let guess: Vec<u32> = (0..16u32)
+            .filter(|&e| !busy.contains(&ExpertKey::new(3, e as usize)))
+            .filter(|e| !routes(t)[3].contains(e))
+            .take(2)
+            .collect();
+        assert_eq!(
+            r.prefetch(3, &guess).unwrap(),
+            2,
+            "token {t}: PILOT kept its slots"
+        );
+        full += (started == 2) as usize;
+        for (layer, ids) in routes(t).iter().enumerate() {
+            let leases: Vec<_> = r
+                .acquire(layer, ids)
+                .unwrap()
+                .into_iter()
+                .map(|p| p.wait().unwrap())
+                .collect();
+            for l in &leases {
+                check_lease(l, &layouts, &file);
+            }
+            drop(leases);
+            r.end_wave_layer(layer).unwrap();
+        }
+    }
+    // Some steps' plans filled every slot they may take, and PILOT still read.
+    assert!(full > 0, "the plan never read two ahead");
+    // PILOT's guesses were all wrong (dropped at their layer's safe point) and the plan's all
+    // right: the look-ahead controller measures only the plan's waste, which it decides.
+    let t = r.telemetry();
+    assert!(t.layer_sum(|l| l.prefetch_dropped) >= 24);
+    let c = t.lookahead.unwrap();
+    assert!(c.windows > 0 && c.last.steps > 0, "{c:?}");
+    assert_eq!(c.last.wasted, 0, "{c:?}");
+}
+
 #[test]
 fn lookahead_leaves_a_wave_its_working_slots() {
     // Working bank 4, a step's need 4: no spare slot, so nothing is read ahead, and a wave

@@ -265,7 +265,7 @@ fn run_one(
     pilot: Option<&Pilot>,
 ) -> Result<RunOut> {
     // Only the pilot arm replays the trace model's predictions.
-    let pilot = pilot.filter(|_| prefetch == Prefetch::Pilot);
+    let pilot = pilot.filter(|_| prefetch.reads_predicted_layer());
     // The replayed segments with their sequences; a batch trace replays as `serve --parallel
     // N` decodes N requests, and is planned so.
     let segs: Vec<(&Segment, Vec<u16>)> = trace
@@ -811,17 +811,18 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     // The raw arm's buffers (huge pages, like the slab), allocated once outside every timing.
     let raw = RawReader::new(io, &paths, &layouts, a.io_threads, 32, true)?;
     // The pilot arm's predictions, made once by the trace's model over the trace's texts.
-    let pilot = match a.prefetch.iter().any(|p| p == "pilot") && a.prompt_rows.is_empty() {
-        true => {
-            let model = match &a.predictor {
-                Some(p) => p.clone(),
-                None => super::bench_decode::default_predictor(&dir)?,
-            };
-            let predictions = super::bench_pilot::predictions(&trace, &model, usize::MAX)?;
-            Some(Pilot { model, predictions })
-        }
-        false => None,
-    };
+    let pilot =
+        match a.prefetch.iter().any(|p| p == "pilot" || p == "both") && a.prompt_rows.is_empty() {
+            true => {
+                let model = match &a.predictor {
+                    Some(p) => p.clone(),
+                    None => super::bench_decode::default_predictor(&dir)?,
+                };
+                let predictions = super::bench_pilot::predictions(&trace, &model, usize::MAX)?;
+                Some(Pilot { model, predictions })
+            }
+            false => None,
+        };
     let mut runs = Vec::new();
     if !a.prompt_rows.is_empty() {
         for b in &a.memory_budget {
@@ -850,7 +851,9 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
             for p in &a.prefetch {
                 let prefetch = Prefetch::parse(p)
                     .filter(|p| *p != Prefetch::Measure)
-                    .with_context(|| format!("unknown --prefetch `{p}` (off, lookahead, pilot)"))?;
+                    .with_context(|| {
+                        format!("unknown --prefetch `{p}` (off, lookahead, pilot, both)")
+                    })?;
                 for g in &a.gpu_memory {
                     let gpu = (g.as_str(), gpu_arm(g)?);
                     let r = run_one(

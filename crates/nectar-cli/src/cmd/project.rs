@@ -540,7 +540,8 @@ enum Ahead {
     Pilot,
 }
 
-/// One projection (`prefetch`: the prefetch projected — `Off`, `Lookahead` or `Pilot`;
+/// One projection (`prefetch`: the prefetch projected — `Off`, `Lookahead`, or `Pilot` and
+/// `Both` (projected alike, from the b and w their own calibration measured);
 /// `width`: sequences a server decodes together, projected beside one when above 1).
 #[allow(clippy::too_many_arguments)]
 pub fn project(
@@ -717,7 +718,7 @@ pub fn project(
     };
     let ahead = match prefetch {
         Prefetch::Lookahead => guesses((phi, waste)),
-        Prefetch::Pilot => Ahead::Pilot,
+        Prefetch::Pilot | Prefetch::Both => Ahead::Pilot,
         Prefetch::Off | Prefetch::Measure => Ahead::Off,
     };
     // Decode tok/s averaged over the controller's windows, probes included.
@@ -866,7 +867,7 @@ pub fn project(
                      "controller_windows": spent.iter().map(|&(n, w)| json!({"min_context": n, "windows": w})).collect::<Vec<_>>(),
                      "decode_tok_s_with_probes": lookahead.then_some(probed),
                      "per_threshold": per_threshold,
-                     "pilot": (prefetch == Prefetch::Pilot).then(|| json!({
+                     "pilot": prefetch.reads_predicted_layer().then(|| json!({
                          "busy_in_attention": m.pilot_busy,
                          "predicted_attention_share": predicted_share,
                          "wasted_per_read": m.pilot_waste}))},
@@ -1116,7 +1117,9 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         Prefetch::Lookahead if a.lookahead_hidden.is_none() || a.lookahead_cancelled.is_none() => {
             Prefetch::Lookahead
         }
-        Prefetch::Pilot if a.pilot_busy.is_none() || a.pilot_waste.is_none() => Prefetch::Pilot,
+        Prefetch::Pilot | Prefetch::Both if a.pilot_busy.is_none() || a.pilot_waste.is_none() => {
+            prefetch
+        }
         _ => Prefetch::Off,
     };
     let wanted =
@@ -1144,23 +1147,23 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         };
         // PILOT's predictions are the trace model's (the container's early router means
         // nothing against replayed routes), made over the texts the calibration decodes: its
-        // rows start at the first segment (an 8-row prompt, then its decode steps).
+        // rows start at the first segment (its prompt, then its decode steps).
         let predicted = match second {
-            Prefetch::Pilot => {
+            Prefetch::Pilot | Prefetch::Both => {
                 let model = match &a.predictor {
                     Some(p) => p.clone(),
                     None => super::bench_decode::default_predictor(&trace_dir)?,
                 };
                 let first = trace.segments.first().map_or(0, |s| s.start);
-                let before =
-                    first + super::project_calibrate::PROMPT_ROWS + effort.calibrate_tokens;
+                let prompt = super::project_calibrate::prompt_rows(&trace, second);
+                let before = first + prompt + effort.calibrate_tokens;
                 Some(super::bench_pilot::predictions(&trace, &model, before)?.predicted)
             }
             _ => None,
         };
         let second = match (second, predicted.as_deref()) {
             (Prefetch::Lookahead, _) => Second::Lookahead,
-            (Prefetch::Pilot, Some(p)) => Second::Pilot(p),
+            (Prefetch::Pilot | Prefetch::Both, Some(p)) => Second::Pilot(p, second),
             _ => Second::None,
         };
         calibration = Some(calibrate(
@@ -1403,6 +1406,7 @@ pub fn render(full: &serde_json::Value) -> String {
                 "; {x:.2} without {}",
                 match o["prefetch"]["mode"].as_str() {
                     Some("pilot") => "PILOT",
+                    Some("both") => "look-ahead and PILOT",
                     _ => "look-ahead",
                 }
             ),
@@ -1415,8 +1419,12 @@ pub fn render(full: &serde_json::Value) -> String {
     let pilot = &o["prefetch"]["pilot"];
     s += &match pilot.is_object() {
         true => format!(
-            "  compute beyond weight streaming: {:.2} ms per layer; PILOT prefetch: the disk busy through {:.0} % of the predicted layers' attention ({:.0} % of all attention), {:.3} wrong guesses read per needed read\n",
+            "  compute beyond weight streaming: {:.2} ms per layer; {} prefetch: the disk busy through {:.0} % of the predicted layers' attention ({:.0} % of all attention), {:.3} wrong guesses read per needed read\n",
             f(&o["layer_overhead_ms"]),
+            match o["prefetch"]["mode"].as_str() {
+                Some("both") => "look-ahead and PILOT",
+                _ => "PILOT",
+            },
             100.0 * f(&pilot["busy_in_attention"]),
             100.0 * f(&pilot["predicted_attention_share"]),
             f(&pilot["wasted_per_read"])

@@ -41,16 +41,28 @@ pub struct Calibration {
 }
 
 /// The second calibration decode: none, look-ahead's, or PILOT's replaying the trace model's
-/// next-layer predictions per trace row (`bench_pilot::predictions`).
+/// next-layer predictions per trace row (`bench_pilot::predictions`) — with the mode it runs
+/// in: `Pilot`, or `Both` (look-ahead beside it, its b and w measured the same way).
 #[derive(Debug, Clone, Copy)]
 pub enum Second<'a> {
     None,
     Lookahead,
-    Pilot(&'a [Vec<Vec<u32>>]),
+    Pilot(&'a [Vec<Vec<u32>>], Prefetch),
 }
 
 /// Prompt rows the calibration decodes feed first (look-ahead's at least this many).
 pub const PROMPT_ROWS: usize = 8;
+
+/// Prompt rows a calibration decode in `mode` feeds first: look-ahead matches token
+/// contexts, so a decode that runs it feeds the first conversation's own prompt.
+pub fn prompt_rows(trace: &Trace, mode: Prefetch) -> usize {
+    match mode.reads_repeated_contexts() {
+        true => trace.segments.first().map_or(PROMPT_ROWS, |s| {
+            s.warmup.clamp(PROMPT_ROWS, MAX_LOOKAHEAD_PROMPT)
+        }),
+        false => PROMPT_ROWS,
+    }
+}
 
 /// The longest prompt the look-ahead decode feeds first (route256's are 43–118 rows; a longer
 /// one would spend the calibration's time on prefill reads under the budget).
@@ -289,16 +301,9 @@ pub fn calibrate(
            "halves_ms_per_token": off.halves_ms()});
     let (mut hidden, mut cancelled) = (None, None);
     let (mut busy, mut waste) = (None, None);
-    if let Second::Pilot(predicted) = second {
-        let p = decode(
-            dir,
-            budget,
-            Prefetch::Pilot,
-            trace,
-            Some(predicted),
-            PROMPT_ROWS,
-            tokens,
-        )?;
+    if let Second::Pilot(predicted, mode) = second {
+        let prompt = prompt_rows(trace, mode);
+        let p = decode(dir, budget, mode, trace, Some(predicted), prompt, tokens)?;
         busy = pilot_busy(
             p.halves.disk_busy_predicted_attention,
             p.halves.predicted_attention,
@@ -306,20 +311,18 @@ pub fn calibrate(
         );
         waste = pilot_waste(p.dropped, p.reads, p.prefetched);
         record["pilot"] = p.record();
+        record["pilot"]["mode"] = json!(mode.as_str());
         record["pilot"]["busy_in_attention"] = json!(busy);
         record["pilot"]["wasted_per_read"] = json!(waste);
     }
     if let Second::Lookahead = second {
-        let prompt = trace.segments.first().map_or(PROMPT_ROWS, |s| {
-            s.warmup.clamp(PROMPT_ROWS, MAX_LOOKAHEAD_PROMPT)
-        });
         let la = decode(
             dir,
             budget,
             Prefetch::Lookahead,
             trace,
             None,
-            prompt,
+            prompt_rows(trace, Prefetch::Lookahead),
             tokens,
         )?;
         hidden = lookahead_hidden(

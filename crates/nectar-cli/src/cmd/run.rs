@@ -197,8 +197,10 @@ pub fn run(a: RunArgs) -> Result<()> {
                 t.wait_seconds
             );
         }
-        // Look-ahead reads only under a budget (without one every expert is mapped already).
-        let lookahead_idle = bundle.model.prefetch == Prefetch::Lookahead && residency.is_none();
+        // Look-ahead (and `both`) reads only under a budget (without one every expert is
+        // mapped already).
+        let lookahead_idle = matches!(bundle.model.prefetch, Prefetch::Lookahead | Prefetch::Both)
+            && residency.is_none();
         if bundle.model.prefetch != Prefetch::Off && !lookahead_idle {
             eprintln!(
                 "{}",
@@ -279,8 +281,8 @@ fn spec_summary(s: &SpecStats) -> String {
     line + "]"
 }
 
-/// Prefetch figures: the next-layer prediction's recall (`measure`, `pilot`), and what the
-/// prefetches did.
+/// Prefetch figures: the next-layer prediction's recall (`measure`, `pilot`, `both`), and what
+/// the prefetches did.
 fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
     let s = bundle.model.pilot_stats();
     let (issued, hits, dropped, cancelled) = prefetch_counts(t);
@@ -300,6 +302,8 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
         "predicted_right": s.predicted_right,
         "candidates": s.candidates,
         "issued": s.issued,
+        // With `both`, every read started ahead (look-ahead's and PILOT's; `issued` is PILOT's).
+        "read_ahead": issued,
         "precision_by_rank": s.precision_by_rank(),
         "prefetch_hits": hits,
         "prefetch_dropped": dropped,
@@ -327,8 +331,12 @@ fn prefetch_summary(mode: Prefetch, s: &PilotStats, t: Option<&Telemetry>) -> St
             "[look-ahead prefetch: {issued} reads started ahead, {hits} used, {dropped} dropped, {cancelled} cancelled unread]"
         );
     }
+    let also = match mode.reads_repeated_contexts() {
+        true => format!(", with look-ahead's {issued} reads started ahead in all"),
+        false => String::new(),
+    };
     format!(
-        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued, {} used, {} dropped, {} cancelled unread]",
+        "[next-layer prediction: recall {:.1} % ({} of {} chosen experts); {} prefetches issued{also}, {} used, {} dropped, {} cancelled unread]",
         100.0 * s.recall(),
         s.predicted_right,
         s.chosen,

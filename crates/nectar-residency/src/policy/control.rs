@@ -56,7 +56,7 @@ pub struct Measurement {
     pub wait_seconds: f64,
     /// Expert reads started (demand and prefetch).
     pub reads: u64,
-    /// Prefetches dropped unrequested (wasted reads).
+    /// The look-ahead plan's prefetches dropped unrequested (its wasted reads).
     pub wasted: u64,
 }
 

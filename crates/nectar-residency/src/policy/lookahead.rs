@@ -111,7 +111,7 @@ impl Policy {
             if self.map.contains_key(&key) {
                 continue;
             }
-            let Some(s) = self.claim_prefetch_slot(key, events) else {
+            let Some(s) = self.claim_prefetch_slot(key, true, events) else {
                 break;
             };
             out.push((s, key));

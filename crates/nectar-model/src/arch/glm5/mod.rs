@@ -438,7 +438,11 @@ impl Glm5 {
             let c1 = clock();
             let next = self.layers.get(l + 1);
             let next_pred = match (self.prefetch, next) {
-                (Prefetch::Off | Prefetch::Lookahead, _) | (_, None) => None,
+                (p, _) if !p.runs_router_early() => None,
+                (_, None) => None,
+                // `both` predicts only to read: without streamed experts (no budget) it costs
+                // nothing, as look-ahead does (`pilot` and `measure` still score the router).
+                (Prefetch::Both, Some(n)) if n.mlp.streamed().is_none() => None,
                 (_, Some(n)) => {
                     let replayed: Option<Vec<Vec<u32>>> =
                         (0..m).map(|r| obs.replay_prediction(l + 1, r)).collect();
@@ -454,7 +458,9 @@ impl Glm5 {
                 }
             }
             let target = match (self.prefetch, next, &next_pred) {
-                (Prefetch::Pilot, Some(n), Some(p)) => n.mlp.streamed().map(|t| (t, p, &n.mlp)),
+                (m, Some(n), Some(p)) if m.reads_predicted_layer() => {
+                    n.mlp.streamed().map(|t| (t, p, &n.mlp))
+                }
                 _ => None,
             };
             let mut issue = || -> Result<()> {

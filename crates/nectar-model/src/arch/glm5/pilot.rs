@@ -26,23 +26,38 @@ pub enum Prefetch {
     /// step's predicted misses before their layers run, into spare working slots
     /// (`nectar_residency`'s `policy/lookahead.rs`).
     Lookahead,
+    /// Both: look-ahead reads what repeated token contexts predict for every layer, and PILOT
+    /// what the next layer's router predicts from the current state, into its own slots. The
+    /// two fill the same idle disk (reads ahead run one at a time, after a layer's own reads).
+    Both,
 }
 
 impl Prefetch {
-    /// Parses `off`, `measure`, `pilot` or `lookahead`.
+    /// Parses `off`, `measure`, `pilot`, `lookahead` or `both`.
     pub fn parse(s: &str) -> Option<Prefetch> {
         match s {
             "off" => Some(Prefetch::Off),
             "measure" => Some(Prefetch::Measure),
             "pilot" => Some(Prefetch::Pilot),
             "lookahead" => Some(Prefetch::Lookahead),
+            "both" => Some(Prefetch::Both),
             _ => None,
         }
     }
 
-    /// Whether the forward pass runs the next layer's router early (`measure`, `pilot`).
+    /// Whether the forward pass runs the next layer's router early (`measure`, `pilot`, `both`).
     pub fn runs_router_early(self) -> bool {
-        matches!(self, Prefetch::Measure | Prefetch::Pilot)
+        matches!(self, Prefetch::Measure | Prefetch::Pilot | Prefetch::Both)
+    }
+
+    /// Whether the next layer's predicted experts are read ahead (`pilot`, `both`).
+    pub fn reads_predicted_layer(self) -> bool {
+        matches!(self, Prefetch::Pilot | Prefetch::Both)
+    }
+
+    /// Whether the expert cache reads the misses repeated contexts predict (`lookahead`, `both`).
+    pub fn reads_repeated_contexts(self) -> bool {
+        matches!(self, Prefetch::Lookahead | Prefetch::Both)
     }
 
     /// The name `parse` accepts.
@@ -52,6 +67,7 @@ impl Prefetch {
             Prefetch::Measure => "measure",
             Prefetch::Pilot => "pilot",
             Prefetch::Lookahead => "lookahead",
+            Prefetch::Both => "both",
         }
     }
 }
@@ -179,10 +195,17 @@ mod tests {
             Prefetch::Measure,
             Prefetch::Pilot,
             Prefetch::Lookahead,
+            Prefetch::Both,
         ] {
             assert_eq!(Prefetch::parse(m.as_str()), Some(m));
         }
         assert_eq!(Prefetch::parse("on"), None);
         assert!(!Prefetch::Lookahead.runs_router_early() && Prefetch::Pilot.runs_router_early());
+        // `both` is each of the two, nothing else.
+        let b = Prefetch::Both;
+        assert!(b.runs_router_early() && b.reads_predicted_layer() && b.reads_repeated_contexts());
+        assert!(!Prefetch::Pilot.reads_repeated_contexts());
+        assert!(!Prefetch::Lookahead.reads_predicted_layer());
+        assert!(!Prefetch::Measure.reads_predicted_layer());
     }
 }

@@ -367,7 +367,7 @@ pub(super) fn setup(
             working_bank(cfg.raw.num_experts_per_tok, opts),
             prefetch_slots(cfg.raw.num_experts_per_tok, opts),
             pinned,
-            opts.prefetch == super::Prefetch::Lookahead,
+            opts.prefetch.reads_repeated_contexts(),
         ),
         only(&|l| l < n),
         io.clone(),
@@ -456,9 +456,9 @@ pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
 /// layer's unstarted wrong guesses give theirs back at its router, `Residency::routed`; each
 /// slot is taken from the LRU's budget).
 pub fn prefetch_slots(top_k: usize, opts: &LoadOptions) -> usize {
-    match opts.prefetch {
-        super::Prefetch::Pilot => top_k,
-        _ => 0,
+    match opts.prefetch.reads_predicted_layer() {
+        true => top_k,
+        false => 0,
     }
 }
 
