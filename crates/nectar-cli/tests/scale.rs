@@ -391,12 +391,24 @@ fn bench_replay_pilot_prefetches_the_trace_models_predictions() {
         "--raw-seconds",
         "0.05",
         "--prefetch",
-        "off,pilot",
+        "off,pilot,both",
         "--json",
     ]);
     assert!(ok, "{err}");
     let v = json(&out);
-    let (off, pilot) = (&v["runs"][0], &v["runs"][1]);
+    let (off, pilot, both) = (&v["runs"][0], &v["runs"][1], &v["runs"][2]);
+    // `both` replays the same predictions with look-ahead beside them, at PILOT's slots; reads
+    // ahead never change what the cache holds, so its hit rate is PILOT's.
+    assert_eq!(both["prefetch"], "both");
+    assert_eq!(both["pilot"]["recall"], pilot["pilot"]["recall"], "{both}");
+    assert!(both["lookahead_control"].is_object() && pilot["lookahead_control"].is_null());
+    assert_eq!(both["lru_slots_per_layer"], pilot["lru_slots_per_layer"]);
+    assert_eq!(both["hit_rate"], pilot["hit_rate"], "{both} {pilot}");
+    let m = |k: &str| both[k].as_u64().unwrap_or_else(|| panic!("{k}: {both}"));
+    assert_eq!(
+        m("prefetch_issued"),
+        m("prefetch_used") + m("prefetch_wasted")
+    );
     assert!(
         off["pilot"].is_null() && off["prefetch_issued"] == 0,
         "{off}"

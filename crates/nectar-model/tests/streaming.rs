@@ -224,9 +224,10 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
         7 * 4,
         "7 MoE layers × top-4, each expert requested once"
     );
-    // Next-layer prediction: `measure` and `pilot` (prefetch) never change a bit; the predictor
-    // names most chosen experts, and prefetches serve real requests.
-    for mode in [Prefetch::Measure, Prefetch::Pilot] {
+    // Next-layer prediction: `measure`, `pilot` (prefetch) and `both` (look-ahead beside it)
+    // never change a bit; the predictor names most chosen experts, and prefetches serve real
+    // requests.
+    for mode in [Prefetch::Measure, Prefetch::Pilot, Prefetch::Both] {
         let o = LoadOptions {
             prefetch: mode,
             ..base.clone()
@@ -254,13 +255,19 @@ fn streamed_demo_container_equals_resident_bit_for_bit() {
                 d + l.prefetch_dropped + l.prefetch_cancelled,
             )
         });
-        if mode == Prefetch::Pilot {
+        let issued: u64 = t.layers.iter().map(|l| l.prefetched).sum();
+        if mode.reads_predicted_layer() {
             assert!(s.issued > 0 && hits > 0, "{s:?}, {hits} prefetch hits");
+            // With `both` the look-ahead's reads are among them too.
+            assert!(issued >= s.issued, "{issued} {s:?}");
             assert_eq!(
-                s.issued,
+                issued,
                 hits + dropped,
                 "every prefetch is used, dropped or cancelled"
             );
+            if mode == Prefetch::Pilot {
+                assert_eq!(issued, s.issued, "PILOT alone: every read ahead is its own");
+            }
         } else {
             assert_eq!((s.issued, hits, dropped), (0, 0, 0));
         }

@@ -264,7 +264,7 @@ fn run_one(
     layouts: &[Vec<SlotLayout>],
     pilot: Option<&Pilot>,
 ) -> Result<RunOut> {
-    // Only the pilot arm replays the trace model's predictions.
+    // Only the pilot and both arms replay the trace model's predictions.
     let pilot = pilot.filter(|_| prefetch.reads_predicted_layer());
     // The replayed segments with their sequences; a batch trace replays as `serve --parallel
     // N` decodes N requests, and is planned so.
@@ -810,7 +810,8 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     let io = Arc::new(FileIo::open(&paths, true)?);
     // The raw arm's buffers (huge pages, like the slab), allocated once outside every timing.
     let raw = RawReader::new(io, &paths, &layouts, a.io_threads, 32, true)?;
-    // The pilot arm's predictions, made once by the trace's model over the trace's texts.
+    // The pilot and both arms' predictions, made once by the trace's model over the trace's
+    // texts.
     let pilot =
         match a.prefetch.iter().any(|p| p == "pilot" || p == "both") && a.prompt_rows.is_empty() {
             true => {
