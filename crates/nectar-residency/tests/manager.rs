@@ -595,17 +595,7 @@ fn prefetched_experts_serve_requests_with_the_right_bytes() {
     assert_eq!(r.prefetch(1, &[2, 3, 5]).unwrap(), 3);
     // Already loading: nothing new starts.
     assert_eq!(r.prefetch(1, &[2]).unwrap(), 0);
-    let leases: Vec<_> = r
-        .acquire(1, &[2, 3])
-        .unwrap()
-        .into_iter()
-        .map(|p| p.wait().unwrap())
-        .collect();
-    for l in &leases {
-        check_lease(l, &layouts, &file);
-    }
-    drop(leases);
-    r.end_wave_layer(1).unwrap();
+    checked_wave(&r, 1, &[2, 3], &layouts, &file);
     // Only the prefetches read: expert 2 in one coalesced read, 3 and 5 in three each.
     assert_eq!(
         io.reads.load(Ordering::SeqCst),
@@ -789,19 +779,30 @@ fn lookahead_step(
     r.observe_token(0, token);
     let started = r.begin_step(1, streams, 2);
     for (layer, ids) in routes.iter().enumerate() {
-        let leases: Vec<_> = r
-            .acquire(layer, ids)
-            .unwrap()
-            .into_iter()
-            .map(|p| p.wait().unwrap())
-            .collect();
-        for l in &leases {
-            check_lease(l, layouts, file);
-        }
-        drop(leases);
-        r.end_wave_layer(layer).unwrap();
+        checked_wave(r, layer, ids, layouts, file);
     }
     started
+}
+
+/// One wave of `layer` requesting `ids`: every lease's bytes checked, then its safe point.
+fn checked_wave(
+    r: &Residency,
+    layer: usize,
+    ids: &[u32],
+    layouts: &[Vec<SlotLayout>],
+    file: &[u8],
+) {
+    let leases: Vec<_> = r
+        .acquire(layer, ids)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.wait().unwrap())
+        .collect();
+    for l in &leases {
+        check_lease(l, layouts, file);
+    }
+    drop(leases);
+    r.end_wave_layer(layer).unwrap();
 }
 
 #[test]
@@ -927,17 +928,7 @@ fn lookahead_beside_pilot_keeps_pilots_slots() {
         );
         full += (started == 2) as usize;
         for (layer, ids) in routes(t).iter().enumerate() {
-            let leases: Vec<_> = r
-                .acquire(layer, ids)
-                .unwrap()
-                .into_iter()
-                .map(|p| p.wait().unwrap())
-                .collect();
-            for l in &leases {
-                check_lease(l, &layouts, &file);
-            }
-            drop(leases);
-            r.end_wave_layer(layer).unwrap();
+            checked_wave(&r, layer, ids, &layouts, &file);
         }
     }
     // Some steps' plans filled every slot they may take, and PILOT still read.
