@@ -812,18 +812,21 @@ pub fn replay(a: BenchReplayArgs) -> Result<()> {
     let raw = RawReader::new(io, &paths, &layouts, a.io_threads, 32, true)?;
     // The pilot and both arms' predictions, made once by the trace's model over the trace's
     // texts.
-    let pilot =
-        match a.prefetch.iter().any(|p| p == "pilot" || p == "both") && a.prompt_rows.is_empty() {
-            true => {
-                let model = match &a.predictor {
-                    Some(p) => p.clone(),
-                    None => super::bench_decode::default_predictor(&dir)?,
-                };
-                let predictions = super::bench_pilot::predictions(&trace, &model, usize::MAX)?;
-                Some(Pilot { model, predictions })
-            }
-            false => None,
-        };
+    let reads_predicted = a
+        .prefetch
+        .iter()
+        .any(|p| Prefetch::parse(p).is_some_and(Prefetch::reads_predicted_layer));
+    let pilot = match reads_predicted && a.prompt_rows.is_empty() {
+        true => {
+            let model = match &a.predictor {
+                Some(p) => p.clone(),
+                None => super::bench_decode::default_predictor(&dir)?,
+            };
+            let predictions = super::bench_pilot::predictions(&trace, &model, usize::MAX)?;
+            Some(Pilot { model, predictions })
+        }
+        false => None,
+    };
     let mut runs = Vec::new();
     if !a.prompt_rows.is_empty() {
         for b in &a.memory_budget {

@@ -1117,9 +1117,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         Prefetch::Lookahead if a.lookahead_hidden.is_none() || a.lookahead_cancelled.is_none() => {
             Prefetch::Lookahead
         }
-        Prefetch::Pilot | Prefetch::Both if a.pilot_busy.is_none() || a.pilot_waste.is_none() => {
-            prefetch
-        }
+        p if p.reads_predicted_layer() && (a.pilot_busy.is_none() || a.pilot_waste.is_none()) => p,
         _ => Prefetch::Off,
     };
     let wanted =
@@ -1149,7 +1147,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         // nothing against replayed routes), made over the texts the calibration decodes: its
         // rows start at the first segment (its prompt, then its decode steps).
         let predicted = match second {
-            Prefetch::Pilot | Prefetch::Both => {
+            p if p.reads_predicted_layer() => {
                 let model = match &a.predictor {
                     Some(p) => p.clone(),
                     None => super::bench_decode::default_predictor(&trace_dir)?,
@@ -1163,7 +1161,7 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
         };
         let second = match (second, predicted.as_deref()) {
             (Prefetch::Lookahead, _) => Second::Lookahead,
-            (Prefetch::Pilot | Prefetch::Both, Some(p)) => Second::Pilot(p, second),
+            (m, Some(p)) if m.reads_predicted_layer() => Second::Pilot(p, m),
             _ => Second::None,
         };
         calibration = Some(calibrate(

@@ -199,8 +199,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         // Look-ahead (and `both`) reads only under a budget (without one every expert is
         // mapped already).
-        let lookahead_idle = matches!(bundle.model.prefetch, Prefetch::Lookahead | Prefetch::Both)
-            && residency.is_none();
+        let lookahead_idle = bundle.model.prefetch.reads_repeated_contexts() && residency.is_none();
         if bundle.model.prefetch != Prefetch::Off && !lookahead_idle {
             eprintln!(
                 "{}",
