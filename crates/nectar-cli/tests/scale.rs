@@ -1295,7 +1295,7 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
             "--mtp",
             mtp,
             "--prefetch",
-            "off,lookahead",
+            "off,lookahead,both",
             "--json",
         ])
     };
@@ -1322,6 +1322,17 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
         let offline = run["policy_replay_hit_rate"].as_f64().unwrap();
         assert!((hit - offline).abs() <= 0.01, "{run}");
     }
+    // PILOT's predictions come from the trace model re-running each sequence on its own
+    // cache, as the server decodes them: its routes agree with the trace's as one
+    // conversation's do (a run over the interleaved rows as one text agrees far less).
+    let runs = json(&out)["runs"].as_array().unwrap().clone();
+    let both = runs.iter().find(|r| r["prefetch"] == "both").unwrap();
+    let p = &both["pilot"];
+    assert!(
+        p["route_agreement_with_trace"].as_f64().unwrap() > 0.85,
+        "{p}"
+    );
+    assert!(p["recall"].as_f64().unwrap() > 0.5, "{p}");
     // The same rows without the streams file are one sequence: one row a step.
     let (ok, out, err) = replay(&flat, "off");
     assert!(ok, "{err}");

@@ -90,28 +90,42 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
             "{}: empty segment {start}..{end}",
             trace.path.display()
         );
-        let n = end - start;
-        let ids: Vec<u32> = tokens[start..end].iter().map(|&t| u32::from(t)).collect();
-        let mut obs = Collect {
-            first_moe,
-            layers,
-            predicted: vec![vec![Vec::new(); layers]; n],
-            routed: vec![vec![Vec::new(); layers]; n],
-        };
-        let mut cache = model.new_cache();
-        model.forward(
-            &mut [SeqStep {
-                cache: &mut cache,
-                tokens: &ids,
-            }],
-            &mut obs,
-        )?;
-        for (r, (pred, routed)) in obs.predicted.iter_mut().zip(&obs.routed).enumerate() {
-            for (i, (p, got)) in pred.iter_mut().zip(routed).enumerate() {
-                let truth: Vec<u32> = trace.experts(start + r, i).collect();
-                agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
-                score.score(std::slice::from_ref(p), std::slice::from_ref(&truth));
-                predicted[start + r][i] = std::mem::take(p);
+        // A batch trace interleaves its sequences' rows (`{kind}.streams.npy`): each runs on
+        // its own cache, as the server decodes them, so a row's prediction sees only its own
+        // sequence's context.
+        let mut seqs: Vec<(u16, Vec<usize>)> = Vec::new();
+        for r in start..end {
+            let s = trace.stream(r);
+            match seqs.iter_mut().find(|(t, _)| *t == s) {
+                Some((_, rows)) => rows.push(r),
+                None => seqs.push((s, vec![r])),
+            }
+        }
+        for (_, rows) in seqs {
+            let ids: Vec<u32> = rows.iter().map(|&r| u32::from(tokens[r])).collect();
+            let n = rows.len();
+            let mut obs = Collect {
+                first_moe,
+                layers,
+                predicted: vec![vec![Vec::new(); layers]; n],
+                routed: vec![vec![Vec::new(); layers]; n],
+            };
+            let mut cache = model.new_cache();
+            model.forward(
+                &mut [SeqStep {
+                    cache: &mut cache,
+                    tokens: &ids,
+                }],
+                &mut obs,
+            )?;
+            for (&row, (pred, routed)) in rows.iter().zip(obs.predicted.iter_mut().zip(&obs.routed))
+            {
+                for (i, (p, got)) in pred.iter_mut().zip(routed).enumerate() {
+                    let truth: Vec<u32> = trace.experts(row, i).collect();
+                    agreed += truth.iter().filter(|e| got.contains(e)).count() as u64;
+                    score.score(std::slice::from_ref(p), std::slice::from_ref(&truth));
+                    predicted[row][i] = std::mem::take(p);
+                }
             }
         }
     }
