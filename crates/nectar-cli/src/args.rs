@@ -162,10 +162,11 @@ pub struct ExpertCacheArgs {
     /// time this token context occurred before their layers run, into spare working slots; a
     /// step that batches several sequences, as `serve` does, reads each one's, the expert
     /// cache keeping their token histories apart); `both` (`lookahead` and `pilot` together,
-    /// PILOT's slots kept for its next-layer reads). Default `lookahead` (it shortened the time
-    /// decode waits for reads at every budget replayed, `benchmarks/RESULTS.md`). Never changes
-    /// the output.
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "measure", "pilot", "lookahead", "both"])]
+    /// PILOT's slots kept for its next-layer reads). Default `both` (replayed at GLM-5.2's
+    /// expert size it read 0.45–0.50 of the misses ahead, look-ahead alone 0.17–0.27, and
+    /// decoded at least as fast as either alone, one request or two together:
+    /// `benchmarks/RESULTS.md`). Never changes the output.
+    #[arg(long, default_value = "both", value_parser = ["off", "measure", "pilot", "lookahead", "both"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
     /// with the highest predicted value: decayed frequency, a look-ahead from the last time
@@ -923,12 +924,12 @@ pub struct FitArgs {
     /// as `AttnShape::gpu_prefill_flops` counts its work.
     #[arg(long, value_parser = positive)]
     pub gpu_attn_tflops: Option<f64>,
-    /// Prefetch projected: `lookahead` (the default of `run` and `serve`), `off`, or `pilot`
-    /// (`run --prefetch pilot`: the next layer's router applied early; its prefetch slots come
-    /// out of the plan, its reads keep the disk busy through attention a share --pilot-busy of
-    /// it and read --pilot-waste wrong guesses per needed read), or `both` (`run --prefetch
-    /// both`: projected as PILOT, with b and w measured by a calibration decode of both).
-    #[arg(long, default_value = "lookahead", value_parser = ["off", "lookahead", "pilot", "both"])]
+    /// Prefetch projected: `both` (the default, as `run` and `serve`: projected as PILOT, with b
+    /// and w measured by a calibration decode of both), `lookahead`, `off`, or `pilot` (`run
+    /// --prefetch pilot`: the next layer's router applied early; its prefetch slots come out of
+    /// the plan, its reads keep the disk busy through attention a share --pilot-busy of it and
+    /// read --pilot-waste wrong guesses per needed read).
+    #[arg(long, default_value = "both", value_parser = ["off", "lookahead", "pilot", "both"])]
     pub prefetch: String,
     /// With --prefetch pilot (or both): the share (0–1) of the predicted layers' attention (MoE layers
     /// with a layer before them) through which PILOT's reads kept the disk busy (its queue of

@@ -484,7 +484,7 @@ fn bench_replay_prefill_reads_each_touched_expert_once() {
 
 #[test]
 fn fit_projects_decode_and_prefill_speed() {
-    let v = e256_projection(&[]);
+    let v = e256_projection(&["--prefetch", "lookahead"]);
     let p = &v["projection"];
     assert!(p["lru_slots_per_layer"].as_u64().unwrap() >= 1);
     assert!(p["decode_tok_s"]["mtp_off"].as_f64().unwrap() > 0.0, "{p}");
@@ -534,8 +534,7 @@ fn fit_projects_decode_and_prefill_speed() {
         "{c}"
     );
     assert_eq!(v["projection"]["moe_overlap"].as_f64(), Some(eta), "{v}");
-    // Look-ahead (the default) is calibrated by a second decode with it on, after the first
-    // prompt: the share of its reads' disk time inside attention is a share, and the one the
+    // Look-ahead is calibrated by a second decode with it on, after the first prompt: the share of its reads' disk time inside attention is a share, and the one the
     // projection credits (0 where it read too little ahead to tell).
     let la = &c["lookahead"];
     assert!(la["prompt_rows"].as_u64().unwrap() >= 8, "{c}");
@@ -563,12 +562,14 @@ fn fit_projects_decode_and_prefill_speed() {
             "65",
             "--kernel-share",
             "0.6",
+            "--prefetch",
+            "lookahead",
         ])
     };
     let (slow, fast) = (glm("7"), glm("14"));
     let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     assert!(tok_s(&fast) > tok_s(&slow));
-    // With look-ahead (the default) the projection also gives the same machine without it,
+    // With look-ahead the projection also gives the same machine without it,
     // which is the `--prefetch off` projection. Nothing calibrated and no --lookahead-hidden:
     // reads ahead get no credit, so their wasted reads make look-ahead no faster; with a share
     // of them hidden behind attention it helps this disk-bound plan.
@@ -580,9 +581,22 @@ fn fit_projects_decode_and_prefill_speed() {
     );
     assert_eq!(slow["prefetch"]["hidden_in_attention"], 0.0, "{slow}");
     assert!(tok_s(&slow) <= without, "{slow}");
-    let hidden = glm52_32g(&["--lookahead-hidden", "0.13"]);
+    let hidden = glm52_32g(&["--prefetch", "lookahead", "--lookahead-hidden", "0.13"]);
     assert!(tok_s(&hidden) > without, "{hidden}");
     assert!(off["decode_tok_s_without_lookahead"].is_null(), "{off}");
+    // The default is `run`'s, both (projected as PILOT); a look-ahead figure beside it, or a
+    // PILOT figure beside look-ahead, would be ignored, so each is refused by name.
+    assert_eq!(glm52_32g(&[])["prefetch"]["mode"], "both");
+    let err = glm52_refused(&["--lookahead-hidden", "0.13"]);
+    assert!(
+        err.contains("--prefetch lookahead") && err.contains("`both`"),
+        "{err}"
+    );
+    let err = glm52_refused(&["--prefetch", "lookahead", "--pilot-waste", "0.1"]);
+    assert!(
+        err.contains("--pilot-waste") && err.contains("`lookahead`"),
+        "{err}"
+    );
     // MTP off does not load the MTP layer: its ~1 GB buys the main layers an 11th slot at 29
     // GiB (the g64 spine, 10.6 GB, counted from GLM-5.2's matrices).
     assert_eq!(slow["lru_slots_per_layer"], 11, "{slow}");
@@ -662,15 +676,23 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
     let slow = project(&["--layer-overhead-ms", "2", "--prefetch", "off"]);
-    let ahead = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "0.5"]);
-    let all = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "1"]);
-    let none = project(&["--layer-overhead-ms", "2", "--lookahead-hidden", "0"]);
+    let ahead = |r: &str| {
+        project(&[
+            "--layer-overhead-ms",
+            "2",
+            "--prefetch",
+            "lookahead",
+            "--lookahead-hidden",
+            r,
+        ])
+    };
+    let (ahead, all, none) = (ahead("0.5"), ahead("1"), ahead("0"));
     // Compute beyond the weights lengthens the serial part of every forward.
     assert!(tok(&slow) < tok(&base), "{slow} {base}");
     // Without --context, no long-context figure.
     assert!(base.get("context").is_none(), "{base}");
     assert_eq!(slow["layer_overhead_ms"], 2.0);
-    // Look-ahead (the default) reads part of the misses behind attention: faster the more of
+    // Look-ahead reads part of the misses behind attention: faster the more of
     // their disk time hides there, never above the overlap ceiling, and it pays with a few
     // wasted reads — all it does when none hides.
     let phi = ahead["prefetch"]["coverage"].as_f64().unwrap();
@@ -721,6 +743,8 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
         project(&[
             "--layer-overhead-ms",
             "2",
+            "--prefetch",
+            "lookahead",
             "--lookahead-hidden",
             "0.5",
             "--lookahead-cancelled",
@@ -898,6 +922,8 @@ fn fit_projects_the_look_ahead_threshold_the_controller_settles_on() {
             "1.0",
             "--moe-overlap",
             "1",
+            "--prefetch",
+            "lookahead",
             "--lookahead-hidden",
             "1",
             "--gflops",
@@ -1082,6 +1108,9 @@ fn fit_projects_the_per_row_artifact_from_its_expert_bytes() {
             "1",
             "--moe-overlap",
             "0.76",
+            // The plan of look-ahead (`both` keeps PILOT's 8 slots: 14 on 48 of the layers).
+            "--prefetch",
+            "lookahead",
         ],
     ]
     .concat();

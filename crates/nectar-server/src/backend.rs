@@ -386,7 +386,7 @@ pub struct ModelInfo {
     pub parallel: usize,
     /// Experts are streamed under a memory budget (bytes), if one was given.
     pub memory_budget: Option<u64>,
-    /// Expert prefetch in force under that budget (`off`, `measure`, `pilot`, `lookahead`).
+    /// Expert prefetch in force under that budget (`off`, `measure`, `pilot`, `lookahead`, `both`).
     pub prefetch: String,
     /// The memory equation for that budget (`{"terms": [[name, bytes]…], "lru_per_layer",
     /// "lru_extra_layers", "sparse_layers", "lru_bytes", "slack"}`), when experts are streamed.
@@ -590,7 +590,7 @@ pub struct EngineOptions {
     pub threads: Option<usize>,
     /// VRAM for the GPU tier (`--gpu-memory`; `None`: the CPU only).
     pub gpu_memory: Option<nectar_model::arch::glm5::GpuMemory>,
-    /// Expert prefetch under a memory budget (`--prefetch`; `nectar run`'s default, look-ahead).
+    /// Expert prefetch under a memory budget (`--prefetch`; `nectar run`'s default, `both`).
     pub prefetch: nectar_model::arch::glm5::Prefetch,
     /// Expert-reading threads under a memory budget (`--io-threads`).
     pub io_threads: usize,
@@ -614,7 +614,7 @@ impl EngineOptions {
             speculation: None,
             threads: None,
             gpu_memory: None,
-            prefetch: nectar_model::arch::glm5::Prefetch::Lookahead,
+            prefetch: nectar_model::arch::glm5::Prefetch::Both,
             io_threads: 3,
             admission: nectar_model::arch::glm5::DEFAULT_ADMISSION,
             pin: Pin::Auto { bytes: None },

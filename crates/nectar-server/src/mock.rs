@@ -69,7 +69,7 @@ impl Backend for MockBackend {
             mtp: "off".into(),
             parallel: 1,
             memory_budget: None,
-            prefetch: "lookahead".into(),
+            prefetch: "both".into(),
             memory_plan: None,
         })
     }

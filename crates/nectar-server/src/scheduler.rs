@@ -144,11 +144,28 @@ pub(crate) fn model_thread(
         .unwrap_or(DEFAULT_CTX);
     let ctx = opts.ctx_size.unwrap_or(max_pos.min(DEFAULT_CTX));
     let mtp_tier = bundle.model.mtp_residency().cloned();
+    // The next-layer prediction's quality where the router runs early (`pilot`, `both`).
+    let pilot = bundle
+        .model
+        .prefetch
+        .runs_router_early()
+        .then(|| bundle.model.pilot_stats_source());
     let residency = bundle.model.residency().cloned().map(|r| {
         Box::new(move || {
             let mut v = serde_json::to_value(r.telemetry()).ok()?;
             if let Some(m) = &mtp_tier {
                 v["mtp_tier"] = serde_json::to_value(m.telemetry()).ok()?;
+            }
+            if let Some(p) = &pilot {
+                let s = p();
+                v["pilot"] = serde_json::json!({
+                    "recall": s.recall(),
+                    "chosen": s.chosen,
+                    "predicted_right": s.predicted_right,
+                    "candidates": s.candidates,
+                    "issued": s.issued,
+                    "precision_by_rank": s.precision_by_rank(),
+                });
             }
             Some(v)
         }) as Box<dyn Fn() -> Option<Value> + Send + Sync>

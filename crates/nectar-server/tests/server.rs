@@ -513,11 +513,16 @@ async fn memory_budget_streams_experts_and_reports_residency() {
     let (_, body) = send(&app, "GET", "/stats", None).await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["model_info"]["memory_budget"], 1u64 << 30);
-    // Look-ahead prefetch by default, as `nectar run`: its controller has measured the decode
-    // steps of this one-sequence request (8 steps a window; 12 tokens leave one window).
-    assert_eq!(v["model_info"]["prefetch"], "lookahead");
+    // Look-ahead and PILOT by default (`both`), as `nectar run`: look-ahead's controller has
+    // measured the decode steps of this one-sequence request (8 steps a window; 12 tokens
+    // leave one window), and PILOT's predictions were scored against the layers' routes.
+    assert_eq!(v["model_info"]["prefetch"], "both");
     let la = &v["residency"]["lookahead"];
     assert!(la["windows"].as_u64().unwrap() >= 1, "{la}");
+    let p = &v["residency"]["pilot"];
+    assert!(p["chosen"].as_u64().unwrap() > 0, "{p}");
+    let recall = p["recall"].as_f64().unwrap();
+    assert!(recall > 0.0 && recall <= 1.0, "{p}");
     // The memory equation the budget was planned with.
     let plan = &v["model_info"]["memory_plan"];
     assert!(plan["lru_per_layer"].as_u64().unwrap() >= 1, "{plan}");
@@ -569,6 +574,7 @@ async fn a_budgeted_server_takes_runs_cache_flags() {
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["model_info"]["prefetch"], "off");
         assert!(v["residency"]["lookahead"].is_null(), "{}", v["residency"]);
+        assert!(v["residency"]["pilot"].is_null(), "{}", v["residency"]);
         assert_eq!(
             v["residency"]["occupancy"]["pinned"], pinned,
             "{}",

@@ -336,7 +336,7 @@ fn plan_checks(a: &DoctorArgs, dir: &Path, budget: u64, out: &mut Vec<Check>) ->
         gpu_copy_gbps: None,
         gpu_prefill_us: None,
         gpu_attn_tflops: None,
-        prefetch: "lookahead".into(),
+        prefetch: "both".into(),
         pilot_busy: None,
         pilot_waste: None,
         predictor: None,

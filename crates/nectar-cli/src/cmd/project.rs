@@ -1111,6 +1111,20 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     let mut calibration = None;
     let prefetch = Prefetch::parse(&a.prefetch)
         .with_context(|| format!("unknown --prefetch `{}`", a.prefetch))?;
+    // A figure for a prefetch the projection does not model would be silently ignored.
+    let la_flag = a.lookahead_hidden.is_some() || a.lookahead_cancelled.is_some();
+    anyhow::ensure!(
+        !la_flag || prefetch == Prefetch::Lookahead,
+        "--lookahead-hidden and --lookahead-cancelled project --prefetch lookahead, not `{}` \
+         (`both`, the default, is projected as PILOT: --pilot-busy, --pilot-waste)",
+        prefetch.as_str()
+    );
+    let pilot_flag = a.pilot_busy.is_some() || a.pilot_waste.is_some();
+    anyhow::ensure!(
+        !pilot_flag || prefetch.reads_predicted_layer(),
+        "--pilot-busy and --pilot-waste project --prefetch pilot or both, not `{}`",
+        prefetch.as_str()
+    );
     // Look-ahead's r and cancelled share need a second decode with look-ahead on, PILOT's b
     // and waste one with PILOT on: only where it is projected.
     let second = match prefetch {

@@ -104,7 +104,7 @@ pub struct Glm5 {
     pub mla_mode: MlaMode,
     /// Next-layer expert prediction (see [`Prefetch`]); from [`LoadOptions::prefetch`].
     pub prefetch: Prefetch,
-    pilot: Mutex<PilotStats>,
+    pilot: Arc<Mutex<PilotStats>>,
     /// The main layers' halves of decode forwards against the disk (under a budget).
     disk_overlap: phases::DiskOverlap,
     catalog: Arc<Catalog>,
@@ -184,7 +184,7 @@ impl Glm5 {
             layers,
             mla_mode: MlaMode::Auto,
             prefetch: opts.prefetch,
-            pilot: Mutex::new(PilotStats::default()),
+            pilot: Arc::new(Mutex::new(PilotStats::default())),
             disk_overlap: Default::default(),
             catalog: catalog.clone(),
             streaming,
@@ -521,6 +521,13 @@ impl Glm5 {
     /// Next-layer prediction counts since load (all zero with [`Prefetch::Off`]).
     pub fn pilot_stats(&self) -> PilotStats {
         *self.pilot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Glm5::pilot_stats`] readable from another thread (a server's `/stats` while the model
+    /// thread decodes).
+    pub fn pilot_stats_source(&self) -> impl Fn() -> PilotStats + Send + Sync + 'static {
+        let pilot = self.pilot.clone();
+        move || *pilot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn final_norm(&self, x: &[f32], w: &[f32]) -> Vec<f32> {
