@@ -534,8 +534,9 @@ fn fit_projects_decode_and_prefill_speed() {
         "{c}"
     );
     assert_eq!(v["projection"]["moe_overlap"].as_f64(), Some(eta), "{v}");
-    // Look-ahead is calibrated by a second decode with it on, after the first prompt: the share of its reads' disk time inside attention is a share, and the one the
-    // projection credits (0 where it read too little ahead to tell).
+    // Look-ahead is calibrated by a second decode with it on, after the first prompt: the
+    // share of its reads' disk time inside attention is a share, and the one the projection
+    // credits (0 where it read too little ahead to tell).
     let la = &c["lookahead"];
     assert!(la["prompt_rows"].as_u64().unwrap() >= 8, "{c}");
     assert!(
@@ -569,8 +570,8 @@ fn fit_projects_decode_and_prefill_speed() {
     let (slow, fast) = (glm("7"), glm("14"));
     let tok_s = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     assert!(tok_s(&fast) > tok_s(&slow));
-    // With look-ahead the projection also gives the same machine without it,
-    // which is the `--prefetch off` projection. Nothing calibrated and no --lookahead-hidden:
+    // With look-ahead the projection also gives the same machine without it, which is the
+    // `--prefetch off` projection. Nothing calibrated and no --lookahead-hidden:
     // reads ahead get no credit, so their wasted reads make look-ahead no faster; with a share
     // of them hidden behind attention it helps this disk-bound plan.
     let off = glm52_32g(&["--prefetch", "off"]);
@@ -676,16 +677,11 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     let tok = |p: &serde_json::Value| p["decode_tok_s"]["mtp_off"].as_f64().unwrap();
     let base = project(&["--layer-overhead-ms", "0", "--prefetch", "off"]);
     let slow = project(&["--layer-overhead-ms", "2", "--prefetch", "off"]);
-    let ahead = |r: &str| {
-        project(&[
-            "--layer-overhead-ms",
-            "2",
-            "--prefetch",
-            "lookahead",
-            "--lookahead-hidden",
-            r,
-        ])
+    let lookahead = |extra: &[&str]| {
+        let la = ["--layer-overhead-ms", "2", "--prefetch", "lookahead"];
+        project(&[&la[..], extra].concat())
     };
+    let ahead = |r: &str| lookahead(&["--lookahead-hidden", r]);
     let (ahead, all, none) = (ahead("0.5"), ahead("1"), ahead("0"));
     // Compute beyond the weights lengthens the serial part of every forward.
     assert!(tok(&slow) < tok(&base), "{slow} {base}");
@@ -739,18 +735,7 @@ fn fit_projects_per_layer_compute_and_look_ahead_overlap() {
     // Wrong guesses cancelled before their read cost no disk time: with every one cancelled
     // the disk reads exactly what it reads without look-ahead, and the threshold may loosen.
     assert_eq!(ahead["prefetch"]["wrong_guesses_cancelled"], 0.0);
-    let cancel = |c: &str| {
-        project(&[
-            "--layer-overhead-ms",
-            "2",
-            "--prefetch",
-            "lookahead",
-            "--lookahead-hidden",
-            "0.5",
-            "--lookahead-cancelled",
-            c,
-        ])
-    };
+    let cancel = |c: &str| lookahead(&["--lookahead-hidden", "0.5", "--lookahead-cancelled", c]);
     let (most, every) = (cancel("0.9"), cancel("1"));
     let ssd = |p: &serde_json::Value| p["ssd_gb_per_token"]["mtp_off"].as_f64().unwrap();
     assert!((ssd(&every) - ssd(&slow)).abs() < 1e-9, "{every} {slow}");
@@ -1238,8 +1223,9 @@ fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
 
 /// Two of route256's conversations served together, as `benchmarks/trace_interleave.py`'s
 /// INTER writes them: both prompts, then the decode rows alternating (A1 B1 A2 B2 …), each
-/// `decoded` long; with `streams`, `session.streams.npy` names each row's conversation.
-fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
+/// `decoded` long; with `streams`, `session.streams.npy` names each row's conversation. Every
+/// expert id is moved by `shift` (mod 256): routes no model recorded.
+fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool, shift: i16) {
     let src = root().join("tests/fixtures/traces/route256");
     let t = nectar_residency::trace::Trace::load(&src, "decode").unwrap();
     let tokens = t.tokens.as_ref().unwrap();
@@ -1256,7 +1242,11 @@ fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
     let experts: Vec<u8> = rows
         .iter()
         .flat_map(|&(r, _)| &t.ids[r * width..(r + 1) * width])
-        .flat_map(|&e| (e as i16).to_le_bytes())
+        .map(|&e| match e {
+            -1 => -1,
+            e => (e as i16 + shift) % 256,
+        })
+        .flat_map(|e: i16| e.to_le_bytes())
         .collect();
     let toks: Vec<u8> = rows
         .iter()
@@ -1302,8 +1292,8 @@ fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool) {
 fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
     let tmp = tempfile::tempdir().unwrap();
     let (inter, flat) = (tmp.path().join("inter"), tmp.path().join("flat"));
-    interleaved_trace(&inter, 12, true);
-    interleaved_trace(&flat, 12, false);
+    interleaved_trace(&inter, 12, true, 0);
+    interleaved_trace(&flat, 12, false, 0);
     let model = e256();
     let replay = |trace: &std::path::Path, mtp: &str| {
         nectar(&[
@@ -1373,6 +1363,58 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
     let (ok, _, err) = replay(&inter, "on");
     assert!(
         !ok && err.contains("batch trace") && err.contains("--mtp off"),
+        "{err}"
+    );
+}
+
+/// PILOT's arms replay the predictions of the model that recorded the trace: a predictor of
+/// another expert universe is refused by name, and one whose own routes disagree with the
+/// trace's (here: every expert id of the trace moved by 128) is named in a warning — its
+/// predictions say nothing about these routes (before, both ran silently: recall 0.02).
+#[test]
+fn bench_replay_names_a_predictor_that_did_not_record_the_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (own, moved) = (tmp.path().join("own"), tmp.path().join("moved"));
+    interleaved_trace(&own, 4, true, 0);
+    interleaved_trace(&moved, 4, true, 128);
+    let replay = |trace: &std::path::Path, predictor: &str| {
+        nectar(&[
+            "bench",
+            "replay",
+            "--model",
+            &e256(),
+            "--trace",
+            trace.to_str().unwrap(),
+            "--kind",
+            "session",
+            "--memory-budget",
+            "150M",
+            "--tokens",
+            "4",
+            "--raw-seconds",
+            "0.05",
+            "--prefetch",
+            "pilot",
+            "--predictor",
+            predictor,
+            "--json",
+        ])
+    };
+    let demo = root().join("models/nectar-demo-glm5");
+    let (ok, _, err) = replay(&own, demo.to_str().unwrap());
+    assert!(
+        !ok && err.contains("routes over 32 experts") && err.contains("over 256"),
+        "{err}"
+    );
+    let (ok, out, err) = replay(&own, &e256());
+    assert!(ok && !err.contains("warning: the predictor"), "{err}");
+    let agree = |out: &str| json(out)["runs"][0]["pilot"]["route_agreement_with_trace"].as_f64();
+    assert!(agree(&out).unwrap() > 0.85, "{out}");
+    let (ok, out, err) = replay(&moved, &e256());
+    assert!(ok, "{err}");
+    assert!(agree(&out).unwrap() < 0.1, "{out}");
+    assert!(
+        err.contains("warning: the predictor") && err.contains("not the model that recorded"),
         "{err}"
     );
 }

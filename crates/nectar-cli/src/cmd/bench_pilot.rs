@@ -25,6 +25,28 @@ pub struct TracePredictions {
     pub route_agreement: f64,
 }
 
+/// Below this share of the trace's experts chosen again by the predictor on the trace's texts,
+/// the predictor is not the model that recorded the trace (route256's int4 model agrees with
+/// its bf16 recording on 0.92), and its predictions say little about the replayed routes.
+pub const LEAST_AGREEMENT: f64 = 0.8;
+
+impl TracePredictions {
+    /// A warning (for stderr) when the predictor's own routes disagree with the trace's.
+    pub fn foreign_warning(&self, model: &Path) -> Option<String> {
+        (self.route_agreement < LEAST_AGREEMENT).then(|| {
+            format!(
+                "warning: the predictor {} chooses only {:.2} of the trace's experts on the \
+                 trace's own texts (below {LEAST_AGREEMENT}): it is probably not the model that \
+                 recorded the trace, so its predictions (recall {:.2}) do not speak for it \
+                 (--predictor)",
+                model.display(),
+                self.route_agreement,
+                self.recall
+            )
+        })
+    }
+}
+
 /// Collects routes and predictions of one segment (rows numbered within the segment).
 struct Collect {
     first_moe: usize,
@@ -75,6 +97,16 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
     };
     let model = Glm5::load_with(model_dir, &opts)
         .with_context(|| format!("loading the predictor model {}", model_dir.display()))?;
+    // Another expert universe cannot have produced the trace: its predictions name other ids.
+    let experts = model.cfg.raw.n_routed_experts;
+    anyhow::ensure!(
+        experts == trace.experts_per_layer,
+        "the predictor {} routes over {experts} experts a layer, the trace {} over {}: it is not \
+         the trace's model (--predictor)",
+        model_dir.display(),
+        trace.path.display(),
+        trace.experts_per_layer
+    );
     let first_moe = model.cfg.dense.iter().position(|d| !d).unwrap_or(0);
     // Trace layers of the main model (the MTP layer is not predicted by the main forward).
     let hidden_layers = model.cfg.raw.num_hidden_layers as u32;
@@ -129,10 +161,14 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
             }
         }
     }
-    Ok(TracePredictions {
+    let out = TracePredictions {
         predicted,
         recall: score.recall(),
         precision_by_rank: score.precision_by_rank(),
         route_agreement: agreed as f64 / score.chosen.max(1) as f64,
-    })
+    };
+    if let Some(w) = out.foreign_warning(model_dir) {
+        eprintln!("{w}");
+    }
+    Ok(out)
 }
