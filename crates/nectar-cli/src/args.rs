@@ -164,9 +164,9 @@ pub struct ExpertCacheArgs {
     /// cache keeping their token histories apart); `both` (`lookahead` and `pilot` together,
     /// PILOT's slots kept for its next-layer reads). Default `both` (replayed at GLM-5.2's
     /// expert size it read 0.43–0.50 of the misses ahead, look-ahead alone 0.08–0.27; on one
-    /// conversation it was level with PILOT and ahead of look-ahead in seven of eight runs, on
-    /// two requests decoded together 1.03–1.08× look-ahead: `benchmarks/RESULTS.md`). Never
-    /// changes the output.
+    /// conversation it was level with PILOT and ahead of look-ahead in seven of eight runs; two
+    /// requests decoded together 1.03–1.08× look-ahead at 13–14 slots a layer, level at 43–44:
+    /// `benchmarks/RESULTS.md`). Never changes the output.
     #[arg(long, default_value = "both", value_parser = ["off", "measure", "pilot", "lookahead", "both"])]
     pub prefetch: String,
     /// What a full layer keeps (with --memory-budget): `predictive` (the residents and misses
