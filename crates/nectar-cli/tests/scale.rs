@@ -1288,35 +1288,46 @@ fn interleaved_trace(dir: &std::path::Path, decoded: usize, streams: bool, shift
     std::fs::copy(src.join("model-config.json"), dir.join("model-config.json")).unwrap();
 }
 
+/// `bench replay --json` of the route256 model over a trace's `session` kind under 150M (a
+/// budget where its experts stream), with a short raw-disk sample, plus `extra`.
+fn replay_session(trace: &std::path::Path, extra: &[&str]) -> (bool, String, String) {
+    let model = e256();
+    let base = [
+        "bench",
+        "replay",
+        "--model",
+        &model,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--kind",
+        "session",
+        "--memory-budget",
+        "150M",
+        "--raw-seconds",
+        "0.05",
+        "--json",
+    ];
+    nectar(&[&base[..], extra].concat())
+}
+
 #[test]
 fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
     let tmp = tempfile::tempdir().unwrap();
     let (inter, flat) = (tmp.path().join("inter"), tmp.path().join("flat"));
     interleaved_trace(&inter, 12, true, 0);
     interleaved_trace(&flat, 12, false, 0);
-    let model = e256();
     let replay = |trace: &std::path::Path, mtp: &str| {
-        nectar(&[
-            "bench",
-            "replay",
-            "--model",
-            &model,
-            "--trace",
-            trace.to_str().unwrap(),
-            "--kind",
-            "session",
-            "--memory-budget",
-            "150M",
-            "--tokens",
-            "12",
-            "--raw-seconds",
-            "0.05",
-            "--mtp",
-            mtp,
-            "--prefetch",
-            "off,lookahead,both",
-            "--json",
-        ])
+        replay_session(
+            trace,
+            &[
+                "--tokens",
+                "12",
+                "--mtp",
+                mtp,
+                "--prefetch",
+                "off,lookahead,both",
+            ],
+        )
     };
     let (ok, out, err) = replay(&inter, "off");
     assert!(ok, "{err}");
@@ -1378,27 +1389,15 @@ fn bench_replay_names_a_predictor_that_did_not_record_the_trace() {
     interleaved_trace(&own, 4, true, 0);
     interleaved_trace(&moved, 4, true, 128);
     let replay = |trace: &std::path::Path, predictor: &str| {
-        nectar(&[
-            "bench",
-            "replay",
-            "--model",
-            &e256(),
-            "--trace",
-            trace.to_str().unwrap(),
-            "--kind",
-            "session",
-            "--memory-budget",
-            "150M",
+        let pilot = [
             "--tokens",
             "4",
-            "--raw-seconds",
-            "0.05",
             "--prefetch",
             "pilot",
             "--predictor",
             predictor,
-            "--json",
-        ])
+        ];
+        replay_session(trace, &pilot)
     };
     let demo = root().join("models/nectar-demo-glm5");
     let (ok, _, err) = replay(&own, demo.to_str().unwrap());
