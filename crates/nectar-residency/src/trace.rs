@@ -236,6 +236,19 @@ impl Trace {
             .unwrap_or(0)
     }
 
+    /// The sequences of a segment in order of their first row: one without a streams file; a
+    /// batch trace (`benchmarks/trace_interleave.py`'s INTER) has one per conversation.
+    pub fn segment_streams(&self, seg: &Segment) -> Vec<u16> {
+        let mut out: Vec<u16> = Vec::new();
+        for r in seg.start..seg.end {
+            let s = self.stream(r);
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
     /// Trace layers (axis-1 indices) of the main model, given its `num_hidden_layers`: every
     /// layer whose id is below it (layer ids at or above it are MTP layers). Pass
     /// [`Trace::hidden_layers`] when the trace itself says.

@@ -157,15 +157,7 @@ pub(crate) fn model_thread(
                 v["mtp_tier"] = serde_json::to_value(m.telemetry()).ok()?;
             }
             if let Some(p) = &pilot {
-                let s = p();
-                v["pilot"] = serde_json::json!({
-                    "recall": s.recall(),
-                    "chosen": s.chosen,
-                    "predicted_right": s.predicted_right,
-                    "candidates": s.candidates,
-                    "issued": s.issued,
-                    "precision_by_rank": s.precision_by_rank(),
-                });
+                v["pilot"] = p().summary();
             }
             Some(v)
         }) as Box<dyn Fn() -> Option<Value> + Send + Sync>

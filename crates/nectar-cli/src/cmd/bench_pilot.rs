@@ -28,11 +28,11 @@ pub struct TracePredictions {
 /// Below this share of the trace's experts chosen again by the predictor on the trace's texts,
 /// the predictor is not the model that recorded the trace (route256's int4 model agrees with
 /// its bf16 recording on 0.92), and its predictions say little about the replayed routes.
-pub const LEAST_AGREEMENT: f64 = 0.8;
+const LEAST_AGREEMENT: f64 = 0.8;
 
 impl TracePredictions {
     /// A warning (for stderr) when the predictor's own routes disagree with the trace's.
-    pub fn foreign_warning(&self, model: &Path) -> Option<String> {
+    fn foreign_warning(&self, model: &Path) -> Option<String> {
         (self.route_agreement < LEAST_AGREEMENT).then(|| {
             format!(
                 "warning: the predictor {} chooses only {:.2} of the trace's experts on the \
@@ -125,15 +125,8 @@ pub fn predictions(trace: &Trace, model_dir: &Path, before: usize) -> Result<Tra
         // A batch trace interleaves its sequences' rows (`{kind}.streams.npy`): each runs on
         // its own cache, as the server decodes them, so a row's prediction sees only its own
         // sequence's context.
-        let mut seqs: Vec<(u16, Vec<usize>)> = Vec::new();
-        for r in start..end {
-            let s = trace.stream(r);
-            match seqs.iter_mut().find(|(t, _)| *t == s) {
-                Some((_, rows)) => rows.push(r),
-                None => seqs.push((s, vec![r])),
-            }
-        }
-        for (_, rows) in seqs {
+        for s in trace.segment_streams(seg) {
+            let rows: Vec<usize> = (start..end).filter(|&r| trace.stream(r) == s).collect();
             let ids: Vec<u32> = rows.iter().map(|&r| u32::from(tokens[r])).collect();
             let n = rows.len();
             let mut obs = Collect {

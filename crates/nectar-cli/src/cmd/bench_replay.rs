@@ -100,19 +100,6 @@ fn step(rows: std::ops::Range<usize>, counted: bool) -> Step {
     }
 }
 
-/// The sequences of a segment in order of their first row: one without a streams file; a
-/// batch trace (`benchmarks/trace_interleave.py`'s INTER) has one per conversation.
-fn seg_streams(trace: &Trace, seg: &Segment) -> Vec<u16> {
-    let mut out: Vec<u16> = Vec::new();
-    for r in seg.start..seg.end {
-        let s = trace.stream(r);
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    out
-}
-
 /// Hits and misses of the main layers (or the MTP tier) between two snapshots: a request a
 /// prefetch had started reading counts as a miss (the cache did not hold it; the read only
 /// started earlier), so hit rates compare with Belady's whatever the prefetch.
@@ -271,7 +258,7 @@ fn run_one(
     let segs: Vec<(&Segment, Vec<u16>)> = trace
         .spread(a.conversations)
         .into_iter()
-        .map(|seg| (seg, seg_streams(trace, seg)))
+        .map(|seg| (seg, trace.segment_streams(seg)))
         .collect();
     anyhow::ensure!(!segs.is_empty(), "{}: no segments", trace.path.display());
     let width = segs.iter().map(|(_, s)| s.len()).max().unwrap_or(1);

@@ -294,20 +294,14 @@ fn prefetch_json(bundle: &ModelBundle, t: Option<&Telemetry>) -> Value {
             "prefetch_cancelled": cancelled,
         });
     }
-    json!({
-        "mode": bundle.model.prefetch.as_str(),
-        "recall": s.recall(),
-        "chosen": s.chosen,
-        "predicted_right": s.predicted_right,
-        "candidates": s.candidates,
-        "issued": s.issued,
-        // With `both`, every read started ahead (look-ahead's and PILOT's; `issued` is PILOT's).
-        "read_ahead": issued,
-        "precision_by_rank": s.precision_by_rank(),
-        "prefetch_hits": hits,
-        "prefetch_dropped": dropped,
-        "prefetch_cancelled": cancelled,
-    })
+    let mut v = s.summary();
+    v["mode"] = json!(bundle.model.prefetch.as_str());
+    // With `both`, every read started ahead (look-ahead's and PILOT's; `issued` is PILOT's).
+    v["read_ahead"] = json!(issued);
+    v["prefetch_hits"] = json!(hits);
+    v["prefetch_dropped"] = json!(dropped);
+    v["prefetch_cancelled"] = json!(cancelled);
+    v
 }
 
 /// Prefetches started ahead (cancelled ones excluded), used, dropped after their read and

@@ -112,6 +112,19 @@ impl PilotStats {
             .collect()
     }
 
+    /// What a report shows (`run --json`'s `prefetch`, `/stats`' `residency.pilot`): the
+    /// recall and the precision by rank beside the counts they come from.
+    pub fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "recall": self.recall(),
+            "chosen": self.chosen,
+            "predicted_right": self.predicted_right,
+            "candidates": self.candidates,
+            "issued": self.issued,
+            "precision_by_rank": self.precision_by_rank(),
+        })
+    }
+
     /// Adds another run's counts.
     pub fn add(&mut self, o: &PilotStats) {
         self.chosen += o.chosen;
