@@ -596,10 +596,13 @@ pub struct BenchReplayArgs {
     /// `serve --parallel` plans it (0: one forward over the whole prompt, as `nectar run`).
     #[arg(long, default_value_t = 0)]
     pub prefill_chunk: usize,
-    /// With --prefill-chunk: the `serve --parallel` whose memory plan the model loads with
-    /// (it decides the prefill span, see `nectar serve`).
-    #[arg(long, default_value_t = 4)]
-    pub parallel: usize,
+    /// Plan memory as `nectar serve --parallel N` (its N rows and one kept conversation):
+    /// with --prefill-chunk the plan decides the prefill span (default 4); a decode replay
+    /// decodes the trace's sequences (N at least as many) as serve decodes that many rows,
+    /// lending the idle rows' KV cache to the expert cache (default: a batch trace's width; a
+    /// one-sequence trace is planned as `nectar run`).
+    #[arg(long)]
+    pub parallel: Option<usize>,
     /// Seed of the acceptance draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

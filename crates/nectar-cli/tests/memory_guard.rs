@@ -262,8 +262,9 @@ fn a_memory_hog_makes_the_cache_shrink_and_the_output_is_unchanged() {
     );
     let res = &stats["residency"];
     assert!(res["rss_shrinks"].as_u64().unwrap_or(0) >= 1, "{stats}");
+    // Slots that held experts (tens of them: a slot never written is released uncounted).
     assert!(
-        res["released_bytes"].as_u64().unwrap_or(0) > 50 * MB,
+        res["released_bytes"].as_u64().unwrap_or(0) > 20 * MB,
         "{stats}"
     );
     assert!(log.contains("memory pressure"), "{log}");

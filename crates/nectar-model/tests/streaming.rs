@@ -368,3 +368,58 @@ fn streamed_float_fixture_equals_resident() {
     .unwrap();
     assert_eq!(run(&m, &prompt, 8), want);
 }
+
+/// A server's plan (`serve --parallel 4`: five sequences) lends what its idle sequences do not
+/// hold — their KV cache and step activations — to every layer's LRU, and takes it back before
+/// more sequences run: the capacities are the plan's `lent_to(k)` at each count, the memory
+/// taken back is given to the OS, and logits stay the resident model's bits throughout.
+#[test]
+fn idle_sequences_lend_their_memory_to_the_expert_cache() {
+    let dir = demo_dir();
+    let resident = Glm5::load(&dir).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| 500 + i * 41).collect();
+    let want = run(&resident, &prompt, 8);
+    let base = LoadOptions {
+        ctx_size: 4096,
+        sequences: 5,
+        server: true,
+        ..Default::default()
+    };
+    // The least budget whose full plan holds 3 slots a layer: one sequence's 4,096-token KV
+    // cache is worth many more on the demo.
+    let opts = LoadOptions {
+        memory_budget: Some(budget_for(&dir, 3, &base)),
+        ..base
+    };
+    let m = Glm5::load_with(&dir, &opts).unwrap();
+    let inputs = plan_memory(&dir, &opts).unwrap().inputs;
+    let caps = |m: &Glm5| -> Vec<usize> {
+        let r = m.residency().unwrap();
+        let mut c: Vec<usize> = (0..r.layers()).map(|l| r.capacity(l)).collect();
+        c.push(m.mtp_residency().unwrap().capacity(r.layers() - 1));
+        c.into_iter().filter(|&c| c > 0).collect()
+    };
+    let planned = |k: usize| -> Vec<usize> {
+        let p = nectar_residency::planner::plan(&inputs.lent_to(k)).unwrap();
+        let mut c: Vec<usize> = (0..p.sparse_layers).map(|i| p.lru_slots(i)).collect();
+        c.push(p.lru_per_layer);
+        c
+    };
+    let full = planned(5);
+    assert_eq!(full[0], 3);
+    assert_eq!(caps(&m), full, "the full plan until told");
+    assert_eq!(m.sequences_in_use(), Some((5, 5)));
+    for k in [2, 1, 3, 5, 2] {
+        m.use_sequences(k).unwrap();
+        assert_eq!(m.sequences_in_use(), Some((k, 5)));
+        assert_eq!(caps(&m), planned(k), "{k} sequences in use");
+        assert_eq!(run(&m, &prompt, 8), want, "{k} sequences in use");
+    }
+    let lent = planned(2);
+    assert!(lent[0] >= full[0] + 3, "{lent:?} vs {full:?}");
+    // Taking it back evicted experts and gave their slots' pages to the OS at once.
+    let t = m.residency().unwrap().telemetry();
+    assert!(t.released_bytes > 0, "{t:?}");
+    assert_eq!(t.lru_planned, lent[..lent.len() - 1].iter().sum::<usize>());
+    assert_eq!(t.lru_capacity, t.lru_planned);
+}

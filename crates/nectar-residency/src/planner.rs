@@ -12,6 +12,11 @@
 //! holds, spread evenly: a row of GLM-5.2's slots is 1.4 GB, so left unused it would waste up
 //! to 5 % of a 32 GB machine (1.0 GB at 29 GiB). A budget that cannot hold one LRU slot per
 //! sparse layer is refused with the whole equation.
+//!
+//! A server plans KV and activations for every sequence it may decode together, but a
+//! sequence that is not decoding holds neither: [`PlanInputs::lent_to`] is the equation with
+//! only `k` of them in use, the others' share lent to the LRU (a server with `--parallel 4`
+//! gives a lone client GLM-5.2's 11–12 slots a layer on 32 GB, where the full plan holds 9–10).
 use crate::error::{Error, Result};
 use serde::Serialize;
 
@@ -38,8 +43,14 @@ pub struct PlanInputs {
     pub mtp_slots: usize,
     /// Compressed KV bytes per token (MLA latent + rope key per layer + indexer keys).
     pub kv_bytes_per_token: u64,
-    /// Context length planned for.
+    /// Tokens of KV cache planned for: the context length of every sequence.
     pub ctx: usize,
+    /// Sequences `ctx` and the runtime reserve's activations are planned for (what
+    /// [`PlanInputs::lent_to`] lends from).
+    pub sequences: usize,
+    /// The runtime reserve's activations of one sequence ([`reserve_per_sequence`]; 0 where the
+    /// reserve was given whole).
+    pub reserve_per_sequence: u64,
     /// Transient buffers of a prefill chunk.
     pub prefill_transients: u64,
     /// Process reserve (allocator, thread stacks, tokenizer, server).
@@ -101,15 +112,42 @@ pub const RESERVE_TOKENIZER_PER_BYTE: u64 = 5;
 pub const RESERVE_PER_THREAD: u64 = 256 << 10;
 
 /// The runtime reserve for `r` (see [`ReserveInputs`]): the process image, the tokenizer, the
-/// threads, and per sequence a decode step's activations — 16 vocabulary-sized f32 rows (the
-/// logits of a verify round and the sampler's copies) and 64 hidden-sized rows.
+/// threads, and per sequence a decode step's activations ([`reserve_per_sequence`]).
 pub fn runtime_reserve(r: &ReserveInputs) -> u64 {
-    let per_seq = 16 * r.vocab * 4 + 64 * r.hidden * 4;
     RESERVE_PROCESS
         + if r.server { RESERVE_SERVER } else { 0 }
         + r.tokenizer_json_bytes * RESERVE_TOKENIZER_PER_BYTE
         + r.threads as u64 * RESERVE_PER_THREAD
-        + r.sequences.max(1) as u64 * per_seq
+        + r.sequences.max(1) as u64 * reserve_per_sequence(r.hidden, r.vocab)
+}
+
+/// A decode step's activations of one sequence: 16 vocabulary-sized f32 rows (the logits of a
+/// verify round and the sampler's copies) and 64 hidden-sized rows. Allocated by the step and
+/// freed after it, so a sequence that is not decoding holds none.
+pub fn reserve_per_sequence(hidden: u64, vocab: u64) -> u64 {
+    16 * vocab * 4 + 64 * hidden * 4
+}
+
+impl PlanInputs {
+    /// The equation with `k` of the planned sequences in use (clamped to `1..=sequences`): the
+    /// others' KV cache and step activations are lent to the LRU. Both are allocated as a
+    /// sequence grows and freed when it ends, so memory follows the sequences in use; the
+    /// caller takes the loan back (evicting the coldest experts, their pages returned to the
+    /// OS) before another sequence starts. The working bank and the prefill transients keep
+    /// the full plan's size: the bank's spare slots carry the look-ahead's reads for the rows
+    /// there are, and a joining prompt's span (what the transients hold) decides how often a
+    /// long prompt re-reads every expert — a lone client's 10k-token prompt would read the
+    /// expert file 2.5× more often in spans of one sequence's 1,024 tokens.
+    pub fn lent_to(&self, k: usize) -> PlanInputs {
+        let n = self.sequences.max(1);
+        let idle = (n - k.clamp(1, n)) as u64;
+        PlanInputs {
+            ctx: self.ctx - (self.ctx / n) * idle as usize,
+            sequences: n - idle as usize,
+            runtime_reserve: self.runtime_reserve - idle * self.reserve_per_sequence,
+            ..self.clone()
+        }
+    }
 }
 
 /// Safety margin: 2 % of the budget.
@@ -332,6 +370,8 @@ mod tests {
                 mtp_slots: 0,
                 kv_bytes_per_token: 1000,
                 ctx: 4096,
+                sequences: 1,
+                reserve_per_sequence: 0,
                 prefill_transients: 1 << 20,
                 runtime_reserve: 1 << 27,
             };
@@ -364,9 +404,42 @@ mod tests {
             mtp_slots: 0,
             kv_bytes_per_token: 1,
             ctx: 100,
+            sequences: 1,
+            reserve_per_sequence: 0,
             prefill_transients: 0,
             runtime_reserve: 0,
         }
+    }
+
+    /// A plan lent to `k` of its sequences is the plan of a server planned for `k` sequences,
+    /// except that the working bank and the prefill transients keep the full plan's size; its
+    /// LRU only grows as fewer sequences are in use, and every term still sums to the budget.
+    #[test]
+    fn idle_sequences_lend_their_kv_and_activations() {
+        let mut full = inputs(40_000);
+        (full.sequences, full.ctx, full.kv_bytes_per_token) = (4, 4 * 1000, 2);
+        (full.reserve_per_sequence, full.runtime_reserve) = (250, 100 + 4 * 250);
+        let whole = plan(&full).unwrap();
+        let (mut last, mut free) = (whole.lru_bytes, 0);
+        for k in (1..=4).rev() {
+            let lent = full.lent_to(k);
+            assert_eq!((lent.sequences, lent.ctx), (k, k * 1000));
+            assert_eq!(lent.runtime_reserve, 100 + k as u64 * 250);
+            assert_eq!(
+                (lent.working_slots, lent.prefill_transients),
+                (full.working_slots, full.prefill_transients)
+            );
+            let p = plan(&lent).unwrap();
+            assert!(p.lru_bytes >= last, "{k}: {} < {last}", p.lru_bytes);
+            let total: u64 = p.terms.iter().map(|t| t.1).sum();
+            assert_eq!(total + p.slack, full.budget);
+            (last, free) = (p.lru_bytes, p.lru_bytes + p.slack);
+        }
+        // Each idle sequence lends 2 × 1000 + 250 bytes: 6,750 with one in use.
+        assert_eq!(free - (whole.lru_bytes + whole.slack), 6_750);
+        assert!(last - whole.lru_bytes >= 6_700, "{last}");
+        assert_eq!(full.lent_to(0).sequences, 1);
+        assert_eq!(full.lent_to(9).ctx, full.ctx);
     }
 
     #[test]

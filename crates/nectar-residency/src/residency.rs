@@ -67,6 +67,9 @@ struct State {
     slots: Vec<SlotState>,
     /// Slots whose pages were given back to the OS (out of service; see [`Residency::shrink_all`]).
     released: Vec<bool>,
+    /// LRU capacity per layer the memory plan of the moment gives ([`Residency::set_plan`]; the
+    /// configured capacity until then): [`Residency::grow_all`] never goes above it.
+    planned: Vec<usize>,
     stats: Telemetry,
     events: Vec<Event>,
     paths: Vec<std::path::PathBuf>,
@@ -175,7 +178,8 @@ struct Inner {
     slab: Slab,
     /// Told before slab memory goes back to the OS ([`Residency::set_slab_hook`]).
     hook: Mutex<Option<Arc<dyn SlabHook>>>,
-    /// LRU capacity per layer as configured: [`Residency::grow_all`] never goes above it.
+    /// LRU capacity per layer as configured (the slab holds them): [`Residency::set_plan`]
+    /// never goes above it.
     caps: Vec<usize>,
     layouts: Vec<Vec<SlotLayout>>,
     io: Arc<dyn ExpertIo>,
@@ -264,6 +268,7 @@ impl Residency {
                 ..Default::default()
             },
             released: vec![false; n],
+            planned: caps.clone(),
             events: Vec::new(),
             policy,
             paths,
@@ -681,15 +686,29 @@ impl Residency {
     /// the slots taken out of service back to the OS, so RSS falls now. Call at a safe point.
     /// Returns the number of evicted experts.
     pub fn shrink_all(&self, cap: usize) -> Result<usize> {
-        let mut st = self.lock();
-        if let Some(s) = st.slots.iter().position(|s| s.leases > 0) {
-            return Err(Error::LeasesAlive(s));
-        }
+        let mut st = self.safe_point()?;
         let mut n = 0;
         for l in 0..self.inner.layouts.len() {
             let gone = st.policy.shrink(l, cap.max(1));
             n += gone.len();
         }
+        self.retire(&mut st);
+        st.stats.rss_shrinks += 1;
+        Ok(n)
+    }
+
+    /// The state at a safe point: no lease alive (capacity may change).
+    fn safe_point(&self) -> Result<MutexGuard<'_, State>> {
+        let st = self.lock();
+        match st.slots.iter().position(|s| s.leases > 0) {
+            Some(s) => Err(Error::LeasesAlive(s)),
+            None => Ok(st),
+        }
+    }
+
+    /// After capacity fell: slots whose expert was evicted are empty, and slots out of service
+    /// give their pages back to the OS.
+    fn retire(&self, st: &mut State) {
         for s in 0..st.slots.len() {
             if st.policy.key(s).is_none() && matches!(st.slots[s].status, Status::Ready) {
                 st.slots[s].status = Status::Empty;
@@ -700,24 +719,25 @@ impl Residency {
                 if let Some(h) = self.inner.hook() {
                     h.releasing(self.inner.slab.slot_ptr(s), self.inner.slab.slot_bytes());
                 }
-                if self.inner.slab.release(s) {
+                // A slot never written (its generation moves with every read and eviction) is
+                // released too — a transparent huge page of a written neighbour may cover it —
+                // but not counted: it held no expert, and a plan set at load releases many.
+                if self.inner.slab.release(s) && self.inner.gens[s].load(Ordering::Acquire) > 0 {
                     st.stats.released_bytes += self.inner.slab.slot_bytes() as u64;
                 }
             }
         }
-        st.stats.rss_shrinks += 1;
-        Ok(n)
     }
 
-    /// Raises the LRU capacity of every streamed layer towards `cap` (never above its
-    /// configured capacity) with slots an earlier [`Residency::shrink_all`] took out of service;
+    /// Raises the LRU capacity of every streamed layer towards `cap` (never above its planned
+    /// capacity) with slots an earlier [`Residency::shrink_all`] took out of service;
     /// their memory comes back as the I/O workers fill them. Call at a safe point. Returns the
     /// number of slots taken back.
     pub fn grow_all(&self, cap: usize) -> usize {
         let mut st = self.lock();
         let mut n = 0;
         for l in 0..self.inner.layouts.len() {
-            let want = cap.min(self.inner.caps.get(l).copied().unwrap_or(0));
+            let want = cap.min(st.planned[l]);
             for s in st.policy.grow(l, want) {
                 st.released[s] = false;
                 n += 1;
@@ -729,10 +749,41 @@ impl Residency {
         n
     }
 
-    /// The largest configured LRU capacity of any layer (what [`Residency::grow_all`] can
+    /// Sets each layer's planned LRU capacity (`caps[layer]`, between one slot and the
+    /// configured capacity; a layer `caps` does not reach keeps its configured one) — what the
+    /// memory plan gives with the sequences in use now (a server lends an idle sequence's
+    /// share of the budget to the LRU, `planner::PlanInputs::lent_to`). A layer above its new
+    /// capacity evicts its coldest experts and gives their slots' pages back to the OS now,
+    /// before the memory is needed elsewhere; a layer whose plan grew takes slots back empty,
+    /// unless the memory guard has cut it below its old plan (then the guard regrows it, up
+    /// to the new plan, once pressure is gone). Call at a safe point (no lease alive).
+    /// Returns the number of evicted experts.
+    pub fn set_plan(&self, caps: &[usize]) -> Result<usize> {
+        let mut st = self.safe_point()?;
+        let mut evicted = 0;
+        for (l, &max) in self.inner.caps.iter().enumerate() {
+            if max == 0 {
+                continue;
+            }
+            let want = caps.get(l).map_or(max, |&c| c.clamp(1, max));
+            let (was, now) = (st.planned[l], st.policy.capacity(l));
+            if want < now {
+                evicted += st.policy.shrink(l, want).len();
+            } else if want > was && now >= was {
+                for s in st.policy.grow(l, want) {
+                    st.released[s] = false;
+                }
+            }
+            st.planned[l] = want;
+        }
+        self.retire(&mut st);
+        Ok(evicted)
+    }
+
+    /// The largest planned LRU capacity of any layer (what [`Residency::grow_all`] can
     /// restore).
     pub fn configured_capacity(&self) -> usize {
-        self.inner.caps.iter().copied().max().unwrap_or(0)
+        self.lock().planned.iter().copied().max().unwrap_or(0)
     }
 
     /// Layers of the model (streamed or not).
@@ -777,6 +828,10 @@ impl Residency {
             free,
             disabled,
         };
+        t.lru_capacity = (0..self.inner.caps.len())
+            .map(|l| st.policy.capacity(l))
+            .sum();
+        t.lru_planned = st.planned.iter().sum();
         t
     }
 

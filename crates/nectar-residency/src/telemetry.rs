@@ -67,6 +67,12 @@ pub struct Telemetry {
     pub rss_regrows: u64,
     /// Slot bytes the guard returned to the OS (summed over shrinks).
     pub released_bytes: u64,
+    /// LRU slots in service now, summed over the layers (below `lru_planned` while the memory
+    /// guard holds capacity back).
+    pub lru_capacity: usize,
+    /// LRU slots the memory plan of the moment gives, summed over the layers (a server's plan
+    /// follows its sequences in use: `Residency::set_plan`).
+    pub lru_planned: usize,
 }
 
 /// Slots by role.

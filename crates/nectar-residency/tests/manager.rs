@@ -479,9 +479,10 @@ fn rss_guard_shrinks_releases_and_regrows_only_when_calm() {
     assert_eq!(r.capacity(1), 3);
     let t = r.telemetry();
     assert_eq!(t.occupancy.disabled, 2, "one slot per layer out of service");
+    // Layer 1's slot gave its pages back; layer 0's, never written, is not counted.
     assert_eq!(
         t.released_bytes,
-        2 * r.slot_bytes() as u64,
+        r.slot_bytes() as u64,
         "their pages went back to the OS"
     );
     fill(&r);
@@ -531,6 +532,83 @@ fn machine_pressure_lowers_the_limit_and_the_floor_fails_cleanly() {
     assert_eq!(r.capacity(1), 6, "never above the configured capacity");
     g.check(&r).unwrap();
     assert_eq!(g.regrows, 3);
+}
+
+/// The plan of the moment (a server lending idle sequences' memory to the LRU): a lower plan
+/// evicts the coldest experts and releases their slots at once, with every lease still reading
+/// the right bytes after; a higher plan takes slots back empty, never above the configured
+/// capacity; the RSS guard regrows only up to the plan, and a plan that rises while the guard
+/// has cut a layer leaves the regrowth to the guard.
+#[test]
+fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
+    use nectar_residency::rss::threshold;
+    let (io, layouts) = setup(2, 8);
+    let file = io.files[0].clone();
+    let r = Residency::new(cfg(5, 4), layouts.clone(), Arc::new(io)).unwrap();
+    let fill = |r: &Residency| {
+        for e in 0..8 {
+            let l = r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap();
+            check_lease(&l, &layouts, &file);
+            drop(l);
+            r.end_wave().unwrap();
+        }
+    };
+    fill(&r);
+    assert_eq!(r.telemetry().occupancy.lru, 5);
+    // A lease alive: not a safe point.
+    let l = r.acquire(1, &[7]).unwrap().pop().unwrap().wait().unwrap();
+    assert!(matches!(r.set_plan(&[2, 2]), Err(Error::LeasesAlive(_))));
+    drop(l);
+    r.end_wave().unwrap();
+    // Layer 1 to 2 slots: its three coldest (experts 3, 4, 5 of 3..=7) go, pages released
+    // (layer 0's three, never written, are released uncounted).
+    let released = r.telemetry().released_bytes;
+    assert_eq!(r.set_plan(&[2, 2]).unwrap(), 3);
+    assert_eq!((r.capacity(0), r.capacity(1)), (2, 2));
+    let t = r.telemetry();
+    assert_eq!(t.released_bytes - released, 3 * r.slot_bytes() as u64);
+    assert_eq!((t.lru_capacity, t.lru_planned), (4, 4));
+    assert_eq!(r.configured_capacity(), 2);
+    // The two most recent stay resident: hits, no read.
+    let reads = r.telemetry().layers[1].misses;
+    for e in [6, 7] {
+        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
+        r.end_wave().unwrap();
+    }
+    assert_eq!(r.telemetry().layers[1].misses, reads);
+    // Back up: never above the configured 5, one slot at least.
+    assert_eq!(r.set_plan(&[9, 0]).unwrap(), 1);
+    assert_eq!((r.capacity(0), r.capacity(1)), (5, 1));
+    fill(&r);
+    assert_eq!(r.set_plan(&[5, 5]).unwrap(), 0);
+    fill(&r);
+    assert_eq!(r.telemetry().occupancy.lru, 5, "layer 1 holds five again");
+    // The guard cuts layer 1 under a plan of 5 ...
+    let budget = 1_000_000_000;
+    let (mut g, reading) = guard_with(budget);
+    set(
+        &reading,
+        threshold(budget) + 2 * 2 * r.slot_bytes() as u64,
+        None,
+    );
+    g.check(&r).unwrap();
+    let cut = r.capacity(1);
+    assert!(cut < 5, "{cut}");
+    // ... a plan of 4 lowers nothing further, and one of 5 again leaves it to the guard ...
+    r.set_plan(&[4, 4]).unwrap();
+    r.set_plan(&[5, 5]).unwrap();
+    assert_eq!(r.capacity(1), cut);
+    let t = r.telemetry();
+    assert_eq!((t.lru_capacity, t.lru_planned), (2 * cut, 10));
+    // ... whose regrowth stops at the plan.
+    r.set_plan(&[4, 4]).unwrap();
+    set(&reading, 1, Some(64_000_000_000));
+    for _ in 0..4 {
+        g.check(&r).unwrap();
+    }
+    assert_eq!(r.capacity(1), 4);
+    fill(&r);
+    assert_eq!(r.telemetry().occupancy.lru, 4);
 }
 
 #[test]

@@ -482,8 +482,14 @@ fn serve_batched(
         if batch.is_empty() {
             continue;
         }
-        // Between steps no expert lease is alive: the memory guard's safe point.
-        let outcome = match guard.check(bundle) {
+        // Between steps no expert lease is alive: the safe point where the memory plan follows
+        // the rows in use (an idle row's KV and activations lent to the expert cache, taken
+        // back before a joining row's first step) and the memory guard looks.
+        let planned = model
+            .use_sequences(nectar_model::arch::glm5::serve_sequences(batch.len()))
+            .map(drop)
+            .map_err(nectar_engine::Error::Model);
+        let outcome = match planned.and_then(|()| guard.check(bundle)) {
             Ok(()) => catch_unwind(AssertUnwindSafe(|| batch.step(model, tok))),
             Err(e) => Ok(Err(e)),
         };

@@ -542,6 +542,61 @@ async fn memory_budget_streams_experts_and_reports_residency() {
     assert!(misses > 0, "{}", v["residency"]);
 }
 
+/// `--parallel 4` plans KV for five sequences (four rows and a kept conversation); a lone
+/// client's step lends the three idle ones' share to the expert cache (`/stats`
+/// `residency.lru_planned` above the full plan's slots), and rows that join take it back —
+/// the coldest experts evicted, their pages returned — without changing any row's output.
+#[tokio::test]
+async fn a_lone_client_gets_the_idle_rows_memory() {
+    let opts = EngineOptions {
+        // A little above the least budget of this plan (131 MiB): 3 slots a layer at full load.
+        memory_budget: Some(134 << 20),
+        ctx_size: Some(1024),
+        parallel: 4,
+        ..EngineOptions::new(DEMO)
+    };
+    let b = Arc::new(EngineBackend::spawn(opts).unwrap());
+    let app = app_over(b.clone()).await;
+    let prompts = ["river", "harbor", "lantern"].map(|w| format!("Define the word \"{w}\"."));
+    // The first decodes long enough for the others to join it.
+    let tokens = [160, 12, 12];
+    let mut alone = Vec::new();
+    for (p, &n) in prompts.iter().zip(&tokens) {
+        alone.push(chat_text(&app, p, n).await);
+    }
+    assert!(alone[1].starts_with(HARBOR_REF), "{}", alone[1]);
+    let stats = || async {
+        let (_, body) = send(&app, "GET", "/stats", None).await;
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let v = stats().await;
+    let plan = &v["model_info"]["memory_plan"];
+    let full = plan["lru_per_layer"].as_u64().unwrap() * plan["sparse_layers"].as_u64().unwrap()
+        + plan["lru_extra_layers"].as_u64().unwrap();
+    let lent = v["residency"]["lru_planned"].as_u64().unwrap();
+    assert!(lent >= full + 7 * 8, "lent {lent}, full plan {full}: {v}");
+    assert_eq!(v["residency"]["lru_capacity"], lent, "{}", v["residency"]);
+    assert_eq!(v["residency"]["released_bytes"], 0, "{}", v["residency"]);
+    // The long one decoding, the other two join it: the loan is taken back at their admission.
+    let spawn = |i: usize| {
+        let (app, p) = (app.clone(), prompts[i].clone());
+        tokio::spawn(async move { chat_text(&app, &p, tokens[i]).await })
+    };
+    let first = spawn(0);
+    while b.stats().active == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let rest = [spawn(1), spawn(2)];
+    assert_eq!(first.await.unwrap(), alone[0]);
+    for (t, want) in rest.into_iter().zip(&alone[1..]) {
+        assert_eq!(&t.await.unwrap(), want);
+    }
+    // Memory went back to the OS; the last row alone borrowed it again.
+    let t = &stats().await["residency"];
+    assert!(t["released_bytes"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["lru_planned"], lent, "{t}");
+}
+
 #[tokio::test]
 async fn a_budgeted_server_takes_runs_cache_flags() {
     // `--pin FILE --pin-size`, `--admission`, `--io-threads`, `--prefetch off`, as `nectar run`:

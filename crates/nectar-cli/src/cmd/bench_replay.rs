@@ -268,8 +268,17 @@ fn run_one(
          sequence's)",
         trace.path.display()
     );
-    let serve = (width > 1).then_some(width);
+    let serve = a.parallel.or((width > 1).then_some(width));
+    anyhow::ensure!(
+        serve.is_none_or(|p| p >= width),
+        "--parallel {}: the trace decodes {width} sequences together",
+        serve.unwrap_or(0)
+    );
     let (model, res, budget) = load_planned(a, budget_s, prefetch, serve, mtp, gpu.1)?;
+    // As `serve` plans its rows: the idle ones lend their memory to the expert cache.
+    if serve.is_some() {
+        model.use_sequences(serve_sequences(width))?;
+    }
     // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
     let pins: Vec<ExpertKey> = res
         .placements()
@@ -590,6 +599,8 @@ fn run_one(
     json["pilot"] = pilot_json.into();
     json["lru_extra_layers"] = more.into();
     json["batch"] = width.into();
+    // The memory plan's sequences (in use, planned): `--parallel` above the trace's width lends.
+    json["sequences"] = serde_json::json!(model.sequences_in_use());
     json["prefetch_cancelled"] = dec_pf[3].into();
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} batch {width} {slots:>3}{:<3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \
@@ -667,7 +678,7 @@ fn prefill_run(
         "--prompt-rows {rows}: the prefill trace has {} rows",
         trace.rows
     );
-    let serve = (a.prefill_chunk > 0).then_some(a.parallel);
+    let serve = (a.prefill_chunk > 0).then_some(a.parallel.unwrap_or(4));
     // `serve` loads the MTP layer by default (`--mtp auto`); `run` does not.
     let (model, res, _) = load_planned(a, budget_s, Prefetch::Off, serve, serve.is_some(), gpu.1)?;
     if let Some(p) = model.gpu_placement() {
@@ -706,7 +717,7 @@ fn prefill_run(
         steps = 1;
     } else {
         let mut batch = Batch::new(BatchOptions {
-            max_rows: a.parallel,
+            max_rows: a.parallel.unwrap_or(4),
             prefill_chunk: a.prefill_chunk,
             prefill_span: model.prefill_span(),
             ..BatchOptions::default()

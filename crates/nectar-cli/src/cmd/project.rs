@@ -50,7 +50,9 @@ use nectar_model::arch::glm5::{
     AttnShape, Config, LoadOptions, MemoryPlan, Prefetch, CONTEXT_BASE_KEYS,
 };
 use nectar_residency::io::FileIo;
-use nectar_residency::planner::{plan, runtime_reserve, PlanInputs, ReserveInputs};
+use nectar_residency::planner::{
+    plan, reserve_per_sequence, runtime_reserve, PlanInputs, ReserveInputs,
+};
 use nectar_residency::policy::control::{self, Controller, Measurement};
 use nectar_residency::policy::LONGEST_CONTEXT;
 use nectar_residency::replay::{
@@ -212,6 +214,8 @@ impl Geometry {
                 128,
             ),
             ctx: opts.ctx_size * sequences,
+            sequences,
+            reserve_per_sequence: reserve_per_sequence(hidden as u64, vocab),
             prefill_transients: prompt_transients(planned_prefill_tokens(opts), hidden, top_k),
             // GLM-5's tokenizer.json (about 20 MB, as GLM-4.5's), `cores` compute threads,
             // the I/O workers, main and ledger: the reserve of `nectar run` (or `serve`).

@@ -290,6 +290,24 @@ impl Glm5 {
         self.streaming.as_ref().map(|s| &s.plan)
     }
 
+    /// Tells the memory plan how many of its planned sequences are in use (a server: its
+    /// decoding rows and the kept conversations' one): the idle ones' KV cache and activations
+    /// are lent to the expert cache, and taken back before another starts (see
+    /// `planner::PlanInputs::lent_to`). Call between steps, before a new sequence's first.
+    /// Nothing to do without a budget. Returns the experts evicted to take memory back.
+    pub fn use_sequences(&self, k: usize) -> Result<usize> {
+        match &self.streaming {
+            Some(s) => s.use_sequences(k).map_err(crate::Error::Residency),
+            None => Ok(0),
+        }
+    }
+
+    /// (sequences in use, sequences planned) of the memory plan ([`Glm5::use_sequences`]), when
+    /// experts are streamed.
+    pub fn sequences_in_use(&self) -> Option<(usize, usize)> {
+        self.streaming.as_ref().map(|s| s.sequences())
+    }
+
     /// Most prompt tokens to run layer-major at once (one span, see [`Prefill`]): under a
     /// memory budget, the tokens whose activations the memory plan reserves; without one,
     /// unbounded (the whole prompt, whose activations nothing else competes with).

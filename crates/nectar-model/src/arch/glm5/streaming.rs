@@ -128,12 +128,41 @@ pub(super) struct Streaming {
     pub residency: Arc<Residency>,
     /// The MTP layer's tier (when the model has a streamed MTP layer).
     pub mtp_residency: Option<Arc<Residency>>,
+    /// LRU slots by layer (the MTP layer's last) with `k` sequences in use, at `lent[k − 1]`
+    /// (`PlanInputs::lent_to`): the last is the full plan.
+    lent: Vec<Vec<usize>>,
+    /// Sequences in use now ([`Streaming::use_sequences`]; all planned until told).
+    in_use: std::sync::atomic::AtomicUsize,
     expert_bytes: Vec<usize>,
     counts: Vec<usize>,
     mtp_layer: usize,
 }
 
 impl Streaming {
+    /// Plans the caches for `k` sequences in use (clamped to those planned): an idle
+    /// sequence's KV cache and activations are lent to every layer's LRU, and taken back —
+    /// the coldest experts evicted, their pages returned to the OS — when a sequence starts
+    /// (see `PlanInputs::lent_to`). Call between steps (no expert lease alive), before a new
+    /// sequence's first step. Returns the experts evicted.
+    pub fn use_sequences(&self, k: usize) -> nectar_residency::Result<usize> {
+        let k = k.clamp(1, self.lent.len());
+        if self.in_use.swap(k, std::sync::atomic::Ordering::Relaxed) == k {
+            return Ok(0);
+        }
+        let caps = &self.lent[k - 1];
+        let mut evicted = self.residency.set_plan(caps)?;
+        if let Some(m) = &self.mtp_residency {
+            evicted += m.set_plan(caps)?;
+        }
+        Ok(evicted)
+    }
+
+    /// (sequences in use, sequences planned).
+    pub fn sequences(&self) -> (usize, usize) {
+        let k = self.in_use.load(std::sync::atomic::Ordering::Relaxed);
+        (k, self.lent.len())
+    }
+
     /// The streamed-expert source of MoE layer `layer` (MTP: `num_hidden_layers`).
     pub fn experts(&self, layer: usize) -> Option<Experts> {
         let residency = if layer == self.mtp_layer {
@@ -188,7 +217,6 @@ pub(super) fn plan_inputs(
     opts: &LoadOptions,
     (slot_bytes, mtp_slot_bytes): (u64, u64),
     mtp: bool,
-    pinned: usize,
     gpu: Option<&GpuPlan>,
 ) -> PlanInputs {
     let r = &cfg.raw;
@@ -229,6 +257,11 @@ pub(super) fn plan_inputs(
         r.hidden_size,
         r.num_experts_per_tok,
     );
+    // A reserve given whole (`LoadOptions::runtime_reserve`) lends nothing per sequence.
+    let per_seq = match opts.runtime_reserve {
+        Some(_) => 0,
+        None => nectar_residency::planner::reserve_per_sequence(h, r.vocab_size as u64),
+    };
     let reserve = opts.runtime_reserve.unwrap_or_else(|| {
         nectar_residency::planner::runtime_reserve(&ReserveInputs {
             tokenizer_json_bytes: std::fs::metadata(cat.dir().join("tokenizer.json"))
@@ -252,10 +285,12 @@ pub(super) fn plan_inputs(
         experts_per_layer: r.n_routed_experts,
         working_slots: working_bank(cfg.raw.num_experts_per_tok, opts)
             + prefetch_slots(cfg.raw.num_experts_per_tok, opts),
-        pinned_slots: pinned,
+        pinned_slots: 0,
         mtp_slots: if mtp { mtp_working(cfg) } else { 0 },
         kv_bytes_per_token: kv,
         ctx: opts.ctx_size * opts.sequences.max(1),
+        sequences: opts.sequences.max(1),
+        reserve_per_sequence: per_seq,
         prefill_transients: transients,
         runtime_reserve: reserve,
     }
@@ -305,24 +340,15 @@ pub(super) fn setup(
     let layouts = layouts(cfg, cat, mtp)?;
     let sizes = slot_sizes(&layouts, n);
     let vram = gpu.map_or(&[][..], |p| &p.experts[..]);
-    let mut plan =
-        plan(&plan_inputs(cfg, cat, budget, opts, sizes, mtp, 0, gpu)).map_err(residency_err)?;
+    let mut inputs = plan_inputs(cfg, cat, budget, opts, sizes, mtp, gpu);
+    let mut plan = plan(&inputs).map_err(residency_err)?;
     let pinned = match &opts.pin {
         Some(req) => pins(req, &plan, &layouts, n, sizes.0, opts.admission, vram),
         None => Vec::new(),
     };
     if !pinned.is_empty() {
-        plan = nectar_residency::planner::plan(&plan_inputs(
-            cfg,
-            cat,
-            budget,
-            opts,
-            sizes,
-            mtp,
-            pinned.len(),
-            gpu,
-        ))
-        .map_err(residency_err)?;
+        inputs.pinned_slots = pinned.len();
+        plan = nectar_residency::planner::plan(&inputs).map_err(residency_err)?;
     }
     let paths: Vec<_> = cat.shards().iter().map(|s| s.path.clone()).collect();
     let io: Arc<FileIo> = Arc::new(
@@ -344,15 +370,16 @@ pub(super) fn setup(
         }
         ls
     };
-    // The plan's slots by layer: its extra slots on evenly spaced sparse layers, the MTP
-    // tier at the base count.
-    let mut caps = vec![plan.lru_per_layer; n + 1];
-    for (i, l) in (0..n).filter(|&l| !cfg.dense[l]).enumerate() {
-        caps[l] = plan.lru_slots(i);
-    }
+    // The plan's slots by layer with k sequences in use (k = 1 holds the most: the slab is
+    // sized for it); the caches start at the full plan until told otherwise.
+    let lent = (1..inputs.sequences)
+        .map(|k| nectar_residency::planner::plan(&inputs.lent_to(k)).map(|p| caps_of(&p, cfg)))
+        .chain([Ok(caps_of(&plan, cfg))])
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(residency_err)?;
     let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>, lookahead: bool| {
         ResidencyConfig {
-            lru_per_layer: caps.clone(),
+            lru_per_layer: lent[0].clone(),
             working_slots: working,
             prefetch_slots: prefetch,
             io_threads: opts.io_threads,
@@ -384,15 +411,31 @@ pub(super) fn setup(
     } else {
         None
     };
-    Ok(Streaming {
+    let full = lent.len();
+    let s = Streaming {
         plan,
         prefill_tokens: planned_prefill_tokens(opts) as usize,
         residency: Arc::new(residency),
         mtp_residency,
+        lent,
+        in_use: (full + 1).into(),
         expert_bytes,
         counts,
         mtp_layer: n,
-    })
+    };
+    s.use_sequences(full).map_err(residency_err)?;
+    Ok(s)
+}
+
+/// A plan's LRU slots by layer (`num_hidden_layers + 1` entries, the MTP tier's last): its
+/// extra slots on evenly spaced sparse layers, the MTP tier at the base count.
+fn caps_of(plan: &Plan, cfg: &Config) -> Vec<usize> {
+    let n = cfg.raw.num_hidden_layers;
+    let mut caps = vec![plan.lru_per_layer; n + 1];
+    for (i, l) in (0..n).filter(|&l| !cfg.dense[l]).enumerate() {
+        caps[l] = plan.lru_slots(i);
+    }
+    caps
 }
 
 /// The main-layer experts to pin for `req` under `plan` (before pins): the hottest that exist.
@@ -497,7 +540,7 @@ pub fn plan_memory(dir: &std::path::Path, opts: &LoadOptions) -> Result<MemoryPl
             Some(super::placement::plan_for(&cfg, &cat, vram, opts))
         }
     };
-    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp, 0, gpu.as_ref());
+    let inputs = plan_inputs(&cfg, &cat, budget, opts, sizes, mtp, gpu.as_ref());
     let plan = plan(&inputs).map_err(residency_err);
     Ok(MemoryPlan { inputs, plan, gpu })
 }
@@ -536,17 +579,7 @@ mod tests {
             runtime_reserve: Some(1 << 20),
             ..Default::default()
         };
-        let p = plan(&plan_inputs(
-            &cfg,
-            &cat,
-            64 << 20,
-            &opts,
-            sizes,
-            true,
-            0,
-            None,
-        ))
-        .unwrap();
+        let p = plan(&plan_inputs(&cfg, &cat, 64 << 20, &opts, sizes, true, None)).unwrap();
         let first = (0..n).find(|&l| !cfg.dense[l]).unwrap() as u32;
         let key = |expert| ExpertKey {
             layer: first,
