@@ -118,6 +118,14 @@ fn fit_projects_sequences_decoded_together() {
         assert!((f(&b["gain_over_one_sequence"]) - f(&b["decode_tok_s"]) / single).abs() < 1e-9);
         assert_eq!(f(&b["gain_over_one_sequence"]) > 1.0, more, "{o}");
     }
+    // Planned as `serve --parallel 4`: the one-sequence figures are a lone client's, with the
+    // idle rows' memory lent to its cache; the batch decodes at the full plan's slots.
+    let served = at(&[&slow[..], &["--serve"][..]].concat(), "4");
+    let b = &served["parallel"];
+    assert!(
+        b["lru_slots_per_layer"].as_u64() < served["lru_slots_per_layer"].as_u64(),
+        "{served}"
+    );
     // More sequences than the trace has conversations: nothing to serve side by side.
     let err = glm52_refused(&["--parallel", "25"]);
     assert!(
@@ -1192,6 +1200,19 @@ fn fit_plans_the_geometry_it_is_given() {
         5 * term(&on, "KV cache"),
         "{serve}"
     );
+    // A lone client of that server (its row and the kept conversation) decodes with the three
+    // idle rows' KV caches and activations lent to the LRU: more slots, at most `--parallel
+    // 1`'s (whose working bank and transients are smaller).
+    let lone = &serve["lone_client"];
+    assert_eq!(lone["sequences_in_use"], 2, "{serve}");
+    let lent = lone["lent_bytes"].as_u64().unwrap();
+    assert!(lent > 3 * term(&on, "KV cache"), "{serve}");
+    let one = plan(&["--serve", "--parallel", "1"]);
+    assert!(one["lone_client"].is_null(), "{one}");
+    assert!(
+        slots(lone) > slots(&serve) && slots(lone) <= slots(&one),
+        "{serve}\n{one}"
+    );
     let (ok, out, err) = nectar(&["fit", "--geometry", "glm52", "--memory-budget", "29G"]);
     assert!(ok, "{err}");
     assert!(
@@ -1376,6 +1397,22 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
         !ok && err.contains("batch trace") && err.contains("--mtp off"),
         "{err}"
     );
+    // One sequence planned as `serve --parallel 2` (a lone client of the server that decoded
+    // the batch above) decodes with the idle row's memory lent to the cache: two of three
+    // sequences in use, more slots than the batch had (this model's KV cache is large beside
+    // its experts); fewer rows planned than the trace decodes together is refused.
+    let lone = |trace: &std::path::Path, parallel: &str| {
+        let extra = ["--tokens", "4", "--prefetch", "off", "--parallel", parallel];
+        replay_session(trace, &extra)
+    };
+    let (ok, out, err) = lone(&flat, "2");
+    assert!(ok, "{err}");
+    let alone = &json(&out)["runs"][0];
+    assert_eq!(alone["sequences"], serde_json::json!([2, 3]), "{alone}");
+    let slots = |r: &serde_json::Value| r["lru_slots_per_layer"].as_u64().unwrap();
+    assert!(slots(alone) > slots(&runs[0]), "{alone}\n{}", runs[0]);
+    let (ok, _, err) = lone(&inter, "1");
+    assert!(!ok && err.contains("--parallel 1"), "{err}");
 }
 
 /// PILOT's arms replay the predictions of the model that recorded the trace: a predictor of

@@ -104,6 +104,7 @@ fn show(
     gpu_text: &str,
 ) -> Result<()> {
     let (key, title) = what;
+    let lone = lone_client(a, inputs)?;
     if a.json {
         let terms: Vec<_> = p
             .terms
@@ -117,6 +118,13 @@ fn show(
             "terms": terms, "slack": p.slack, "gpu": gpu_json,
         });
         out[key] = json!(title);
+        out["lone_client"] = lone.as_ref().map_or(Value::Null, |(p, lent)| {
+            json!({
+                "sequences_in_use": nectar_model::arch::glm5::serve_sequences(1),
+                "lru_per_layer": p.lru_per_layer, "lru_extra_layers": p.lru_extra_layers,
+                "lent_bytes": lent,
+            })
+        });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
@@ -132,9 +140,30 @@ fn show(
             human(inputs.slot_bytes),
             human(p.slack)
         );
+        if let Some((lone, lent)) = &lone {
+            println!(
+                "  => a lone client: {} per sparse layer (the idle rows' KV cache and activations, {}, lent to the LRU until more rows decode)",
+                lone.lru_words(),
+                human(*lent)
+            );
+        }
         print!("{gpu_text}");
     }
     Ok(())
+}
+
+/// With `--serve` and more than one row: the plan a lone client decodes with (one row and the
+/// kept conversation in use, the other rows' share lent to the LRU: `PlanInputs::lent_to`),
+/// and the bytes lent.
+fn lone_client(a: &FitArgs, inputs: &PlanInputs) -> Result<Option<(Plan, u64)>> {
+    let k = nectar_model::arch::glm5::serve_sequences(1);
+    if !a.serve || inputs.sequences <= k {
+        return Ok(None);
+    }
+    let lone = inputs.lent_to(k);
+    let lent = (inputs.ctx - lone.ctx) as u64 * inputs.kv_bytes_per_token
+        + (inputs.runtime_reserve - lone.runtime_reserve);
+    Ok(Some((nectar_residency::planner::plan(&lone)?, lent)))
 }
 
 /// `--gpu-memory FLAG` as load options: the VRAM to plan (`auto` opens the GPU to read its

@@ -812,17 +812,14 @@ pub fn project(
     // MTP off; PILOT's reads beside a batch are not measured, so not credited.
     let batch = (width > 1).then(|| {
         let n = width as f64;
+        let (c, extra) = slots.full_load.unwrap_or((slots.mtp_off, slots.extra_off));
+        let c = c.min(trace.experts_per_layer);
         let sv: Served = served(rt, width);
-        let (hb, ub) = at_slots(c, slots.extra_off, |c| {
-            hit_curve_of(&sv.trace, &sv.steps, &main, c)
-        });
+        let (hb, ub) = at_slots(c, extra, |c| hit_curve_of(&sv.trace, &sv.steps, &main, c));
         let uvb = match vram {
             Some(_) => {
                 let all = served(trace, width);
-                at_slots(c, slots.extra_off, |c| {
-                    hit_curve_of(&all.trace, &all.steps, &main, c)
-                })
-                .1 - ub
+                at_slots(c, extra, |c| hit_curve_of(&all.trace, &all.steps, &main, c)).1 - ub
             }
             None => 0.0,
         };
@@ -844,6 +841,7 @@ pub fn project(
         let (t, ssd, ram) = forward_rows(n, ub, uvb, hb, ahead);
         json!({
             "sequences": width,
+            "lru_slots_per_layer": c,
             "hit_rate": hb,
             "unique_experts_per_layer": ub,
             "ssd_gb_per_token": ssd / n / 1e9,
@@ -923,6 +921,10 @@ pub struct Slots {
     /// Shares of the sparse layers holding one slot more (each plan's last partial row).
     pub extra_off: f64,
     pub extra_on: f64,
+    /// The MTP-off plan at full load (slots, extra share), where a lone sequence decodes with
+    /// more: a server lends its idle rows' memory to the cache (`PlanInputs::lent_to`), so
+    /// the fields above are one client's and these the `width` rows'.
+    pub full_load: Option<(usize, f64)>,
 }
 
 /// A curve (hit rate and the like) at a plan's slots: `c` on a share `1 − f` of the layers,
@@ -1048,8 +1050,14 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     );
     // `run --mtp off` plans without the MTP layer, `--mtp on` with it: each projection uses
     // its own plan's slots.
-    let p_off = plan(&inputs[0]).context("the memory plan (MTP off)")?;
-    let p_on = plan(&inputs[1]).context("the memory plan (MTP on)")?;
+    // A server decodes a lone client with its idle rows' memory lent to the cache.
+    let lone = |p: &PlanInputs| match a.serve {
+        true => p.lent_to(nectar_model::arch::glm5::serve_sequences(1)),
+        false => p.clone(),
+    };
+    let p_full = plan(&inputs[0]).context("the memory plan (MTP off)")?;
+    let p_off = plan(&lone(&inputs[0])).context("the memory plan (MTP off)")?;
+    let p_on = plan(&lone(&inputs[1])).context("the memory plan (MTP on)")?;
     let threads = rayon::current_num_threads();
     let t0 = Instant::now();
     // The disk sample first, in a quiet process: read right after the calibration's model was
@@ -1277,6 +1285,8 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
             mtp_on: p_on.lru_per_layer,
             extra_off: p_off.lru_extra_share(),
             extra_on: p_on.lru_extra_share(),
+            full_load: (p_full.lru_bytes != p_off.lru_bytes)
+                .then(|| (p_full.lru_per_layer, p_full.lru_extra_share())),
         },
         &trace,
         a.acceptance,
@@ -1462,10 +1472,11 @@ pub fn render(full: &serde_json::Value) -> String {
     );
     if let Some(b) = o["parallel"].as_object() {
         s += &format!(
-            "  {} sequences decoded together (serve --parallel, MTP off): {:.2} tok/s in all, {:.2} \
-             per sequence ({:.2}× one sequence): hit rate {:.3}, {:.1} experts per layer a step, \
-             {:.2} GB/token from disk, RAM wall {:.2}\n",
+            "  {} sequences decoded together (serve --parallel, MTP off, {} LRU slots a layer): {:.2} \
+             tok/s in all, {:.2} per sequence ({:.2}× a lone client): hit rate {:.3}, {:.1} experts \
+             per layer a step, {:.2} GB/token from disk, RAM wall {:.2}\n",
             b["sequences"],
+            b["lru_slots_per_layer"],
             f(&b["decode_tok_s"]),
             f(&b["decode_tok_s_per_sequence"]),
             f(&b["gain_over_one_sequence"]),
