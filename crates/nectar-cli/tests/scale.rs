@@ -1398,9 +1398,10 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
         "{err}"
     );
     // One sequence planned as `serve --parallel 2` (a lone client of the server that decoded
-    // the batch above) decodes with the idle row's memory lent to the cache: two of three
-    // sequences in use, more slots than the batch had (this model's KV cache is large beside
-    // its experts); fewer rows planned than the trace decodes together is refused.
+    // the batch above) runs with the idle row's memory lent to the cache: two of three
+    // sequences in use, more slots for its prompt than the batch's prompts had (this model's
+    // KV cache is large beside its experts; between prompts both hold every expert, the
+    // prompt transients lent too); fewer rows planned than the trace decodes is refused.
     let lone = |trace: &std::path::Path, parallel: &str| {
         let extra = ["--tokens", "4", "--prefetch", "off", "--parallel", parallel];
         replay_session(trace, &extra)
@@ -1408,9 +1409,19 @@ fn bench_replay_decodes_a_batch_trace_one_row_per_sequence_a_step() {
     let (ok, out, err) = lone(&flat, "2");
     assert!(ok, "{err}");
     let alone = &json(&out)["runs"][0];
-    assert_eq!(alone["sequences"], serde_json::json!([2, 3]), "{alone}");
-    let slots = |r: &serde_json::Value| r["lru_slots_per_layer"].as_u64().unwrap();
-    assert!(slots(alone) > slots(&runs[0]), "{alone}\n{}", runs[0]);
+    let seqs = serde_json::json!({"in_use": 2, "planned": 3, "prompt": false});
+    assert_eq!(alone["sequences"], seqs, "{alone}");
+    let slots = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    for r in [alone, &runs[0]] {
+        let prompt = slots(r, "lru_slots_per_layer_prompt");
+        assert!(prompt <= slots(r, "lru_slots_per_layer"), "{r}");
+    }
+    let prompt = "lru_slots_per_layer_prompt";
+    assert!(
+        slots(alone, prompt) > slots(&runs[0], prompt),
+        "{alone}\n{}",
+        runs[0]
+    );
     let (ok, _, err) = lone(&inter, "1");
     assert!(!ok && err.contains("--parallel 1"), "{err}");
 }

@@ -165,6 +165,14 @@ struct Row {
     union: UnionCounts,
 }
 
+impl Row {
+    /// The row's input is a prompt still running (several tokens, or a span already fed):
+    /// its step runs prefill work.
+    fn prefilling(&self) -> bool {
+        self.fed_in_input > 0 || self.state.pending_input().is_some_and(|p| p.len() > 1)
+    }
+}
+
 impl std::fmt::Debug for Row {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Row")
@@ -332,6 +340,12 @@ impl Batch {
     /// Live rows.
     pub fn len(&self) -> usize {
         self.rows.len()
+    }
+
+    /// Whether the next step runs prefill work: a row's prompt is still running (the memory
+    /// plan must then hold a prompt span's activations, `Glm5::use_sequences`).
+    pub fn prefilling(&self) -> bool {
+        self.rows.iter().any(Row::prefilling)
     }
 
     /// No live rows.
@@ -598,11 +612,8 @@ impl Batch {
         // forward: the step's decode cost is that of the rows in the forward. Counting them
         // made every step where a request joined a shape of its own that is never recorded
         // (the step ran prefill work), so it kept the γ in force when it was first seen.
-        let prefilling = |row: &Row| {
-            row.fed_in_input > 0 || row.state.pending_input().is_some_and(|p| p.len() > 1)
-        };
         let shape = Shape {
-            rows: self.rows.iter().filter(|r| !prefilling(r)).count(),
+            rows: self.rows.iter().filter(|r| !r.prefilling()).count(),
             auto_rows: self
                 .rows
                 .iter()

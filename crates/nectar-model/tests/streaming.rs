@@ -370,11 +370,14 @@ fn streamed_float_fixture_equals_resident() {
 }
 
 /// A server's plan (`serve --parallel 4`: five sequences) lends what its idle sequences do not
-/// hold — their KV cache and step activations — to every layer's LRU, and takes it back before
-/// more sequences run: the capacities are the plan's `lent_to(k)` at each count, the memory
-/// taken back is given to the OS, and logits stay the resident model's bits throughout.
+/// hold — their KV cache and step activations — to every layer's LRU, and between prompts also
+/// the prompt transients and the working bank's spare slots; it takes them back before more
+/// sequences or a prompt run: the capacities and the wave size are the plan of the moment's at
+/// each step, the memory taken back is given to the OS, and logits stay the resident model's
+/// bits throughout.
 #[test]
 fn idle_sequences_lend_their_memory_to_the_expert_cache() {
+    use nectar_model::arch::glm5::lent_inputs;
     let dir = demo_dir();
     let resident = Glm5::load(&dir).unwrap();
     let prompt: Vec<u32> = (0..24).map(|i| 500 + i * 41).collect();
@@ -393,33 +396,59 @@ fn idle_sequences_lend_their_memory_to_the_expert_cache() {
     };
     let m = Glm5::load_with(&dir, &opts).unwrap();
     let inputs = plan_memory(&dir, &opts).unwrap().inputs;
+    let top_k = m.cfg.raw.num_experts_per_tok;
     let caps = |m: &Glm5| -> Vec<usize> {
         let r = m.residency().unwrap();
         let mut c: Vec<usize> = (0..r.layers()).map(|l| r.capacity(l)).collect();
         c.push(m.mtp_residency().unwrap().capacity(r.layers() - 1));
         c.into_iter().filter(|&c| c > 0).collect()
     };
-    let planned = |k: usize| -> Vec<usize> {
-        let p = nectar_residency::planner::plan(&inputs.lent_to(k)).unwrap();
+    let planned = |k: usize, prompt: bool| -> (Vec<usize>, usize) {
+        let i = lent_inputs(&inputs, k, prompt, top_k, &opts);
+        let p = nectar_residency::planner::plan(&i).unwrap();
         let mut c: Vec<usize> = (0..p.sparse_layers).map(|i| p.lru_slots(i)).collect();
         c.push(p.lru_per_layer);
-        c
+        (
+            c,
+            i.working_slots - nectar_model::arch::glm5::prefetch_slots(top_k, &opts),
+        )
     };
-    let full = planned(5);
-    assert_eq!(full[0], 3);
-    assert_eq!(caps(&m), full, "the full plan until told");
-    assert_eq!(m.sequences_in_use(), Some((5, 5)));
-    for k in [2, 1, 3, 5, 2] {
-        m.use_sequences(k).unwrap();
-        assert_eq!(m.sequences_in_use(), Some((k, 5)));
-        assert_eq!(caps(&m), planned(k), "{k} sequences in use");
-        assert_eq!(run(&m, &prompt, 8), want, "{k} sequences in use");
+    let full = planned(5, true);
+    assert_eq!(full.0[0], 3);
+    let now = |m: &Glm5| (caps(m), m.residency().unwrap().max_wave());
+    assert_eq!(now(&m), full, "the full plan until told");
+    assert_eq!(m.sequences_in_use(), Some((5, 5, true)));
+    let steps = [
+        (2, false),
+        (1, false),
+        (3, true),
+        (5, true),
+        (5, false),
+        (2, true),
+        (2, false),
+    ];
+    for (k, pr) in steps {
+        m.use_sequences(k, pr).unwrap();
+        assert_eq!(m.sequences_in_use(), Some((k, 5, pr)));
+        assert_eq!(now(&m), planned(k, pr), "{k} sequences in use, prompt {pr}");
+        assert_eq!(
+            run(&m, &prompt, 8),
+            want,
+            "{k} sequences in use, prompt {pr}"
+        );
     }
-    let lent = planned(2);
-    assert!(lent[0] >= full[0] + 3, "{lent:?} vs {full:?}");
+    // Between prompts a lone client's bank is two sequences' (the kept conversation counts),
+    // and its LRU holds at least as much as with a prompt in flight (here every expert: 32),
+    // which holds more than the full plan.
+    let (lone, lone_prompt) = (planned(2, false), planned(2, true));
+    assert!(lone.1 < full.1, "{lone:?} vs {full:?}");
+    assert!(lone.0[0] >= lone_prompt.0[0] && lone_prompt.0[0] >= full.0[0] + 3);
     // Taking it back evicted experts and gave their slots' pages to the OS at once.
     let t = m.residency().unwrap().telemetry();
     assert!(t.released_bytes > 0, "{t:?}");
-    assert_eq!(t.lru_planned, lent[..lent.len() - 1].iter().sum::<usize>());
+    assert_eq!(
+        t.lru_planned,
+        lone.0[..lone.0.len() - 1].iter().sum::<usize>()
+    );
     assert_eq!(t.lru_capacity, t.lru_planned);
 }

@@ -455,6 +455,14 @@ impl Policy {
         self.capacity.get(layer).copied().unwrap_or(0)
     }
 
+    /// LRU slots of a layer holding an expert.
+    pub fn filled(&self, layer: usize) -> usize {
+        let l = layer as u32;
+        (self.slots.iter())
+            .filter(|s| s.role == Role::Lru(l) && s.key.is_some())
+            .count()
+    }
+
     /// Free working slots.
     pub fn free_working(&self) -> usize {
         self.slots.iter().filter(|s| s.role == Role::Free).count()
@@ -856,6 +864,39 @@ impl Policy {
             self.capacity[layer] -= 1;
         }
         out
+    }
+
+    /// Resizes the working bank (its free and working slots) towards `n`: free slots are
+    /// disabled while it is larger (a slot holding a miss or a prefetch is never touched, so it
+    /// may stay larger until they are settled), disabled slots join it free while it is
+    /// smaller. Returns the slots taken into the bank.
+    pub fn set_bank(&mut self, n: usize) -> Vec<usize> {
+        let in_bank = |s: &Slot| matches!(s.role, Role::Free | Role::Working);
+        let mut size = self.slots.iter().filter(|s| in_bank(s)).count();
+        let mut taken = Vec::new();
+        while size > n {
+            let Some(s) = self.slots.iter().rposition(|s| s.role == Role::Free) else {
+                break;
+            };
+            self.slots[s].role = Role::Disabled;
+            size -= 1;
+        }
+        while size < n {
+            let Some(s) = self.slots.iter().position(|s| s.role == Role::Disabled) else {
+                break;
+            };
+            self.slots[s] = Slot {
+                role: Role::Free,
+                key: None,
+                last_use: 0,
+                wave: 0,
+                prefetch: false,
+                planned: false,
+            };
+            taken.push(s);
+            size += 1;
+        }
+        taken
     }
 
     /// Raises layer `layer`'s capacity to `cap` (never lowers it) with disabled slots, which

@@ -113,6 +113,11 @@ pub struct CacheSetup {
     pub pinned: Vec<Vec<u32>>,
     /// Live repin at every turn (segment start): at most this many swaps (0: pins stay).
     pub repin_swaps: usize,
+    /// Per replayed layer, LRU slots while prompt (uncounted) steps run, where fewer than
+    /// [`CacheSetup::lru_of`]: a server's plan takes back for a prompt what it lends between
+    /// prompts (the coldest experts leave when a prompt starts, the slots come back empty after
+    /// it). `None`: the same slots throughout.
+    pub prompt_lru: Option<Vec<usize>>,
 }
 
 impl CacheSetup {
@@ -121,6 +126,7 @@ impl CacheSetup {
         CacheSetup {
             capacity,
             extra: Vec::new(),
+            prompt_lru: None,
             admission,
             pinned: Vec::new(),
             repin_swaps: 0,
@@ -263,6 +269,14 @@ fn replay(
             policy = fresh();
         } else if s.turn && setup.repin_swaps > 0 {
             policy.repin(setup.repin_swaps);
+        }
+        if let Some(prompt) = &setup.prompt_lru {
+            for (li, &c) in caps.iter().enumerate() {
+                match s.counted {
+                    false => drop(policy.shrink(li, prompt.get(li).map_or(c, |&p| p.min(c)))),
+                    true => drop(policy.grow(li, c)),
+                }
+            }
         }
         if let Some(tok) = &trace.tokens {
             for r in s.rows.clone() {

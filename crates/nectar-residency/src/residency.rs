@@ -18,7 +18,7 @@ use crate::slab::Slab;
 use crate::telemetry::{Eviction, LayerStats, Occupancy, Placement, Telemetry, Tier};
 use nectar_kernels::MatRef;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -70,6 +70,9 @@ struct State {
     /// LRU capacity per layer the memory plan of the moment gives ([`Residency::set_plan`]; the
     /// configured capacity until then): [`Residency::grow_all`] never goes above it.
     planned: Vec<usize>,
+    /// The memory guard's cap on every layer's capacity ([`Residency::shrink_all`], raised by
+    /// [`Residency::grow_all`]; `None`: no cap): a plan of the moment never grows past it.
+    cut: Option<usize>,
     stats: Telemetry,
     events: Vec<Event>,
     paths: Vec<std::path::PathBuf>,
@@ -193,7 +196,11 @@ pub struct Residency {
     inner: Arc<Inner>,
     jobs: Arc<Jobs>,
     workers: Vec<JoinHandle<()>>,
-    working: usize,
+    /// Most misses a wave may have: the working bank less the prefetch slots (the plan of the
+    /// moment may lower it, [`Residency::set_plan`]).
+    working: AtomicUsize,
+    /// The configured working slots (what the slab's bank holds at most).
+    working_max: usize,
     prefetch_slots: usize,
     lookahead: bool,
 }
@@ -269,6 +276,7 @@ impl Residency {
             },
             released: vec![false; n],
             planned: caps.clone(),
+            cut: None,
             events: Vec::new(),
             policy,
             paths,
@@ -306,7 +314,8 @@ impl Residency {
             inner,
             jobs,
             workers,
-            working: cfg.working_slots.max(1),
+            working: cfg.working_slots.max(1).into(),
+            working_max: cfg.working_slots.max(1),
             prefetch_slots: cfg.prefetch_slots,
             lookahead: cfg.lookahead && matches!(cfg.admission, Admission::Predictive { .. }),
         };
@@ -356,7 +365,7 @@ impl Residency {
 
     /// Most misses one wave may have (the working bank).
     pub fn max_wave(&self) -> usize {
-        self.working
+        self.working.load(Ordering::Relaxed)
     }
 
     /// Bytes of one slot.
@@ -538,7 +547,7 @@ impl Residency {
             .as_ref()
             .map_or(crate::policy::MIN_CONTEXT, |c| c.min_context());
         // With PILOT beside it (`prefetch_slots`), its slots stay free for its next-layer reads.
-        let need = need.min(self.working) + self.prefetch_slots;
+        let need = need.min(self.max_wave()) + self.prefetch_slots;
         let rows = if decode { rows } else { 0 };
         st.policy.plan_prefetch(rows, need, min_context);
         self.issue_planned(&mut st)
@@ -688,10 +697,12 @@ impl Residency {
     pub fn shrink_all(&self, cap: usize) -> Result<usize> {
         let mut st = self.safe_point()?;
         let mut n = 0;
+        let cap = cap.max(1);
         for l in 0..self.inner.layouts.len() {
-            let gone = st.policy.shrink(l, cap.max(1));
+            let gone = st.policy.shrink(l, cap);
             n += gone.len();
         }
+        st.cut = Some(st.cut.map_or(cap, |c| c.min(cap)));
         self.retire(&mut st);
         st.stats.rss_shrinks += 1;
         Ok(n)
@@ -735,6 +746,8 @@ impl Residency {
     /// number of slots taken back.
     pub fn grow_all(&self, cap: usize) -> usize {
         let mut st = self.lock();
+        let most = st.planned.iter().copied().max().unwrap_or(0);
+        st.cut = (cap < most).then_some(cap);
         let mut n = 0;
         for l in 0..self.inner.layouts.len() {
             let want = cap.min(st.planned[l]);
@@ -749,33 +762,49 @@ impl Residency {
         n
     }
 
-    /// Sets each layer's planned LRU capacity (`caps[layer]`, between one slot and the
-    /// configured capacity; a layer `caps` does not reach keeps its configured one) — what the
-    /// memory plan gives with the sequences in use now (a server lends an idle sequence's
-    /// share of the budget to the LRU, `planner::PlanInputs::lent_to`). A layer above its new
-    /// capacity evicts its coldest experts and gives their slots' pages back to the OS now,
+    /// Sets the plan of the moment: each layer's LRU capacity (`caps[layer]`, between one slot
+    /// and the configured capacity; a layer `caps` does not reach keeps its configured one) and
+    /// the working slots a wave may use (at most the configured ones) — what the memory plan
+    /// gives with the sequences in use now (a server lends an idle sequence's share of the
+    /// budget, and between prompts the bank's and the prompt transients' share, to the LRU:
+    /// `planner::PlanInputs::lent_to`). A layer above its new capacity evicts its coldest
+    /// experts, and a smaller bank disables free slots, giving their pages back to the OS now,
     /// before the memory is needed elsewhere; a layer whose plan grew takes slots back empty,
-    /// unless the memory guard has cut it below its old plan (then the guard regrows it, up
-    /// to the new plan, once pressure is gone). Call at a safe point (no lease alive).
-    /// Returns the number of evicted experts.
-    pub fn set_plan(&self, caps: &[usize]) -> Result<usize> {
+    /// never past the memory guard's cap (the guard regrows it, up to the plan, once pressure
+    /// is gone). Call at a safe point (no lease alive). Returns the number of evicted experts.
+    pub fn set_plan(&self, caps: &[usize], working: usize) -> Result<usize> {
         let mut st = self.safe_point()?;
         let mut evicted = 0;
-        for (l, &max) in self.inner.caps.iter().enumerate() {
-            if max == 0 {
-                continue;
+        // Shrink first (LRU, then the bank), so that growth finds the slots they gave up.
+        let working = working.clamp(1, self.working_max);
+        let wants: Vec<usize> = (self.inner.caps.iter().enumerate())
+            .map(|(l, &max)| match max {
+                0 => 0,
+                _ => caps.get(l).map_or(max, |&c| c.clamp(1, max)),
+            })
+            .collect();
+        // What each layer holds: its plan, within the guard's cap.
+        let cut = st.cut.unwrap_or(usize::MAX);
+        for (l, &want) in wants.iter().enumerate() {
+            if want.min(cut) < st.policy.capacity(l) {
+                evicted += st.policy.shrink(l, want.min(cut)).len();
             }
-            let want = caps.get(l).map_or(max, |&c| c.clamp(1, max));
-            let (was, now) = (st.planned[l], st.policy.capacity(l));
-            if want < now {
-                evicted += st.policy.shrink(l, want).len();
-            } else if want > was && now >= was {
-                for s in st.policy.grow(l, want) {
-                    st.released[s] = false;
-                }
+        }
+        if working < self.max_wave() {
+            st.policy.set_bank(working + self.prefetch_slots);
+        }
+        for (l, &want) in wants.iter().enumerate() {
+            for s in st.policy.grow(l, want.min(cut)) {
+                st.released[s] = false;
             }
             st.planned[l] = want;
         }
+        if working > self.max_wave() {
+            for s in st.policy.set_bank(working + self.prefetch_slots) {
+                st.released[s] = false;
+            }
+        }
+        self.working.store(working, Ordering::Relaxed);
         self.retire(&mut st);
         Ok(evicted)
     }
@@ -799,6 +828,16 @@ impl Residency {
     /// Current LRU capacity of a layer.
     pub fn capacity(&self, layer: usize) -> usize {
         self.lock().policy.capacity(layer)
+    }
+
+    /// The most LRU slots holding an expert in any layer: what a capacity must go below to
+    /// give memory back (empty slots hold no pages).
+    pub fn most_filled(&self) -> usize {
+        let st = self.lock();
+        (0..self.inner.caps.len())
+            .map(|l| st.policy.filled(l))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Now, and the seconds some read has been in flight since load up to now (one in flight

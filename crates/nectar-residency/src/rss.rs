@@ -221,8 +221,10 @@ impl RssGuard {
             if cap <= 1 {
                 return Err(Error::MemoryPressure { rss, limit });
             }
+            // Below the slots that hold experts: empty ones (a plan's loan not yet filled) give
+            // no memory back, and a cut that removed only them left the hog to the OOM killer.
             let drop = (rss - limit).div_ceil(row).max(1) as usize;
-            let to = cap.saturating_sub(drop).max(1);
+            let to = res.most_filled().min(cap).saturating_sub(drop).max(1);
             let n = res.shrink_all(to)?;
             self.events += 1;
             // stderr: this crate has no logging dependency, and the user must see a shrink.

@@ -557,13 +557,13 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     assert_eq!(r.telemetry().occupancy.lru, 5);
     // A lease alive: not a safe point.
     let l = r.acquire(1, &[7]).unwrap().pop().unwrap().wait().unwrap();
-    assert!(matches!(r.set_plan(&[2, 2]), Err(Error::LeasesAlive(_))));
+    assert!(matches!(r.set_plan(&[2, 2], 4), Err(Error::LeasesAlive(_))));
     drop(l);
     r.end_wave().unwrap();
     // Layer 1 to 2 slots: its three coldest (experts 3, 4, 5 of 3..=7) go, pages released
     // (layer 0's three, never written, are released uncounted).
     let released = r.telemetry().released_bytes;
-    assert_eq!(r.set_plan(&[2, 2]).unwrap(), 3);
+    assert_eq!(r.set_plan(&[2, 2], 4).unwrap(), 3);
     assert_eq!((r.capacity(0), r.capacity(1)), (2, 2));
     let t = r.telemetry();
     assert_eq!(t.released_bytes - released, 3 * r.slot_bytes() as u64);
@@ -577,12 +577,35 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     }
     assert_eq!(r.telemetry().layers[1].misses, reads);
     // Back up: never above the configured 5, one slot at least.
-    assert_eq!(r.set_plan(&[9, 0]).unwrap(), 1);
+    assert_eq!(r.set_plan(&[9, 0], 4).unwrap(), 1);
     assert_eq!((r.capacity(0), r.capacity(1)), (5, 1));
     fill(&r);
-    assert_eq!(r.set_plan(&[5, 5]).unwrap(), 0);
+    assert_eq!(r.set_plan(&[5, 5], 4).unwrap(), 0);
     fill(&r);
     assert_eq!(r.telemetry().occupancy.lru, 5, "layer 1 holds five again");
+    // A smaller working bank (between prompts, a wave needs fewer slots): two free slots are
+    // disabled (released; the last ones, the least likely written), a wave is cut to the new
+    // size, and the slots come back with it.
+    let disabled = r.telemetry().occupancy.disabled;
+    assert_eq!(r.set_plan(&[5, 5], 2).unwrap(), 0);
+    let t = r.telemetry();
+    assert_eq!((t.occupancy.free, r.max_wave()), (2, 2), "{t:?}");
+    assert_eq!(t.occupancy.disabled, disabled + 2, "{t:?}");
+    let wave = r.acquire(1, &[0, 1]).unwrap();
+    assert!(r.acquire(1, &[2]).is_err(), "two misses fill the bank");
+    drop(
+        wave.into_iter()
+            .map(|p| p.wait().unwrap())
+            .collect::<Vec<_>>(),
+    );
+    r.end_wave().unwrap();
+    // The bank grows back from slots the LRU gives up at the same time.
+    assert_eq!(r.set_plan(&[4, 4], 4).unwrap(), 1, "layer 1's coldest");
+    let t = r.telemetry();
+    assert_eq!((t.occupancy.free, r.max_wave(), t.lru_planned), (4, 4, 8));
+    assert_eq!(r.set_plan(&[5, 5], 9).unwrap(), 0);
+    assert_eq!(r.max_wave(), 4, "never above the configured bank");
+    fill(&r);
     // The guard cuts layer 1 under a plan of 5 ...
     let budget = 1_000_000_000;
     let (mut g, reading) = guard_with(budget);
@@ -595,13 +618,13 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     let cut = r.capacity(1);
     assert!(cut < 5, "{cut}");
     // ... a plan of 4 lowers nothing further, and one of 5 again leaves it to the guard ...
-    r.set_plan(&[4, 4]).unwrap();
-    r.set_plan(&[5, 5]).unwrap();
+    r.set_plan(&[4, 4], 4).unwrap();
+    r.set_plan(&[5, 5], 4).unwrap();
     assert_eq!(r.capacity(1), cut);
     let t = r.telemetry();
     assert_eq!((t.lru_capacity, t.lru_planned), (2 * cut, 10));
     // ... whose regrowth stops at the plan.
-    r.set_plan(&[4, 4]).unwrap();
+    r.set_plan(&[4, 4], 4).unwrap();
     set(&reading, 1, Some(64_000_000_000));
     for _ in 0..4 {
         g.check(&r).unwrap();
@@ -611,11 +634,36 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     assert_eq!(r.telemetry().occupancy.lru, 4);
 }
 
+/// A cache with empty slots (a plan's loan not yet filled): the guard's cut goes below the
+/// slots that hold experts, so the first cut already evicts and gives memory back — cutting
+/// only empty slots freed nothing, and a process beside a fast-growing one was killed while
+/// the guard took one empty slot a reading.
+#[test]
+fn the_guard_cuts_below_the_filled_slots() {
+    use nectar_residency::rss::threshold;
+    let (io, layouts) = setup(2, 8);
+    let r = Residency::new(cfg(8, 4), layouts, Arc::new(io)).unwrap();
+    for e in 0..3 {
+        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
+        r.end_wave().unwrap();
+    }
+    let budget = 1_000_000_000;
+    let (mut g, reading) = guard_with(budget);
+    set(&reading, threshold(budget) + 1, None);
+    assert_eq!(g.check(&r).unwrap(), 1, "one expert evicted at once");
+    assert_eq!(r.capacity(1), 2);
+    assert_eq!(r.telemetry().occupancy.lru, 2);
+}
+
 #[test]
 fn regrowth_waits_for_the_calm_period() {
     use nectar_residency::rss::{threshold, Reading, RssGuard};
     let (io, layouts) = setup(2, 8);
     let r = Residency::new(cfg(4, 4), layouts, Arc::new(io)).unwrap();
+    for e in 0..4 {
+        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
+        r.end_wave().unwrap();
+    }
     let budget = 1_000_000_000;
     let reading = Arc::new(Mutex::new(Reading::default()));
     let rd = reading.clone();

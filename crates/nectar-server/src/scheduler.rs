@@ -483,10 +483,12 @@ fn serve_batched(
             continue;
         }
         // Between steps no expert lease is alive: the safe point where the memory plan follows
-        // the rows in use (an idle row's KV and activations lent to the expert cache, taken
-        // back before a joining row's first step) and the memory guard looks.
+        // the rows in use (an idle row's KV and activations, and between prompts the prompt
+        // transients and the bank's spare slots, lent to the expert cache; taken back before a
+        // joining row's or prompt's first step) and the memory guard looks.
+        let in_use = nectar_model::arch::glm5::serve_sequences(batch.len());
         let planned = model
-            .use_sequences(nectar_model::arch::glm5::serve_sequences(batch.len()))
+            .use_sequences(in_use, batch.prefilling())
             .map(drop)
             .map_err(nectar_engine::Error::Model);
         let outcome = match planned.and_then(|()| guard.check(bundle)) {

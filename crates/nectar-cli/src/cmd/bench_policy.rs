@@ -81,6 +81,7 @@ pub fn policy(a: BenchPolicyArgs) -> Result<()> {
                 let setup = CacheSetup {
                     capacity: slots,
                     extra: Vec::new(),
+                    prompt_lru: None,
                     admission: *adm,
                     pinned: pinned.clone(),
                     repin_swaps: a.repin,

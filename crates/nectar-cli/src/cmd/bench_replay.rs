@@ -179,6 +179,7 @@ fn load_planned(
 /// bank's waves, prefetch): the two together say whether a gap to the simulator's figures is
 /// the runtime's or the workload's, with each layer's slots (the plan's last partial row puts
 /// one more on some). `None` with experts in VRAM (they are never requested of the RAM tier).
+#[allow(clippy::too_many_arguments)]
 fn offline_replay(
     a: &BenchReplayArgs,
     trace: &Trace,
@@ -187,6 +188,7 @@ fn offline_replay(
     moe: &[usize],
     res: &Residency,
     pins: &[ExpertKey],
+    prompt_lru: Option<Vec<usize>>,
 ) -> Result<Option<f64>> {
     if obs.vram.values().any(|v| !v.is_empty()) {
         return Ok(None);
@@ -202,6 +204,7 @@ fn offline_replay(
     let setup = CacheSetup {
         capacity,
         extra: moe.iter().map(|&l| res.capacity(l) - capacity).collect(),
+        prompt_lru,
         admission: admission(a)?,
         pinned: moe
             .iter()
@@ -275,10 +278,14 @@ fn run_one(
         serve.unwrap_or(0)
     );
     let (model, res, budget) = load_planned(a, budget_s, prefetch, serve, mtp, gpu.1)?;
-    // As `serve` plans its rows: the idle ones lend their memory to the expert cache.
-    if serve.is_some() {
-        model.use_sequences(serve_sequences(width))?;
-    }
+    // As `serve` plans its steps: the idle rows (and between prompts the prompt transients
+    // and the bank's spare slots) lend their memory to the expert cache.
+    let plan_step = |prompt: bool| match serve {
+        Some(_) => model
+            .use_sequences(serve_sequences(width), prompt)
+            .map(drop),
+        None => Ok(()),
+    };
     // What a cold cache holds is its pins (from a usage ledger beside the container, if any).
     let pins: Vec<ExpertKey> = res
         .placements()
@@ -320,11 +327,16 @@ fn run_one(
     // The decode's disk-busy seconds and expert reads (look-ahead's hidden share).
     let (mut dec_busy, mut dec_reads) = (0.0f64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
+    let mut prompt_lru = None;
     for (seg, streams) in segs {
         // One cache per sequence of the segment (one without a streams file).
         let mut caches: Vec<_> = streams.iter().map(|_| model.new_cache()).collect();
         let cache_of = |r: usize| streams.iter().position(|&s| s == trace.stream(r));
         let prompt_end = seg.start + seg.warmup.max(1);
+        plan_step(true)?;
+        // The slots prompts run with (fewer than the decode's where serve's plan lends).
+        let caps: Vec<usize> = moe.iter().map(|&l| res.capacity(l)).collect();
+        prompt_lru.get_or_insert(caps);
         // Each sequence's prompt rows in one forward (a run of one stream's rows each).
         let mut p = seg.start;
         while p < prompt_end {
@@ -352,6 +364,7 @@ fn run_one(
         let hd = model.hidden_size();
         let end = seg.end.min(prompt_end + a.tokens * streams.len());
         let mut t = prompt_end;
+        plan_step(false)?;
         let before = res.telemetry();
         let before_mtp = model.mtp_residency().map(|r| r.telemetry());
         let t0 = Instant::now();
@@ -494,7 +507,9 @@ fn run_one(
             }
         }
     }
-    let offline = offline_replay(a, trace, &steps, &obs, &moe, &res, &pins)?;
+    // The fewest slots a layer had while prompts ran (the decode's `lru_slots_per_layer`).
+    let prompt_slots = prompt_lru.as_ref().and_then(|c| c.iter().min().copied());
+    let offline = offline_replay(a, trace, &steps, &obs, &moe, &res, &pins, prompt_lru)?;
     let opt_bytes = (opt.requests - opt.hits) * payload;
     let raw_before = raw.experts(layouts, &seq, a.raw_seconds)?;
     let raw_after = raw.experts(layouts, &seq, a.raw_seconds)?;
@@ -599,8 +614,15 @@ fn run_one(
     json["pilot"] = pilot_json.into();
     json["lru_extra_layers"] = more.into();
     json["batch"] = width.into();
-    // The memory plan's sequences (in use, planned): `--parallel` above the trace's width lends.
-    json["sequences"] = serde_json::json!(model.sequences_in_use());
+    json["lru_slots_per_layer_prompt"] = prompt_slots.into();
+    // The memory plan in force at the end (its decode): `--parallel` above the trace's width
+    // lends the idle rows' memory.
+    json["sequences"] = match model.sequences_in_use() {
+        Some((in_use, planned, prompt)) => {
+            serde_json::json!({"in_use": in_use, "planned": planned, "prompt": prompt})
+        }
+        None => serde_json::Value::Null,
+    };
     json["prefetch_cancelled"] = dec_pf[3].into();
     let line = format!(
         "{budget_s:>6} mtp {:<3} prefetch {:<9} gpu {:<5} batch {width} {slots:>3}{:<3} slots  decode {tok_s:6.3} tok/s  prefill {:6.2} tok/s  \

@@ -75,7 +75,10 @@ pub fn run(a: FitArgs) -> Result<()> {
         None => (None, String::new()),
     };
     let what = ("model", dir.display().to_string());
-    show(&a, budget, what, &inputs, &p, gpu_json, &gpu_text)
+    let top_k = nectar_model::arch::glm5::Config::from_dir(&dir)?
+        .raw
+        .num_experts_per_tok;
+    show(&a, (budget, top_k), what, &inputs, &p, gpu_json, &gpu_text)
 }
 
 /// `fit --geometry NAME` without `--project`: the memory plan of a built-in geometry (GLM-5.2's
@@ -89,14 +92,22 @@ fn plan_geometry(a: &FitArgs, name: &str, budget: u64) -> Result<()> {
     let cores = a.cores.unwrap_or_else(rayon::current_num_threads);
     let (geom, inputs) = super::project::Geometry::glm52(enc, &load_options(a, budget), cores);
     let p = nectar_residency::planner::plan(&inputs)?;
-    show(a, budget, ("geometry", geom.source), &inputs, &p, None, "")
+    show(
+        a,
+        (budget, geom.top_k),
+        ("geometry", geom.source),
+        &inputs,
+        &p,
+        None,
+        "",
+    )
 }
 
 /// Prints a plan (JSON with `--json`): `what` names what was planned (its JSON key and the
 /// name, also the title), `gpu_*` the VRAM lines.
 fn show(
     a: &FitArgs,
-    budget: u64,
+    (budget, top_k): (u64, usize),
     what: (&str, String),
     inputs: &PlanInputs,
     p: &Plan,
@@ -104,7 +115,7 @@ fn show(
     gpu_text: &str,
 ) -> Result<()> {
     let (key, title) = what;
-    let lone = lone_client(a, inputs)?;
+    let lone = lone_client(a, inputs, &load_options(a, budget), top_k)?;
     if a.json {
         let terms: Vec<_> = p
             .terms
@@ -142,7 +153,7 @@ fn show(
         );
         if let Some((lone, lent)) = &lone {
             println!(
-                "  => a lone client: {} per sparse layer (the idle rows' KV cache and activations, {}, lent to the LRU until more rows decode)",
+                "  => a lone client: {} per sparse layer between prompts ({} lent to the LRU: the idle rows' KV cache and activations, the prompt transients, the working bank's spare slots)",
                 lone.lru_words(),
                 human(*lent)
             );
@@ -153,17 +164,26 @@ fn show(
 }
 
 /// With `--serve` and more than one row: the plan a lone client decodes with (one row and the
-/// kept conversation in use, the other rows' share lent to the LRU: `PlanInputs::lent_to`),
+/// kept conversation in use, between prompts: the other rows' KV and activations, the prompt
+/// transients and the bank's spare slots lent to the LRU, `nectar_model::arch::glm5::lent_inputs`),
 /// and the bytes lent.
-fn lone_client(a: &FitArgs, inputs: &PlanInputs) -> Result<Option<(Plan, u64)>> {
+fn lone_client(
+    a: &FitArgs,
+    inputs: &PlanInputs,
+    opts: &LoadOptions,
+    top_k: usize,
+) -> Result<Option<(Plan, u64)>> {
     let k = nectar_model::arch::glm5::serve_sequences(1);
     if !a.serve || inputs.sequences <= k {
         return Ok(None);
     }
-    let lone = inputs.lent_to(k);
-    let lent = (inputs.ctx - lone.ctx) as u64 * inputs.kv_bytes_per_token
-        + (inputs.runtime_reserve - lone.runtime_reserve);
-    Ok(Some((nectar_residency::planner::plan(&lone)?, lent)))
+    let lone = nectar_model::arch::glm5::lent_inputs(inputs, k, false, top_k, opts);
+    let p = nectar_residency::planner::plan(&lone)?;
+    let full = nectar_residency::planner::plan(inputs)?;
+    Ok(Some((
+        p.clone(),
+        p.lru_bytes + p.slack - full.lru_bytes - full.slack,
+    )))
 }
 
 /// `--gpu-memory FLAG` as load options: the VRAM to plan (`auto` opens the GPU to read its

@@ -1050,9 +1050,17 @@ pub fn compute(a: &FitArgs, budget: u64, effort: &Effort) -> Result<serde_json::
     );
     // `run --mtp off` plans without the MTP layer, `--mtp on` with it: each projection uses
     // its own plan's slots.
-    // A server decodes a lone client with its idle rows' memory lent to the cache.
+    // A server decodes a lone client with its idle rows' memory (and between prompts the
+    // prompt transients and the bank's spare slots) lent to the cache.
+    let opts = super::fit::load_options(a, budget);
     let lone = |p: &PlanInputs| match a.serve {
-        true => p.lent_to(nectar_model::arch::glm5::serve_sequences(1)),
+        true => nectar_model::arch::glm5::lent_inputs(
+            p,
+            nectar_model::arch::glm5::serve_sequences(1),
+            false,
+            geom.top_k,
+            &opts,
+        ),
         false => p.clone(),
     };
     let p_full = plan(&inputs[0]).context("the memory plan (MTP off)")?;

@@ -50,9 +50,9 @@ pub use placement::{
 pub use prefill::Prefill;
 pub use prefill_cost::{measure_gflops as measure_attention_gflops, AttnShape};
 pub use streaming::{
-    expert_layouts, kv_bytes_per_token, plan_memory, planned_prefill_tokens, prefetch_slots,
-    prompt_transients, serve_sequences, working_bank, LoadOptions, MemoryPlan, PinRequest,
-    DEFAULT_ADMISSION,
+    expert_layouts, kv_bytes_per_token, lent_inputs, plan_memory, planned_prefill_tokens,
+    prefetch_slots, prompt_transients, serve_sequences, working_bank, LoadOptions, MemoryPlan,
+    PinRequest, DEFAULT_ADMISSION,
 };
 
 use crate::blocks::{Embedding, Linear, Loader};
@@ -291,20 +291,23 @@ impl Glm5 {
     }
 
     /// Tells the memory plan how many of its planned sequences are in use (a server: its
-    /// decoding rows and the kept conversations' one): the idle ones' KV cache and activations
-    /// are lent to the expert cache, and taken back before another starts (see
-    /// `planner::PlanInputs::lent_to`). Call between steps, before a new sequence's first.
-    /// Nothing to do without a budget. Returns the experts evicted to take memory back.
-    pub fn use_sequences(&self, k: usize) -> Result<usize> {
+    /// decoding rows and the kept conversations' one) and whether a prompt is in flight: the
+    /// idle sequences' KV cache and activations are lent to the expert cache — between prompts
+    /// also the prompt transients and the working bank beyond `k` sequences' decode misses —
+    /// and taken back before another sequence or prompt starts (see
+    /// `planner::PlanInputs::lent_to`). Call between steps, before a new sequence's or
+    /// prompt's first. Nothing to do without a budget. Returns the experts evicted to take
+    /// memory back.
+    pub fn use_sequences(&self, k: usize, prompt: bool) -> Result<usize> {
         match &self.streaming {
-            Some(s) => s.use_sequences(k).map_err(crate::Error::Residency),
+            Some(s) => s.use_sequences(k, prompt).map_err(crate::Error::Residency),
             None => Ok(0),
         }
     }
 
-    /// (sequences in use, sequences planned) of the memory plan ([`Glm5::use_sequences`]), when
-    /// experts are streamed.
-    pub fn sequences_in_use(&self) -> Option<(usize, usize)> {
+    /// (sequences in use, sequences planned, a prompt in flight) of the memory plan in force
+    /// ([`Glm5::use_sequences`]), when experts are streamed.
+    pub fn sequences_in_use(&self) -> Option<(usize, usize, bool)> {
         self.streaming.as_ref().map(|s| s.sequences())
     }
 

@@ -128,10 +128,10 @@ pub(super) struct Streaming {
     pub residency: Arc<Residency>,
     /// The MTP layer's tier (when the model has a streamed MTP layer).
     pub mtp_residency: Option<Arc<Residency>>,
-    /// LRU slots by layer (the MTP layer's last) with `k` sequences in use, at `lent[k − 1]`
-    /// (`PlanInputs::lent_to`): the last is the full plan.
-    lent: Vec<Vec<usize>>,
-    /// Sequences in use now ([`Streaming::use_sequences`]; all planned until told).
+    /// The caches' plan with `k` sequences in use, at `lent[k − 1][prompt]` (`prompt`: a
+    /// prompt is in flight; see [`lent_inputs`]): `lent[sequences − 1][1]` is the full plan.
+    lent: Vec<[Lent; 2]>,
+    /// The plan in force ([`Streaming::use_sequences`]): `2k + prompt`.
     in_use: std::sync::atomic::AtomicUsize,
     expert_bytes: Vec<usize>,
     counts: Vec<usize>,
@@ -139,28 +139,31 @@ pub(super) struct Streaming {
 }
 
 impl Streaming {
-    /// Plans the caches for `k` sequences in use (clamped to those planned): an idle
-    /// sequence's KV cache and activations are lent to every layer's LRU, and taken back —
-    /// the coldest experts evicted, their pages returned to the OS — when a sequence starts
-    /// (see `PlanInputs::lent_to`). Call between steps (no expert lease alive), before a new
-    /// sequence's first step. Returns the experts evicted.
-    pub fn use_sequences(&self, k: usize) -> nectar_residency::Result<usize> {
+    /// Plans the caches for `k` sequences in use (clamped to those planned), `prompt`: with a
+    /// prompt in flight. An idle sequence's KV cache and activations are lent to every layer's
+    /// LRU, and between prompts also the prompt transients and the working bank beyond what `k`
+    /// sequences' decode misses need; taken back — the coldest experts evicted, their pages
+    /// returned to the OS — when a sequence or a prompt starts (see [`lent_inputs`]). Call
+    /// between steps (no expert lease alive), before a new sequence's or prompt's first step.
+    /// Returns the experts evicted.
+    pub fn use_sequences(&self, k: usize, prompt: bool) -> nectar_residency::Result<usize> {
         let k = k.clamp(1, self.lent.len());
-        if self.in_use.swap(k, std::sync::atomic::Ordering::Relaxed) == k {
+        let key = 2 * k + usize::from(prompt);
+        if self.in_use.swap(key, std::sync::atomic::Ordering::Relaxed) == key {
             return Ok(0);
         }
-        let caps = &self.lent[k - 1];
-        let mut evicted = self.residency.set_plan(caps)?;
+        let l = &self.lent[k - 1][usize::from(prompt)];
+        let mut evicted = self.residency.set_plan(&l.caps, l.working)?;
         if let Some(m) = &self.mtp_residency {
-            evicted += m.set_plan(caps)?;
+            evicted += m.set_plan(&l.caps, m.max_wave())?;
         }
         Ok(evicted)
     }
 
-    /// (sequences in use, sequences planned).
-    pub fn sequences(&self) -> (usize, usize) {
-        let k = self.in_use.load(std::sync::atomic::Ordering::Relaxed);
-        (k, self.lent.len())
+    /// (sequences in use, sequences planned, a prompt in flight) of the plan in force.
+    pub fn sequences(&self) -> (usize, usize, bool) {
+        let key = self.in_use.load(std::sync::atomic::Ordering::Relaxed);
+        (key / 2, self.lent.len(), key % 2 == 1)
     }
 
     /// The streamed-expert source of MoE layer `layer` (MTP: `num_hidden_layers`).
@@ -370,16 +373,29 @@ pub(super) fn setup(
         }
         ls
     };
-    // The plan's slots by layer with k sequences in use (k = 1 holds the most: the slab is
-    // sized for it); the caches start at the full plan until told otherwise.
-    let lent = (1..inputs.sequences)
-        .map(|k| nectar_residency::planner::plan(&inputs.lent_to(k)).map(|p| caps_of(&p, cfg)))
-        .chain([Ok(caps_of(&plan, cfg))])
-        .collect::<std::result::Result<Vec<_>, _>>()
+    // The plans of the moment, k sequences in use, with and without a prompt in flight; the
+    // slab holds the most slots any layer is given (one sequence between prompts), and the
+    // caches start at the full plan until told otherwise.
+    let top_k = cfg.raw.num_experts_per_tok;
+    let lent = (1..=inputs.sequences)
+        .map(|k| {
+            [false, true].map(|prompt| {
+                let p = lent_inputs(&inputs, k, prompt, top_k, opts);
+                nectar_residency::planner::plan(&p).map(|plan| Lent {
+                    caps: caps_of(&plan, cfg),
+                    working: p.working_slots - prefetch_slots(top_k, opts),
+                })
+            })
+        })
+        .map(|[a, b]| Ok([a?, b?]))
+        .collect::<std::result::Result<Vec<_>, nectar_residency::Error>>()
         .map_err(residency_err)?;
+    let most: Vec<usize> = (0..=n)
+        .map(|l| lent.iter().flatten().map(|x| x.caps[l]).max().unwrap_or(0))
+        .collect();
     let rc = |working: usize, prefetch: usize, pinned: Vec<ExpertKey>, lookahead: bool| {
         ResidencyConfig {
-            lru_per_layer: lent[0].clone(),
+            lru_per_layer: most.clone(),
             working_slots: working,
             prefetch_slots: prefetch,
             io_threads: opts.io_threads,
@@ -418,13 +434,45 @@ pub(super) fn setup(
         residency: Arc::new(residency),
         mtp_residency,
         lent,
-        in_use: (full + 1).into(),
+        in_use: 0.into(),
         expert_bytes,
         counts,
         mtp_layer: n,
     };
-    s.use_sequences(full).map_err(residency_err)?;
+    s.use_sequences(full, true).map_err(residency_err)?;
     Ok(s)
+}
+
+/// One plan of the moment of the caches: LRU slots by layer (the MTP layer's last) and the
+/// working slots a wave may use.
+#[derive(Debug)]
+struct Lent {
+    caps: Vec<usize>,
+    working: usize,
+}
+
+/// The memory equation with `k` of the planned sequences in use (`PlanInputs::lent_to`: the
+/// idle ones' KV cache and activations lent to the LRU) and, without a prompt in flight
+/// (`prompt` false), no prompt transients and a working bank for `k` sequences' decode misses
+/// (what `--parallel` would plan for that many): a prompt's span and the bank's room for its
+/// union are taken back when one joins.
+pub fn lent_inputs(
+    inputs: &PlanInputs,
+    k: usize,
+    prompt: bool,
+    top_k: usize,
+    opts: &LoadOptions,
+) -> PlanInputs {
+    let mut p = inputs.lent_to(k);
+    if !prompt {
+        p.prefill_transients = 0;
+        let bank = LoadOptions {
+            sequences: p.sequences,
+            ..opts.clone()
+        };
+        p.working_slots = working_bank(top_k, &bank) + prefetch_slots(top_k, opts);
+    }
+    p
 }
 
 /// A plan's LRU slots by layer (`num_hidden_layers + 1` entries, the MTP tier's last): its
