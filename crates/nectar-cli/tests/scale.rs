@@ -1200,19 +1200,29 @@ fn fit_plans_the_geometry_it_is_given() {
         5 * term(&on, "KV cache"),
         "{serve}"
     );
-    // A lone client of that server (its row and the kept conversation) decodes with the three
-    // idle rows' KV caches and activations lent to the LRU: more slots, at most `--parallel
-    // 1`'s (whose working bank and transients are smaller).
+    // A lone client of that server (its row and the kept conversation) decodes, between
+    // prompts, with the three idle rows' KV caches and activations, the prompt transients and
+    // the bank's spare slots lent to the LRU: more slots than `--parallel 1`'s full plan, and
+    // exactly a lone client of `--parallel 1` (which lends its transients).
     let lone = &serve["lone_client"];
     assert_eq!(lone["sequences_in_use"], 2, "{serve}");
     let lent = lone["lent_bytes"].as_u64().unwrap();
     assert!(lent > 3 * term(&on, "KV cache"), "{serve}");
     let one = plan(&["--serve", "--parallel", "1"]);
-    assert!(one["lone_client"].is_null(), "{one}");
+    let one_lone = &one["lone_client"];
+    assert_eq!(
+        one_lone["lent_bytes"].as_u64().unwrap() / 4096,
+        term(&one, "prefill transients") / 4096,
+        "{one}"
+    );
     assert!(
-        slots(lone) > slots(&serve) && slots(lone) <= slots(&one),
+        slots(lone) > slots(&serve) && slots(lone) >= slots(&one),
         "{serve}\n{one}"
     );
+    for k in ["lru_per_layer", "lru_extra_layers"] {
+        assert_eq!(lone[k], one_lone[k], "{serve}\n{one}");
+    }
+    assert!(plan(&[])["lone_client"].is_null(), "`run` is no server");
     let (ok, out, err) = nectar(&["fit", "--geometry", "glm52", "--memory-budget", "29G"]);
     assert!(ok, "{err}");
     assert!(

@@ -163,10 +163,10 @@ fn show(
     Ok(())
 }
 
-/// With `--serve` and more than one row: the plan a lone client decodes with (one row and the
-/// kept conversation in use, between prompts: the other rows' KV and activations, the prompt
-/// transients and the bank's spare slots lent to the LRU, `nectar_model::arch::glm5::lent_inputs`),
-/// and the bytes lent.
+/// With `--serve`: the plan a lone client decodes with (one row and the kept conversation in
+/// use, between prompts: the other rows' KV and activations, the prompt transients and the
+/// bank's spare slots lent to the LRU, `nectar_model::arch::glm5::lent_inputs`), and the bytes
+/// lent. The same for every `--parallel`: what a larger server plans beyond it is all lent.
 fn lone_client(
     a: &FitArgs,
     inputs: &PlanInputs,
@@ -174,7 +174,7 @@ fn lone_client(
     top_k: usize,
 ) -> Result<Option<(Plan, u64)>> {
     let k = nectar_model::arch::glm5::serve_sequences(1);
-    if !a.serve || inputs.sequences <= k {
+    if !a.serve {
         return Ok(None);
     }
     let lone = nectar_model::arch::glm5::lent_inputs(inputs, k, false, top_k, opts);
