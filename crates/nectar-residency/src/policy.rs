@@ -149,6 +149,20 @@ struct Slot {
     planned: bool,
 }
 
+impl Slot {
+    /// A slot of `role` holding nothing.
+    fn empty(role: Role) -> Slot {
+        Slot {
+            role,
+            key: None,
+            last_use: 0,
+            wave: 0,
+            prefetch: false,
+            planned: false,
+        }
+    }
+}
+
 /// How a full layer decides whether a miss enters its cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Admission {
@@ -268,25 +282,11 @@ impl Policy {
         }
         for (l, &c) in capacity.iter().enumerate() {
             for _ in 0..c {
-                slots.push(Slot {
-                    role: Role::Lru(l as u32),
-                    key: None,
-                    last_use: 0,
-                    wave: 0,
-                    prefetch: false,
-                    planned: false,
-                });
+                slots.push(Slot::empty(Role::Lru(l as u32)));
             }
         }
         for _ in 0..working {
-            slots.push(Slot {
-                role: Role::Free,
-                key: None,
-                last_use: 0,
-                wave: 0,
-                prefetch: false,
-                planned: false,
-            });
+            slots.push(Slot::empty(Role::Free));
         }
         let wave = vec![1; capacity.len()];
         let n_layers = capacity.len();
@@ -885,14 +885,7 @@ impl Policy {
             let Some(s) = self.slots.iter().position(|s| s.role == Role::Disabled) else {
                 break;
             };
-            self.slots[s] = Slot {
-                role: Role::Free,
-                key: None,
-                last_use: 0,
-                wave: 0,
-                prefetch: false,
-                planned: false,
-            };
+            self.slots[s] = Slot::empty(Role::Free);
             taken.push(s);
             size += 1;
         }
@@ -908,14 +901,7 @@ impl Policy {
             let Some(s) = self.slots.iter().position(|s| s.role == Role::Disabled) else {
                 break;
             };
-            self.slots[s] = Slot {
-                role: Role::Lru(layer as u32),
-                key: None,
-                last_use: 0,
-                wave: 0,
-                prefetch: false,
-                planned: false,
-            };
+            self.slots[s] = Slot::empty(Role::Lru(layer as u32));
             self.capacity[layer] += 1;
             out.push(s);
         }

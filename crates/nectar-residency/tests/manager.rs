@@ -125,6 +125,31 @@ fn setup(layers: usize, experts: usize) -> (FakeIo, Vec<Vec<SlotLayout>>) {
     (io, layouts)
 }
 
+/// Requests experts 0–7 of layer 1 one wave each, checking every lease's bytes.
+fn fill_checked(r: &Residency, layouts: &[Vec<SlotLayout>], file: &[u8]) {
+    for e in 0..8 {
+        let l = r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap();
+        check_lease(&l, layouts, file);
+        drop(l);
+        r.end_wave().unwrap();
+    }
+}
+
+/// Requests `experts` of `layer` one wave each, waiting for every read.
+fn load(r: &Residency, layer: usize, experts: impl IntoIterator<Item = u32>) {
+    for e in experts {
+        drop(
+            r.acquire(layer, &[e])
+                .unwrap()
+                .pop()
+                .unwrap()
+                .wait()
+                .unwrap(),
+        );
+        r.end_wave().unwrap();
+    }
+}
+
 fn check_lease(lease: &nectar_residency::Lease, layouts: &[Vec<SlotLayout>], file: &[u8]) {
     let k = lease.key();
     let mats = lease.mats().unwrap();
@@ -461,14 +486,7 @@ fn rss_guard_shrinks_releases_and_regrows_only_when_calm() {
     let (io, layouts) = setup(2, 8);
     let file = io.files[0].clone();
     let r = Residency::new(cfg(4, 4), layouts.clone(), Arc::new(io)).unwrap();
-    let fill = |r: &Residency| {
-        for e in 0..8 {
-            let l = r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap();
-            check_lease(&l, &layouts, &file);
-            drop(l);
-            r.end_wave().unwrap();
-        }
-    };
+    let fill = |r: &Residency| fill_checked(r, &layouts, &file);
     fill(&r);
     let budget = 1_000_000_000;
     let (mut g, reading) = guard_with(budget);
@@ -545,14 +563,7 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     let (io, layouts) = setup(2, 8);
     let file = io.files[0].clone();
     let r = Residency::new(cfg(5, 4), layouts.clone(), Arc::new(io)).unwrap();
-    let fill = |r: &Residency| {
-        for e in 0..8 {
-            let l = r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap();
-            check_lease(&l, &layouts, &file);
-            drop(l);
-            r.end_wave().unwrap();
-        }
-    };
+    let fill = |r: &Residency| fill_checked(r, &layouts, &file);
     fill(&r);
     assert_eq!(r.telemetry().occupancy.lru, 5);
     // A lease alive: not a safe point.
@@ -571,10 +582,7 @@ fn the_plan_of_the_moment_lends_and_takes_back_lru_slots() {
     assert_eq!(r.configured_capacity(), 2);
     // The two most recent stay resident: hits, no read.
     let reads = r.telemetry().layers[1].misses;
-    for e in [6, 7] {
-        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
-        r.end_wave().unwrap();
-    }
+    load(&r, 1, [6, 7]);
     assert_eq!(r.telemetry().layers[1].misses, reads);
     // Back up: never above the configured 5, one slot at least.
     assert_eq!(r.set_plan(&[9, 0], 4).unwrap(), 1);
@@ -643,10 +651,7 @@ fn the_guard_cuts_below_the_filled_slots() {
     use nectar_residency::rss::threshold;
     let (io, layouts) = setup(2, 8);
     let r = Residency::new(cfg(8, 4), layouts, Arc::new(io)).unwrap();
-    for e in 0..3 {
-        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
-        r.end_wave().unwrap();
-    }
+    load(&r, 1, 0..3);
     let budget = 1_000_000_000;
     let (mut g, reading) = guard_with(budget);
     set(&reading, threshold(budget) + 1, None);
@@ -660,10 +665,7 @@ fn regrowth_waits_for_the_calm_period() {
     use nectar_residency::rss::{threshold, Reading, RssGuard};
     let (io, layouts) = setup(2, 8);
     let r = Residency::new(cfg(4, 4), layouts, Arc::new(io)).unwrap();
-    for e in 0..4 {
-        drop(r.acquire(1, &[e]).unwrap().pop().unwrap().wait().unwrap());
-        r.end_wave().unwrap();
-    }
+    load(&r, 1, 0..4);
     let budget = 1_000_000_000;
     let reading = Arc::new(Mutex::new(Reading::default()));
     let rd = reading.clone();
