@@ -866,14 +866,18 @@ impl Policy {
         out
     }
 
-    /// Resizes the working bank (its free and working slots) towards `n`: free slots are
-    /// disabled while it is larger (a slot holding a miss or a prefetch is never touched, so it
-    /// may stay larger until they are settled), disabled slots join it free while it is
-    /// smaller. Returns the slots taken into the bank.
-    pub fn set_bank(&mut self, n: usize) -> Vec<usize> {
-        let in_bank = |s: &Slot| matches!(s.role, Role::Free | Role::Working);
-        let mut size = self.slots.iter().filter(|s| in_bank(s)).count();
-        let mut taken = Vec::new();
+    /// Slots of the working bank: free ones and those holding a miss or a prefetch.
+    fn bank(&self) -> usize {
+        (self.slots.iter())
+            .filter(|s| matches!(s.role, Role::Free | Role::Working))
+            .count()
+    }
+
+    /// Lowers the working bank towards `n` slots by disabling free ones, the last first (the
+    /// least likely written); a slot holding a miss or a prefetch is never touched, so the bank
+    /// may stay larger until they are settled (the next call takes the rest).
+    pub fn shrink_bank(&mut self, n: usize) {
+        let mut size = self.bank();
         while size > n {
             let Some(s) = self.slots.iter().rposition(|s| s.role == Role::Free) else {
                 break;
@@ -881,13 +885,18 @@ impl Policy {
             self.slots[s].role = Role::Disabled;
             size -= 1;
         }
-        while size < n {
+    }
+
+    /// Raises the working bank towards `n` slots with disabled ones, which join it free.
+    /// Returns the slots taken into the bank.
+    pub fn grow_bank(&mut self, n: usize) -> Vec<usize> {
+        let mut taken = Vec::new();
+        for _ in self.bank()..n {
             let Some(s) = self.slots.iter().position(|s| s.role == Role::Disabled) else {
                 break;
             };
             self.slots[s] = Slot::empty(Role::Free);
             taken.push(s);
-            size += 1;
         }
         taken
     }

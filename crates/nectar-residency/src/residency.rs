@@ -790,19 +790,15 @@ impl Residency {
                 evicted += st.policy.shrink(l, want.min(cut)).len();
             }
         }
-        if working < self.max_wave() {
-            st.policy.set_bank(working + self.prefetch_slots);
-        }
+        st.policy.shrink_bank(working + self.prefetch_slots);
         for (l, &want) in wants.iter().enumerate() {
             for s in st.policy.grow(l, want.min(cut)) {
                 st.released[s] = false;
             }
             st.planned[l] = want;
         }
-        if working > self.max_wave() {
-            for s in st.policy.set_bank(working + self.prefetch_slots) {
-                st.released[s] = false;
-            }
+        for s in st.policy.grow_bank(working + self.prefetch_slots) {
+            st.released[s] = false;
         }
         self.working.store(working, Ordering::Relaxed);
         self.retire(&mut st);

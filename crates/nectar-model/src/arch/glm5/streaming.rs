@@ -148,10 +148,10 @@ impl Streaming {
     /// Returns the experts evicted.
     pub fn use_sequences(&self, k: usize, prompt: bool) -> nectar_residency::Result<usize> {
         let k = k.clamp(1, self.lent.len());
+        // Applied every time (idempotent, a few µs): what a previous call could not take back
+        // (a bank slot still holding a read) is taken now.
         let key = 2 * k + usize::from(prompt);
-        if self.in_use.swap(key, std::sync::atomic::Ordering::Relaxed) == key {
-            return Ok(0);
-        }
+        self.in_use.store(key, std::sync::atomic::Ordering::Relaxed);
         let l = &self.lent[k - 1][usize::from(prompt)];
         let mut evicted = self.residency.set_plan(&l.caps, l.working)?;
         if let Some(m) = &self.mtp_residency {
