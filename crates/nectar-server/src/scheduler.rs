@@ -340,6 +340,13 @@ impl Ledger {
     }
 }
 
+/// Sequences whose memory the plan must hold now: the rows, and the kept conversations (one
+/// sequence's worth at most, `keep_tokens` = the context) while any is kept. A chat client that
+/// continues its conversation takes it out of the store, so alone it holds one sequence.
+fn sequences_in_use(rows: usize, kept_tokens: usize) -> usize {
+    (rows + usize::from(kept_tokens > 0)).max(1)
+}
+
 /// Pins swapped at most per finished turn (the seed's live-repin rule).
 const REPIN_SWAPS: usize = 4;
 
@@ -483,10 +490,10 @@ fn serve_batched(
             continue;
         }
         // Between steps no expert lease is alive: the safe point where the memory plan follows
-        // the rows in use (an idle row's KV and activations, and between prompts the prompt
-        // transients and the bank's spare slots, lent to the expert cache; taken back before a
-        // joining row's or prompt's first step) and the memory guard looks.
-        let in_use = nectar_model::arch::glm5::serve_sequences(batch.len());
+        // the sequences in use (an idle row's KV and activations, and between prompts the
+        // prompt transients and the bank's spare slots, lent to the expert cache; taken back
+        // before a joining row's or prompt's first step) and the memory guard looks.
+        let in_use = sequences_in_use(batch.len(), batch.kept().tokens);
         let planned = model
             .use_sequences(in_use, batch.prefilling())
             .map(drop)
@@ -759,5 +766,20 @@ fn token_logprob(tok: Option<&Tokenizer>, id: u32, lp: &nectar_engine::Logprobs)
         token: text(id),
         logprob: lp.logprob,
         top: lp.top.iter().map(|&(i, l)| (i, text(i), l)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sequences_in_use;
+
+    /// A lone row with nothing kept holds one sequence (the kept conversation's share is
+    /// lent); a kept conversation counts as one more however many it holds; never below one.
+    #[test]
+    fn the_kept_conversations_count_only_while_kept() {
+        assert_eq!(sequences_in_use(1, 0), 1);
+        assert_eq!(sequences_in_use(1, 900), 2);
+        assert_eq!(sequences_in_use(4, 4096), 5);
+        assert_eq!(sequences_in_use(0, 0), 1);
     }
 }
