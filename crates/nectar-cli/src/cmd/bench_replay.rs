@@ -327,7 +327,7 @@ fn run_one(
     // The decode's disk-busy seconds and expert reads (look-ahead's hidden share).
     let (mut dec_busy, mut dec_reads) = (0.0f64, 0u64);
     let mut dec_mtp = (0u64, 0u64, 0u64);
-    let mut prompt_lru = None;
+    let mut prompt_lru: Option<Vec<usize>> = None;
     for (seg, streams) in segs {
         // One cache per sequence of the segment (one without a streams file).
         let mut caches: Vec<_> = streams.iter().map(|_| model.new_cache()).collect();
@@ -335,8 +335,7 @@ fn run_one(
         let prompt_end = seg.start + seg.warmup.max(1);
         plan_step(true)?;
         // The slots prompts run with (fewer than the decode's where serve's plan lends).
-        let caps: Vec<usize> = moe.iter().map(|&l| res.capacity(l)).collect();
-        prompt_lru.get_or_insert(caps);
+        prompt_lru.get_or_insert_with(|| moe.iter().map(|&l| res.capacity(l)).collect());
         // Each sequence's prompt rows in one forward (a run of one stream's rows each).
         let mut p = seg.start;
         while p < prompt_end {

@@ -115,7 +115,7 @@ fn show(
     gpu_text: &str,
 ) -> Result<()> {
     let (key, title) = what;
-    let lone = lone_client(a, inputs, &load_options(a, budget), top_k)?;
+    let lone = lone_client(a, (inputs, p), &load_options(a, budget), top_k)?;
     if a.json {
         let terms: Vec<_> = p
             .terms
@@ -169,21 +169,18 @@ fn show(
 /// lent. The same for every `--parallel`: what a larger server plans beyond it is all lent.
 fn lone_client(
     a: &FitArgs,
-    inputs: &PlanInputs,
+    (inputs, full): (&PlanInputs, &Plan),
     opts: &LoadOptions,
     top_k: usize,
 ) -> Result<Option<(Plan, u64)>> {
-    let k = nectar_model::arch::glm5::serve_sequences(1);
     if !a.serve {
         return Ok(None);
     }
+    let k = nectar_model::arch::glm5::serve_sequences(1);
     let lone = nectar_model::arch::glm5::lent_inputs(inputs, k, false, top_k, opts);
     let p = nectar_residency::planner::plan(&lone)?;
-    let full = nectar_residency::planner::plan(inputs)?;
-    Ok(Some((
-        p.clone(),
-        p.lru_bytes + p.slack - full.lru_bytes - full.slack,
-    )))
+    let lent = p.lru_bytes + p.slack - full.lru_bytes - full.slack;
+    Ok(Some((p, lent)))
 }
 
 /// `--gpu-memory FLAG` as load options: the VRAM to plan (`auto` opens the GPU to read its

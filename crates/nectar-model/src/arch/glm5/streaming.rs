@@ -466,11 +466,7 @@ pub fn lent_inputs(
     let mut p = inputs.lent_to(k);
     if !prompt {
         p.prefill_transients = 0;
-        let bank = LoadOptions {
-            sequences: p.sequences,
-            ..opts.clone()
-        };
-        p.working_slots = working_bank(top_k, &bank) + prefetch_slots(top_k, opts);
+        p.working_slots = bank_for(top_k, p.sequences, opts) + prefetch_slots(top_k, opts);
     }
     p
 }
@@ -539,7 +535,12 @@ const MIN_WORKING: usize = 16;
 /// `top_k`: the experts a token routes to (a geometry planned without files, `nectar fit
 /// --geometry`, passes its own).
 pub fn working_bank(top_k: usize, opts: &LoadOptions) -> usize {
-    let need = 2 * top_k * opts.sequences.max(1);
+    bank_for(top_k, opts.sequences, opts)
+}
+
+/// [`working_bank`] for `sequences` of the planned ones (the cap stays `opts`').
+fn bank_for(top_k: usize, sequences: usize, opts: &LoadOptions) -> usize {
+    let need = 2 * top_k * sequences.max(1);
     need.max(MIN_WORKING).min(opts.working_slots.max(1))
 }
 
